@@ -1,0 +1,41 @@
+// KV files: HDF5 readable with plain h5py (see DESIGN.md "Data conventions").
+//   /            attrs format="kvscope-kv", version, model_name, model_fingerprint, num_layers,
+//                      num_kv_heads, head_dim, num_tokens, dtype ("float16"|"bfloat16"|"float32")
+//   /tokens      int32 (num_tokens)
+//   /context     variable-length UTF-8 string (scalar)
+//   /layers/NN/key, /layers/NN/value   (kv_heads, tokens, head_dim), chunked along tokens;
+//                fp16 as h5py's half type (reads as <f2), bf16 as uint16 with attr dtype="bfloat16"
+#pragma once
+
+#include "kv/kv_set.h"
+
+#include <string>
+
+namespace kvscope {
+
+struct H5WriteOptions {
+    int chunkTokens = 256;  // HDF5 chunk extent along tokens
+    int gzipLevel = 0;      // 0 = no compression; 1-9 adds shuffle + gzip
+};
+
+// Writes to a temporary next to `path`, then renames, so a failed write never replaces a good file.
+// Throws kvscope::Error naming the file and the reason.
+void writeKvH5(const KvSet& kv, const std::string& path, const H5WriteOptions& opt = {});
+
+// Validates format, version, attributes, shapes and dtypes before reading any tensor.
+// Throws kvscope::Error "path: place: reason" for files that are not ours or are inconsistent.
+KvSet readKvH5(const std::string& path);
+
+// Only the root attributes (cheap): shape, dtype, model name.
+struct KvFileInfo {
+    KvShape shape;
+    DType dtype = DType::F16;
+    std::string modelName;
+    std::string modelFingerprint;
+    int version = 0;
+};
+KvFileInfo readKvH5Info(const std::string& path);
+
+constexpr int kKvFileVersion = 1;
+
+}  // namespace kvscope

@@ -1,0 +1,109 @@
+// A captured KV cache in memory: per layer, keys and values of shape (kv_heads, tokens, head_dim)
+// in the dtype the model produced (fp16, bf16 or fp32), plus the tokens, the context text and the
+// model it came from.
+//
+// READ ME FIRST: keys are stored after RoPE in the Hugging Face `rotate_half` layout, where channel
+// d pairs with d + head_dim/2. Loaders of interleaved-RoPE checkpoints (llama2.c, Meta) permute
+// wq/wk so every model's keys share that layout. A "channel" is head * head_dim + d.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+enum class DType : uint8_t { F16 = 0, BF16 = 1, F32 = 2 };
+
+const char* dtypeName(DType t);                 // "float16", "bfloat16", "float32"
+bool parseDType(const std::string& s, DType* out);
+inline size_t dtypeSize(DType t) { return t == DType::F32 ? 4 : 2; }
+
+enum class KvKind : uint8_t { Key = 0, Value = 1 };
+inline const char* kindName(KvKind k) { return k == KvKind::Key ? "key" : "value"; }
+
+struct KvShape {
+    int numLayers = 0;
+    int numKvHeads = 0;
+    int headDim = 0;
+    int numTokens = 0;
+
+    int channels() const { return numKvHeads * headDim; }
+    // values in one K (or V) tensor of one layer
+    size_t layerValues() const { return size_t(numKvHeads) * size_t(numTokens) * size_t(headDim); }
+    // values in the whole cache, K and V of every layer
+    size_t totalValues() const { return 2 * size_t(numLayers) * layerValues(); }
+    bool operator==(const KvShape& o) const
+    {
+        return numLayers == o.numLayers && numKvHeads == o.numKvHeads && headDim == o.headDim &&
+               numTokens == o.numTokens;
+    }
+};
+
+// Largest dimensions any reader accepts before allocating; beyond them a file is refused.
+struct KvLimits {
+    static constexpr int maxLayers = 1024;
+    static constexpr int maxKvHeads = 1024;
+    static constexpr int maxHeadDim = 1024;
+    static constexpr int maxTokens = 1 << 21;
+    static constexpr size_t maxTotalValues = size_t(1) << 36;  // 128 GiB of fp16
+};
+
+// Throws kvscope::Error naming `what` when the shape is empty or beyond KvLimits.
+void validateShape(const KvShape& s, const std::string& what);
+
+class KvSet {
+public:
+    KvSet() = default;
+    KvSet(const KvShape& shape, DType dtype);  // zero-filled
+
+    const KvShape& shape() const { return m_shape; }
+    DType dtype() const { return m_dtype; }
+
+    // Raw storage of one tensor: (kv_heads, tokens, head_dim) in dtype(), row-major.
+    const uint8_t* data(KvKind kind, int layer) const;
+    uint8_t* data(KvKind kind, int layer);
+    size_t tensorBytes() const { return m_shape.layerValues() * dtypeSize(m_dtype); }
+
+    // Value access by (head, token, d), converted to/from float.
+    float at(KvKind kind, int layer, int head, int token, int d) const;
+    void set(KvKind kind, int layer, int head, int token, int d, float v);
+
+    // Copies tokens [t0, t0 + n) of one head as floats into out: (n, head_dim).
+    void readRows(KvKind kind, int layer, int head, int t0, int n, float* out) const;
+    // Writes (n, head_dim) floats into tokens [t0, t0 + n) of one head, rounding to dtype().
+    void writeRows(KvKind kind, int layer, int head, int t0, int n, const float* in);
+
+    // Metadata that travels with the cache.
+    std::string modelName;
+    std::string modelFingerprint;
+    std::vector<int32_t> tokens;  // (num_tokens), may be empty for synthetic caches
+    std::string context;          // UTF-8
+
+private:
+    size_t offset(int head, int token, int d) const
+    {
+        return (size_t(head) * size_t(m_shape.numTokens) + size_t(token)) * size_t(m_shape.headDim) +
+               size_t(d);
+    }
+    KvShape m_shape;
+    DType m_dtype = DType::F16;
+    std::vector<std::vector<uint8_t>> m_keys;    // per layer
+    std::vector<std::vector<uint8_t>> m_values;  // per layer
+};
+
+// A synthetic cache with the structure real ones show (see synthetic.cpp): tokens correlated
+// along the sequence, per-channel offsets, and a few key channels with large magnitude.
+// Deterministic for a given seed. For tests and demos only until a model runtime captures real KV.
+struct SyntheticSpec {
+    KvShape shape{8, 4, 64, 1024};
+    DType dtype = DType::F16;
+    uint64_t seed = 1;
+    int outlierChannelsPerHead = 2;   // key channels with ~10-20x magnitude
+    float keyCorrelation = 0.95f;     // AR(1) coefficient between neighbouring tokens
+    float valueCorrelation = 0.8f;
+};
+KvSet makeSyntheticKv(const SyntheticSpec& spec);
+
+}  // namespace kvscope

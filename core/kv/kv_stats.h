@@ -1,0 +1,53 @@
+// Statistics for the inspector: what the values of a KV cache look like per layer and channel.
+// All functions read a KvSet and return plain value structs (the GUI draws them, the CLI prints them).
+#pragma once
+
+#include "kv/kv_set.h"
+
+#include <vector>
+
+namespace kvscope {
+
+struct ChannelStats {
+    float min = 0, max = 0, mean = 0, std = 0, absmax = 0;
+};
+
+struct TensorStats {              // one kind (K or V) of one layer
+    KvKind kind = KvKind::Key;
+    int layer = 0;
+    ChannelStats all;             // over every value of the tensor
+    std::vector<ChannelStats> channels;  // (channels) = head * head_dim + d
+    // Token locality (CacheGen insight 1): mean over channels of the variance along tokens of the
+    // raw values, and of the deltas x[t] - x[anchor(t)] within groups of `deltaGroup` tokens
+    // (anchor = first token of each group; anchors themselves excluded).
+    double varianceRaw = 0;
+    double varianceDelta = 0;
+    // Empirical entropy (bits per value) of symbols from CacheGen's per-token symmetric quantizer
+    // at `bins`, measured per channel and averaged: what a per-channel entropy coder approaches.
+    double entropyBits = 0;
+    double entropyBitsDelta = 0;  // same for the delta-coded symbols
+    // Channels whose absmax exceeds `outlierFactor` x the median channel absmax, largest first.
+    std::vector<int> outlierChannels;
+};
+
+struct StatsOptions {
+    int deltaGroup = 10;
+    int bins = 32;                // CacheGen's "bins": 2*(bins/2-1)+1 levels
+    float outlierFactor = 6.0f;
+};
+
+TensorStats computeTensorStats(const KvSet& kv, KvKind kind, int layer, const StatsOptions& opt = {});
+// Every layer, keys then values per layer; runs layers in parallel.
+std::vector<TensorStats> computeAllStats(const KvSet& kv, const StatsOptions& opt = {});
+
+struct Histogram {
+    double lo = 0, hi = 0;        // range covered by the bins
+    std::vector<uint64_t> counts; // equal-width bins over [lo, hi]
+    uint64_t below = 0, above = 0;
+};
+// Histogram of one tensor, or of one channel when channel >= 0. When lo == hi the range is the
+// data's [min, max].
+Histogram computeHistogram(const KvSet& kv, KvKind kind, int layer, int channel, int numBins,
+                           double lo = 0, double hi = 0);
+
+}  // namespace kvscope

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages kvscope needs to build, test and package.
+# Idempotent: apt-get runs only when a package is missing. Run as root or with sudo available.
+#   installer/setup.sh            build + test dependencies
+set -euo pipefail
+
+packages=(
+  # toolchain
+  build-essential cmake ninja-build ccache pkg-config git
+  # GUI: Qt 6 widgets and QCustomPlot for the plots
+  qt6-base-dev libqcustomplot-dev libqcustomplot2.1-qt6 libgl-dev
+  # KV files (HDF5), lossless baseline and container checks (zstd), profiles (JSON), CLI parsing
+  libhdf5-dev libzstd-dev nlohmann-json3-dev libcli11-dev
+  # tests: headless GUI, h5py to check our HDF5 files from Python, clang for the libFuzzer target
+  xvfb xauth python3-h5py python3-numpy clang libclang-rt-14-dev
+  # packaging
+  dpkg-dev file
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages present" >&2
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}" >&2
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
