@@ -1,0 +1,39 @@
+// Shared plumbing of kvscope-cli: every subcommand registers itself on the CLI11 app and prints
+// exactly one JSON object on stdout with --json (logs go to stderr), or readable text without.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <CLI/CLI.hpp>
+
+#include "common/error.h"
+
+#include <functional>
+#include <string>
+
+namespace kvscope::cli {
+
+using kvscope::Error;
+
+using json = nlohmann::json;
+
+struct Output {
+    bool asJson = false;
+    // Prints j as one JSON object, or hands it to `text` for a human-readable rendering.
+    void emit(const json& j, const std::function<void(const json&)>& text) const;
+};
+
+// Each registers a subcommand; the callback it installs runs the command.
+void addStatsCommand(CLI::App& app, Output& out);
+void addSynthCommand(CLI::App& app, Output& out);
+void addEncodeCommand(CLI::App& app, Output& out);
+void addDecodeCommand(CLI::App& app, Output& out);
+void addBenchCommand(CLI::App& app, Output& out);
+void addDemoCommand(CLI::App& app, Output& out);
+
+// Seconds since an arbitrary epoch, for timings.
+double nowSeconds();
+// JSON has no infinity: finite numbers pass, others become null.
+json number(double v);
+
+}  // namespace kvscope::cli

@@ -1,0 +1,342 @@
+// `encode`, `decode`, `bench codec` and `demo`: the codec from the command line.
+#include "cli_common.h"
+
+#include "codec/bench.h"
+#include "codec/container.h"
+#include "kv/kv_compare.h"
+#include "kv/kv_h5.h"
+
+#include <cstdio>
+#include <memory>
+#include <sstream>
+
+namespace kvscope::cli {
+
+namespace {
+
+// Profile settings a user can override on the command line, on top of --profile or the default.
+struct ProfileOptions {
+    std::string profilePath;
+    std::string codec = "cachegen";
+    int chunkTokens = 0;
+    int deltaGroup = -1;
+    int anchorBins = -1;
+    std::string tables, keyQuantizer, valueQuantizer;
+
+    void add(CLI::App* sub)
+    {
+        sub->add_option("--profile", profilePath, "codec profile (JSON); default: CacheGen's three levels");
+        sub->add_option("--codec", codec, "cachegen, fp16, int8, kivi2, kivi4 or zstd")->capture_default_str();
+        sub->add_option("--chunk-tokens", chunkTokens, "tokens per chunk (16..8192), overrides the profile");
+        sub->add_option("--delta-group", deltaGroup, "tokens per anchor group, 0 = no delta coding");
+        sub->add_option("--anchor-bins", anchorBins, "bins for anchor tokens, 0 = the layer's bins");
+        sub->add_option("--tables", tables, "inband (per chunk) or shared (calibrated once per file)");
+        sub->add_option("--key-quantizer", keyQuantizer, "token (CacheGen) or channel (KIVI-style)");
+        sub->add_option("--value-quantizer", valueQuantizer, "token or channel");
+    }
+
+    CodecParams params(const KvSet& kv) const
+    {
+        CodecParams p;
+        if (!parseCodecName(codec, &p.codec)) throw Error("--codec: unknown codec '" + codec + "'");
+        p.shape = kv.shape();
+        p.dtype = kv.dtype();
+        p.profile = profilePath.empty() ? defaultProfile(kv.shape().numLayers) : loadProfile(profilePath);
+        CodecProfile& pr = p.profile;
+        if (chunkTokens) pr.chunkTokens = chunkTokens;
+        if (deltaGroup >= 0) pr.deltaGroup = deltaGroup;
+        if (anchorBins >= 0) pr.anchorBins = anchorBins;
+        if (tables == "inband") pr.tables = TableMode::InBand;
+        else if (tables == "shared") pr.tables = TableMode::Shared;
+        else if (!tables.empty()) throw Error("--tables: expected inband or shared, got '" + tables + "'");
+        auto quantizer = [](const std::string& s, Quantizer* q, const char* opt) {
+            if (s == "token") *q = Quantizer::PerToken;
+            else if (s == "channel") *q = Quantizer::PerChannel;
+            else if (!s.empty()) throw Error(std::string(opt) + ": expected token or channel, got '" + s + "'");
+        };
+        quantizer(keyQuantizer, &pr.keyQuantizer, "--key-quantizer");
+        quantizer(valueQuantizer, &pr.valueQuantizer, "--value-quantizer");
+        const std::string src = profilePath.empty() ? "default profile" : profilePath;
+        validateProfile(pr, src);
+        if (int(pr.levels.front().keyBins.size()) != kv.shape().numLayers)
+            throw inputError(src, "levels", "bins cover " + std::to_string(pr.levels.front().keyBins.size()) +
+                                                " layers, the KV cache has " + std::to_string(kv.shape().numLayers));
+        return p;
+    }
+};
+
+json sizeJson(uint64_t bytes, const KvShape& s)
+{
+    return {{"bytes", bytes},
+            {"bits_per_value", 8.0 * double(bytes) / double(s.totalValues())},
+            {"ratio_vs_fp16", 2.0 * double(s.totalValues()) / double(bytes)},
+            {"ratio_vs_int8", double(int8Bytes(s)) / double(bytes)}};
+}
+
+json errorJson(const KvError& e, bool perLayer)
+{
+    json j = {{"max_abs_error", e.maxAbs}, {"rms_error", e.rms}};
+    if (perLayer) {
+        json layers = json::array();
+        for (const LayerError& l : e.layers)
+            layers.push_back({{"layer", l.layer},
+                              {"key_max_abs", l.key.maxAbs}, {"key_rms", l.key.rms}, {"key_snr_db", number(l.key.snrDb)},
+                              {"value_max_abs", l.value.maxAbs}, {"value_rms", l.value.rms},
+                              {"value_snr_db", number(l.value.snrDb)}});
+        j["layers"] = layers;
+    }
+    return j;
+}
+
+// Encodes kv into path and describes every level; with verify, decodes each level and adds errors.
+json encodeReport(const KvSet& kv, const CodecParams& p, const std::string& path, bool verify, bool perLayer)
+{
+    const KvcWriteReport rep = writeKvc(kv, p, path);
+    const auto reader = KvcReader::openFile(path);
+    json levels = json::array();
+    for (int l = 1; l <= p.numLevels(); ++l) {
+        json j = sizeJson(rep.levelBytes[size_t(l - 1)] + rep.levelTableBytes[size_t(l - 1)], p.shape);
+        j["level"] = l;
+        j["table_bytes"] = rep.levelTableBytes[size_t(l - 1)];
+        if (verify) {
+            const double t0 = nowSeconds();
+            const KvSet decoded = reader->decodeAll({l});
+            j["decode_s"] = nowSeconds() - t0;
+            j.update(errorJson(compareKv(kv, decoded), perLayer));
+        }
+        levels.push_back(j);
+    }
+    const int def = p.codec == CodecId::CacheGen ? p.profile.defaultLevel : 1;
+    json j = levels[size_t(def - 1)];
+    j.erase("level");
+    j["file"] = path;
+    j["codec"] = codecName(p.codec);
+    j["file_bytes"] = rep.fileBytes;
+    j["default_level"] = def;
+    j["encode_s"] = rep.seconds;
+    j["num_chunks"] = p.numChunks();
+    j["chunk_tokens"] = p.profile.chunkTokens;
+    j["levels"] = levels;
+    if (p.codec == CodecId::CacheGen) {
+        j["delta_group"] = p.profile.deltaGroup;
+        j["tables"] = tableModeName(p.profile.tables);
+        j["key_quantizer"] = quantizerName(p.profile.keyQuantizer);
+        j["value_quantizer"] = quantizerName(p.profile.valueQuantizer);
+    }
+    return j;
+}
+
+void printEncode(const json& r)
+{
+    std::printf("%s: %s, %d chunks of %d tokens, %.3f s\n", r["file"].get<std::string>().c_str(),
+                r["codec"].get<std::string>().c_str(), r["num_chunks"].get<int>(), r["chunk_tokens"].get<int>(),
+                r["encode_s"].get<double>());
+    for (const json& l : r["levels"]) {
+        std::printf("  level %d: %10llu bytes  %.3f bits/value  %.2fx vs fp16  %.2fx vs int8", l["level"].get<int>(),
+                    (unsigned long long)l["bytes"].get<uint64_t>(), l["bits_per_value"].get<double>(),
+                    l["ratio_vs_fp16"].get<double>(), l["ratio_vs_int8"].get<double>());
+        if (l.contains("max_abs_error"))
+            std::printf("  max err %.4g  rms %.4g", l["max_abs_error"].get<double>(), l["rms_error"].get<double>());
+        std::printf("\n");
+    }
+}
+
+std::vector<int> parseLevels(const std::string& s)
+{
+    std::vector<int> out;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        try {
+            size_t used = 0;
+            out.push_back(std::stoi(item, &used));
+            if (used != item.size()) throw std::invalid_argument(item);
+        } catch (const std::exception&) {
+            throw Error("--level: '" + item + "' is not a level number");
+        }
+    }
+    if (out.empty()) throw Error("--level: empty");
+    return out;
+}
+
+}  // namespace
+
+void addEncodeCommand(CLI::App& app, Output& out)
+{
+    auto* sub = app.add_subcommand("encode", "Compress a KV file into a .kvc container");
+    struct Opts {
+        std::string in, out;
+        ProfileOptions profile;
+        bool verify = false, perLayer = false;
+    };
+    auto o = std::make_shared<Opts>();
+    sub->add_option("kv", o->in, "KV file (HDF5)")->required();
+    sub->add_option("--out", o->out, "container to write (.kvc)")->required();
+    o->profile.add(sub);
+    sub->add_flag("--verify", o->verify, "decode every level and report the reconstruction error");
+    sub->add_flag("--per-layer", o->perLayer, "with --verify: errors per layer");
+    sub->add_flag("--json", out.asJson, "print one JSON object");
+    sub->callback([o, &out] {
+        const KvSet kv = readKvH5(o->in);
+        const CodecParams p = o->profile.params(kv);
+        out.emit(encodeReport(kv, p, o->out, o->verify, o->perLayer), printEncode);
+    });
+}
+
+void addDecodeCommand(CLI::App& app, Output& out)
+{
+    auto* sub = app.add_subcommand("decode", "Decompress a .kvc container into a KV file");
+    struct Opts {
+        std::string in, out, source, levels;
+    };
+    auto o = std::make_shared<Opts>();
+    sub->add_option("kvc", o->in, "container (.kvc)")->required();
+    sub->add_option("--out", o->out, "KV file to write (HDF5)")->required();
+    sub->add_option("--level", o->levels, "level for every chunk, or one per chunk: 1,3,2,...; default: the file's default");
+    sub->add_option("--source", o->source, "original KV file: report the reconstruction error against it");
+    sub->add_flag("--json", out.asJson, "print one JSON object");
+    sub->callback([o, &out] {
+        const auto reader = KvcReader::openFile(o->in);
+        const std::vector<int> levels =
+            o->levels.empty() ? std::vector<int>{reader->params().profile.defaultLevel} : parseLevels(o->levels);
+        for (int l : levels)
+            if (l < 1 || l > reader->params().numLevels())
+                throw Error(o->in + ": level " + std::to_string(l) + " does not exist (the file has " +
+                            std::to_string(reader->params().numLevels()) + ")");
+        const double t0 = nowSeconds();
+        const KvSet kv = reader->decodeAll(levels);
+        const double decodeS = nowSeconds() - t0;
+        writeKvH5(kv, o->out);
+        json j = {{"file", o->out}, {"decode_s", decodeS}, {"codec", codecName(reader->params().codec)},
+                  {"levels", levels}, {"num_tokens", kv.shape().numTokens}};
+        if (!o->source.empty()) {
+            const KvSet src = readKvH5(o->source);
+            if (!(src.shape() == kv.shape())) throw Error(o->source + ": shape differs from the container's");
+            j.update(errorJson(compareKv(src, kv), true));
+        }
+        out.emit(j, [](const json& r) {
+            std::printf("wrote %s in %.3f s", r["file"].get<std::string>().c_str(), r["decode_s"].get<double>());
+            if (r.contains("max_abs_error"))
+                std::printf(", max abs error %.4g, rms %.4g", r["max_abs_error"].get<double>(), r["rms_error"].get<double>());
+            std::printf("\n");
+        });
+    });
+}
+
+void addBenchCommand(CLI::App& app, Output& out)
+{
+    auto* bench = app.add_subcommand("bench", "Benchmarks that print figures");
+    bench->require_subcommand(1);
+    auto* sub = bench->add_subcommand("codec", "Codec encode/decode speed next to int8 and zstd on the same KV");
+    struct Opts {
+        std::string kv;
+        ProfileOptions profile;
+        int level = 0;
+        BenchOptions bench;
+    };
+    auto o = std::make_shared<Opts>();
+    sub->add_option("--kv", o->kv, "KV file (HDF5)")->required();
+    o->profile.add(sub);
+    sub->add_option("--level", o->level, "level to time (default: the profile's default)");
+    sub->add_option("--repeats", o->bench.repeats, "timed passes, best taken")->capture_default_str();
+    sub->add_option("--threads", o->bench.threads, "threads (0 = all cores)")->capture_default_str();
+    sub->add_option("--zstd-level", o->bench.zstdLevel, "zstd compression level")->capture_default_str();
+    sub->add_flag("--json", out.asJson, "print one JSON object");
+    sub->callback([o, &out] {
+        const KvSet kv = readKvH5(o->kv);
+        const CodecParams p = o->profile.params(kv);
+        const int level = o->level ? o->level : (p.codec == CodecId::CacheGen ? p.profile.defaultLevel : 1);
+        if (level < 1 || level > p.numLevels()) throw Error("--level " + std::to_string(level) + " does not exist");
+        const CodecBenchResult ours = benchCodec(kv, p, level, o->bench);
+        CodecParams p8 = p;
+        p8.codec = CodecId::Int8;
+        const CodecBenchResult int8 = benchCodec(kv, p8, 1, o->bench);
+        const CodecBenchResult z = benchZstd(kv, p, o->bench);
+        auto row = [&](const CodecBenchResult& r) {
+            json j = sizeJson(r.bytes, kv.shape());
+            j["codec"] = r.codec;
+            j["level"] = r.level;
+            j["encode_MBps"] = r.encodeMBps;
+            j["decode_MBps"] = r.decodeMBps;
+            return j;
+        };
+        json j = {{"kv", o->kv},
+                  {"codec", ours.codec},
+                  {"level", level},
+                  {"fp16_MB", 2.0 * double(kv.shape().totalValues()) / 1e6},
+                  {"threads", o->bench.threads},
+                  {"encode_MBps", ours.encodeMBps},
+                  {"decode_MBps", ours.decodeMBps},
+                  {"bits_per_value", ours.bitsPerValue},
+                  {"zstd_level", o->bench.zstdLevel},
+                  {"zstd_compress_MBps", z.encodeMBps},
+                  {"zstd_decompress_MBps", z.decodeMBps},
+                  {"zstd_bits_per_value", z.bitsPerValue},
+                  {"decode_vs_zstd_decompress", ours.decodeMBps / z.decodeMBps},
+                  {"encode_vs_zstd_compress", ours.encodeMBps / z.encodeMBps},
+                  {"size_vs_zstd", double(ours.bytes) / double(z.bytes)},
+                  {"results", json::array({row(ours), row(int8), row(z)})}};
+        out.emit(j, [](const json& r) {
+            std::printf("%-9s %5s %12s %12s %10s\n", "codec", "level", "encode MB/s", "decode MB/s", "bits/value");
+            for (const json& x : r["results"])
+                std::printf("%-9s %5d %12.1f %12.1f %10.3f\n", x["codec"].get<std::string>().c_str(), x["level"].get<int>(),
+                            x["encode_MBps"].get<double>(), x["decode_MBps"].get<double>(),
+                            x["bits_per_value"].get<double>());
+            std::printf("ours vs zstd: decode %.2fx, encode %.2fx, size %.3fx\n", r["decode_vs_zstd_decompress"].get<double>(),
+                        r["encode_vs_zstd_compress"].get<double>(), r["size_vs_zstd"].get<double>());
+        });
+    });
+}
+
+void addDemoCommand(CLI::App& app, Output& out)
+{
+    auto* sub = app.add_subcommand("demo", "End-to-end codec run on the embedded sample");
+    auto dir = std::make_shared<std::string>();
+    sub->add_option("--workdir", *dir, "where to write the sample files (default: a temporary folder)");
+    sub->add_flag("--json", out.asJson, "print one JSON object");
+    sub->callback([dir, &out] {
+        // Until the model runtime lands, the sample is a synthetic cache shaped like SmolLM2-135M's
+        // (30 layers, 3 KV heads of 64 dims) over 1024 tokens.
+        std::string work = *dir;
+        if (work.empty()) {
+            char tmpl[] = "/tmp/kvscope-demo-XXXXXX";
+            if (!mkdtemp(tmpl)) throw Error("cannot create a temporary folder");
+            work = tmpl;
+        }
+        SyntheticSpec spec;
+        spec.shape = {30, 3, 64, 1024};
+        KvSet kv = makeSyntheticKv(spec);
+        kv.modelName = "synthetic (SmolLM2-135M shape)";
+        writeKvH5(kv, work + "/sample.h5");
+        json results = json::array();
+        for (const char* codec : {"cachegen", "int8", "kivi2", "kivi4", "zstd", "fp16"}) {
+            ProfileOptions po;
+            po.codec = codec;
+            const CodecParams p = po.params(kv);
+            const json r = encodeReport(kv, p, work + "/sample." + codec + ".kvc", true, false);
+            for (const json& l : r["levels"]) {
+                json row = l;
+                row["codec"] = codec;
+                results.push_back(row);
+            }
+        }
+        json j = {{"workdir", work},
+                  {"kv", "synthetic: no model runtime yet"},
+                  {"num_tokens", kv.shape().numTokens},
+                  {"ttft_s", nullptr},
+                  {"results", results}};
+        out.emit(j, [](const json& r) {
+            std::printf("kvscope demo on a synthetic KV cache (%d tokens, SmolLM2-135M shape); files in %s\n",
+                        r["num_tokens"].get<int>(), r["workdir"].get<std::string>().c_str());
+            std::printf("%-9s %5s %12s %10s %10s %10s %12s\n", "codec", "level", "bytes", "bits/val", "vs fp16",
+                        "vs int8", "max error");
+            for (const json& x : r["results"])
+                std::printf("%-9s %5d %12llu %10.3f %9.2fx %9.2fx %12.4g\n", x["codec"].get<std::string>().c_str(),
+                            x["level"].get<int>(), (unsigned long long)x["bytes"].get<uint64_t>(),
+                            x["bits_per_value"].get<double>(), x["ratio_vs_fp16"].get<double>(),
+                            x["ratio_vs_int8"].get<double>(), x["max_abs_error"].get<double>());
+        });
+    });
+}
+
+}  // namespace kvscope::cli

@@ -1,0 +1,126 @@
+// `stats` and `synth`: look at a KV file, or make a synthetic one.
+#include "cli_common.h"
+
+#include "kv/kv_h5.h"
+#include "kv/kv_stats.h"
+
+#include <cstdio>
+#include <memory>
+
+namespace kvscope::cli {
+
+namespace {
+
+json channelJson(const ChannelStats& c)
+{
+    return {{"min", c.min}, {"max", c.max}, {"mean", c.mean}, {"std", c.std}, {"absmax", c.absmax}};
+}
+
+json tensorJson(const TensorStats& t, bool perChannel)
+{
+    json j = channelJson(t.all);
+    j["variance_raw"] = t.varianceRaw;
+    j["variance_delta"] = t.varianceDelta;
+    j["delta_variance_ratio"] = number(t.varianceDelta > 0 ? t.varianceRaw / t.varianceDelta : INFINITY);
+    j["entropy_bits"] = t.entropyBits;
+    j["entropy_bits_delta"] = t.entropyBitsDelta;
+    j["outlier_channels"] = t.outlierChannels;
+    if (perChannel) {
+        json ch = json::array();
+        for (const ChannelStats& c : t.channels) ch.push_back(channelJson(c));
+        j["channels"] = ch;
+    }
+    return j;
+}
+
+}  // namespace
+
+void addStatsCommand(CLI::App& app, Output& out)
+{
+    auto* sub = app.add_subcommand("stats", "Per-layer and per-channel statistics of a KV file");
+    struct Opts {
+        std::string path;
+        StatsOptions stats;
+        bool perChannel = false;
+    };
+    auto o = std::make_shared<Opts>();
+    sub->add_option("kv", o->path, "KV file (HDF5)")->required();
+    sub->add_option("--delta-group", o->stats.deltaGroup, "tokens per anchor group for the delta variance")->capture_default_str();
+    sub->add_option("--bins", o->stats.bins, "bins for the entropy figures (CacheGen convention)")->capture_default_str();
+    sub->add_flag("--per-channel", o->perChannel, "include every channel's statistics");
+    sub->add_flag("--json", out.asJson, "print one JSON object");
+    sub->callback([o, &out] {
+        if (o->stats.deltaGroup < 2) throw Error("--delta-group must be at least 2");
+        if (o->stats.bins < 4 || o->stats.bins > 256 || o->stats.bins % 2) throw Error("--bins must be an even number in 4..256");
+        const KvSet kv = readKvH5(o->path);
+        const std::vector<TensorStats> all = computeAllStats(kv, o->stats);
+        const KvShape& s = kv.shape();
+        json j = {{"file", o->path},          {"model_name", kv.modelName}, {"num_layers", s.numLayers},
+                  {"num_kv_heads", s.numKvHeads}, {"head_dim", s.headDim},  {"num_tokens", s.numTokens},
+                  {"dtype", dtypeName(kv.dtype())}, {"delta_group", o->stats.deltaGroup}, {"bins", o->stats.bins}};
+        json layers = json::array();
+        double raw = 0, delta = 0;
+        for (int l = 0; l < s.numLayers; ++l) {
+            const TensorStats& k = all[size_t(2 * l)];
+            const TensorStats& v = all[size_t(2 * l + 1)];
+            layers.push_back({{"layer", l}, {"key", tensorJson(k, o->perChannel)}, {"value", tensorJson(v, o->perChannel)}});
+            raw += k.varianceRaw + v.varianceRaw;
+            delta += k.varianceDelta + v.varianceDelta;
+        }
+        j["layers"] = layers;
+        j["delta_variance_ratio"] = number(delta > 0 ? raw / delta : INFINITY);
+        out.emit(j, [](const json& r) {
+            std::printf("%s: %d layers, %d kv heads x %d, %d tokens, %s\n", r["file"].get<std::string>().c_str(),
+                        r["num_layers"].get<int>(), r["num_kv_heads"].get<int>(), r["head_dim"].get<int>(),
+                        r["num_tokens"].get<int>(), r["dtype"].get<std::string>().c_str());
+            std::printf("layer  kind   absmax     std   var_raw/var_delta  entropy@%d  (delta)  outliers\n",
+                        r["bins"].get<int>());
+            for (const json& l : r["layers"])
+                for (const char* kind : {"key", "value"}) {
+                    const json& t = l[kind];
+                    std::printf("%5d  %-5s %7.3f %7.3f  %17s  %9.3f  %7.3f  %zu\n", l["layer"].get<int>(), kind,
+                                t["absmax"].get<double>(), t["std"].get<double>(),
+                                t["delta_variance_ratio"].is_null() ? "inf"
+                                    : std::to_string(t["delta_variance_ratio"].get<double>()).substr(0, 6).c_str(),
+                                t["entropy_bits"].get<double>(), t["entropy_bits_delta"].get<double>(),
+                                t["outlier_channels"].size());
+                }
+        });
+    });
+}
+
+void addSynthCommand(CLI::App& app, Output& out)
+{
+    auto* sub = app.add_subcommand("synth", "Write a synthetic KV file with real-KV-like structure (for tests and demos)");
+    struct Opts {
+        std::string path;
+        SyntheticSpec spec;
+        std::string dtype = "float16";
+    };
+    auto o = std::make_shared<Opts>();
+    sub->add_option("--out", o->path, "KV file to write")->required();
+    sub->add_option("--layers", o->spec.shape.numLayers)->capture_default_str();
+    sub->add_option("--kv-heads", o->spec.shape.numKvHeads)->capture_default_str();
+    sub->add_option("--head-dim", o->spec.shape.headDim)->capture_default_str();
+    sub->add_option("--tokens", o->spec.shape.numTokens)->capture_default_str();
+    sub->add_option("--dtype", o->dtype, "float16, bfloat16 or float32")->capture_default_str();
+    sub->add_option("--seed", o->spec.seed)->capture_default_str();
+    sub->add_flag("--json", out.asJson, "print one JSON object");
+    sub->callback([o, &out] {
+        if (!parseDType(o->dtype, &o->spec.dtype)) throw Error("--dtype: unknown dtype '" + o->dtype + "'");
+        validateShape(o->spec.shape, "synthetic cache");
+        const double t0 = nowSeconds();
+        KvSet kv = makeSyntheticKv(o->spec);
+        kv.modelName = "synthetic";
+        writeKvH5(kv, o->path);
+        const KvShape& s = kv.shape();
+        out.emit({{"file", o->path}, {"num_layers", s.numLayers}, {"num_kv_heads", s.numKvHeads}, {"head_dim", s.headDim},
+                  {"num_tokens", s.numTokens}, {"dtype", dtypeName(kv.dtype())}, {"seconds", nowSeconds() - t0}},
+                 [](const json& r) {
+                     std::printf("wrote %s (%d layers, %d tokens)\n", r["file"].get<std::string>().c_str(),
+                                 r["num_layers"].get<int>(), r["num_tokens"].get<int>());
+                 });
+    });
+}
+
+}  // namespace kvscope::cli

@@ -1,0 +1,42 @@
+// kvscope-cli: see DESIGN.md "Command-line contract". Exit 0 on success; on failure one line
+// "error: ..." on stderr and a non-zero status (1 for bad input, 2 for bad usage).
+#include "cli_common.h"
+
+#include "common/error.h"
+#include "kvscope/config.h"
+
+#include <iostream>
+
+int main(int argc, char** argv)
+{
+    using namespace kvscope::cli;
+    CLI::App app{"kvscope-cli: inspect and tune KV-cache compression"};
+    app.set_version_flag("--version", std::string("kvscope ") + KVSCOPE_VERSION);
+    app.require_subcommand(1);
+    Output out;
+    addStatsCommand(app, out);
+    addSynthCommand(app, out);
+    addEncodeCommand(app, out);
+    addDecodeCommand(app, out);
+    addBenchCommand(app, out);
+    addDemoCommand(app, out);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::CallForHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::CallForAllHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::CallForVersion& e) {
+        return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+        std::cerr << "error: " << e.what() << " (see --help)" << std::endl;
+        return 2;
+    } catch (const kvscope::Error& e) {
+        std::cerr << "error: " << e.what() << std::endl;
+        return 1;
+    } catch (const std::bad_alloc&) {
+        std::cerr << "error: out of memory" << std::endl;
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,81 @@
+// Encoding and decoding of one chunk (a run of tokens across every layer, K and V) at one level,
+// for every built-in codec. Works on KvSet buffers only: no file, no torch, no HDF5.
+//
+// A chunk payload is self-delimiting given CodecParams (which the container header carries):
+// shapes, chunk size and bins are never repeated inside a chunk. FORMAT.md documents each payload.
+#pragma once
+
+#include "codec/prob_table.h"
+#include "codec/profile.h"
+#include "kv/kv_set.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+enum class CodecId : uint8_t { CacheGen = 0, Fp16 = 1, Int8 = 2, Kivi2 = 3, Kivi4 = 4, Zstd = 5 };
+const char* codecName(CodecId c);                      // "cachegen", "fp16", ...
+bool parseCodecName(const std::string& s, CodecId* out);
+
+// KIVI baseline settings (Liu et al., 2024): keys per channel in groups of kKiviGroup tokens,
+// values per token in groups of kKiviGroup channels, min/scale in fp16, and the last
+// kKiviResidual tokens of the context kept in fp16.
+constexpr int kKiviGroup = 32;
+constexpr int kKiviResidual = 128;
+
+// Everything a decoder needs besides the chunk bytes.
+struct CodecParams {
+    CodecId codec = CodecId::CacheGen;
+    KvShape shape;               // of the whole cache
+    DType dtype = DType::F16;    // of the source cache, and of decoded output
+    CodecProfile profile;        // CacheGen settings; for baselines only chunkTokens matters
+
+    int numChunks() const { return (shape.numTokens + profile.chunkTokens - 1) / profile.chunkTokens; }
+    int numLevels() const { return codec == CodecId::CacheGen ? int(profile.levels.size()) : 1; }
+    int chunkStart(int chunk) const { return chunk * profile.chunkTokens; }
+    int chunkLength(int chunk) const;
+    int binsFor(KvKind kind, int layer, int level) const;  // level is 1-based
+};
+
+// Shared (calibrated) probability tables of one level: [kind][layer][role][channel],
+// role 0 = delta/plain symbols, role 1 = anchor symbols (present only with delta coding).
+struct LevelTables {
+    std::vector<ProbTable> tables;
+    const ProbTable& at(const CodecParams& p, KvKind kind, int layer, int role, int channel) const;
+    static size_t index(const CodecParams& p, KvKind kind, int layer, int role, int channel);
+};
+
+// Symbol counts for calibration, same indexing as LevelTables, `alphabet` counters per table.
+struct LevelCounts {
+    std::vector<std::vector<uint32_t>> counts;
+};
+
+// Accumulates the symbol counts of chunk `chunk` at `level` into `counts` (sized on first use).
+void countChunkSymbols(const CodecParams& p, const KvSet& kv, int chunk, int level, LevelCounts& counts);
+LevelTables tablesFromCounts(const CodecParams& p, int level, const LevelCounts& counts);
+void serializeLevelTables(const CodecParams& p, int level, const LevelTables& t, std::vector<uint8_t>& out);
+// Throws kvscope::Error "where: reason" on malformed bytes.
+LevelTables parseLevelTables(const CodecParams& p, int level, const uint8_t* data, size_t size,
+                             const std::string& where);
+
+// Encodes tokens [chunkStart, chunkStart + chunkLength) of kv at `level` (1-based).
+// `shared` must hold this level's tables when the profile uses TableMode::Shared, else nullptr.
+// Parallel over (kind, layer) with OpenMP. Throws kvscope::Error on non-finite values.
+std::vector<uint8_t> encodeChunk(const CodecParams& p, const KvSet& kv, int chunk, int level,
+                                 const LevelTables* shared);
+
+// Decodes a payload produced by encodeChunk into the chunk's tokens of `out`, whose shape and
+// dtype must match p. Validates every size and offset; throws kvscope::Error "where: reason" on
+// any inconsistency and never reads outside [data, data + size).
+void decodeChunk(const CodecParams& p, const uint8_t* data, size_t size, int chunk, int level,
+                 const LevelTables* shared, KvSet& out, const std::string& where);
+
+// Exact size in bytes of the int8 baseline's payload for a whole cache of this shape: the
+// reference every ratio_vs_int8 is computed against.
+size_t int8Bytes(const KvShape& shape);
+
+}  // namespace kvscope

@@ -1,0 +1,101 @@
+// The .kvc container: every chunk of a KV cache at every level of a codec, with a chunk index
+// for random access and a CRC per chunk. Specification: core/codec/FORMAT.md.
+#pragma once
+
+#include "codec/chunk_codec.h"
+#include "common/error.h"
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+constexpr uint16_t kKvcVersionMajor = 1;
+constexpr uint16_t kKvcVersionMinor = 0;
+constexpr size_t kKvcHeaderSize = 160;
+
+// Called with the fraction done in [0, 1]; returning false cancels (the operation throws
+// kvscope::Cancelled and leaves no partial output behind).
+using Progress = std::function<bool(double)>;
+
+class Cancelled : public Error {
+public:
+    Cancelled() : Error("cancelled") {}
+};
+
+struct KvcWriteReport {
+    uint64_t fileBytes = 0;
+    std::vector<uint64_t> levelBytes;       // (levels) sum of chunk payloads of each level
+    std::vector<uint64_t> levelTableBytes;  // (levels) shared tables stored once per level
+    double seconds = 0;
+};
+
+// Encodes kv with params into `path` (written to a temporary, then renamed).
+// With TableMode::Shared, `calibrated` supplies one LevelTables per level; when it is null the
+// tables are calibrated on kv itself (a first pass over every chunk) and stored in the file.
+// Memory: the payloads of one chunk beyond kv. Throws kvscope::Error on I/O failure or bad values.
+KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& params, const std::string& path,
+                        const std::vector<LevelTables>* calibrated = nullptr, const Progress& progress = {});
+
+// Reads a .kvc from a file or from memory. The constructor validates the header, the sections
+// and the whole index (every chunk inside the file) before anything else; chunk CRCs are checked
+// when a chunk is read. Every failure throws kvscope::Error "name: place: reason".
+class KvcReader {
+public:
+    static std::unique_ptr<KvcReader> openFile(const std::string& path);
+    static std::unique_ptr<KvcReader> fromMemory(std::vector<uint8_t> bytes, const std::string& name);
+    ~KvcReader();
+
+    const CodecParams& params() const { return m_params; }
+    const std::string& name() const { return m_name; }
+    uint64_t fileBytes() const { return m_fileSize; }
+    const std::string& modelName() const { return m_modelName; }
+    const std::string& modelFingerprint() const { return m_fingerprint; }
+    const std::string& context() const { return m_context; }
+    const std::vector<int32_t>& tokens() const { return m_tokens; }
+
+    uint32_t chunkBytes(int chunk, int level) const;      // level is 1-based
+    uint64_t levelBytes(int level) const;                 // all chunks of one level
+    uint64_t levelTableBytes(int level) const;            // shared tables of one level (0 in-band)
+
+    // The payload of (chunk, level) after its CRC was checked.
+    std::vector<uint8_t> readChunk(int chunk, int level) const;
+    // Decodes (chunk, level) into its tokens of out (shape and dtype of params()).
+    void decodeChunkInto(int chunk, int level, KvSet& out) const;
+    // Decodes every chunk, chunk i at levels[i] (one entry = that level for every chunk).
+    // Refuses (kvscope::Error) when the decoded cache would exceed maxOutputBytes().
+    KvSet decodeAll(const std::vector<int>& levels, const Progress& progress = {}) const;
+
+    // Largest decoded cache decodeAll will allocate (default 64 GiB); a header declaring more is
+    // refused before allocation, so a hostile file cannot exhaust memory.
+    void setMaxOutputBytes(uint64_t n) { m_maxOutput = n; }
+    uint64_t maxOutputBytes() const { return m_maxOutput; }
+
+private:
+    KvcReader() = default;
+    void parse();
+    void readAt(uint64_t offset, size_t size, uint8_t* dst, const std::string& what) const;
+    std::string where(const std::string& place) const { return m_name + ": " + place; }
+
+    struct IndexEntry {
+        uint64_t offset;
+        uint32_t size;
+        uint32_t crc;
+    };
+    std::string m_name;
+    int m_fd = -1;
+    std::vector<uint8_t> m_memory;
+    uint64_t m_fileSize = 0;
+    CodecParams m_params;
+    std::string m_modelName, m_fingerprint, m_context;
+    std::vector<int32_t> m_tokens;
+    std::vector<IndexEntry> m_index;  // (chunks, levels)
+    std::vector<LevelTables> m_tables;
+    std::vector<uint64_t> m_tableBytes;
+    uint64_t m_maxOutput = uint64_t(64) << 30;
+};
+
+}  // namespace kvscope

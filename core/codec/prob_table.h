@@ -1,0 +1,55 @@
+// Probability tables for the rANS coder: one per (K/V, layer, role, channel), where role is
+// "anchor" or "delta" when delta coding is on (otherwise every symbol is a "delta" role symbol).
+//
+// Frequencies are normalised to sum to exactly rans::kProbScale and every symbol of the alphabet
+// keeps a frequency of at least 1, so a table built on one chunk (or calibrated on other contexts)
+// can code any symbol. Serialised form (also in FORMAT.md):
+//     u8 lo, u8 hi, then for s in [lo, hi]: LEB128 varint (freq[s] - 1)
+// Symbols outside [lo, hi] have frequency 1. lo > hi (e.g. 1, 0) means "all ones", which only a
+// one-symbol alphabet can satisfy.
+#pragma once
+
+#include "codec/rans.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+constexpr int kMaxAlphabet = 255;
+
+struct ProbTable {
+    int alphabet = 0;
+    std::vector<uint16_t> freq;   // (alphabet)
+    std::vector<uint16_t> start;  // (alphabet + 1), start[alphabet] = kProbScale
+
+    // Decoder acceleration: first symbol whose interval can hold a slot in bucket slot >> 4.
+    static constexpr int kBucketShift = 4;
+    std::vector<uint8_t> bucket;  // (kProbScale >> kBucketShift)
+
+    // Symbol owning `slot`; starts at the bucket's symbol and walks at most a few steps.
+    int symbolOf(uint32_t slot) const
+    {
+        int s = bucket[slot >> kBucketShift];
+        while (slot >= start[s + 1]) ++s;
+        return s;
+    }
+};
+
+// Normalises counts (alphabet entries) to a table. Deterministic: the same counts give the same
+// table on every machine. A zero total gives the centre symbol nearly all the mass.
+ProbTable buildProbTable(const uint32_t* counts, int alphabet);
+
+// Appends the serialised table to out.
+void serializeProbTable(const ProbTable& t, std::vector<uint8_t>& out);
+
+// Parses one table of `alphabet` symbols at *p (advancing it). Returns false with a reason in
+// *why when the bytes are truncated, out of range or do not sum to kProbScale.
+bool parseProbTable(const uint8_t** p, const uint8_t* end, int alphabet, ProbTable* out, std::string* why);
+
+// Bits needed to code `counts` with table t (the cost the encoder will pay, up to a few bytes
+// of rANS flush overhead per stream).
+double codeLengthBits(const ProbTable& t, const uint32_t* counts);
+
+}  // namespace kvscope

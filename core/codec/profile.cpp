@@ -1,0 +1,264 @@
+#include "codec/profile.h"
+
+#include "common/error.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+namespace kvscope {
+
+using json = nlohmann::json;
+
+const char* quantizerName(Quantizer q) { return q == Quantizer::PerToken ? "token" : "channel"; }
+const char* tableModeName(TableMode m) { return m == TableMode::InBand ? "inband" : "shared"; }
+
+namespace {
+
+// Layer where a CacheGen Mistral-7B group boundary (b of 32 layers) falls for numLayers layers.
+int scaledBoundary(int b, int numLayers) { return int(std::lround(double(b) * numLayers / 32.0)); }
+
+std::vector<int> groupBins(int numLayers, std::initializer_list<std::pair<int, int>> groups /* (start of 32, bins) */)
+{
+    std::vector<int> bins(size_t(numLayers), 0);
+    for (auto [start32, b] : groups)
+        for (int l = scaledBoundary(start32, numLayers); l < numLayers; ++l) bins[size_t(l)] = b;
+    return bins;
+}
+
+}  // namespace
+
+CodecProfile defaultProfile(int numLayers)
+{
+    CodecProfile p;
+    p.numLayers = numLayers;
+    p.defaultLevel = 2;
+    p.levels.push_back({"level 1", groupBins(numLayers, {{0, 16}, {10, 16}, {20, 12}}),
+                        groupBins(numLayers, {{0, 16}, {2, 12}}), ""});
+    p.levels.push_back({"level 2", groupBins(numLayers, {{0, 32}, {10, 16}}),
+                        groupBins(numLayers, {{0, 32}, {2, 16}}), ""});
+    p.levels.push_back({"level 3", groupBins(numLayers, {{0, 32}}), groupBins(numLayers, {{0, 32}}), ""});
+    return p;
+}
+
+std::vector<LayerRange> toLayerRanges(const std::vector<int>& bins)
+{
+    std::vector<LayerRange> r;
+    for (int l = 0; l < int(bins.size()); ++l) {
+        if (!r.empty() && r.back().bins == bins[size_t(l)] && r.back().end == l)
+            r.back().end = l + 1;
+        else
+            r.push_back({l, l + 1, bins[size_t(l)]});
+    }
+    return r;
+}
+
+static bool validBins(int b) { return b >= 4 && b <= 256 && b % 2 == 0; }
+
+void validateProfile(const CodecProfile& p, const std::string& src)
+{
+    if (p.chunkTokens < 16 || p.chunkTokens > 8192)
+        throw inputError(src, "chunk_tokens", std::to_string(p.chunkTokens) + " is outside 16..8192");
+    if (p.deltaGroup < 0 || p.deltaGroup == 1 || p.deltaGroup > p.chunkTokens)
+        throw inputError(src, "delta_group", std::to_string(p.deltaGroup) + " must be 0 (off) or 2..chunk_tokens");
+    if (p.anchorBins != 0 && !validBins(p.anchorBins))
+        throw inputError(src, "anchor_bins", std::to_string(p.anchorBins) + " must be 0 or an even number in 4..256");
+    if (p.levels.empty() || p.levels.size() > 64)
+        throw inputError(src, "levels", "need 1 to 64 levels, got " + std::to_string(p.levels.size()));
+    if (p.defaultLevel < 1 || p.defaultLevel > int(p.levels.size()))
+        throw inputError(src, "default_level", std::to_string(p.defaultLevel) + " names no level");
+    for (size_t i = 0; i < p.levels.size(); ++i) {
+        const CodecLevel& l = p.levels[i];
+        const std::string place = "levels[" + std::to_string(i) + "]";
+        if (p.numLayers > 0 && (int(l.keyBins.size()) != p.numLayers || int(l.valueBins.size()) != p.numLayers))
+            throw inputError(src, place, "bins cover " + std::to_string(l.keyBins.size()) + "/" +
+                                             std::to_string(l.valueBins.size()) + " layers (key/value), profile has " +
+                                             std::to_string(p.numLayers));
+        if (l.keyBins.size() != l.valueBins.size() || l.keyBins.empty())
+            throw inputError(src, place, "key_bins and value_bins must cover the same, non-zero number of layers");
+        for (size_t j = 0; j < l.keyBins.size(); ++j)
+            if (!validBins(l.keyBins[j]) || !validBins(l.valueBins[j]))
+                throw inputError(src, place + " layer " + std::to_string(j),
+                                 "bins must be even numbers in 4..256 (got key " + std::to_string(l.keyBins[j]) +
+                                     ", value " + std::to_string(l.valueBins[j]) + ")");
+    }
+}
+
+namespace {
+
+int getInt(const json& j, const char* key, int fallback, const std::string& src)
+{
+    if (!j.contains(key)) return fallback;
+    const json& v = j.at(key);
+    if (!v.is_number_integer()) throw inputError(src, key, "must be an integer");
+    const long long x = v.get<long long>();
+    if (x < -1000000 || x > 1000000) throw inputError(src, key, "out of range");
+    return int(x);
+}
+
+std::string getString(const json& j, const char* key, const std::string& fallback, const std::string& src)
+{
+    if (!j.contains(key)) return fallback;
+    if (!j.at(key).is_string()) throw inputError(src, key, "must be a string");
+    return j.at(key).get<std::string>();
+}
+
+Quantizer getQuantizer(const json& j, const char* key, const std::string& src)
+{
+    const std::string s = getString(j, key, "token", src);
+    if (s == "token") return Quantizer::PerToken;
+    if (s == "channel") return Quantizer::PerChannel;
+    throw inputError(src, key, "unknown quantizer '" + s + "' (token or channel)");
+}
+
+// Bins as a per-layer list [16, 16, ...] or as ranges [{"start":0,"end":10,"bins":16}, ...].
+std::vector<int> getBins(const json& j, const char* key, int numLayers, const std::string& src,
+                         const std::string& place)
+{
+    const std::string where = place + "." + key;
+    if (!j.contains(key) || !j.at(key).is_array()) throw inputError(src, where, "missing or not an array");
+    const json& a = j.at(key);
+    if (a.size() > 4096) throw inputError(src, where, "too many entries");
+    std::vector<int> bins;
+    if (!a.empty() && a.front().is_object()) {
+        if (numLayers <= 0) throw inputError(src, where, "layer ranges need num_layers in the profile");
+        bins.assign(size_t(numLayers), 0);
+        for (size_t i = 0; i < a.size(); ++i) {
+            const std::string w = where + "[" + std::to_string(i) + "]";
+            const int s = getInt(a[i], "start", -1, src), e = getInt(a[i], "end", -1, src),
+                      b = getInt(a[i], "bins", -1, src);
+            if (s < 0 || e <= s || e > numLayers) throw inputError(src, w, "range [start, end) outside the layers");
+            for (int l = s; l < e; ++l) bins[size_t(l)] = b;
+        }
+        for (int l = 0; l < numLayers; ++l)
+            if (bins[size_t(l)] == 0) throw inputError(src, where, "layer " + std::to_string(l) + " has no bins");
+        return bins;
+    }
+    for (size_t i = 0; i < a.size(); ++i) {
+        if (!a[i].is_number_integer()) throw inputError(src, where + "[" + std::to_string(i) + "]", "must be an integer");
+        bins.push_back(int(std::max<long long>(-1, std::min<long long>(a[i].get<long long>(), 1 << 20))));
+    }
+    return bins;
+}
+
+}  // namespace
+
+CodecProfile profileFromJson(const std::string& text, const std::string& src)
+{
+    json j;
+    try {
+        j = json::parse(text);
+    } catch (const json::parse_error& e) {
+        throw inputError(src, "byte " + std::to_string(e.byte), "not valid JSON");
+    }
+    if (!j.is_object()) throw inputError(src, "", "a profile must be a JSON object");
+    if (getString(j, "format", "", src) != "kvscope-profile")
+        throw inputError(src, "format", "not a kvscope profile (expected \"kvscope-profile\")");
+    const int version = getInt(j, "version", -1, src);
+    if (version < 1 || version > CodecProfile::kVersion)
+        throw inputError(src, "version", "version " + std::to_string(version) + " is not supported (this build reads 1.." +
+                                             std::to_string(CodecProfile::kVersion) + ")");
+    CodecProfile p;
+    p.modelFingerprint = getString(j, "model_fingerprint", "", src);
+    p.numLayers = getInt(j, "num_layers", 0, src);
+    if (p.numLayers < 0 || p.numLayers > 1024) throw inputError(src, "num_layers", "out of range");
+    p.chunkTokens = getInt(j, "chunk_tokens", p.chunkTokens, src);
+    p.deltaGroup = getInt(j, "delta_group", p.deltaGroup, src);
+    p.anchorBins = getInt(j, "anchor_bins", p.anchorBins, src);
+    p.keyQuantizer = getQuantizer(j, "key_quantizer", src);
+    p.valueQuantizer = getQuantizer(j, "value_quantizer", src);
+    const std::string tables = getString(j, "tables", "inband", src);
+    if (tables == "inband") p.tables = TableMode::InBand;
+    else if (tables == "shared") p.tables = TableMode::Shared;
+    else throw inputError(src, "tables", "unknown table mode '" + tables + "' (inband or shared)");
+    p.defaultLevel = getInt(j, "default_level", 1, src);
+    if (!j.contains("levels") || !j.at("levels").is_array()) throw inputError(src, "levels", "missing or not an array");
+    const json& levels = j.at("levels");
+    if (levels.size() > 64) throw inputError(src, "levels", "more than 64 levels");
+    for (size_t i = 0; i < levels.size(); ++i) {
+        const std::string place = "levels[" + std::to_string(i) + "]";
+        if (!levels[i].is_object()) throw inputError(src, place, "must be an object");
+        CodecLevel l;
+        l.name = getString(levels[i], "name", "level " + std::to_string(i + 1), src);
+        l.keyBins = getBins(levels[i], "key_bins", p.numLayers, src, place);
+        l.valueBins = getBins(levels[i], "value_bins", p.numLayers, src, place);
+        if (levels[i].contains("measured")) {
+            if (!levels[i].at("measured").is_object()) throw inputError(src, place + ".measured", "must be an object");
+            l.measuredJson = levels[i].at("measured").dump();
+        }
+        p.levels.push_back(std::move(l));
+    }
+    validateProfile(p, src);
+    return p;
+}
+
+std::string profileToJson(const CodecProfile& p)
+{
+    json j;
+    j["format"] = "kvscope-profile";
+    j["version"] = CodecProfile::kVersion;
+    j["model_fingerprint"] = p.modelFingerprint;
+    j["num_layers"] = p.numLayers;
+    j["chunk_tokens"] = p.chunkTokens;
+    j["delta_group"] = p.deltaGroup;
+    j["anchor_bins"] = p.anchorBins;
+    j["key_quantizer"] = quantizerName(p.keyQuantizer);
+    j["value_quantizer"] = quantizerName(p.valueQuantizer);
+    j["tables"] = tableModeName(p.tables);
+    j["default_level"] = p.defaultLevel;
+    json levels = json::array();
+    for (const CodecLevel& l : p.levels) {
+        json jl;
+        jl["name"] = l.name;
+        auto ranges = [&](const std::vector<int>& bins) {
+            json a = json::array();
+            for (const LayerRange& r : toLayerRanges(bins)) a.push_back({{"start", r.start}, {"end", r.end}, {"bins", r.bins}});
+            return a;
+        };
+        // Ranges need num_layers to be read back; without it keep the per-layer list.
+        jl["key_bins"] = p.numLayers > 0 ? ranges(l.keyBins) : json(l.keyBins);
+        jl["value_bins"] = p.numLayers > 0 ? ranges(l.valueBins) : json(l.valueBins);
+        if (!l.measuredJson.empty()) jl["measured"] = json::parse(l.measuredJson);
+        levels.push_back(jl);
+    }
+    j["levels"] = levels;
+    return j.dump(2) + "\n";
+}
+
+CodecProfile loadProfile(const std::string& path)
+{
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw inputError(path, "", "cannot open the profile");
+    in.seekg(0, std::ios::end);
+    const std::streamoff size = in.tellg();
+    if (size > (64 << 20)) throw inputError(path, "", "profile larger than 64 MiB");
+    in.seekg(0);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return profileFromJson(ss.str(), path);
+}
+
+void saveProfile(const CodecProfile& p, const std::string& path)
+{
+    validateProfile(p, path);
+    const std::string tmp = path + ".tmp";
+    {
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        if (!out) throw inputError(path, "", "cannot create the file");
+        out << profileToJson(p);
+        out.flush();
+        if (!out) {
+            std::remove(tmp.c_str());
+            throw inputError(path, "", "write failed");
+        }
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+        std::remove(tmp.c_str());
+        throw inputError(path, "", "cannot replace the file");
+    }
+}
+
+}  // namespace kvscope

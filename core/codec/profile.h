@@ -1,0 +1,81 @@
+// Codec profiles: the tunable settings of the CacheGen codec, as a versioned JSON file.
+//
+// Bins follow CacheGen's convention: "bins = 32" quantizes symmetrically to MAX = bins/2 - 1 = 15
+// steps each side of zero, i.e. 2*MAX + 1 = 31 levels (symbols 0..30, 15 is zero). Bins are even
+// numbers in [4, 256].
+//
+// JSON (see FORMAT.md for every field):
+// {
+//   "format": "kvscope-profile", "version": 1,
+//   "model_fingerprint": "", "num_layers": 30,
+//   "chunk_tokens": 256, "delta_group": 10, "anchor_bins": 0,
+//   "key_quantizer": "token", "value_quantizer": "token", "tables": "inband",
+//   "default_level": 2,
+//   "levels": [ { "name": "level 1",
+//                 "key_bins": [ {"start": 0, "end": 10, "bins": 16}, ... ]   or [16, 16, ...],
+//                 "value_bins": ...,
+//                 "measured": { ... free-form figures ... } }, ... ]
+// }
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+enum class Quantizer : uint8_t {
+    PerToken = 0,    // CacheGen: one scale per (layer, token) over all channels
+    PerChannel = 1,  // KIVI's insight for keys: one scale per (layer, channel) over the chunk
+};
+enum class TableMode : uint8_t {
+    InBand = 0,  // each chunk ships its own probability tables (what CacheGen's code does)
+    Shared = 1,  // one set of tables per level, calibrated once and stored once per file/profile
+};
+
+const char* quantizerName(Quantizer q);  // "token" | "channel"
+const char* tableModeName(TableMode m);  // "inband" | "shared"
+
+struct CodecLevel {
+    std::string name;
+    std::vector<int> keyBins;    // (num_layers)
+    std::vector<int> valueBins;  // (num_layers)
+    std::string measuredJson;    // opaque JSON object text ("" when none), kept on round trips
+};
+
+struct CodecProfile {
+    static constexpr int kVersion = 1;
+    std::string modelFingerprint;
+    int numLayers = 0;
+    int chunkTokens = 256;   // 16..8192
+    int deltaGroup = 10;     // tokens per anchor group; 0 turns delta coding off
+    int anchorBins = 0;      // bins for anchor tokens; 0 = the layer's own bins
+    Quantizer keyQuantizer = Quantizer::PerToken;
+    Quantizer valueQuantizer = Quantizer::PerToken;
+    TableMode tables = TableMode::InBand;
+    int defaultLevel = 1;    // 1-based
+    std::vector<CodecLevel> levels;  // ordered from smallest (level 1) to highest quality
+
+    int anchorBinsFor(int layerBins) const { return anchorBins > 0 ? anchorBins : layerBins; }
+    bool deltaEnabled() const { return deltaGroup >= 2; }
+};
+
+// CacheGen's three levels, with its Mistral-7B layer groups (K split at 10/32 and 20/32 of the
+// depth, V at 2/32) scaled to `numLayers`:
+//   level 1: K 16/16/12, V 16/12;  level 2 (default): K 32/16/16, V 32/16;  level 3: all 32.
+CodecProfile defaultProfile(int numLayers);
+
+// Throws kvscope::Error "source: place: reason" for any invalid field.
+void validateProfile(const CodecProfile& p, const std::string& source);
+CodecProfile profileFromJson(const std::string& text, const std::string& source);
+std::string profileToJson(const CodecProfile& p);
+CodecProfile loadProfile(const std::string& path);
+void saveProfile(const CodecProfile& p, const std::string& path);  // temp file + rename
+
+// LMCache's CacheGen configuration form: layer ranges with bins, per K and V.
+struct LayerRange {
+    int start = 0, end = 0, bins = 0;  // [start, end)
+};
+std::vector<LayerRange> toLayerRanges(const std::vector<int>& binsPerLayer);
+
+}  // namespace kvscope

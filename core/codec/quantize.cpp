@@ -1,0 +1,173 @@
+#include "codec/quantize.h"
+
+#include "common/error.h"
+#include "common/half.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace kvscope::quant {
+
+uint16_t scaleFor(float absmax, int maxLevel)
+{
+    if (!(absmax > 0.0f)) return 0;
+    const float want = absmax / float(maxLevel);
+    uint16_t h = floatToHalf(want);
+    // Round up: the next fp16 above keeps |x| / scale <= maxLevel after rounding.
+    while (halfToFloat(h) * float(maxLevel) < absmax) ++h;
+    if ((h & 0x7c00u) == 0x7c00u)
+        throw Error("value magnitude " + std::to_string(absmax) + " is too large for an fp16 scale");
+    return h;
+}
+
+namespace {
+
+inline uint8_t quantizeOne(float x, float inv, int maxLevel)
+{
+    // inv = 1/scale (0 for a zero scale, which maps every value to the zero symbol)
+    int q = int(std::lrint(x * inv));
+    q = std::clamp(q, -maxLevel, maxLevel);
+    return uint8_t(q + maxLevel);
+}
+
+inline float inverse(uint16_t scaleBits)
+{
+    const float s = halfToFloat(scaleBits);
+    return s > 0.0f ? 1.0f / s : 0.0f;
+}
+
+void checkFinite(float v)
+{
+    if (!std::isfinite(v)) throw Error("KV value is not finite (NaN or infinity)");
+}
+
+// Per-token quantization of token t of every head. src gives the value to code (raw or delta).
+template <typename Src>
+void quantizeToken(const BlockSpec& b, int t, Src src, uint8_t* sym, uint16_t* scales)
+{
+    const int maxL = maxLevel(b.binsFor(t));
+    float absmax = 0.0f;
+    for (int h = 0; h < b.heads; ++h)
+        for (int d = 0; d < b.headDim; ++d) {
+            const float v = src(h, d);
+            checkFinite(v);
+            absmax = std::max(absmax, std::fabs(v));
+        }
+    scales[t] = scaleFor(absmax, maxL);
+    const float inv = inverse(scales[t]);
+    for (int h = 0; h < b.heads; ++h) {
+        uint8_t* row = sym + (size_t(h) * b.tokens + t) * b.headDim;
+        for (int d = 0; d < b.headDim; ++d) row[d] = quantizeOne(src(h, d), inv, maxL);
+    }
+}
+
+}  // namespace
+
+void quantizeBlock(const BlockSpec& b, const float* x, uint8_t* sym, uint16_t* scales)
+{
+    const int D = b.headDim, T = b.tokens, C = b.channels();
+    auto at = [&](int h, int t, int d) { return x[(size_t(h) * T + t) * D + d]; };
+    const bool delta = b.deltaGroup >= 2;
+
+    if (b.quantizer == Quantizer::PerToken) {
+        std::vector<float> anchor(static_cast<size_t>(C));  // reconstructed anchor of the current group
+        for (int t = 0; t < T; ++t) {
+            if (!delta) {
+                quantizeToken(b, t, [&](int h, int d) { return at(h, t, d); }, sym, scales);
+                continue;
+            }
+            if (b.isAnchor(t)) {
+                quantizeToken(b, t, [&](int h, int d) { return at(h, t, d); }, sym, scales);
+                const int maxL = maxLevel(b.anchorBins);
+                const float s = halfToFloat(scales[t]);
+                for (int h = 0; h < b.heads; ++h)
+                    for (int d = 0; d < D; ++d)
+                        anchor[size_t(h) * D + d] =
+                            float(int(sym[(size_t(h) * T + t) * D + d]) - maxL) * s;
+            } else {
+                quantizeToken(b, t, [&](int h, int d) { return at(h, t, d) - anchor[size_t(h) * D + d]; },
+                              sym, scales);
+            }
+        }
+        return;
+    }
+
+    // Per-channel: scales over the block's tokens, anchors and deltas apart.
+    const int maxL = maxLevel(b.bins), maxA = maxLevel(b.anchorBins);
+    std::vector<float> absAnchor(size_t(C), 0.0f), absDelta(size_t(C), 0.0f);
+    for (int h = 0; h < b.heads; ++h)
+        for (int t = 0; t < T; ++t)
+            for (int d = 0; d < D; ++d) {
+                const float v = at(h, t, d);
+                checkFinite(v);
+                float& m = b.isAnchor(t) ? absAnchor[size_t(h) * D + d] : absDelta[size_t(h) * D + d];
+                m = std::max(m, std::fabs(v));
+            }
+    uint16_t* anchorScales = scales + C;
+    if (delta)
+        for (int c = 0; c < C; ++c) anchorScales[c] = scaleFor(absAnchor[c], maxA);
+    if (!delta) {
+        for (int c = 0; c < C; ++c) scales[c] = scaleFor(absDelta[c], maxL);
+    } else {
+        // Delta magnitudes depend on the reconstructed anchors: reconstruct, then take absmax.
+        std::fill(absDelta.begin(), absDelta.end(), 0.0f);
+        for (int h = 0; h < b.heads; ++h)
+            for (int t = 0; t < T; ++t) {
+                if (b.isAnchor(t)) continue;
+                const int a = t - t % b.deltaGroup;
+                for (int d = 0; d < D; ++d) {
+                    const int c = h * D + d;
+                    const float inv = inverse(anchorScales[c]);
+                    const float ah = float(int(quantizeOne(at(h, a, d), inv, maxA)) - maxA) *
+                                     halfToFloat(anchorScales[c]);
+                    absDelta[c] = std::max(absDelta[c], std::fabs(at(h, t, d) - ah));
+                }
+            }
+        for (int c = 0; c < C; ++c) scales[c] = scaleFor(absDelta[c], maxL);
+    }
+    for (int h = 0; h < b.heads; ++h)
+        for (int t = 0; t < T; ++t) {
+            uint8_t* row = sym + (size_t(h) * T + t) * D;
+            if (b.isAnchor(t)) {
+                for (int d = 0; d < D; ++d)
+                    row[d] = quantizeOne(at(h, t, d), inverse(anchorScales[h * D + d]), maxA);
+                continue;
+            }
+            const int a = delta ? t - t % b.deltaGroup : -1;
+            for (int d = 0; d < D; ++d) {
+                const int c = h * D + d;
+                float v = at(h, t, d);
+                if (a >= 0) {
+                    const uint8_t qa = sym[(size_t(h) * T + a) * D + d];  // anchor row already coded
+                    v -= float(int(qa) - maxA) * halfToFloat(anchorScales[c]);
+                }
+                row[d] = quantizeOne(v, inverse(scales[c]), maxL);
+            }
+        }
+}
+
+void dequantizeBlock(const BlockSpec& b, const uint8_t* sym, const uint16_t* scales, float* out)
+{
+    const int D = b.headDim, T = b.tokens, C = b.channels();
+    const bool delta = b.deltaGroup >= 2;
+    const int maxL = maxLevel(b.bins), maxA = maxLevel(b.anchorBins);
+    for (int h = 0; h < b.heads; ++h)
+        for (int t = 0; t < T; ++t) {
+            const uint8_t* row = sym + (size_t(h) * T + t) * D;
+            float* o = out + (size_t(h) * T + t) * D;
+            const bool anchor = b.isAnchor(t);
+            const int m = anchor ? maxA : maxL;
+            const float* base = (delta && !anchor) ? out + (size_t(h) * T + (t - t % b.deltaGroup)) * D : nullptr;
+            if (b.quantizer == Quantizer::PerToken) {
+                const float s = halfToFloat(scales[t]);
+                for (int d = 0; d < D; ++d) o[d] = float(int(row[d]) - m) * s + (base ? base[d] : 0.0f);
+            } else {
+                const uint16_t* sc = (anchor ? scales + C : scales) + size_t(h) * D;
+                for (int d = 0; d < D; ++d)
+                    o[d] = float(int(row[d]) - m) * halfToFloat(sc[d]) + (base ? base[d] : 0.0f);
+            }
+        }
+}
+
+}  // namespace kvscope::quant

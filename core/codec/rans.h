@@ -1,0 +1,99 @@
+// Static rANS entropy coder (byte-wise renormalisation, 32-bit state, 12-bit probabilities).
+//
+// READ ME FIRST
+// - rANS is last-in, first-out. The encoder must visit symbols from LAST to FIRST and writes its
+//   bytes backwards, from the end of its buffer towards the start; the decoder then reads forward
+//   and gets the symbols in their original order. RansWriter hides the backwards buffer.
+// - Streams interleave kRansWays states: symbol i of a stream is coded by state i % kRansWays.
+//   The encoder flushes the states in reverse way order so the decoder reads way 0 first.
+// - Every symbol of an alphabet has a frequency >= 1 (see prob_table.h), so any symbol can be
+//   coded; frequencies sum to exactly kProbScale.
+// - The decoder never trusts its input: reads past the end of a stream yield zero bytes and set
+//   `overrun`, and the caller checks that the stream ended exactly where it should.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace kvscope::rans {
+
+constexpr uint32_t kProbBits = 12;
+constexpr uint32_t kProbScale = 1u << kProbBits;
+constexpr uint32_t kRansL = 1u << 23;  // lower bound of the normalised state interval [L, 256 L)
+constexpr int kRansWays = 4;
+
+// Grows a byte buffer backwards: bytes pushed last come first in the final stream.
+class RansWriter {
+public:
+    void reserve(size_t n) { m_buf.reserve(n); }
+    void putByte(uint8_t b) { m_buf.push_back(b); }
+    // The stream in reading order (reverse of push order).
+    void finishInto(std::vector<uint8_t>& out) const { out.insert(out.end(), m_buf.rbegin(), m_buf.rend()); }
+    size_t size() const { return m_buf.size(); }
+    void clear() { m_buf.clear(); }
+
+private:
+    std::vector<uint8_t> m_buf;  // reversed stream
+};
+
+inline void encInit(uint32_t* x) { *x = kRansL; }
+
+// Encodes one symbol with frequency `freq` and cumulative start `start`.
+inline void encPut(uint32_t* x, RansWriter& w, uint32_t start, uint32_t freq)
+{
+    // Renormalise so that after the update x stays below 256 L.
+    const uint32_t xMax = ((kRansL >> kProbBits) << 8) * freq;
+    uint32_t s = *x;
+    while (s >= xMax) {
+        w.putByte(uint8_t(s & 0xff));
+        s >>= 8;
+    }
+    *x = ((s / freq) << kProbBits) + (s % freq) + start;
+}
+
+// Flushes a state as 4 bytes, little-endian in reading order.
+inline void encFlush(uint32_t x, RansWriter& w)
+{
+    w.putByte(uint8_t(x >> 24));
+    w.putByte(uint8_t(x >> 16));
+    w.putByte(uint8_t(x >> 8));
+    w.putByte(uint8_t(x >> 0));
+}
+
+// Forward reader over one stream; out-of-range reads return 0 and set `overrun`.
+struct RansReader {
+    const uint8_t* p = nullptr;
+    const uint8_t* end = nullptr;
+    bool overrun = false;
+
+    uint8_t byte()
+    {
+        if (p < end) return *p++;
+        overrun = true;
+        return 0;
+    }
+};
+
+inline uint32_t decInit(RansReader& r)
+{
+    uint32_t x = r.byte();
+    x |= uint32_t(r.byte()) << 8;
+    x |= uint32_t(r.byte()) << 16;
+    x |= uint32_t(r.byte()) << 24;
+    return x;
+}
+
+// The slot (cumulative frequency position) the next symbol occupies.
+inline uint32_t decSlot(uint32_t x) { return x & (kProbScale - 1); }
+
+// Advances the state past a symbol (start, freq) and renormalises.
+inline void decAdvance(uint32_t* x, RansReader& r, uint32_t start, uint32_t freq)
+{
+    uint32_t s = freq * (*x >> kProbBits) + (*x & (kProbScale - 1)) - start;
+    while (s < kRansL) s = (s << 8) | r.byte();
+    *x = s;
+}
+
+}  // namespace kvscope::rans
