@@ -148,9 +148,11 @@ struct Cursor {
 // ---------------------------------------------------------------------------------------------
 // CacheGen: quantize -> (delta) -> per-channel rANS, one stream per (kind, layer, head)
 
-struct UnitTables {  // the tables one (kind, layer) block codes with: [role][channel]
-    std::vector<const ProbTable*> byRoleChannel;
-    std::vector<ProbTable> owned;  // in-band tables built or parsed for this unit
+// The coding tables one (kind, layer) block uses: [role * channels + channel]. Reused across
+// units on the same thread so the hot path never allocates.
+struct UnitTables {
+    std::vector<CodingTable> tables;
+    const CodingTable& at(int role, int channels, int channel) const { return tables[size_t(role) * channels + channel]; }
 };
 
 void countBlock(const quant::BlockSpec& b, const uint8_t* sym, int roles,
@@ -165,52 +167,103 @@ void countBlock(const quant::BlockSpec& b, const uint8_t* sym, int roles,
         }
 }
 
+// One stream per head: symbols (t, d) in token-major order, symbol i coded by state i % 4.
 void encodeHeadStream(const quant::BlockSpec& b, int h, const uint8_t* sym, const UnitTables& tab,
                       std::vector<uint8_t>& out)
 {
     const int D = b.headDim, C = b.channels();
-    const size_t n = size_t(b.tokens) * D;
-    const uint8_t* s = sym + size_t(h) * n;
+    const uint8_t* s = sym + size_t(h) * b.tokens * D;
     uint32_t x[rans::kRansWays];
     for (uint32_t& v : x) rans::encInit(&v);
+    const rans::FreqDivider& div = rans::freqDivider();
     rans::RansWriter w;
-    w.reserve(n / 2 + 64);
-    for (size_t i = n; i-- > 0;) {  // reverse order: see rans.h
-        const int t = int(i / size_t(D)), d = int(i % size_t(D));
-        const int role = b.isAnchor(t) ? 1 : 0;
-        const ProbTable& pt = *tab.byRoleChannel[size_t(role) * C + size_t(h) * D + d];
-        const uint8_t sy = s[i];
-        rans::encPut(&x[i % rans::kRansWays], w, pt.start[sy], pt.freq[sy]);
+    w.reserve(size_t(b.tokens) * D / 2 + 64);
+    size_t i = size_t(b.tokens) * D;
+    for (int t = b.tokens - 1; t >= 0; --t) {  // reverse order: see rans.h
+        const CodingTable* row = &tab.at(b.isAnchor(t) ? 1 : 0, C, h * D);
+        for (int d = D - 1; d >= 0; --d) {
+            --i;
+            const CodingTable& ct = row[d];
+            const uint8_t sy = s[i];
+            rans::encPut(&x[i % rans::kRansWays], w, ct.start(sy), ct.freq(sy), div);
+        }
     }
     for (int k = rans::kRansWays - 1; k >= 0; --k) rans::encFlush(x[k], w);
     w.finishInto(out);
 }
 
-void decodeHeadStream(const quant::BlockSpec& b, int h, const uint8_t* data, size_t size,
-                      const UnitTables& tab, uint8_t* sym, const std::string& where)
+// Decodes one head's stream and dequantizes it in the same pass into out (tokens, head_dim):
+// the fast path; quant::dequantizeBlock is the reference it must match.
+void decodeHeadStream(const quant::BlockSpec& b, int h, const uint8_t* data, size_t size, const UnitTables& tab,
+                      const uint16_t* scales, float* out, const std::string& where)
 {
     const int D = b.headDim, C = b.channels();
-    const size_t n = size_t(b.tokens) * D;
-    uint8_t* s = sym + size_t(h) * n;
+    const int maxL = quant::maxLevel(b.bins), maxA = quant::maxLevel(b.anchorBins);
+    static_assert(rans::kRansWays == 4, "the unrolled loops below assume 4 ways");
     rans::RansReader r{data, data + size, false};
-    uint32_t x[rans::kRansWays];
-    for (uint32_t& v : x) v = rans::decInit(r);
-    size_t i = 0;
+    uint32_t x0 = rans::decInit(r), x1 = rans::decInit(r), x2 = rans::decInit(r), x3 = rans::decInit(r);
+    std::vector<float> scale(static_cast<size_t>(D)), zero(static_cast<size_t>(D), 0.0f);
+    const bool perChannel = b.quantizer == Quantizer::PerChannel;
     for (int t = 0; t < b.tokens; ++t) {
-        const ProbTable* const* row = tab.byRoleChannel.data() + (b.isAnchor(t) ? C : 0) + size_t(h) * D;
-        for (int d = 0; d < D; ++d, ++i) {
-            const ProbTable& pt = *row[d];
-            uint32_t& st = x[i % rans::kRansWays];
-            const int sy = pt.symbolOf(rans::decSlot(st));
-            s[i] = uint8_t(sy);
-            rans::decAdvance(&st, r, pt.start[sy], pt.freq[sy]);
+        const bool anchor = b.isAnchor(t);
+        const CodingTable* row = &tab.at(anchor ? 1 : 0, C, h * D);
+        const int m = anchor ? maxA : maxL;
+        if (perChannel) {
+            const uint16_t* sc = scales + (anchor ? C : 0) + h * D;
+            for (int d = 0; d < D; ++d) scale[size_t(d)] = halfToFloat(sc[d]);
+        } else {
+            std::fill(scale.begin(), scale.end(), halfToFloat(scales[t]));
+        }
+        const float* base = (b.deltaGroup >= 2 && !anchor) ? out + size_t(t - t % b.deltaGroup) * D : zero.data();
+        float* o = out + size_t(t) * D;
+        if (D % rans::kRansWays == 0) {
+            // Symbol i = t * D + d uses state d % 4: four independent chains, kept in registers.
+            for (int d = 0; d < D; d += 4) {
+                const CodingTable& c0 = row[d];
+                const CodingTable& c1 = row[d + 1];
+                const CodingTable& c2 = row[d + 2];
+                const CodingTable& c3 = row[d + 3];
+                const int s0 = c0.symbolOf(rans::decSlot(x0));
+                const int s1 = c1.symbolOf(rans::decSlot(x1));
+                const int s2 = c2.symbolOf(rans::decSlot(x2));
+                const int s3 = c3.symbolOf(rans::decSlot(x3));
+                rans::decAdvance(&x0, r, c0.start(s0), c0.freq(s0));
+                rans::decAdvance(&x1, r, c1.start(s1), c1.freq(s1));
+                rans::decAdvance(&x2, r, c2.start(s2), c2.freq(s2));
+                rans::decAdvance(&x3, r, c3.start(s3), c3.freq(s3));
+                o[d] = float(s0 - m) * scale[size_t(d)] + base[d];
+                o[d + 1] = float(s1 - m) * scale[size_t(d) + 1] + base[d + 1];
+                o[d + 2] = float(s2 - m) * scale[size_t(d) + 2] + base[d + 2];
+                o[d + 3] = float(s3 - m) * scale[size_t(d) + 3] + base[d + 3];
+            }
+            continue;
+        }
+        for (int d = 0; d < D; ++d) {
+            const size_t i = size_t(t) * D + size_t(d);
+            uint32_t& st = i % 4 == 0 ? x0 : i % 4 == 1 ? x1 : i % 4 == 2 ? x2 : x3;
+            const CodingTable& ct = row[d];
+            const int sy = ct.symbolOf(rans::decSlot(st));
+            rans::decAdvance(&st, r, ct.start(sy), ct.freq(sy));
+            o[d] = float(sy - m) * scale[size_t(d)] + base[d];
         }
     }
+    const uint32_t x[rans::kRansWays] = {x0, x1, x2, x3};
     // A correct stream ends exactly at its last byte with every state back at its initial value.
     bool statesOk = true;
     for (uint32_t v : x) statesOk = statesOk && v == rans::kRansL;
     if (r.overrun || r.p != r.end || !statesOk)
         throw Error(where + ": head " + std::to_string(h) + ": entropy-coded stream is corrupt");
+}
+
+// Fills tab for one block from the shared tables of its level.
+void sharedUnitTables(const CodecParams& p, const LevelTables& shared, KvKind kind, int layer, bool forDecoding,
+                      UnitTables& tab)
+{
+    const int C = p.shape.channels(), roles = numRoles(p);
+    tab.tables.resize(size_t(roles) * C);
+    for (int role = 0; role < roles; ++role)
+        for (int c = 0; c < C; ++c)
+            toCodingTable(shared.at(p, kind, layer, role, c), &tab.tables[size_t(role) * C + c], forDecoding);
 }
 
 }  // namespace
@@ -551,25 +604,20 @@ std::vector<uint8_t> encodeChunk(const CodecParams& p, const KvSet& kv, int chun
         quant::quantizeBlock(b, x.data(), sym.data(), scales.data());
         putU16s(scaleBytes[size_t(u)], scales.data(), scales.size());
 
-        UnitTables tab;
-        tab.byRoleChannel.resize(size_t(2) * C, nullptr);
+        thread_local UnitTables tab;
         if (shared) {
-            for (int role = 0; role < roles; ++role)
-                for (int c = 0; c < C; ++c)
-                    tab.byRoleChannel[size_t(role) * C + c] = &shared->at(p, kind, layer, role, c);
+            sharedUnitTables(p, *shared, kind, layer, false, tab);
         } else {
-            std::vector<std::vector<uint32_t>> counts(size_t(roles) * C);
+            std::vector<std::vector<uint32_t>> counts(static_cast<size_t>(roles) * C);
             for (int role = 0; role < roles; ++role)
                 for (int c = 0; c < C; ++c)
-                    counts[size_t(role) * C + c].assign(
-                        size_t(quant::alphabetSize(role ? b.anchorBins : b.bins)), 0);
+                    counts[size_t(role) * C + c].assign(size_t(quant::alphabetSize(role ? b.anchorBins : b.bins)), 0);
             countBlock(b, sym.data(), roles, counts, 0);
-            tab.owned.reserve(counts.size());
-            for (const auto& cnt : counts) {
-                tab.owned.push_back(buildProbTable(cnt.data(), int(cnt.size())));
-                serializeProbTable(tab.owned.back(), tableBytes[size_t(u)]);
+            tab.tables.resize(counts.size());
+            for (size_t i = 0; i < counts.size(); ++i) {
+                buildCodingTable(counts[i].data(), int(counts[i].size()), &tab.tables[i], false);
+                serializeCodingTable(tab.tables[i], int(counts[i].size()), tableBytes[size_t(u)]);
             }
-            for (size_t i = 0; i < tab.owned.size(); ++i) tab.byRoleChannel[i] = &tab.owned[i];
         }
         for (int h = 0; h < H; ++h) encodeHeadStream(b, h, sym.data(), tab, streams[size_t(u)][size_t(h)]);
     });
@@ -652,36 +700,30 @@ void decodeChunk(const CodecParams& p, const uint8_t* data, size_t size, int chu
         const int layer = u % L;
         const quant::BlockSpec& b = specs[size_t(u)];
         const std::string unitWhere = where + ": " + kindName(kind) + " layer " + std::to_string(layer);
-        UnitTables tab;
-        tab.byRoleChannel.resize(size_t(2) * C, nullptr);
+        thread_local UnitTables tab;
         if (shared) {
-            for (int role = 0; role < roles; ++role)
-                for (int c = 0; c < C; ++c)
-                    tab.byRoleChannel[size_t(role) * C + c] = &shared->at(p, kind, layer, role, c);
+            sharedUnitTables(p, *shared, kind, layer, true, tab);
         } else {
-            tab.owned.resize(size_t(roles) * C);
+            tab.tables.resize(size_t(roles) * C);
             const uint8_t* tp = tablePtr[size_t(u)];
             const uint8_t* te = tp + tableSize[size_t(u)];
             for (int role = 0; role < roles; ++role)
                 for (int c = 0; c < C; ++c) {
                     std::string why;
-                    ProbTable& t = tab.owned[size_t(role) * C + c];
-                    if (!parseProbTable(&tp, te, quant::alphabetSize(role ? b.anchorBins : b.bins), &t, &why))
+                    if (!parseCodingTable(&tp, te, quant::alphabetSize(role ? b.anchorBins : b.bins),
+                                          &tab.tables[size_t(role) * C + c], &why))
                         throw Error(unitWhere + ": channel " + std::to_string(c) + ": " + why);
-                    tab.byRoleChannel[size_t(role) * C + c] = &t;
                 }
             if (tp != te) throw Error(unitWhere + ": unexpected bytes after the probability tables");
         }
-        std::vector<uint16_t> scales(size_t(b.numScales()));
+        std::vector<uint16_t> scales(static_cast<size_t>(b.numScales()));
         getU16s(scalePtr[size_t(u)], scales.data(), scales.size());
-        std::vector<uint8_t> sym(blockValues(p, n));
+        std::vector<float> x(size_t(n) * b.headDim);
         for (int h = 0; h < H; ++h) {
             const size_t i = size_t(u) * H + size_t(h);
-            decodeHeadStream(b, h, streamPtr[i], streamSize[i], tab, sym.data(), unitWhere);
+            decodeHeadStream(b, h, streamPtr[i], streamSize[i], tab, scales.data(), x.data(), unitWhere);
+            out.writeRows(kind, layer, h, t0, n, x.data());
         }
-        std::vector<float> x(sym.size());
-        quant::dequantizeBlock(b, sym.data(), scales.data(), x.data());
-        writeBlock(out, kind, layer, t0, n, x.data());
     });
 }
 

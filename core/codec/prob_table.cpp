@@ -8,28 +8,10 @@ namespace kvscope {
 
 namespace {
 
-void finishTable(ProbTable& t)
-{
-    t.start.assign(size_t(t.alphabet) + 1, 0);
-    for (int s = 0; s < t.alphabet; ++s) t.start[s + 1] = uint16_t(t.start[s] + t.freq[s]);
-    // start[alphabet] == kProbScale == 4096 fits uint16_t
-    t.bucket.assign(rans::kProbScale >> ProbTable::kBucketShift, 0);
-    int s = 0;
-    for (size_t b = 0; b < t.bucket.size(); ++b) {
-        const uint32_t slot = uint32_t(b) << ProbTable::kBucketShift;
-        while (slot >= t.start[s + 1]) ++s;
-        t.bucket[b] = uint8_t(s);
-    }
-}
-
-}  // namespace
-
-ProbTable buildProbTable(const uint32_t* counts, int alphabet)
+// Normalises counts into freq (alphabet entries, each >= 1, summing to kProbScale).
+void normalise(const uint32_t* counts, int alphabet, uint16_t* freq)
 {
     KVSCOPE_ASSERT(alphabet >= 1 && alphabet <= kMaxAlphabet);
-    ProbTable t;
-    t.alphabet = alphabet;
-    t.freq.assign(size_t(alphabet), 1);
     uint64_t total = 0;
     int top = alphabet / 2;  // receives the rounding remainder: the most frequent symbol
     for (int s = 0; s < alphabet; ++s) {
@@ -38,41 +20,33 @@ ProbTable buildProbTable(const uint32_t* counts, int alphabet)
     }
     const uint32_t spare = rans::kProbScale - uint32_t(alphabet);  // mass beyond the floor of 1
     uint32_t used = uint32_t(alphabet);
-    if (total > 0) {
-        for (int s = 0; s < alphabet; ++s) {
-            const uint32_t extra = uint32_t((uint64_t(counts[s]) * spare) / total);
-            t.freq[s] = uint16_t(t.freq[s] + extra);
-            used += extra;
-        }
+    for (int s = 0; s < alphabet; ++s) {
+        const uint32_t extra = total ? uint32_t((uint64_t(counts[s]) * spare) / total) : 0;
+        freq[s] = uint16_t(1 + extra);
+        used += extra;
     }
-    t.freq[top] = uint16_t(t.freq[top] + (rans::kProbScale - used));
-    finishTable(t);
-    return t;
+    freq[top] = uint16_t(freq[top] + (rans::kProbScale - used));
 }
 
-void serializeProbTable(const ProbTable& t, std::vector<uint8_t>& out)
+void finishCoding(CodingTable* c, const uint16_t* freq, int alphabet, bool forDecoding)
 {
-    int lo = 0, hi = t.alphabet - 1;
-    while (lo < t.alphabet && t.freq[lo] == 1) ++lo;
-    while (hi >= 0 && t.freq[hi] == 1) --hi;
-    if (lo > hi) {
-        out.push_back(1);
-        out.push_back(0);
-        return;
+    uint32_t start = 0;
+    for (int s = 0; s < alphabet; ++s) {
+        c->sf[s] = start | uint32_t(freq[s]) << 16;
+        start += freq[s];
     }
-    out.push_back(uint8_t(lo));
-    out.push_back(uint8_t(hi));
-    for (int s = lo; s <= hi; ++s) {
-        uint32_t v = t.freq[s] - 1u;
-        while (v >= 0x80) {
-            out.push_back(uint8_t(v | 0x80));
-            v >>= 7;
-        }
-        out.push_back(uint8_t(v));
+    c->sf[alphabet] = start;  // == kProbScale, freq 0: the walk's sentinel
+    if (!forDecoding) return;
+    constexpr int shift = CodingTable::kBucketShift;
+    for (int s = 0; s < alphabet; ++s) {
+        const int b0 = int((c->start(s) + (1u << shift) - 1) >> shift);
+        const int b1 = int((c->start(s + 1) - 1) >> shift);
+        for (int b = b0; b <= b1; ++b) c->bucket[b] = uint8_t(s);
     }
 }
 
-bool parseProbTable(const uint8_t** pp, const uint8_t* end, int alphabet, ProbTable* out, std::string* why)
+// Decodes the serialised form into freq; see prob_table.h for the layout.
+bool parseFreq(const uint8_t** pp, const uint8_t* end, int alphabet, uint16_t* freq, std::string* why)
 {
     const uint8_t* p = *pp;
     if (alphabet < 1 || alphabet > kMaxAlphabet) {
@@ -85,20 +59,21 @@ bool parseProbTable(const uint8_t** pp, const uint8_t* end, int alphabet, ProbTa
     }
     const int lo = p[0], hi = p[1];
     p += 2;
-    ProbTable t;
-    t.alphabet = alphabet;
-    t.freq.assign(size_t(alphabet), 1);
+    for (int s = 0; s < alphabet; ++s) freq[s] = 1;
     uint32_t sum = uint32_t(alphabet);
     if (lo <= hi) {
         if (hi >= alphabet) {
-            *why = "probability table names symbol " + std::to_string(hi) + " of a " +
-                   std::to_string(alphabet) + "-symbol alphabet";
+            *why = "probability table names symbol " + std::to_string(hi) + " of a " + std::to_string(alphabet) +
+                   "-symbol alphabet";
             return false;
         }
         for (int s = lo; s <= hi; ++s) {
             uint32_t v = 0;
-            int shift = 0;
-            for (;;) {
+            for (int shift = 0;; shift += 7) {
+                if (shift > 14) {
+                    *why = "probability table frequency too long";
+                    return false;
+                }
                 if (p == end) {
                     *why = "probability table truncated";
                     return false;
@@ -106,28 +81,98 @@ bool parseProbTable(const uint8_t** pp, const uint8_t* end, int alphabet, ProbTa
                 const uint8_t b = *p++;
                 v |= uint32_t(b & 0x7f) << shift;
                 if (!(b & 0x80)) break;
-                shift += 7;
-                if (shift > 14) {
-                    *why = "probability table frequency too long";
-                    return false;
-                }
             }
             if (v >= rans::kProbScale) {
                 *why = "probability table frequency out of range";
                 return false;
             }
-            t.freq[s] = uint16_t(v + 1);
+            freq[s] = uint16_t(v + 1);
             sum += v;
         }
     }
     if (sum != rans::kProbScale) {
-        *why = "probability table sums to " + std::to_string(sum) + ", not " +
-               std::to_string(rans::kProbScale);
+        *why = "probability table sums to " + std::to_string(sum) + ", not " + std::to_string(rans::kProbScale);
         return false;
     }
-    finishTable(t);
-    *out = std::move(t);
     *pp = p;
+    return true;
+}
+
+void serializeFreq(const uint16_t* freq, int alphabet, std::vector<uint8_t>& out)
+{
+    int lo = 0, hi = alphabet - 1;
+    while (lo < alphabet && freq[lo] == 1) ++lo;
+    while (hi >= 0 && freq[hi] == 1) --hi;
+    if (lo > hi) {
+        out.push_back(1);
+        out.push_back(0);
+        return;
+    }
+    out.push_back(uint8_t(lo));
+    out.push_back(uint8_t(hi));
+    for (int s = lo; s <= hi; ++s) {
+        uint32_t v = freq[s] - 1u;
+        while (v >= 0x80) {
+            out.push_back(uint8_t(v | 0x80));
+            v >>= 7;
+        }
+        out.push_back(uint8_t(v));
+    }
+}
+
+ProbTable fromFreq(const uint16_t* freq, int alphabet)
+{
+    ProbTable t;
+    t.alphabet = alphabet;
+    t.freq.assign(freq, freq + alphabet);
+    t.start.assign(size_t(alphabet) + 1, 0);
+    for (int s = 0; s < alphabet; ++s) t.start[size_t(s) + 1] = uint16_t(t.start[size_t(s)] + freq[s]);
+    return t;
+}
+
+}  // namespace
+
+ProbTable buildProbTable(const uint32_t* counts, int alphabet)
+{
+    uint16_t freq[kMaxAlphabet];
+    normalise(counts, alphabet, freq);
+    return fromFreq(freq, alphabet);
+}
+
+void buildCodingTable(const uint32_t* counts, int alphabet, CodingTable* c, bool forDecoding)
+{
+    uint16_t freq[kMaxAlphabet];
+    normalise(counts, alphabet, freq);
+    finishCoding(c, freq, alphabet, forDecoding);
+}
+
+void toCodingTable(const ProbTable& t, CodingTable* c, bool forDecoding)
+{
+    finishCoding(c, t.freq.data(), t.alphabet, forDecoding);
+}
+
+void serializeProbTable(const ProbTable& t, std::vector<uint8_t>& out) { serializeFreq(t.freq.data(), t.alphabet, out); }
+
+void serializeCodingTable(const CodingTable& c, int alphabet, std::vector<uint8_t>& out)
+{
+    uint16_t freq[kMaxAlphabet];
+    for (int s = 0; s < alphabet; ++s) freq[s] = uint16_t(c.freq(s));
+    serializeFreq(freq, alphabet, out);
+}
+
+bool parseProbTable(const uint8_t** pp, const uint8_t* end, int alphabet, ProbTable* out, std::string* why)
+{
+    uint16_t freq[kMaxAlphabet];
+    if (!parseFreq(pp, end, alphabet, freq, why)) return false;
+    *out = fromFreq(freq, alphabet);
+    return true;
+}
+
+bool parseCodingTable(const uint8_t** pp, const uint8_t* end, int alphabet, CodingTable* out, std::string* why)
+{
+    uint16_t freq[kMaxAlphabet];
+    if (!parseFreq(pp, end, alphabet, freq, why)) return false;
+    finishCoding(out, freq, alphabet, true);
     return true;
 }
 
@@ -135,7 +180,7 @@ double codeLengthBits(const ProbTable& t, const uint32_t* counts)
 {
     double bits = 0;
     for (int s = 0; s < t.alphabet; ++s)
-        if (counts[s]) bits += double(counts[s]) * (rans::kProbBits - std::log2(double(t.freq[s])));
+        if (counts[s]) bits += double(counts[s]) * (rans::kProbBits - std::log2(double(t.freq[size_t(s)])));
     return bits;
 }
 

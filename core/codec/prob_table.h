@@ -23,19 +23,32 @@ struct ProbTable {
     int alphabet = 0;
     std::vector<uint16_t> freq;   // (alphabet)
     std::vector<uint16_t> start;  // (alphabet + 1), start[alphabet] = kProbScale
+};
 
-    // Decoder acceleration: first symbol whose interval can hold a slot in bucket slot >> 4.
-    static constexpr int kBucketShift = 4;
-    std::vector<uint8_t> bucket;  // (kProbScale >> kBucketShift)
+// The form the coding loops use: fixed arrays (no allocation, reusable scratch) plus, for the
+// decoder, a bucket index from slot to symbol so a lookup takes one load and rarely a step.
+struct CodingTable {
+    static constexpr int kBucketShift = 6;
+    // bucket[b]: the symbol owning slot b << kBucketShift; the decoder walks forward from it.
+    uint8_t bucket[rans::kProbScale >> kBucketShift];
+    // start | freq << 16 per symbol, and start = kProbScale after the last one: one load per step.
+    uint32_t sf[kMaxAlphabet + 1];
 
-    // Symbol owning `slot`; starts at the bucket's symbol and walks at most a few steps.
+    uint32_t start(int s) const { return sf[s] & 0xffffu; }
+    uint32_t freq(int s) const { return sf[s] >> 16; }
+    // Symbol owning `slot`.
     int symbolOf(uint32_t slot) const
     {
         int s = bucket[slot >> kBucketShift];
-        while (slot >= start[s + 1]) ++s;
+        while (slot >= (sf[s + 1] & 0xffffu)) ++s;
         return s;
     }
 };
+
+// Fills c from t; builds the decoder's bucket index when forDecoding.
+void toCodingTable(const ProbTable& t, CodingTable* c, bool forDecoding);
+// Builds the table for `counts` directly in coding form (same result as buildProbTable).
+void buildCodingTable(const uint32_t* counts, int alphabet, CodingTable* c, bool forDecoding);
 
 // Normalises counts (alphabet entries) to a table. Deterministic: the same counts give the same
 // table on every machine. A zero total gives the centre symbol nearly all the mass.
@@ -47,6 +60,10 @@ void serializeProbTable(const ProbTable& t, std::vector<uint8_t>& out);
 // Parses one table of `alphabet` symbols at *p (advancing it). Returns false with a reason in
 // *why when the bytes are truncated, out of range or do not sum to kProbScale.
 bool parseProbTable(const uint8_t** p, const uint8_t* end, int alphabet, ProbTable* out, std::string* why);
+// Same, straight into coding form (with the decoder's index): the in-band decode path.
+bool parseCodingTable(const uint8_t** p, const uint8_t* end, int alphabet, CodingTable* out, std::string* why);
+// Appends the serialised form of a coding table of `alphabet` symbols.
+void serializeCodingTable(const CodingTable& c, int alphabet, std::vector<uint8_t>& out);
 
 // Bits needed to code `counts` with table t (the cost the encoder will pay, up to a few bytes
 // of rANS flush overhead per stream).

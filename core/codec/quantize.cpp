@@ -37,29 +37,19 @@ inline float inverse(uint16_t scaleBits)
     return s > 0.0f ? 1.0f / s : 0.0f;
 }
 
-void checkFinite(float v)
+// Throws unless every value of v is finite (NaN or infinity in a KV cache is a capture bug).
+void checkFinite(const float* v, size_t n)
 {
-    if (!std::isfinite(v)) throw Error("KV value is not finite (NaN or infinity)");
+    float probe = 0.0f;  // inf * 0 and NaN * 0 are NaN, so probe stays 0 only for finite input
+    for (size_t i = 0; i < n; ++i) probe += v[i] * 0.0f;
+    if (probe != 0.0f) throw Error("KV value is not finite (NaN or infinity)");
 }
 
-// Per-token quantization of token t of every head. src gives the value to code (raw or delta).
-template <typename Src>
-void quantizeToken(const BlockSpec& b, int t, Src src, uint8_t* sym, uint16_t* scales)
+float absMax(const float* v, size_t n)
 {
-    const int maxL = maxLevel(b.binsFor(t));
-    float absmax = 0.0f;
-    for (int h = 0; h < b.heads; ++h)
-        for (int d = 0; d < b.headDim; ++d) {
-            const float v = src(h, d);
-            checkFinite(v);
-            absmax = std::max(absmax, std::fabs(v));
-        }
-    scales[t] = scaleFor(absmax, maxL);
-    const float inv = inverse(scales[t]);
-    for (int h = 0; h < b.heads; ++h) {
-        uint8_t* row = sym + (size_t(h) * b.tokens + t) * b.headDim;
-        for (int d = 0; d < b.headDim; ++d) row[d] = quantizeOne(src(h, d), inv, maxL);
-    }
+    float m = 0.0f;
+    for (size_t i = 0; i < n; ++i) m = std::max(m, std::fabs(v[i]));
+    return m;
 }
 
 }  // namespace
@@ -71,36 +61,36 @@ void quantizeBlock(const BlockSpec& b, const float* x, uint8_t* sym, uint16_t* s
     const bool delta = b.deltaGroup >= 2;
 
     if (b.quantizer == Quantizer::PerToken) {
+        std::vector<float> row(static_cast<size_t>(C));     // the token across every head: (channels)
         std::vector<float> anchor(static_cast<size_t>(C));  // reconstructed anchor of the current group
+        std::vector<uint8_t> q(static_cast<size_t>(C));
         for (int t = 0; t < T; ++t) {
-            if (!delta) {
-                quantizeToken(b, t, [&](int h, int d) { return at(h, t, d); }, sym, scales);
-                continue;
-            }
-            if (b.isAnchor(t)) {
-                quantizeToken(b, t, [&](int h, int d) { return at(h, t, d); }, sym, scales);
-                const int maxL = maxLevel(b.anchorBins);
+            for (int h = 0; h < b.heads; ++h) std::copy_n(x + (size_t(h) * T + t) * D, D, row.data() + size_t(h) * D);
+            checkFinite(row.data(), row.size());
+            const bool isAnchor = b.isAnchor(t);
+            if (delta && !isAnchor)
+                for (int c = 0; c < C; ++c) row[size_t(c)] -= anchor[size_t(c)];
+            const int maxL = maxLevel(b.binsFor(t));
+            scales[t] = scaleFor(absMax(row.data(), row.size()), maxL);
+            const float inv = inverse(scales[t]);
+            for (int c = 0; c < C; ++c) q[size_t(c)] = quantizeOne(row[size_t(c)], inv, maxL);
+            for (int h = 0; h < b.heads; ++h) std::copy_n(q.data() + size_t(h) * D, D, sym + (size_t(h) * T + t) * D);
+            if (delta && isAnchor) {
                 const float s = halfToFloat(scales[t]);
-                for (int h = 0; h < b.heads; ++h)
-                    for (int d = 0; d < D; ++d)
-                        anchor[size_t(h) * D + d] =
-                            float(int(sym[(size_t(h) * T + t) * D + d]) - maxL) * s;
-            } else {
-                quantizeToken(b, t, [&](int h, int d) { return at(h, t, d) - anchor[size_t(h) * D + d]; },
-                              sym, scales);
+                for (int c = 0; c < C; ++c) anchor[size_t(c)] = float(int(q[size_t(c)]) - maxL) * s;
             }
         }
         return;
     }
 
     // Per-channel: scales over the block's tokens, anchors and deltas apart.
+    checkFinite(x, size_t(b.heads) * T * D);
     const int maxL = maxLevel(b.bins), maxA = maxLevel(b.anchorBins);
     std::vector<float> absAnchor(size_t(C), 0.0f), absDelta(size_t(C), 0.0f);
     for (int h = 0; h < b.heads; ++h)
         for (int t = 0; t < T; ++t)
             for (int d = 0; d < D; ++d) {
                 const float v = at(h, t, d);
-                checkFinite(v);
                 float& m = b.isAnchor(t) ? absAnchor[size_t(h) * D + d] : absDelta[size_t(h) * D + d];
                 m = std::max(m, std::fabs(v));
             }

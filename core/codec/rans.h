@@ -40,10 +40,50 @@ private:
 
 inline void encInit(uint32_t* x) { *x = kRansL; }
 
+// Division by a frequency without a divide instruction: q = (x * magic) >> shift is exact for
+// every x < 2^31 (the encoder's states stay below (L >> kProbBits) << 8 * freq <= 2^31) and every
+// freq in [1, kProbScale] (Granlund-Montgomery with a 33-bit magic).
+struct FreqDivider {
+    uint64_t magic[kProbScale + 1];
+    uint8_t shift[kProbScale + 1];
+
+    FreqDivider()
+    {
+        magic[0] = 0;
+        shift[0] = 0;
+        for (uint32_t d = 1; d <= kProbScale; ++d) {
+            uint32_t l = 0;
+            while ((1u << l) < d) ++l;  // l = ceil(log2 d)
+            shift[d] = uint8_t(31 + l);
+            magic[d] = ((uint64_t(1) << (31 + l)) + d - 1) / d;
+        }
+    }
+    uint32_t div(uint32_t x, uint32_t d) const { return uint32_t((uint64_t(x) * magic[d]) >> shift[d]); }
+};
+
+inline const FreqDivider& freqDivider()
+{
+    static const FreqDivider table;
+    return table;
+}
+
 // Encodes one symbol with frequency `freq` and cumulative start `start`.
-inline void encPut(uint32_t* x, RansWriter& w, uint32_t start, uint32_t freq)
+inline void encPut(uint32_t* x, RansWriter& w, uint32_t start, uint32_t freq, const FreqDivider& div)
 {
     // Renormalise so that after the update x stays below 256 L.
+    const uint32_t xMax = ((kRansL >> kProbBits) << 8) * freq;
+    uint32_t s = *x;
+    while (s >= xMax) {
+        w.putByte(uint8_t(s & 0xff));
+        s >>= 8;
+    }
+    const uint32_t q = div.div(s, freq);
+    *x = (q << kProbBits) + (s - q * freq) + start;
+}
+
+// Reference form with a hardware divide; same output as the fast form above.
+inline void encPut(uint32_t* x, RansWriter& w, uint32_t start, uint32_t freq)
+{
     const uint32_t xMax = ((kRansL >> kProbBits) << 8) * freq;
     uint32_t s = *x;
     while (s >= xMax) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
 #include <cstring>
 
 namespace kvscope {
@@ -58,5 +59,14 @@ inline uint16_t floatToBf16(float f)
     x += 0x7fffu + ((x >> 16) & 1u);
     return uint16_t(x >> 16);
 }
+
+}  // namespace kvscope
+
+namespace kvscope {
+
+// Bulk conversions for hot paths: F16C instructions when the CPU has them (checked once at run
+// time), otherwise the scalar functions above. Results are identical either way for non-NaN input.
+void halfToFloatN(const uint16_t* in, float* out, size_t n);
+void floatToHalfN(const float* in, uint16_t* out, size_t n);
 
 }  // namespace kvscope
