@@ -203,6 +203,7 @@ void decodeHeadStream(const quant::BlockSpec& b, int h, const uint8_t* data, siz
     rans::RansReader r{data, data + size, false};
     uint32_t x0 = rans::decInit(r), x1 = rans::decInit(r), x2 = rans::decInit(r), x3 = rans::decInit(r);
     std::vector<float> scale(static_cast<size_t>(D)), zero(static_cast<size_t>(D), 0.0f);
+    std::vector<int> q(static_cast<size_t>(D));  // the row's symbols
     const bool perChannel = b.quantizer == Quantizer::PerChannel;
     for (int t = 0; t < b.tokens; ++t) {
         const bool anchor = b.isAnchor(t);
@@ -216,36 +217,45 @@ void decodeHeadStream(const quant::BlockSpec& b, int h, const uint8_t* data, siz
         }
         const float* base = (b.deltaGroup >= 2 && !anchor) ? out + size_t(t - t % b.deltaGroup) * D : zero.data();
         float* o = out + size_t(t) * D;
-        if (D % rans::kRansWays == 0) {
+        // A symbol renormalises with at most 2 bytes (its state stays >= 2^11 after the update), so
+        // with 2 D bytes left a whole row decodes without bounds checks.
+        if (D % 4 == 0 && size_t(r.end - r.p) >= 2 * size_t(D)) {
+            const uint8_t* p = r.p;
+            auto advance = [&p](uint32_t& x, const CodingTable& ct, int sy) {
+                const uint32_t sf = ct.sf[sy];
+                x = (sf >> 16) * (x >> rans::kProbBits) + (x & (rans::kProbScale - 1)) - (sf & 0xffffu);
+                if (x < rans::kRansL) {
+                    x = (x << 8) | *p++;
+                    if (x < rans::kRansL) x = (x << 8) | *p++;
+                }
+            };
             // Symbol i = t * D + d uses state d % 4: four independent chains, kept in registers.
             for (int d = 0; d < D; d += 4) {
-                const CodingTable& c0 = row[d];
-                const CodingTable& c1 = row[d + 1];
-                const CodingTable& c2 = row[d + 2];
-                const CodingTable& c3 = row[d + 3];
-                const int s0 = c0.symbolOf(rans::decSlot(x0));
-                const int s1 = c1.symbolOf(rans::decSlot(x1));
-                const int s2 = c2.symbolOf(rans::decSlot(x2));
-                const int s3 = c3.symbolOf(rans::decSlot(x3));
-                rans::decAdvance(&x0, r, c0.start(s0), c0.freq(s0));
-                rans::decAdvance(&x1, r, c1.start(s1), c1.freq(s1));
-                rans::decAdvance(&x2, r, c2.start(s2), c2.freq(s2));
-                rans::decAdvance(&x3, r, c3.start(s3), c3.freq(s3));
-                o[d] = float(s0 - m) * scale[size_t(d)] + base[d];
-                o[d + 1] = float(s1 - m) * scale[size_t(d) + 1] + base[d + 1];
-                o[d + 2] = float(s2 - m) * scale[size_t(d) + 2] + base[d + 2];
-                o[d + 3] = float(s3 - m) * scale[size_t(d) + 3] + base[d + 3];
+                const int s0 = row[d].symbolOf(rans::decSlot(x0));
+                const int s1 = row[d + 1].symbolOf(rans::decSlot(x1));
+                const int s2 = row[d + 2].symbolOf(rans::decSlot(x2));
+                const int s3 = row[d + 3].symbolOf(rans::decSlot(x3));
+                advance(x0, row[d], s0);
+                advance(x1, row[d + 1], s1);
+                advance(x2, row[d + 2], s2);
+                advance(x3, row[d + 3], s3);
+                q[size_t(d)] = s0;
+                q[size_t(d) + 1] = s1;
+                q[size_t(d) + 2] = s2;
+                q[size_t(d) + 3] = s3;
             }
-            continue;
+            r.p = p;
+        } else {
+            for (int d = 0; d < D; ++d) {
+                const size_t i = size_t(t) * D + size_t(d);
+                uint32_t& st = i % 4 == 0 ? x0 : i % 4 == 1 ? x1 : i % 4 == 2 ? x2 : x3;
+                const CodingTable& ct = row[d];
+                const int sy = ct.symbolOf(rans::decSlot(st));
+                rans::decAdvance(&st, r, ct.start(sy), ct.freq(sy));
+                q[size_t(d)] = sy;
+            }
         }
-        for (int d = 0; d < D; ++d) {
-            const size_t i = size_t(t) * D + size_t(d);
-            uint32_t& st = i % 4 == 0 ? x0 : i % 4 == 1 ? x1 : i % 4 == 2 ? x2 : x3;
-            const CodingTable& ct = row[d];
-            const int sy = ct.symbolOf(rans::decSlot(st));
-            rans::decAdvance(&st, r, ct.start(sy), ct.freq(sy));
-            o[d] = float(sy - m) * scale[size_t(d)] + base[d];
-        }
+        for (int d = 0; d < D; ++d) o[d] = float(q[size_t(d)] - m) * scale[size_t(d)] + base[d];
     }
     const uint32_t x[rans::kRansWays] = {x0, x1, x2, x3};
     // A correct stream ends exactly at its last byte with every state back at its initial value.

@@ -1,0 +1,435 @@
+#include "main_window.h"
+
+#include "layer_stats_view.h"
+
+#include "kvscope/config.h"
+
+#include <QAction>
+#include <QApplication>
+#include <QCloseEvent>
+#include <QDockWidget>
+#include <QDragEnterEvent>
+#include <QDropEvent>
+#include <QFileDialog>
+#include <QFileInfo>
+#include <QFormLayout>
+#include <QKeySequence>
+#include <QLabel>
+#include <QMenuBar>
+#include <QMessageBox>
+#include <QMimeData>
+#include <QProgressBar>
+#include <QPushButton>
+#include <QScrollArea>
+#include <QSettings>
+#include <QStatusBar>
+#include <QUrl>
+
+namespace kvscope {
+
+namespace {
+
+constexpr int kMaxRecentFiles = 10;
+
+const char* const kSettingsGeometry = "window/geometry";
+const char* const kSettingsState = "window/state";
+const char* const kSettingsRecent = "recentFiles";
+const char* const kSettingsOpenDir = "window/openDir";
+
+// Summary rows: key (for summaryField and object names) and label, in display order.
+const struct {
+    const char* key;
+    const char* label;
+} kSummaryRows[] = {
+    {"source", QT_TRANSLATE_NOOP("kvscope::MainWindow", "Source")},
+    {"model", QT_TRANSLATE_NOOP("kvscope::MainWindow", "Model")},
+    {"fingerprint", QT_TRANSLATE_NOOP("kvscope::MainWindow", "Fingerprint")},
+    {"layers", QT_TRANSLATE_NOOP("kvscope::MainWindow", "Layers")},
+    {"kv_heads", QT_TRANSLATE_NOOP("kvscope::MainWindow", "KV heads")},
+    {"head_dim", QT_TRANSLATE_NOOP("kvscope::MainWindow", "Head dim")},
+    {"channels", QT_TRANSLATE_NOOP("kvscope::MainWindow", "Channels")},
+    {"tokens", QT_TRANSLATE_NOOP("kvscope::MainWindow", "Tokens")},
+    {"dtype", QT_TRANSLATE_NOOP("kvscope::MainWindow", "Dtype")},
+    {"kv_bytes", QT_TRANSLATE_NOOP("kvscope::MainWindow", "KV size")},
+    {"file_bytes", QT_TRANSLATE_NOOP("kvscope::MainWindow", "File size")},
+    {"k_locality", QT_TRANSLATE_NOOP("kvscope::MainWindow", "K variance raw/delta")},
+    {"v_locality", QT_TRANSLATE_NOOP("kvscope::MainWindow", "V variance raw/delta")},
+    {"k_entropy", QT_TRANSLATE_NOOP("kvscope::MainWindow", "K entropy raw→delta")},
+    {"v_entropy", QT_TRANSLATE_NOOP("kvscope::MainWindow", "V entropy raw→delta")},
+    {"load_time", QT_TRANSLATE_NOOP("kvscope::MainWindow", "Load time")},
+};
+
+QString summaryObjectName(const QString& key)
+{
+    return QStringLiteral("summary_") + key;
+}
+
+QString formatBytes(quint64 bytes)
+{
+    // Both forms: the rounded one to read, the exact one to compare with other tools.
+    return QStringLiteral("%1 (%2 bytes)")
+        .arg(QLocale::c().formattedDataSize(qint64(bytes)), QString::number(bytes));
+}
+
+struct KindSummary {
+    double varianceRatio = 0;  // mean over layers of raw/delta variance; 0 when undefined
+    double entropyRaw = 0, entropyDelta = 0;
+    int layers = 0;
+};
+
+KindSummary summarize(const std::vector<TensorStats>& stats, KvKind kind)
+{
+    KindSummary out;
+    int ratios = 0;
+    for (const TensorStats& s : stats) {
+        if (s.kind != kind) continue;
+        ++out.layers;
+        out.entropyRaw += s.entropyBits;
+        out.entropyDelta += s.entropyBitsDelta;
+        if (s.varianceDelta > 0) {
+            out.varianceRatio += s.varianceRaw / s.varianceDelta;
+            ++ratios;
+        }
+    }
+    if (ratios) out.varianceRatio /= ratios;
+    if (out.layers) {
+        out.entropyRaw /= out.layers;
+        out.entropyDelta /= out.layers;
+    }
+    return out;
+}
+
+}  // namespace
+
+MainWindow::MainWindow(bool useSettings, QWidget* parent) : QMainWindow(parent), m_useSettings(useSettings)
+{
+    m_modalErrors = qgetenv("KVSCOPE_NO_MODAL_ERRORS") != "1";
+    setWindowTitle(QStringLiteral("kvscope"));
+    setAcceptDrops(true);
+
+    m_loader = new KvLoader(this);
+    connect(m_loader, &KvLoader::phaseChanged, this, &MainWindow::onPhaseChanged);
+    connect(m_loader, &KvLoader::progressChanged, this, [this](int value) { m_progress->setValue(value); });
+    connect(m_loader, &KvLoader::loaded, this, &MainWindow::onLoaded);
+    connect(m_loader, &KvLoader::failed, this, &MainWindow::onFailed);
+    connect(m_loader, &KvLoader::cancelled, this, [this] {
+        setBusy(false);
+        m_phaseLabel->setText(m_hasData ? tr("Loading cancelled; still showing the previous cache.")
+                                        : tr("Loading cancelled."));
+        emit loadCancelled();
+    });
+
+    m_statsView = new LayerStatsView;
+    setCentralWidget(m_statsView);
+    createSummaryDock();
+    createStatusBar();
+    createActions();
+
+    resize(1280, 800);
+    if (m_useSettings) {
+        QSettings settings;
+        restoreGeometry(settings.value(QLatin1String(kSettingsGeometry)).toByteArray());
+        restoreState(settings.value(QLatin1String(kSettingsState)).toByteArray());
+        m_recentFiles = settings.value(QLatin1String(kSettingsRecent)).toStringList();
+    }
+    rebuildRecentMenu();
+    setBusy(false);
+    m_phaseLabel->setText(tr("Open a KV file (Ctrl+O), drop one here, or try File ▸ Open Synthetic Demo."));
+}
+
+MainWindow::~MainWindow() = default;
+
+QStringList MainWindow::kvFileSuffixes()
+{
+    return {QStringLiteral("h5"), QStringLiteral("hdf5")};
+}
+
+void MainWindow::createActions()
+{
+    QMenu* file = menuBar()->addMenu(tr("&File"));
+    QAction* open = file->addAction(tr("&Open KV File…"), this, &MainWindow::showOpenDialog);
+    open->setShortcut(QKeySequence::Open);
+    open->setObjectName(QStringLiteral("openAction"));
+    m_recentMenu = file->addMenu(tr("Open &Recent"));
+    m_recentMenu->setObjectName(QStringLiteral("recentMenu"));
+    QAction* demo = file->addAction(tr("Open Synthetic &Demo"), this, &MainWindow::openDemo);
+    demo->setObjectName(QStringLiteral("demoAction"));
+    demo->setToolTip(tr("A generated cache with realistic structure; no model runtime is involved yet."));
+    file->addSeparator();
+    m_cancelAction = file->addAction(tr("&Cancel Loading"), this, &MainWindow::cancelLoad);
+    m_cancelAction->setShortcut(Qt::Key_Escape);
+    file->addSeparator();
+    QAction* quit = file->addAction(tr("&Quit"), this, &QWidget::close);
+    quit->setShortcut(QKeySequence(Qt::CTRL | Qt::Key_Q));  // QKeySequence::Quit is empty on some desktops
+    quit->setMenuRole(QAction::QuitRole);
+
+    m_viewMenu = menuBar()->addMenu(tr("&View"));
+    for (QDockWidget* dock : findChildren<QDockWidget*>()) m_viewMenu->addAction(dock->toggleViewAction());
+
+    QMenu* help = menuBar()->addMenu(tr("&Help"));
+    help->addAction(tr("&About kvscope"), this, &MainWindow::showAbout)->setMenuRole(QAction::AboutRole);
+    help->addAction(tr("About &Qt"), qApp, &QApplication::aboutQt)->setMenuRole(QAction::AboutQtRole);
+}
+
+void MainWindow::createSummaryDock()
+{
+    m_summaryWidget = new QWidget;
+    auto* form = new QFormLayout(m_summaryWidget);
+    form->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
+    for (const auto& row : kSummaryRows) {
+        auto* value = new QLabel(QStringLiteral("–"));
+        value->setObjectName(summaryObjectName(QLatin1String(row.key)));
+        value->setTextInteractionFlags(Qt::TextSelectableByMouse);
+        value->setWordWrap(true);
+        form->addRow(tr(row.label) + QLatin1Char(':'), value);
+    }
+    auto* scroll = new QScrollArea;
+    scroll->setWidget(m_summaryWidget);
+    scroll->setWidgetResizable(true);
+    scroll->setFrameShape(QFrame::NoFrame);
+
+    auto* dock = new QDockWidget(tr("Summary"), this);
+    dock->setObjectName(QStringLiteral("summaryDock"));  // saveState() keys docks by object name
+    dock->setWidget(scroll);
+    dock->setAllowedAreas(Qt::LeftDockWidgetArea | Qt::RightDockWidgetArea);
+    addDockWidget(Qt::LeftDockWidgetArea, dock);
+    resizeDocks({dock}, {330}, Qt::Horizontal);
+}
+
+void MainWindow::createStatusBar()
+{
+    m_phaseLabel = new QLabel;
+    m_phaseLabel->setObjectName(QStringLiteral("phaseLabel"));
+    statusBar()->addWidget(m_phaseLabel, 1);
+    m_progress = new QProgressBar;
+    m_progress->setObjectName(QStringLiteral("loadProgress"));
+    m_progress->setMaximumWidth(220);
+    m_progress->setTextVisible(true);
+    statusBar()->addPermanentWidget(m_progress);
+    m_cancelButton = new QPushButton(tr("Cancel"));
+    m_cancelButton->setObjectName(QStringLiteral("cancelButton"));
+    m_cancelButton->setToolTip(tr("Stop loading (Esc)"));
+    connect(m_cancelButton, &QPushButton::clicked, this, &MainWindow::cancelLoad);
+    statusBar()->addPermanentWidget(m_cancelButton);
+}
+
+bool MainWindow::isLoading() const
+{
+    return m_loader->isRunning();
+}
+
+QString MainWindow::summaryField(const QString& key) const
+{
+    const auto* label = m_summaryWidget->findChild<QLabel*>(summaryObjectName(key));
+    return label ? label->text() : QString();
+}
+
+void MainWindow::setBusy(bool busy)
+{
+    m_progress->setVisible(busy);
+    m_cancelButton->setVisible(busy);
+    m_cancelAction->setEnabled(busy);
+}
+
+void MainWindow::openFile(const QString& path)
+{
+    if (path.isEmpty()) return;
+    const QFileInfo info(path);
+    m_pendingTitle = tr("%1 — kvscope").arg(info.fileName());
+    setBusy(true);
+    m_loader->loadFile(path);
+}
+
+void MainWindow::openSynthetic(const SyntheticSpec& spec)
+{
+    m_pendingTitle = tr("synthetic KV (no model runtime yet) — kvscope");
+    setBusy(true);
+    m_loader->loadSynthetic(spec);
+}
+
+void MainWindow::openDemo()
+{
+    openSynthetic(SyntheticSpec{});
+}
+
+void MainWindow::cancelLoad()
+{
+    m_loader->cancel();
+}
+
+void MainWindow::showOpenDialog()
+{
+    QSettings settings;
+    QString dir = settings.value(QLatin1String(kSettingsOpenDir)).toString();
+    if (dir.isEmpty() && !m_recentFiles.isEmpty()) dir = QFileInfo(m_recentFiles.first()).absolutePath();
+    QStringList patterns;
+    for (const QString& suffix : kvFileSuffixes()) patterns << QStringLiteral("*.") + suffix;
+    const QString path =
+        QFileDialog::getOpenFileName(this, tr("Open KV File"), dir,
+                                     tr("KV files (%1);;All files (*)").arg(patterns.join(QLatin1Char(' '))));
+    if (path.isEmpty()) return;
+    if (m_useSettings) settings.setValue(QLatin1String(kSettingsOpenDir), QFileInfo(path).absolutePath());
+    openFile(path);
+}
+
+void MainWindow::showAbout()
+{
+    QMessageBox::about(
+        this, tr("About kvscope"),
+        tr("<h3>kvscope %1</h3>"
+           "<p>Inspect and tune KV-cache compression in the style of CacheGen: per-layer and per-channel "
+           "statistics of captured KV caches, codec settings, and streaming experiments.</p>"
+           "<p>Qt %2 (built with %3)<br>CUDA decode library: %4</p>")
+            .arg(QStringLiteral(KVSCOPE_VERSION), QString::fromLatin1(qVersion()),
+                 QStringLiteral(QT_VERSION_STR), KVSCOPE_HAVE_CUDA_BUILD ? tr("built") : tr("not built")));
+}
+
+void MainWindow::onPhaseChanged(const QString& text, int maximum)
+{
+    m_phaseLabel->setText(text);
+    m_progress->setRange(0, maximum);  // (0, 0) shows a busy indicator
+    m_progress->setValue(0);
+    m_progress->setFormat(maximum > 0 ? tr("%v / %m tensors") : QString());
+}
+
+void MainWindow::onLoaded(const KvSummary& summary, const std::vector<TensorStats>& stats)
+{
+    setBusy(false);
+    m_summary = summary;
+    m_hasData = true;
+    m_statsView->setHeadDim(summary.shape.headDim);
+    m_statsView->setStats(stats);
+    showSummary(summary, stats);
+    setWindowTitle(m_pendingTitle);
+    if (!summary.synthetic) addRecentFile(summary.source);
+    m_phaseLabel->setText(
+        tr("Loaded %1 in %2 s (read %3 s, statistics %4 s).")
+            .arg(summary.synthetic ? tr("synthetic KV") : QFileInfo(summary.source).fileName())
+            .arg(summary.readSeconds + summary.statsSeconds, 0, 'f', 2)
+            .arg(summary.readSeconds, 0, 'f', 2)
+            .arg(summary.statsSeconds, 0, 'f', 2));
+    emit dataShown();
+}
+
+void MainWindow::onFailed(const QString& message)
+{
+    setBusy(false);
+    m_phaseLabel->setText(tr("Error: %1").arg(message));
+    emit errorOccurred(message);
+    if (!m_modalErrors) return;
+    // open(), not exec(): a window-modal box that does not spin a nested event loop.
+    auto* box =
+        new QMessageBox(QMessageBox::Critical, tr("Could not load KV cache"), message, QMessageBox::Ok, this);
+    box->setObjectName(QStringLiteral("errorBox"));
+    box->setAttribute(Qt::WA_DeleteOnClose);
+    box->open();
+}
+
+void MainWindow::showSummary(const KvSummary& s, const std::vector<TensorStats>& stats)
+{
+    auto set = [this](const char* key, const QString& text) {
+        if (auto* label = m_summaryWidget->findChild<QLabel*>(summaryObjectName(QLatin1String(key))))
+            label->setText(text.isEmpty() ? QStringLiteral("–") : text);
+    };
+    set("source", s.origin);
+    set("model", s.modelName);
+    set("fingerprint", s.modelFingerprint);
+    set("layers", QString::number(s.shape.numLayers));
+    set("kv_heads", QString::number(s.shape.numKvHeads));
+    set("head_dim", QString::number(s.shape.headDim));
+    set("channels", QString::number(s.shape.channels()));
+    set("tokens", QString::number(s.shape.numTokens));
+    set("dtype", QString::fromLatin1(dtypeName(s.dtype)));
+    set("kv_bytes", formatBytes(s.kvBytes));
+    set("file_bytes", s.fileBytes >= 0 ? formatBytes(quint64(s.fileBytes)) : QString());
+    const KindSummary k = summarize(stats, KvKind::Key);
+    const KindSummary v = summarize(stats, KvKind::Value);
+    auto ratio = [this](const KindSummary& ks) {
+        return ks.varianceRatio > 0 ? tr("%1× (mean over layers)").arg(ks.varianceRatio, 0, 'f', 2)
+                                    : QString();
+    };
+    auto entropy = [this](const KindSummary& ks) {
+        return ks.layers
+                   ? tr("%1 → %2 bits/value").arg(ks.entropyRaw, 0, 'f', 2).arg(ks.entropyDelta, 0, 'f', 2)
+                   : QString();
+    };
+    set("k_locality", ratio(k));
+    set("v_locality", ratio(v));
+    set("k_entropy", entropy(k));
+    set("v_entropy", entropy(v));
+    set("load_time",
+        tr("%1 s read + %2 s statistics").arg(s.readSeconds, 0, 'f', 2).arg(s.statsSeconds, 0, 'f', 2));
+}
+
+void MainWindow::addRecentFile(const QString& path)
+{
+    m_recentFiles.removeAll(path);
+    m_recentFiles.prepend(path);
+    while (m_recentFiles.size() > kMaxRecentFiles) m_recentFiles.removeLast();
+    if (m_useSettings) QSettings().setValue(QLatin1String(kSettingsRecent), m_recentFiles);
+    rebuildRecentMenu();
+}
+
+void MainWindow::clearRecentFiles()
+{
+    m_recentFiles.clear();
+    if (m_useSettings) QSettings().remove(QLatin1String(kSettingsRecent));
+    rebuildRecentMenu();
+}
+
+void MainWindow::rebuildRecentMenu()
+{
+    m_recentMenu->clear();
+    for (int i = 0; i < m_recentFiles.size(); ++i) {
+        const QString path = m_recentFiles.at(i);
+        // &1..&9 as keyboard accelerators; '&' in names must not become one.
+        QString name = QFileInfo(path).fileName().replace(QLatin1Char('&'), QStringLiteral("&&"));
+        QAction* action =
+            m_recentMenu->addAction(i < 9 ? QStringLiteral("&%1 %2").arg(i + 1).arg(name) : name, this,
+                                    [this, path] { openFile(path); });
+        action->setToolTip(path);
+        action->setStatusTip(path);
+    }
+    if (!m_recentFiles.isEmpty()) {
+        m_recentMenu->addSeparator();
+        m_recentMenu->addAction(tr("Clear List"), this, &MainWindow::clearRecentFiles);
+    }
+    m_recentMenu->setEnabled(!m_recentFiles.isEmpty());
+}
+
+void MainWindow::closeEvent(QCloseEvent* event)
+{
+    m_loader->cancel();
+    if (m_useSettings) {
+        QSettings settings;
+        settings.setValue(QLatin1String(kSettingsGeometry), saveGeometry());
+        settings.setValue(QLatin1String(kSettingsState), saveState());
+    }
+    QMainWindow::closeEvent(event);
+}
+
+QString MainWindow::kvFileFrom(const QMimeData* mime)
+{
+    if (!mime || !mime->hasUrls()) return {};
+    for (const QUrl& url : mime->urls()) {
+        if (!url.isLocalFile()) continue;
+        const QString path = url.toLocalFile();
+        if (kvFileSuffixes().contains(QFileInfo(path).suffix().toLower())) return path;
+    }
+    return {};
+}
+
+void MainWindow::dragEnterEvent(QDragEnterEvent* event)
+{
+    if (!kvFileFrom(event->mimeData()).isEmpty()) event->acceptProposedAction();
+}
+
+void MainWindow::dropEvent(QDropEvent* event)
+{
+    const QString path = kvFileFrom(event->mimeData());
+    if (path.isEmpty()) return;
+    event->acceptProposedAction();
+    openFile(path);
+}
+
+}  // namespace kvscope

@@ -1,0 +1,22 @@
+// Test main for widget tests: a QApplication on the offscreen platform, settings isolated from the
+// user's (QStandardPaths test mode), modal error boxes off unless a test turns them on.
+// Use KVSCOPE_GUI_TEST_MAIN(TestClass) instead of QTEST_MAIN.
+#pragma once
+
+#include <QApplication>
+#include <QStandardPaths>
+#include <QtTest/QtTest>
+
+#define KVSCOPE_GUI_TEST_MAIN(TestObject)                                   \
+    int main(int argc, char** argv)                                         \
+    {                                                                       \
+        qputenv("QT_QPA_PLATFORM", "offscreen");                            \
+        qputenv("KVSCOPE_NO_MODAL_ERRORS", "1");                            \
+        QStandardPaths::setTestModeEnabled(true);                           \
+        QApplication app(argc, argv);                                       \
+        QApplication::setOrganizationName(QStringLiteral("kvscope-tests")); \
+        QApplication::setApplicationName(QStringLiteral(#TestObject));      \
+        TestObject tc;                                                      \
+        QTEST_SET_MAIN_SOURCE_PATH                                          \
+        return QTest::qExec(&tc, argc, argv);                               \
+    }
