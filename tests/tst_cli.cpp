@@ -1,0 +1,167 @@
+// The command-line contract (DESIGN.md): every subcommand with --json prints exactly one JSON
+// object on stdout, exits 0 on success, and otherwise exits non-zero with one "error:" line.
+#include "testmain.h"
+
+#include <QJsonArray>
+#include <QJsonDocument>
+#include <QJsonObject>
+#include <QProcess>
+#include <QTemporaryDir>
+
+namespace {
+
+struct Run {
+    int exitCode = -1;
+    QByteArray out, err;
+    QJsonObject json() const { return QJsonDocument::fromJson(out).object(); }
+};
+
+Run cli(const QStringList& args)
+{
+    QProcess p;
+    p.start(KVSCOPE_BINARY_DIR "/app/cli/kvscope-cli", args);
+    if (!p.waitForFinished(300000)) p.kill();
+    return {p.exitCode(), p.readAllStandardOutput(), p.readAllStandardError()};
+}
+
+bool isSingleJsonObject(const QByteArray& out)
+{
+    QJsonParseError e;
+    const QJsonDocument d = QJsonDocument::fromJson(out, &e);
+    return e.error == QJsonParseError::NoError && d.isObject();
+}
+
+}  // namespace
+
+class TestCli : public QObject {
+    Q_OBJECT
+    QTemporaryDir m_dir;
+    QString m_kv;
+
+    QString path(const QString& name) const { return m_dir.filePath(name); }
+
+private slots:
+    void initTestCase()
+    {
+        QVERIFY(m_dir.isValid());
+        m_kv = path("syn.h5");
+        const Run r = cli({"synth", "--out", m_kv, "--layers", "6", "--kv-heads", "2", "--head-dim", "32",
+                           "--tokens", "600", "--json"});
+        QCOMPARE(r.exitCode, 0);
+        QVERIFY(isSingleJsonObject(r.out));
+        QCOMPARE(r.json()["num_tokens"].toInt(), 600);
+    }
+
+    void statsReportsEveryLayer()
+    {
+        const Run r = cli({"stats", m_kv, "--json"});
+        QCOMPARE(r.exitCode, 0);
+        QVERIFY(isSingleJsonObject(r.out));
+        const QJsonArray layers = r.json()["layers"].toArray();
+        QCOMPARE(layers.size(), 6);
+        const QJsonObject key = layers[0].toObject()["key"].toObject();
+        QVERIFY(key["absmax"].toDouble() > 0);
+        QVERIFY(key["variance_delta"].toDouble() > 0);
+        QVERIFY(!key["outlier_channels"].toArray().isEmpty());  // the synthetic keys carry outliers
+    }
+
+    void encodeDecodeRoundTrip_data()
+    {
+        QTest::addColumn<QString>("codec");
+        QTest::addColumn<double>("maxBits");      // bits per value must stay below this
+        QTest::addColumn<double>("maxError");     // max abs error after decoding
+        // 64 channels per layer: int8 pays 16 scale bits per 64 values (8.25 bits); KIVI keeps the last
+        // 128 of 600 tokens in fp16 (3.41 bits on its own); cachegen must beat int8 even with in-band tables.
+        QTest::newRow("cachegen") << "cachegen" << 8.0 << 5.0;
+        QTest::newRow("int8") << "int8" << 8.2501 << 0.5;
+        QTest::newRow("kivi4") << "kivi4" << 7.5 << 5.0;
+        QTest::newRow("kivi2") << "kivi2" << 6.0 << 20.0;
+        QTest::newRow("zstd") << "zstd" << 16.0 << 0.0;
+        QTest::newRow("fp16") << "fp16" << 16.01 << 0.0;
+    }
+
+    void encodeDecodeRoundTrip()
+    {
+        QFETCH(QString, codec);
+        QFETCH(double, maxBits);
+        QFETCH(double, maxError);
+        const QString kvc = path(codec + ".kvc"), out = path(codec + ".out.h5");
+        Run r = cli({"encode", m_kv, "--out", kvc, "--codec", codec, "--chunk-tokens", "64", "--json"});
+        QCOMPARE(r.exitCode, 0);
+        QVERIFY(isSingleJsonObject(r.out));
+        QJsonObject j = r.json();
+        for (const char* key : {"bytes", "bits_per_value", "ratio_vs_fp16", "ratio_vs_int8", "encode_s"})
+            QVERIFY2(j.contains(key), key);
+        QVERIFY(j["bits_per_value"].toDouble() < maxBits);
+        QVERIFY(QFileInfo(kvc).size() == j["file_bytes"].toInteger());
+        r = cli({"decode", kvc, "--out", out, "--source", m_kv, "--json"});
+        QCOMPARE(r.exitCode, 0);
+        j = r.json();
+        QVERIFY(j.contains("decode_s"));
+        QVERIFY2(j["max_abs_error"].toDouble() <= maxError, qPrintable(QString::number(j["max_abs_error"].toDouble())));
+        QCOMPARE(j["layers"].toArray().size(), 6);
+    }
+
+    void decodeAnyLevelMix()
+    {
+        const QString kvc = path("levels.kvc");
+        QCOMPARE(cli({"encode", m_kv, "--out", kvc, "--chunk-tokens", "64", "--json"}).exitCode, 0);
+        // 600 tokens in chunks of 64: 10 chunks, the last one short
+        const Run r = cli({"decode", kvc, "--out", path("mix.h5"), "--level", "3,1,2,1,3,3,2,2,1,1", "--source", m_kv, "--json"});
+        QCOMPARE(r.exitCode, 0);
+        QCOMPARE(r.json()["levels"].toArray().size(), 10);
+        const Run bad = cli({"decode", kvc, "--out", path("mix2.h5"), "--level", "1,2", "--json"});
+        QVERIFY(bad.exitCode != 0);
+        QVERIFY(bad.err.startsWith("error: "));
+    }
+
+    void benchPrintsSideBySide()
+    {
+        const Run r = cli({"bench", "codec", "--kv", m_kv, "--repeats", "1", "--json"});
+        QCOMPARE(r.exitCode, 0);
+        const QJsonObject j = r.json();
+        for (const char* key : {"encode_MBps", "decode_MBps", "zstd_compress_MBps", "zstd_decompress_MBps", "bits_per_value"})
+            QVERIFY2(j[key].toDouble() > 0, key);
+        QCOMPARE(j["results"].toArray().size(), 3);
+    }
+
+    void errorsAreOneLine_data()
+    {
+        QTest::addColumn<QStringList>("args");
+        QTest::addColumn<QString>("needle");
+        QTest::newRow("missing file") << QStringList{"stats", "/nonexistent/x.h5", "--json"} << "/nonexistent/x.h5";
+        QTest::newRow("not a kvc") << QStringList{"decode", "SELF", "--out", "x.h5", "--json"} << "bad magic";
+        QTest::newRow("unknown codec") << QStringList{"encode", "SELF", "--out", "x.kvc", "--codec", "lz4", "--json"} << "lz4";
+        QTest::newRow("bad chunk size") << QStringList{"encode", "SELF", "--out", "x.kvc", "--chunk-tokens", "8", "--json"} << "chunk_tokens";
+        QTest::newRow("no subcommand") << QStringList{} << "error:";
+    }
+
+    void errorsAreOneLine()
+    {
+        QFETCH(QStringList, args);
+        QFETCH(QString, needle);
+        for (QString& a : args)
+            if (a == "SELF") a = m_kv;
+            else if (a.endsWith(".h5") && !a.startsWith("/")) a = path(a);
+            else if (a.endsWith(".kvc")) a = path(a);
+        const Run r = cli(args);
+        QVERIFY(r.exitCode != 0);
+        QVERIFY(r.out.isEmpty());
+        QVERIFY2(r.err.startsWith("error: "), r.err.constData());
+        QCOMPARE(r.err.count('\n'), 1);
+        QVERIFY2(r.err.contains(needle.toUtf8()), r.err.constData());
+    }
+
+    void demoRunsEndToEnd()
+    {
+        const Run r = cli({"demo", "--workdir", m_dir.path(), "--json"});
+        QCOMPARE(r.exitCode, 0);
+        QVERIFY(isSingleJsonObject(r.out));
+        const QJsonArray results = r.json()["results"].toArray();
+        QCOMPARE(results.size(), 3 + 5);  // three cachegen levels and five baselines
+        QVERIFY(r.json().contains("ttft_s"));
+    }
+};
+
+KVSCOPE_TEST_MAIN(TestCli)
+#include "tst_cli.moc"
