@@ -3,6 +3,7 @@
 #include "common/error.h"
 
 #include <cmath>
+#include <cstring>
 
 namespace kvscope {
 
@@ -41,7 +42,7 @@ void finishCoding(CodingTable* c, const uint16_t* freq, int alphabet, bool forDe
     for (int s = 0; s < alphabet; ++s) {
         const int b0 = int((c->start(s) + (1u << shift) - 1) >> shift);
         const int b1 = int((c->start(s + 1) - 1) >> shift);
-        for (int b = b0; b <= b1; ++b) c->bucket[b] = uint8_t(s);
+        if (b1 >= b0) std::memset(c->bucket + b0, s, size_t(b1 - b0 + 1));
     }
 }
 

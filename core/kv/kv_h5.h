@@ -5,6 +5,10 @@
 //   /context     variable-length UTF-8 string (scalar)
 //   /layers/NN/key, /layers/NN/value   (kv_heads, tokens, head_dim), chunked along tokens;
 //                fp16 as h5py's half type (reads as <f2), bf16 as uint16 with attr dtype="bfloat16"
+// Layer groups are named with two digits ("00".."99"), three when num_layers > 100, four when
+// num_layers > 1000. /tokens may be empty (token ids unknown, e.g. synthetic caches); otherwise its
+// length is num_tokens. model_name, model_fingerprint and /context are optional for readers.
+// Integer attributes are written as int64; readers accept any integer type.
 #pragma once
 
 #include "kv/kv_set.h"
@@ -18,12 +22,16 @@ struct H5WriteOptions {
     int gzipLevel = 0;      // 0 = no compression; 1-9 adds shuffle + gzip
 };
 
-// Writes to a temporary next to `path`, then renames, so a failed write never replaces a good file.
-// Throws kvscope::Error naming the file and the reason.
+// Writes to a temporary next to `path` (path + ".tmp-XXXXXXXX"), fsyncs it, then renames, so a
+// failed write never replaces a good file and leaves no temporary behind.
+// Throws kvscope::Error "path: [place: ]reason" for an invalid shape or options, kv.tokens that is
+// neither empty nor num_tokens long, and any I/O or HDF5 failure.
 void writeKvH5(const KvSet& kv, const std::string& path, const H5WriteOptions& opt = {});
 
 // Validates format, version, attributes, shapes and dtypes before reading any tensor.
-// Throws kvscope::Error "path: place: reason" for files that are not ours or are inconsistent.
+// Throws kvscope::Error "path: place: reason" for a missing, non-HDF5, truncated or corrupt file,
+// files that are not ours (no format attribute), newer versions, inconsistent shapes or dtypes,
+// unavailable HDF5 filters, or when the cache does not fit in memory.
 KvSet readKvH5(const std::string& path);
 
 // Only the root attributes (cheap): shape, dtype, model name.
@@ -34,6 +42,7 @@ struct KvFileInfo {
     std::string modelFingerprint;
     int version = 0;
 };
+// Throws like readKvH5 for everything the root attributes can show (no dataset is checked).
 KvFileInfo readKvH5Info(const std::string& path);
 
 constexpr int kKvFileVersion = 1;

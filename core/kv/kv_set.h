@@ -17,6 +17,8 @@ namespace kvscope {
 enum class DType : uint8_t { F16 = 0, BF16 = 1, F32 = 2 };
 
 const char* dtypeName(DType t);                 // "float16", "bfloat16", "float32"
+// Accepts the names above and the aliases fp16/f16/half, bf16, fp32/f32/float. Returns false for
+// anything else and then leaves *out untouched.
 bool parseDType(const std::string& s, DType* out);
 inline size_t dtypeSize(DType t) { return t == DType::F32 ? 4 : 2; }
 
@@ -50,18 +52,23 @@ struct KvLimits {
     static constexpr size_t maxTotalValues = size_t(1) << 36;  // 128 GiB of fp16
 };
 
-// Throws kvscope::Error naming `what` when the shape is empty or beyond KvLimits.
+// Throws kvscope::Error "what: reason" when a dimension is not positive or the shape is beyond
+// KvLimits (each dimension, and totalValues()).
 void validateShape(const KvShape& s, const std::string& what);
 
 class KvSet {
 public:
     KvSet() = default;
-    KvSet(const KvShape& shape, DType dtype);  // zero-filled
+    // Zero-filled. Throws kvscope::Error for a shape validateShape refuses, std::bad_alloc when
+    // memory runs out.
+    KvSet(const KvShape& shape, DType dtype);
 
     const KvShape& shape() const { return m_shape; }
     DType dtype() const { return m_dtype; }
 
-    // Raw storage of one tensor: (kv_heads, tokens, head_dim) in dtype(), row-major.
+    // Raw storage of one tensor: (kv_heads, tokens, head_dim) in dtype(), row-major, host byte
+    // order. Here and in the accessors below, an index out of range is a bug and aborts
+    // (KVSCOPE_ASSERT).
     const uint8_t* data(KvKind kind, int layer) const;
     uint8_t* data(KvKind kind, int layer);
     size_t tensorBytes() const { return m_shape.layerValues() * dtypeSize(m_dtype); }
@@ -104,6 +111,9 @@ struct SyntheticSpec {
     float keyCorrelation = 0.95f;     // AR(1) coefficient between neighbouring tokens
     float valueCorrelation = 0.8f;
 };
+// Throws kvscope::Error for a shape validateShape refuses, outlierChannelsPerHead outside
+// [0, head_dim] or a correlation outside [-1, 1]. The result has empty tokens and context,
+// modelName "synthetic" and a fingerprint that records the spec.
 KvSet makeSyntheticKv(const SyntheticSpec& spec);
 
 }  // namespace kvscope

@@ -8,6 +8,7 @@
 
 namespace kvscope {
 
+// std is the population standard deviation (divides by the count), accumulated in double.
 struct ChannelStats {
     float min = 0, max = 0, mean = 0, std = 0, absmax = 0;
 };
@@ -24,9 +25,16 @@ struct TensorStats {              // one kind (K or V) of one layer
     double varianceDelta = 0;
     // Empirical entropy (bits per value) of symbols from CacheGen's per-token symmetric quantizer
     // at `bins`, measured per channel and averaged: what a per-channel entropy coder approaches.
+    // Symbols: MAX = bins/2 - 1, scale = absmax over the token's channels / MAX,
+    // q = clamp(round(x / scale), -MAX, MAX) with ties to even; an all-zero token gives zeros.
     double entropyBits = 0;
-    double entropyBitsDelta = 0;  // same for the delta-coded symbols
-    // Channels whose absmax exceeds `outlierFactor` x the median channel absmax, largest first.
+    // Same for delta coding in groups of `deltaGroup` tokens: anchors keep their own symbols,
+    // other tokens code x - (the anchor's quantized-dequantized value) with their own per-token
+    // scale; both kinds of symbol share each channel's distribution. Because every token is
+    // rescaled to its own absmax, this can exceed entropyBits even when varianceDelta is smaller.
+    double entropyBitsDelta = 0;
+    // Channels whose absmax exceeds `outlierFactor` x the median channel absmax, largest first
+    // (median of an even count: mean of the two middle values).
     std::vector<int> outlierChannels;
 };
 
@@ -36,8 +44,11 @@ struct StatsOptions {
     float outlierFactor = 6.0f;
 };
 
+// Throws kvscope::Error for a layer outside the set, deltaGroup < 1, bins outside [4, 65536]
+// or outlierFactor <= 0.
 TensorStats computeTensorStats(const KvSet& kv, KvKind kind, int layer, const StatsOptions& opt = {});
-// Every layer, keys then values per layer; runs layers in parallel.
+// Every layer, keys then values per layer (index 2 * layer + kind); runs layers in parallel.
+// Throws like computeTensorStats; an empty set gives an empty vector.
 std::vector<TensorStats> computeAllStats(const KvSet& kv, const StatsOptions& opt = {});
 
 struct Histogram {
@@ -46,7 +57,10 @@ struct Histogram {
     uint64_t below = 0, above = 0;
 };
 // Histogram of one tensor, or of one channel when channel >= 0. When lo == hi the range is the
-// data's [min, max].
+// data's finite [min, max] (widened by 0.5 each side when all values are equal). A value equal to
+// hi lands in the last bin; NaNs are not counted, infinities go to below/above.
+// Throws kvscope::Error for a layer or channel (other than -1) out of range, numBins outside
+// [1, 2^24], or lo > hi / non-finite bounds.
 Histogram computeHistogram(const KvSet& kv, KvKind kind, int layer, int channel, int numBins,
                            double lo = 0, double hi = 0);
 
