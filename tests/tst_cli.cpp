@@ -115,6 +115,38 @@ private slots:
         QVERIFY(bad.err.startsWith("error: "));
     }
 
+    // Tables calibrated offline on one cache and stored in the profile code another cache of the
+    // same shape; at small chunks they beat tables shipped in every chunk.
+    void calibratedProfileTables()
+    {
+        const QString other = path("other.h5"), profile = path("calibrated.json");
+        QCOMPARE(cli({"synth", "--out", other, "--layers", "6", "--kv-heads", "2", "--head-dim", "32", "--tokens", "600",
+                      "--seed", "9", "--json"}).exitCode, 0);
+        Run r = cli({"calibrate", other, "--out", profile, "--chunk-tokens", "64", "--delta-group", "0", "--json"});
+        QCOMPARE(r.exitCode, 0);
+        QCOMPARE(r.json()["channels"].toInt(), 64);
+        r = cli({"encode", m_kv, "--out", path("cal.kvc"), "--profile", profile, "--verify", "--json"});
+        QCOMPARE(r.exitCode, 0);
+        const QJsonArray calibrated = r.json()["levels"].toArray();
+        r = cli({"encode", m_kv, "--out", path("inband.kvc"), "--chunk-tokens", "64", "--delta-group", "0", "--verify", "--json"});
+        QCOMPARE(r.exitCode, 0);
+        const QJsonArray inband = r.json()["levels"].toArray();
+        QCOMPARE(calibrated.size(), 3);
+        for (int l = 0; l < 3; ++l) {
+            const QJsonObject c = calibrated[l].toObject(), i = inband[l].toObject();
+            QCOMPARE(c["tables_from"].toString(), QString("profile"));
+            QVERIFY(c["table_bytes"].toInteger() > 0);
+            QVERIFY2(c["bits_per_value"].toDouble() < i["bits_per_value"].toDouble(),
+                     qPrintable(QString("level %1: %2 vs %3").arg(l + 1).arg(c["bits_per_value"].toDouble()).arg(i["bits_per_value"].toDouble())));
+            // same quantization, so the same reconstruction
+            QCOMPARE(c["max_abs_error"].toDouble(), i["max_abs_error"].toDouble());
+        }
+        // overriding what the tables describe is refused
+        r = cli({"encode", m_kv, "--out", path("x.kvc"), "--profile", profile, "--delta-group", "10", "--json"});
+        QVERIFY(r.exitCode != 0);
+        QVERIFY(r.err.contains("recalibrate"));
+    }
+
     void benchPrintsSideBySide()
     {
         const Run r = cli({"bench", "codec", "--kv", m_kv, "--repeats", "1", "--json"});

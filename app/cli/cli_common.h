@@ -27,6 +27,7 @@ struct Output {
 void addStatsCommand(CLI::App& app, Output& out);
 void addSynthCommand(CLI::App& app, Output& out);
 void addEncodeCommand(CLI::App& app, Output& out);
+void addCalibrateCommand(CLI::App& app, Output& out);
 void addDecodeCommand(CLI::App& app, Output& out);
 void addBenchCommand(CLI::App& app, Output& out);
 void addDemoCommand(CLI::App& app, Output& out);

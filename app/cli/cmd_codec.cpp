@@ -35,6 +35,8 @@ struct ProfileOptions {
         sub->add_option("--value-quantizer", valueQuantizer, "token or channel");
     }
 
+    std::string source() const { return profilePath.empty() ? "default profile" : profilePath; }
+
     CodecParams params(const KvSet& kv) const
     {
         CodecParams p;
@@ -56,7 +58,10 @@ struct ProfileOptions {
         };
         quantizer(keyQuantizer, &pr.keyQuantizer, "--key-quantizer");
         quantizer(valueQuantizer, &pr.valueQuantizer, "--value-quantizer");
-        const std::string src = profilePath.empty() ? "default profile" : profilePath;
+        const std::string src = source();
+        if (pr.hasCalibratedTables() && (deltaGroup >= 0 || anchorBins >= 0 || !keyQuantizer.empty() || !valueQuantizer.empty()))
+            throw inputError(src, "calibrated_tables", "--delta-group, --anchor-bins and the quantizer options change what "
+                                                       "the calibrated tables describe: recalibrate instead");
         validateProfile(pr, src);
         if (int(pr.levels.front().keyBins.size()) != kv.shape().numLayers)
             throw inputError(src, "levels", "bins cover " + std::to_string(pr.levels.front().keyBins.size()) +
@@ -89,15 +94,25 @@ json errorJson(const KvError& e, bool perLayer)
 }
 
 // Encodes kv into path and describes every level; with verify, decodes each level and adds errors.
-json encodeReport(const KvSet& kv, const CodecParams& p, const std::string& path, bool verify, bool perLayer)
+// Sizes count what a receiver must fetch: chunks, plus the shared tables when they were calibrated
+// on this cache (they travel in the file), but not when they come from the profile (the receiver has it).
+json encodeReport(const KvSet& kv, const CodecParams& p, const std::string& path, bool verify, bool perLayer,
+                  const std::string& profileSource = "default profile")
 {
-    const KvcWriteReport rep = writeKvc(kv, p, path);
+    const bool shared = p.codec == CodecId::CacheGen && p.profile.tables == TableMode::Shared;
+    const bool fromProfile = shared && p.profile.hasCalibratedTables();
+    std::vector<LevelTables> calibrated;
+    if (fromProfile) calibrated = profileTables(p, profileSource);
+    const KvcWriteReport rep = writeKvc(kv, p, path, fromProfile ? &calibrated : nullptr);
     const auto reader = KvcReader::openFile(path);
     json levels = json::array();
     for (int l = 1; l <= p.numLevels(); ++l) {
-        json j = sizeJson(rep.levelBytes[size_t(l - 1)] + rep.levelTableBytes[size_t(l - 1)], p.shape);
+        const uint64_t chunkBytes = rep.levelBytes[size_t(l - 1)], tableBytes = rep.levelTableBytes[size_t(l - 1)];
+        json j = sizeJson(chunkBytes + (fromProfile ? 0 : tableBytes), p.shape);
         j["level"] = l;
-        j["table_bytes"] = rep.levelTableBytes[size_t(l - 1)];
+        j["chunk_bytes"] = chunkBytes;
+        j["table_bytes"] = tableBytes;
+        j["tables_from"] = !shared ? "chunks" : fromProfile ? "profile" : "file";
         if (verify) {
             const double t0 = nowSeconds();
             const KvSet decoded = reader->decodeAll({l});
@@ -179,7 +194,53 @@ void addEncodeCommand(CLI::App& app, Output& out)
     sub->callback([o, &out] {
         const KvSet kv = readKvH5(o->in);
         const CodecParams p = o->profile.params(kv);
-        out.emit(encodeReport(kv, p, o->out, o->verify, o->perLayer), printEncode);
+        out.emit(encodeReport(kv, p, o->out, o->verify, o->perLayer, o->profile.source()), printEncode);
+    });
+}
+
+void addCalibrateCommand(CLI::App& app, Output& out)
+{
+    auto* sub = app.add_subcommand("calibrate", "Calibrate shared probability tables on KV files and store them in a profile");
+    struct Opts {
+        std::vector<std::string> inputs;
+        std::string out;
+        ProfileOptions profile;
+    };
+    auto o = std::make_shared<Opts>();
+    sub->add_option("kv", o->inputs, "KV files (HDF5) of one model")->required();
+    sub->add_option("--out", o->out, "profile to write (JSON)")->required();
+    o->profile.add(sub);
+    sub->add_flag("--json", out.asJson, "print one JSON object");
+    sub->callback([o, &out] {
+        if (o->profile.codec != "cachegen") throw Error("--codec: only cachegen uses probability tables");
+        std::vector<KvSet> caches;
+        for (const std::string& path : o->inputs) {
+            caches.push_back(readKvH5(path));
+            const KvShape& a = caches.front().shape();
+            const KvShape& b = caches.back().shape();
+            if (a.numLayers != b.numLayers || a.channels() != b.channels())
+                throw Error(path + ": " + std::to_string(b.numLayers) + " layers x " + std::to_string(b.channels()) +
+                            " channels, but " + o->inputs.front() + " has " + std::to_string(a.numLayers) + " x " +
+                            std::to_string(a.channels()));
+        }
+        ProfileOptions po = o->profile;
+        po.tables.clear();
+        CodecParams p = po.params(caches.front());
+        std::vector<const KvSet*> ptrs;
+        for (const KvSet& kv : caches) ptrs.push_back(&kv);
+        const double t0 = nowSeconds();
+        calibrateProfile(p, ptrs);
+        if (p.profile.modelFingerprint.empty()) p.profile.modelFingerprint = caches.front().modelFingerprint;
+        saveProfile(p.profile, o->out);
+        json levels = json::array();
+        for (int l = 1; l <= p.numLevels(); ++l)
+            levels.push_back({{"level", l}, {"table_bytes", p.profile.levelTables[size_t(l - 1)].size()}});
+        out.emit({{"file", o->out}, {"caches", caches.size()}, {"channels", p.profile.tableChannels},
+                  {"levels", levels}, {"seconds", nowSeconds() - t0}},
+                 [](const json& r) {
+                     std::printf("wrote %s: tables for %d channels per layer from %zu caches\n",
+                                 r["file"].get<std::string>().c_str(), r["channels"].get<int>(), r["caches"].size());
+                 });
     });
 }
 

@@ -17,6 +17,7 @@ int main(int argc, char** argv)
     addStatsCommand(app, out);
     addSynthCommand(app, out);
     addEncodeCommand(app, out);
+    addCalibrateCommand(app, out);
     addDecodeCommand(app, out);
     addBenchCommand(app, out);
     addDemoCommand(app, out);

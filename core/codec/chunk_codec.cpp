@@ -363,6 +363,42 @@ LevelTables parseLevelTables(const CodecParams& p, int level, const uint8_t* dat
     return t;
 }
 
+std::vector<LevelTables> profileTables(const CodecParams& p, const std::string& source)
+{
+    if (!p.profile.hasCalibratedTables()) throw inputError(source, "calibrated_tables", "the profile has none");
+    if (p.profile.tableChannels != p.shape.channels())
+        throw inputError(source, "calibrated_tables", "calibrated for " + std::to_string(p.profile.tableChannels) +
+                                                          " channels per layer, the cache has " +
+                                                          std::to_string(p.shape.channels()));
+    std::vector<LevelTables> out;
+    for (int l = 1; l <= p.numLevels(); ++l) {
+        const std::vector<uint8_t>& blob = p.profile.levelTables[size_t(l - 1)];
+        out.push_back(parseLevelTables(p, l, blob.data(), blob.size(),
+                                       source + ": calibrated_tables.levels[" + std::to_string(l - 1) + "]"));
+    }
+    return out;
+}
+
+void calibrateProfile(CodecParams& p, const std::vector<const KvSet*>& caches)
+{
+    KVSCOPE_ASSERT(p.codec == CodecId::CacheGen && !caches.empty());
+    p.profile.levelTables.clear();
+    for (int l = 1; l <= p.numLevels(); ++l) {
+        LevelCounts counts;
+        for (const KvSet* kv : caches) {
+            CodecParams q = p;  // same codec settings, this cache's token count
+            q.shape = kv->shape();
+            KVSCOPE_ASSERT(q.shape.numLayers == p.shape.numLayers && q.shape.channels() == p.shape.channels());
+            for (int c = 0; c < q.numChunks(); ++c) countChunkSymbols(q, *kv, c, l, counts);
+        }
+        std::vector<uint8_t> blob;
+        serializeLevelTables(p, l, tablesFromCounts(p, l, counts), blob);
+        p.profile.levelTables.push_back(std::move(blob));
+    }
+    p.profile.tableChannels = p.shape.channels();
+    p.profile.tables = TableMode::Shared;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Baselines
 

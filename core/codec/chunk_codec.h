@@ -62,6 +62,15 @@ void serializeLevelTables(const CodecParams& p, int level, const LevelTables& t,
 LevelTables parseLevelTables(const CodecParams& p, int level, const uint8_t* data, size_t size,
                              const std::string& where);
 
+// The calibrated tables a profile carries (p.profile.levelTables), parsed for this cache's shape.
+// Throws kvscope::Error naming `source` when they are absent, for another channel count, or corrupt.
+std::vector<LevelTables> profileTables(const CodecParams& p, const std::string& source);
+
+// Calibrates shared tables on several caches of one shape: the symbol counts of every chunk of
+// every cache at each level, then one table per (kind, layer, role, channel). Stores them in
+// p.profile (levelTables, tableChannels) with tables = Shared.
+void calibrateProfile(CodecParams& p, const std::vector<const KvSet*>& caches);
+
 // Encodes tokens [chunkStart, chunkStart + chunkLength) of kv at `level` (1-based).
 // `shared` must hold this level's tables when the profile uses TableMode::Shared, else nullptr.
 // Parallel over (kind, layer) with OpenMP. Throws kvscope::Error on non-finite values.

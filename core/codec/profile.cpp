@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -27,6 +28,49 @@ std::vector<int> groupBins(int numLayers, std::initializer_list<std::pair<int, i
     for (auto [start32, b] : groups)
         for (int l = scaledBoundary(start32, numLayers); l < numLayers; ++l) bins[size_t(l)] = b;
     return bins;
+}
+
+const char kBase64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+std::string toBase64(const std::vector<uint8_t>& in)
+{
+    std::string out;
+    out.reserve((in.size() + 2) / 3 * 4);
+    for (size_t i = 0; i < in.size(); i += 3) {
+        const uint32_t v = uint32_t(in[i]) << 16 | (i + 1 < in.size() ? uint32_t(in[i + 1]) << 8 : 0) |
+                           (i + 2 < in.size() ? in[i + 2] : 0);
+        out += kBase64[v >> 18];
+        out += kBase64[(v >> 12) & 63];
+        out += i + 1 < in.size() ? kBase64[(v >> 6) & 63] : '=';
+        out += i + 2 < in.size() ? kBase64[v & 63] : '=';
+    }
+    return out;
+}
+
+bool fromBase64(const std::string& in, std::vector<uint8_t>* out)
+{
+    if (in.size() % 4) return false;
+    out->clear();
+    out->reserve(in.size() / 4 * 3);
+    for (size_t i = 0; i < in.size(); i += 4) {
+        uint32_t v = 0;
+        int pad = 0;
+        for (int k = 0; k < 4; ++k) {
+            const char c = in[i + size_t(k)];
+            const char* pos = c ? std::strchr(kBase64, c) : nullptr;
+            if (c == '=' && i + 4 == in.size() && k >= 2) {
+                ++pad;
+                v <<= 6;
+                continue;
+            }
+            if (!pos || pad) return false;
+            v = v << 6 | uint32_t(pos - kBase64);
+        }
+        out->push_back(uint8_t(v >> 16));
+        if (pad < 2) out->push_back(uint8_t(v >> 8));
+        if (pad < 1) out->push_back(uint8_t(v));
+    }
+    return true;
 }
 
 }  // namespace
@@ -70,6 +114,8 @@ void validateProfile(const CodecProfile& p, const std::string& src)
         throw inputError(src, "levels", "need 1 to 64 levels, got " + std::to_string(p.levels.size()));
     if (p.defaultLevel < 1 || p.defaultLevel > int(p.levels.size()))
         throw inputError(src, "default_level", std::to_string(p.defaultLevel) + " names no level");
+    if (p.hasCalibratedTables() && (p.levelTables.size() != p.levels.size() || p.tableChannels < 1))
+        throw inputError(src, "calibrated_tables", "need one table blob per level and a channel count");
     for (size_t i = 0; i < p.levels.size(); ++i) {
         const CodecLevel& l = p.levels[i];
         const std::string place = "levels[" + std::to_string(i) + "]";
@@ -191,6 +237,21 @@ CodecProfile profileFromJson(const std::string& text, const std::string& src)
         }
         p.levels.push_back(std::move(l));
     }
+    if (j.contains("calibrated_tables")) {
+        const json& t = j.at("calibrated_tables");
+        if (!t.is_object()) throw inputError(src, "calibrated_tables", "must be an object");
+        p.tableChannels = getInt(t, "channels", 0, src);
+        if (p.tableChannels < 1) throw inputError(src, "calibrated_tables.channels", "must be a positive integer");
+        if (!t.contains("levels") || !t.at("levels").is_array() || t.at("levels").size() != p.levels.size())
+            throw inputError(src, "calibrated_tables.levels", "needs one entry per level");
+        for (size_t i = 0; i < p.levels.size(); ++i) {
+            const json& b = t.at("levels")[i];
+            std::vector<uint8_t> blob;
+            if (!b.is_string() || !fromBase64(b.get<std::string>(), &blob))
+                throw inputError(src, "calibrated_tables.levels[" + std::to_string(i) + "]", "not valid base64");
+            p.levelTables.push_back(std::move(blob));
+        }
+    }
     validateProfile(p, src);
     return p;
 }
@@ -225,6 +286,11 @@ std::string profileToJson(const CodecProfile& p)
         levels.push_back(jl);
     }
     j["levels"] = levels;
+    if (p.hasCalibratedTables()) {
+        json blobs = json::array();
+        for (const auto& b : p.levelTables) blobs.push_back(toBase64(b));
+        j["calibrated_tables"] = {{"channels", p.tableChannels}, {"levels", blobs}};
+    }
     return j.dump(2) + "\n";
 }
 

@@ -14,7 +14,8 @@
 //   "levels": [ { "name": "level 1",
 //                 "key_bins": [ {"start": 0, "end": 10, "bins": 16}, ... ]   or [16, 16, ...],
 //                 "value_bins": ...,
-//                 "measured": { ... free-form figures ... } }, ... ]
+//                 "measured": { ... free-form figures ... } }, ... ],
+//   "calibrated_tables": { "channels": 192, "levels": ["<base64>", ...] }       (optional)
 // }
 #pragma once
 
@@ -55,6 +56,13 @@ struct CodecProfile {
     TableMode tables = TableMode::InBand;
     int defaultLevel = 1;    // 1-based
     std::vector<CodecLevel> levels;  // ordered from smallest (level 1) to highest quality
+
+    // Probability tables calibrated offline (`kvscope-cli calibrate`), one blob per level in the
+    // serialised form of FORMAT.md ("Table order"), for caches with `tableChannels` channels per
+    // layer. Empty when the profile carries none. Used when tables == Shared.
+    int tableChannels = 0;
+    std::vector<std::vector<uint8_t>> levelTables;
+    bool hasCalibratedTables() const { return !levelTables.empty(); }
 
     int anchorBinsFor(int layerBins) const { return anchorBins > 0 ? anchorBins : layerBins; }
     bool deltaEnabled() const { return deltaGroup >= 2; }
