@@ -155,41 +155,77 @@ struct UnitTables {
     const CodingTable& at(int role, int channels, int channel) const { return tables[size_t(role) * channels + channel]; }
 };
 
-void countBlock(const quant::BlockSpec& b, const uint8_t* sym, int roles,
-                std::vector<std::vector<uint32_t>>& counts /* [role * C + c] */, size_t base)
+// Symbol counts of a block into flat[(role * C + c) * stride + symbol], added to what is there;
+// stride is at least the larger alphabet of the two roles.
+void countBlock(const quant::BlockSpec& b, const uint8_t* sym, int roles, uint32_t* flat, size_t stride)
 {
     const int D = b.headDim, C = b.channels();
     for (int h = 0; h < b.heads; ++h)
         for (int t = 0; t < b.tokens; ++t) {
             const int role = (roles == 2 && b.isAnchor(t)) ? 1 : 0;
             const uint8_t* row = sym + (size_t(h) * b.tokens + t) * D;
-            for (int d = 0; d < D; ++d) counts[base + size_t(role) * C + size_t(h) * D + d][row[d]]++;
+            uint32_t* base = flat + (size_t(role) * C + size_t(h) * D) * stride;
+            for (int d = 0; d < D; ++d) base[size_t(d) * stride + row[d]]++;
         }
 }
 
 // One stream per head: symbols (t, d) in token-major order, symbol i coded by state i % 4.
+// Bytes are written backwards into a buffer sized for the worst case (2 bytes per symbol).
 void encodeHeadStream(const quant::BlockSpec& b, int h, const uint8_t* sym, const UnitTables& tab,
                       std::vector<uint8_t>& out)
 {
     const int D = b.headDim, C = b.channels();
-    const uint8_t* s = sym + size_t(h) * b.tokens * D;
+    const size_t n = size_t(b.tokens) * D;
+    const uint8_t* s = sym + size_t(h) * n;
+    const rans::FreqDivider& div = rans::freqDivider();
+    std::vector<uint8_t> buf(2 * n + 2 + 4 * rans::kRansWays);
+    uint8_t* const bufEnd = buf.data() + buf.size();
+    uint8_t* ptr = bufEnd;
+    // Emits the 0, 1 or 2 low bytes renormalisation needs without a branch: both bytes are stored
+    // below ptr and ptr moves by the count (a byte stored but not taken is overwritten later).
+    auto put = [&ptr, &div](uint32_t& x, const CodingTable& ct, int sy) {
+        const uint32_t sf = ct.sf[sy], freq = sf >> 16;
+        const uint32_t xMax = ((rans::kRansL >> rans::kProbBits) << 8) * freq;  // < 2^31
+        const uint32_t k = uint32_t(x >= xMax) + uint32_t(uint64_t(x) >= (uint64_t(xMax) << 8));
+        ptr[-1] = uint8_t(x);
+        ptr[-2] = uint8_t(x >> 8);
+        ptr -= k;
+        x >>= 8 * k;
+        const uint32_t q = div.div(x, freq);
+        x = (q << rans::kProbBits) + (x - q * freq) + (sf & 0xffffu);
+    };
     uint32_t x[rans::kRansWays];
     for (uint32_t& v : x) rans::encInit(&v);
-    const rans::FreqDivider& div = rans::freqDivider();
-    rans::RansWriter w;
-    w.reserve(size_t(b.tokens) * D / 2 + 64);
-    size_t i = size_t(b.tokens) * D;
     for (int t = b.tokens - 1; t >= 0; --t) {  // reverse order: see rans.h
         const CodingTable* row = &tab.at(b.isAnchor(t) ? 1 : 0, C, h * D);
-        for (int d = D - 1; d >= 0; --d) {
-            --i;
-            const CodingTable& ct = row[d];
-            const uint8_t sy = s[i];
-            rans::encPut(&x[i % rans::kRansWays], w, ct.start(sy), ct.freq(sy), div);
+        const uint8_t* st = s + size_t(t) * D;
+        if (D % 4 == 0) {
+            uint32_t x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3];
+            for (int d = D - 4; d >= 0; d -= 4) {  // symbol t*D+d+k uses state k
+                put(x3, row[d + 3], st[d + 3]);
+                put(x2, row[d + 2], st[d + 2]);
+                put(x1, row[d + 1], st[d + 1]);
+                put(x0, row[d], st[d]);
+            }
+            x[0] = x0, x[1] = x1, x[2] = x2, x[3] = x3;
+        } else {
+            for (int d = D - 1; d >= 0; --d) put(x[(size_t(t) * D + size_t(d)) % rans::kRansWays], row[d], st[d]);
         }
     }
-    for (int k = rans::kRansWays - 1; k >= 0; --k) rans::encFlush(x[k], w);
-    w.finishInto(out);
+    for (int k = rans::kRansWays - 1; k >= 0; --k)  // state 0 last, so the decoder reads it first
+        for (int byte = 0; byte < 4; ++byte) *--ptr = uint8_t(x[k] >> (8 * (3 - byte)));
+    KVSCOPE_ASSERT(ptr >= buf.data() + 2);
+    out.insert(out.end(), ptr, bufEnd);
+}
+
+// o = (q - m) * scale + base over one row, with one scale per channel (perChannel) or one for all.
+void dequantizeRow(const int* __restrict q, int m, const float* __restrict perChannel, float scale,
+                   const float* __restrict base, float* __restrict o, int D)
+{
+    if (perChannel)
+        for (int d = 0; d < D; ++d) o[d] = float(q[d] - m) * perChannel[d] + base[d];
+    else
+        for (int d = 0; d < D; ++d) o[d] = float(q[d] - m) * scale + base[d];
 }
 
 // Decodes one head's stream and dequantizes it in the same pass into out (tokens, head_dim):
@@ -209,25 +245,25 @@ void decodeHeadStream(const quant::BlockSpec& b, int h, const uint8_t* data, siz
         const bool anchor = b.isAnchor(t);
         const CodingTable* row = &tab.at(anchor ? 1 : 0, C, h * D);
         const int m = anchor ? maxA : maxL;
-        if (perChannel) {
-            const uint16_t* sc = scales + (anchor ? C : 0) + h * D;
-            for (int d = 0; d < D; ++d) scale[size_t(d)] = halfToFloat(sc[d]);
-        } else {
-            std::fill(scale.begin(), scale.end(), halfToFloat(scales[t]));
-        }
+        if (perChannel) halfToFloatN(scales + (anchor ? C : 0) + h * D, scale.data(), size_t(D));
         const float* base = (b.deltaGroup >= 2 && !anchor) ? out + size_t(t - t % b.deltaGroup) * D : zero.data();
         float* o = out + size_t(t) * D;
         // A symbol renormalises with at most 2 bytes (its state stays >= 2^11 after the update), so
         // with 2 D bytes left a whole row decodes without bounds checks.
-        if (D % 4 == 0 && size_t(r.end - r.p) >= 2 * size_t(D)) {
+        if (D % 4 == 0 && size_t(r.end - r.p) >= 2 * size_t(D) + 2) {
             const uint8_t* p = r.p;
+            // Renormalisation without a loop or a branch: the state after an update is >= 2^11, so
+            // it takes k = (x < 2^23) + (x < 2^15) bytes, known before any byte is read. That keeps
+            // the four states independent: the shared read pointer only adds each k. Reads may
+            // look 2 bytes ahead of what they take, hence the "+ 2" above.
             auto advance = [&p](uint32_t& x, const CodingTable& ct, int sy) {
                 const uint32_t sf = ct.sf[sy];
                 x = (sf >> 16) * (x >> rans::kProbBits) + (x & (rans::kProbScale - 1)) - (sf & 0xffffu);
-                if (x < rans::kRansL) {
-                    x = (x << 8) | *p++;
-                    if (x < rans::kRansL) x = (x << 8) | *p++;
-                }
+                const uint32_t k = uint32_t(x < rans::kRansL) + uint32_t(x < (rans::kRansL >> 8));
+                const uint32_t two = uint32_t(p[0]) << 8 | p[1];  // the next two bytes, first one high
+                const uint32_t bits = 8 * k;                       // 0, 8 or 16: shifts, no branches
+                x = (x << bits) | (two >> (16 - bits));
+                p += k;
             };
             // Symbol i = t * D + d uses state d % 4: four independent chains, kept in registers.
             for (int d = 0; d < D; d += 4) {
@@ -255,7 +291,7 @@ void decodeHeadStream(const quant::BlockSpec& b, int h, const uint8_t* data, siz
                 q[size_t(d)] = sy;
             }
         }
-        for (int d = 0; d < D; ++d) o[d] = float(q[size_t(d)] - m) * scale[size_t(d)] + base[d];
+        dequantizeRow(q.data(), m, perChannel ? scale.data() : nullptr, halfToFloat(scales[perChannel ? 0 : t]), base, o, D);
     }
     const uint32_t x[rans::kRansWays] = {x0, x1, x2, x3};
     // A correct stream ends exactly at its last byte with every state back at its initial value.
@@ -315,7 +351,12 @@ void countChunkSymbols(const CodecParams& p, const KvSet& kv, int chunk, int lev
         std::vector<uint8_t> sym(x.size());
         std::vector<uint16_t> scales(size_t(b.numScales()));
         quant::quantizeBlock(b, x.data(), sym.data(), scales.data());
-        countBlock(b, sym.data(), roles, counts.counts, LevelTables::index(p, kind, layer, 0, 0));
+        const size_t stride = size_t(quant::alphabetSize(std::max(b.bins, b.anchorBins)));
+        std::vector<uint32_t> flat(size_t(roles) * C * stride, 0);
+        countBlock(b, sym.data(), roles, flat.data(), stride);
+        const size_t base = LevelTables::index(p, kind, layer, 0, 0);
+        for (size_t i = 0; i < size_t(roles) * C; ++i)  // tables of one block are disjoint across units
+            for (size_t sy = 0; sy < counts.counts[base + i].size(); ++sy) counts.counts[base + i][sy] += flat[i * stride + sy];
     });
 }
 
@@ -654,16 +695,18 @@ std::vector<uint8_t> encodeChunk(const CodecParams& p, const KvSet& kv, int chun
         if (shared) {
             sharedUnitTables(p, *shared, kind, layer, false, tab);
         } else {
-            std::vector<std::vector<uint32_t>> counts(static_cast<size_t>(roles) * C);
+            thread_local std::vector<uint32_t> flat;
+            const size_t stride = size_t(quant::alphabetSize(std::max(b.bins, b.anchorBins)));
+            flat.assign(size_t(roles) * C * stride, 0);
+            countBlock(b, sym.data(), roles, flat.data(), stride);
+            tab.tables.resize(size_t(roles) * C);
             for (int role = 0; role < roles; ++role)
-                for (int c = 0; c < C; ++c)
-                    counts[size_t(role) * C + c].assign(size_t(quant::alphabetSize(role ? b.anchorBins : b.bins)), 0);
-            countBlock(b, sym.data(), roles, counts, 0);
-            tab.tables.resize(counts.size());
-            for (size_t i = 0; i < counts.size(); ++i) {
-                buildCodingTable(counts[i].data(), int(counts[i].size()), &tab.tables[i], false);
-                serializeCodingTable(tab.tables[i], int(counts[i].size()), tableBytes[size_t(u)]);
-            }
+                for (int c = 0; c < C; ++c) {
+                    const size_t i = size_t(role) * C + size_t(c);
+                    const int a = quant::alphabetSize(role ? b.anchorBins : b.bins);
+                    buildCodingTable(flat.data() + i * stride, a, &tab.tables[i], false);
+                    serializeCodingTable(tab.tables[i], a, tableBytes[size_t(u)]);
+                }
         }
         for (int h = 0; h < H; ++h) encodeHeadStream(b, h, sym.data(), tab, streams[size_t(u)][size_t(h)]);
     });

@@ -28,7 +28,7 @@ struct ProbTable {
 // The form the coding loops use: fixed arrays (no allocation, reusable scratch) plus, for the
 // decoder, a bucket index from slot to symbol so a lookup takes one load and rarely a step.
 struct CodingTable {
-    static constexpr int kBucketShift = 6;
+    static constexpr int kBucketShift = 4;
     // bucket[b]: the symbol owning slot b << kBucketShift; the decoder walks forward from it.
     uint8_t bucket[rans::kProbScale >> kBucketShift];
     // start | freq << 16 per symbol, and start = kProbScale after the last one: one load per step.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace kvscope::quant {
@@ -37,19 +38,30 @@ inline float inverse(uint16_t scaleBits)
     return s > 0.0f ? 1.0f / s : 0.0f;
 }
 
-// Throws unless every value of v is finite (NaN or infinity in a KV cache is a capture bug).
-void checkFinite(const float* v, size_t n)
+// Largest |v| of a row via the float bits: for non-negative floats the bit patterns order like
+// the values, so an integer max (which vectorises) gives absmax and catches NaN and infinity too.
+float absMaxFinite(const float* v, size_t n)
 {
-    float probe = 0.0f;  // inf * 0 and NaN * 0 are NaN, so probe stays 0 only for finite input
-    for (size_t i = 0; i < n; ++i) probe += v[i] * 0.0f;
-    if (probe != 0.0f) throw Error("KV value is not finite (NaN or infinity)");
+    uint32_t m = 0;
+    for (size_t i = 0; i < n; ++i) {
+        uint32_t u;
+        std::memcpy(&u, v + i, 4);
+        m = std::max(m, u & 0x7fffffffu);
+    }
+    if (m >= 0x7f800000u) throw Error("KV value is not finite (NaN or infinity)");
+    float f;
+    std::memcpy(&f, &m, 4);
+    return f;
 }
 
-float absMax(const float* v, size_t n)
+// Round to nearest even without a libm call, exact for |v| < 2^22 (quantized values are <= 127):
+// adding 1.5 * 2^23 pushes the fraction out of the float.
+inline float roundEven(float v) { return (v + 12582912.0f) - 12582912.0f; }
+
+void quantizeRow(const float* __restrict v, size_t n, float inv, int maxLevel, uint8_t* __restrict q)
 {
-    float m = 0.0f;
-    for (size_t i = 0; i < n; ++i) m = std::max(m, std::fabs(v[i]));
-    return m;
+    const float lo = float(-maxLevel), hi = float(maxLevel), off = float(maxLevel);
+    for (size_t i = 0; i < n; ++i) q[i] = uint8_t(int(std::min(hi, std::max(lo, roundEven(v[i] * inv))) + off));
 }
 
 }  // namespace
@@ -66,14 +78,12 @@ void quantizeBlock(const BlockSpec& b, const float* x, uint8_t* sym, uint16_t* s
         std::vector<uint8_t> q(static_cast<size_t>(C));
         for (int t = 0; t < T; ++t) {
             for (int h = 0; h < b.heads; ++h) std::copy_n(x + (size_t(h) * T + t) * D, D, row.data() + size_t(h) * D);
-            checkFinite(row.data(), row.size());
             const bool isAnchor = b.isAnchor(t);
             if (delta && !isAnchor)
                 for (int c = 0; c < C; ++c) row[size_t(c)] -= anchor[size_t(c)];
             const int maxL = maxLevel(b.binsFor(t));
-            scales[t] = scaleFor(absMax(row.data(), row.size()), maxL);
-            const float inv = inverse(scales[t]);
-            for (int c = 0; c < C; ++c) q[size_t(c)] = quantizeOne(row[size_t(c)], inv, maxL);
+            scales[t] = scaleFor(absMaxFinite(row.data(), row.size()), maxL);
+            quantizeRow(row.data(), row.size(), inverse(scales[t]), maxL, q.data());
             for (int h = 0; h < b.heads; ++h) std::copy_n(q.data() + size_t(h) * D, D, sym + (size_t(h) * T + t) * D);
             if (delta && isAnchor) {
                 const float s = halfToFloat(scales[t]);
@@ -84,7 +94,7 @@ void quantizeBlock(const BlockSpec& b, const float* x, uint8_t* sym, uint16_t* s
     }
 
     // Per-channel: scales over the block's tokens, anchors and deltas apart.
-    checkFinite(x, size_t(b.heads) * T * D);
+    absMaxFinite(x, size_t(b.heads) * T * D);  // throws on NaN or infinity
     const int maxL = maxLevel(b.bins), maxA = maxLevel(b.anchorBins);
     std::vector<float> absAnchor(size_t(C), 0.0f), absDelta(size_t(C), 0.0f);
     for (int h = 0; h < b.heads; ++h)

@@ -128,11 +128,15 @@ inline uint32_t decInit(RansReader& r)
 // The slot (cumulative frequency position) the next symbol occupies.
 inline uint32_t decSlot(uint32_t x) { return x & (kProbScale - 1); }
 
-// Advances the state past a symbol (start, freq) and renormalises.
+// Advances the state past a symbol (start, freq) and renormalises. A valid state is >= 2^11 after
+// the update, so it takes k = (x < 2^23) + (x < 2^15) bytes; reading exactly k (never "until
+// x >= L") keeps a corrupt stream (say, all zeros) from looping forever, and matches the
+// unrolled fast path in chunk_codec.cpp byte for byte on any input.
 inline void decAdvance(uint32_t* x, RansReader& r, uint32_t start, uint32_t freq)
 {
     uint32_t s = freq * (*x >> kProbBits) + (*x & (kProbScale - 1)) - start;
-    while (s < kRansL) s = (s << 8) | r.byte();
+    const int k = int(s < kRansL) + int(s < (kRansL >> 8));
+    for (int i = 0; i < k; ++i) s = (s << 8) | r.byte();
     *x = s;
 }
 
