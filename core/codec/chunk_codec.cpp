@@ -93,6 +93,25 @@ void writeBlock(KvSet& kv, KvKind kind, int layer, int t0, int n, const float* x
         kv.writeRows(kind, layer, h, t0, n, x + size_t(h) * n * s.headDim);
 }
 
+// Reads and quantizes one (kind, layer) block of a chunk: what both encoding and calibration start from.
+struct QuantizedBlock {
+    quant::BlockSpec spec;
+    std::vector<uint8_t> sym;      // (heads, n, head_dim)
+    std::vector<uint16_t> scales;  // (spec.numScales())
+};
+
+QuantizedBlock quantizeUnit(const CodecParams& p, const KvSet& kv, KvKind kind, int layer, int level, int t0, int n)
+{
+    QuantizedBlock q;
+    q.spec = blockSpec(p, kind, layer, level, n);
+    std::vector<float> x;
+    readBlock(kv, kind, layer, t0, n, x);
+    q.sym.resize(x.size());
+    q.scales.resize(size_t(q.spec.numScales()));
+    quant::quantizeBlock(q.spec, x.data(), q.sym.data(), q.scales.data());
+    return q;
+}
+
 // Runs body(unit) for unit in [0, count) on all cores; the first exception is rethrown after.
 template <typename Body>
 void parallelUnits(int count, Body body)
@@ -345,12 +364,9 @@ void countChunkSymbols(const CodecParams& p, const KvSet& kv, int chunk, int lev
     parallelUnits(2 * L, [&](int u) {
         const KvKind kind = kKinds[u / L];
         const int layer = u % L;
-        const quant::BlockSpec b = blockSpec(p, kind, layer, level, n);
-        std::vector<float> x;
-        readBlock(kv, kind, layer, t0, n, x);
-        std::vector<uint8_t> sym(x.size());
-        std::vector<uint16_t> scales(size_t(b.numScales()));
-        quant::quantizeBlock(b, x.data(), sym.data(), scales.data());
+        const QuantizedBlock q = quantizeUnit(p, kv, kind, layer, level, t0, n);
+        const quant::BlockSpec& b = q.spec;
+        const std::vector<uint8_t>& sym = q.sym;
         const size_t stride = size_t(quant::alphabetSize(std::max(b.bins, b.anchorBins)));
         std::vector<uint32_t> flat(size_t(roles) * C * stride, 0);
         countBlock(b, sym.data(), roles, flat.data(), stride);
@@ -683,13 +699,10 @@ std::vector<uint8_t> encodeChunk(const CodecParams& p, const KvSet& kv, int chun
     parallelUnits(2 * L, [&](int u) {
         const KvKind kind = kKinds[u / L];
         const int layer = u % L;
-        const quant::BlockSpec b = blockSpec(p, kind, layer, level, n);
-        std::vector<float> x;
-        readBlock(kv, kind, layer, t0, n, x);
-        std::vector<uint8_t> sym(x.size());
-        std::vector<uint16_t> scales(size_t(b.numScales()));
-        quant::quantizeBlock(b, x.data(), sym.data(), scales.data());
-        putU16s(scaleBytes[size_t(u)], scales.data(), scales.size());
+        const QuantizedBlock q = quantizeUnit(p, kv, kind, layer, level, t0, n);
+        const quant::BlockSpec& b = q.spec;
+        const std::vector<uint8_t>& sym = q.sym;
+        putU16s(scaleBytes[size_t(u)], q.scales.data(), q.scales.size());
 
         thread_local UnitTables tab;
         if (shared) {
