@@ -112,11 +112,13 @@ QuantizedBlock quantizeUnit(const CodecParams& p, const KvSet& kv, KvKind kind, 
     return q;
 }
 
-// Runs body(unit) for unit in [0, count) on all cores; the first exception is rethrown after.
+// Runs body(unit) for unit in [0, count) on all cores. When units fail, the error of the
+// lowest-numbered one is rethrown, so a corrupt file gives the same message on every run.
 template <typename Body>
 void parallelUnits(int count, Body body)
 {
     std::exception_ptr error;
+    int errorUnit = count;
     std::mutex m;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int u = 0; u < count; ++u) {
@@ -124,7 +126,10 @@ void parallelUnits(int count, Body body)
             body(u);
         } catch (...) {
             std::lock_guard<std::mutex> lock(m);
-            if (!error) error = std::current_exception();
+            if (u < errorUnit) {
+                errorUnit = u;
+                error = std::current_exception();
+            }
         }
     }
     if (error) std::rethrow_exception(error);
