@@ -142,19 +142,6 @@ std::vector<double> tokenAbsMax(const KvSet& kv, KvKind k, int l)
     return m;
 }
 
-// The same BlockSpec chunk_codec.cpp builds for a CacheGen block (documented in FORMAT.md).
-quant::BlockSpec cachegenSpec(const CodecParams& p, KvKind kind, int layer, int level, int tokens)
-{
-    quant::BlockSpec b;
-    b.heads = p.shape.numKvHeads;
-    b.headDim = p.shape.headDim;
-    b.tokens = tokens;
-    b.quantizer = kind == KvKind::Key ? p.profile.keyQuantizer : p.profile.valueQuantizer;
-    b.bins = p.binsFor(kind, layer, level);
-    b.anchorBins = p.profile.anchorBinsFor(b.bins);
-    b.deltaGroup = p.profile.deltaEnabled() ? p.profile.deltaGroup : 0;
-    return b;
-}
 
 // What a CacheGen decoder must produce: the scalar quantizer's reconstruction of every block,
 // rounded to the output dtype.
@@ -166,7 +153,7 @@ KvSet cachegenReference(const CodecParams& p, const KvSet& kv, int level)
         const int t0 = p.chunkStart(c), n = p.chunkLength(c);
         for (int l = 0; l < s.numLayers; ++l)
             for (KvKind k : kKinds) {
-                const quant::BlockSpec b = cachegenSpec(p, k, l, level, n);
+                const quant::BlockSpec b = cachegenBlockSpec(p, k, l, level, n);
                 std::vector<float> x(size_t(s.numKvHeads) * n * s.headDim);
                 for (int h = 0; h < s.numKvHeads; ++h) kv.readRows(k, l, h, t0, n, x.data() + size_t(h) * n * s.headDim);
                 std::vector<uint8_t> sym(x.size());

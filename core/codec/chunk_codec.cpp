@@ -46,6 +46,19 @@ int CodecParams::chunkLength(int chunk) const
     return std::min(profile.chunkTokens, shape.numTokens - chunkStart(chunk));
 }
 
+quant::BlockSpec cachegenBlockSpec(const CodecParams& p, KvKind kind, int layer, int level, int tokens)
+{
+    quant::BlockSpec b;
+    b.heads = p.shape.numKvHeads;
+    b.headDim = p.shape.headDim;
+    b.tokens = tokens;
+    b.quantizer = kind == KvKind::Key ? p.profile.keyQuantizer : p.profile.valueQuantizer;
+    b.bins = p.binsFor(kind, layer, level);
+    b.anchorBins = p.profile.anchorBinsFor(b.bins);
+    b.deltaGroup = p.profile.deltaEnabled() ? p.profile.deltaGroup : 0;
+    return b;
+}
+
 int CodecParams::binsFor(KvKind kind, int layer, int level) const
 {
     const CodecLevel& l = profile.levels[size_t(level - 1)];
@@ -63,19 +76,6 @@ namespace {
 constexpr KvKind kKinds[2] = {KvKind::Key, KvKind::Value};
 
 int numRoles(const CodecParams& p) { return p.profile.deltaEnabled() ? 2 : 1; }
-
-quant::BlockSpec blockSpec(const CodecParams& p, KvKind kind, int layer, int level, int tokens)
-{
-    quant::BlockSpec b;
-    b.heads = p.shape.numKvHeads;
-    b.headDim = p.shape.headDim;
-    b.tokens = tokens;
-    b.quantizer = kind == KvKind::Key ? p.profile.keyQuantizer : p.profile.valueQuantizer;
-    b.bins = p.binsFor(kind, layer, level);
-    b.anchorBins = p.profile.anchorBinsFor(b.bins);
-    b.deltaGroup = p.profile.deltaEnabled() ? p.profile.deltaGroup : 0;
-    return b;
-}
 
 // Reads one (kind, layer) block of a chunk as floats: (heads, n, head_dim).
 void readBlock(const KvSet& kv, KvKind kind, int layer, int t0, int n, std::vector<float>& x)
@@ -103,7 +103,7 @@ struct QuantizedBlock {
 QuantizedBlock quantizeUnit(const CodecParams& p, const KvSet& kv, KvKind kind, int layer, int level, int t0, int n)
 {
     QuantizedBlock q;
-    q.spec = blockSpec(p, kind, layer, level, n);
+    q.spec = cachegenBlockSpec(p, kind, layer, level, n);
     std::vector<float> x;
     readBlock(kv, kind, layer, t0, n, x);
     q.sym.resize(x.size());
@@ -796,7 +796,7 @@ void decodeChunk(const CodecParams& p, const uint8_t* data, size_t size, int chu
     for (size_t u = 0; u < units; ++u) tablePtr[u] = cur.take(tableSize[u], "probability tables");
     std::vector<quant::BlockSpec> specs(units);
     for (size_t u = 0; u < units; ++u) {
-        specs[u] = blockSpec(p, kKinds[u / L], int(u % L), level, n);
+        specs[u] = cachegenBlockSpec(p, kKinds[u / L], int(u % L), level, n);
         scalePtr[u] = cur.take(2 * size_t(specs[u].numScales()), "scales");
     }
     for (size_t i = 0; i < units * H; ++i) streamPtr[i] = cur.take(streamSize[i], "entropy-coded stream");

@@ -7,6 +7,7 @@
 
 #include "codec/prob_table.h"
 #include "codec/profile.h"
+#include "codec/quantize.h"
 #include "kv/kv_set.h"
 
 #include <cstddef>
@@ -40,6 +41,9 @@ struct CodecParams {
     int chunkLength(int chunk) const;
     int binsFor(KvKind kind, int layer, int level) const;  // level is 1-based
 };
+
+// The quantizer settings of one CacheGen block (one kind and layer of a chunk of `tokens` tokens).
+quant::BlockSpec cachegenBlockSpec(const CodecParams& p, KvKind kind, int layer, int level, int tokens);
 
 // Shared (calibrated) probability tables of one level: [kind][layer][role][channel],
 // role 0 = delta/plain symbols, role 1 = anchor symbols (present only with delta coding).
