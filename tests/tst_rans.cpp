@@ -226,6 +226,7 @@ private slots:
     void parseRejects_data();
     void parseRejects();
     void parseRejectsEveryTruncation();
+    void freqDividerIsExact();
 };
 
 void TestRans::roundTrip_data()
@@ -564,6 +565,24 @@ void TestRans::parseRejectsEveryTruncation()
             std::string whyCoding;
             QVERIFY(!parseCodingTable(&p, cut.data() + cut.size(), alphabet, c.get(), &whyCoding));
             QVERIFY2(whyCoding.find("truncated") != std::string::npos, whyCoding.c_str());
+        }
+    }
+}
+
+// The encoder divides states by frequencies with a multiply and a shift: exact for every state it
+// can hold (below 2^31) and every frequency, including the extremes of each.
+void TestRans::freqDividerIsExact()
+{
+    const rans::FreqDivider& div = rans::freqDivider();
+    std::mt19937 rng(7);
+    for (uint32_t f = 1; f <= rans::kProbScale; ++f) {
+        const uint32_t edge[] = {0u, 1u, f - 1, f, f + 1, 0x7fffffffu, 0x7fffffffu - f, (0x7fffffffu / f) * f,
+                                 (0x7fffffffu / f) * f - 1};
+        for (uint32_t x : edge)
+            if (div.div(x, f) != x / f) QFAIL(qPrintable(QString("%1 / %2").arg(x).arg(f)));
+        for (int k = 0; k < 2000; ++k) {
+            const uint32_t x = rng() & 0x7fffffffu;
+            if (div.div(x, f) != x / f) QFAIL(qPrintable(QString("%1 / %2").arg(x).arg(f)));
         }
     }
 }

@@ -381,20 +381,18 @@ void countChunkSymbols(const CodecParams& p, const KvSet& kv, int chunk, int lev
     });
 }
 
-LevelTables tablesFromCounts(const CodecParams& p, int level, const LevelCounts& counts)
+// The counts already follow the table order (and carry each table's alphabet), so the params and
+// level of these two only name what the tables belong to.
+LevelTables tablesFromCounts(const CodecParams& /*p*/, int /*level*/, const LevelCounts& counts)
 {
-    (void)level;
     LevelTables t;
     t.tables.reserve(counts.counts.size());
     for (const auto& c : counts.counts) t.tables.push_back(buildProbTable(c.data(), int(c.size())));
-    (void)p;
     return t;
 }
 
-void serializeLevelTables(const CodecParams& p, int level, const LevelTables& t, std::vector<uint8_t>& out)
+void serializeLevelTables(const CodecParams& /*p*/, int /*level*/, const LevelTables& t, std::vector<uint8_t>& out)
 {
-    (void)p;
-    (void)level;
     for (const ProbTable& pt : t.tables) serializeProbTable(pt, out);
 }
 

@@ -40,7 +40,7 @@ private:
 
 inline void encInit(uint32_t* x) { *x = kRansL; }
 
-// Division by a frequency without a divide instruction: q = (x * magic) >> shift is exact for
+// Division by a frequency without a divide instruction (the encoder's hot path): q = (x * magic) >> shift is exact for
 // every x < 2^31 (the encoder's states stay below (L >> kProbBits) << 8 * freq <= 2^31) and every
 // freq in [1, kProbScale] (Granlund-Montgomery with a 33-bit magic).
 struct FreqDivider {
@@ -67,21 +67,9 @@ inline const FreqDivider& freqDivider()
     return table;
 }
 
-// Encodes one symbol with frequency `freq` and cumulative start `start`.
-inline void encPut(uint32_t* x, RansWriter& w, uint32_t start, uint32_t freq, const FreqDivider& div)
-{
-    // Renormalise so that after the update x stays below 256 L.
-    const uint32_t xMax = ((kRansL >> kProbBits) << 8) * freq;
-    uint32_t s = *x;
-    while (s >= xMax) {
-        w.putByte(uint8_t(s & 0xff));
-        s >>= 8;
-    }
-    const uint32_t q = div.div(s, freq);
-    *x = (q << kProbBits) + (s - q * freq) + start;
-}
-
-// Reference form with a hardware divide; same output as the fast form above.
+// Encodes one symbol with frequency `freq` and cumulative start `start`: the plain reference
+// (hardware divide, a renormalisation loop); chunk_codec.cpp's encoder is the unrolled, branch-free
+// form of the same arithmetic and must produce the same bytes.
 inline void encPut(uint32_t* x, RansWriter& w, uint32_t start, uint32_t freq)
 {
     const uint32_t xMax = ((kRansL >> kProbBits) << 8) * freq;
