@@ -193,6 +193,15 @@ void countBlock(const quant::BlockSpec& b, const uint8_t* sym, int roles, uint32
         }
 }
 
+// Counts a quantized block's symbols per (role, channel) into flat; returns the stride between tables.
+size_t countUnit(const QuantizedBlock& q, int roles, std::vector<uint32_t>& flat)
+{
+    const size_t stride = size_t(quant::alphabetSize(std::max(q.spec.bins, q.spec.anchorBins)));
+    flat.assign(size_t(roles) * q.spec.channels() * stride, 0);
+    countBlock(q.spec, q.sym.data(), roles, flat.data(), stride);
+    return stride;
+}
+
 // One stream per head: symbols (t, d) in token-major order, symbol i coded by state i % 4.
 // Bytes are written backwards into a buffer sized for the worst case (2 bytes per symbol).
 void encodeHeadStream(const quant::BlockSpec& b, int h, const uint8_t* sym, const UnitTables& tab,
@@ -370,11 +379,8 @@ void countChunkSymbols(const CodecParams& p, const KvSet& kv, int chunk, int lev
         const KvKind kind = kKinds[u / L];
         const int layer = u % L;
         const QuantizedBlock q = quantizeUnit(p, kv, kind, layer, level, t0, n);
-        const quant::BlockSpec& b = q.spec;
-        const std::vector<uint8_t>& sym = q.sym;
-        const size_t stride = size_t(quant::alphabetSize(std::max(b.bins, b.anchorBins)));
-        std::vector<uint32_t> flat(size_t(roles) * C * stride, 0);
-        countBlock(b, sym.data(), roles, flat.data(), stride);
+        std::vector<uint32_t> flat;
+        const size_t stride = countUnit(q, roles, flat);
         const size_t base = LevelTables::index(p, kind, layer, 0, 0);
         for (size_t i = 0; i < size_t(roles) * C; ++i)  // tables of one block are disjoint across units
             for (size_t sy = 0; sy < counts.counts[base + i].size(); ++sy) counts.counts[base + i][sy] += flat[i * stride + sy];
@@ -712,9 +718,7 @@ std::vector<uint8_t> encodeChunk(const CodecParams& p, const KvSet& kv, int chun
             sharedUnitTables(p, *shared, kind, layer, false, tab);
         } else {
             thread_local std::vector<uint32_t> flat;
-            const size_t stride = size_t(quant::alphabetSize(std::max(b.bins, b.anchorBins)));
-            flat.assign(size_t(roles) * C * stride, 0);
-            countBlock(b, sym.data(), roles, flat.data(), stride);
+            const size_t stride = countUnit(q, roles, flat);
             tab.tables.resize(size_t(roles) * C);
             for (int role = 0; role < roles; ++role)
                 for (int c = 0; c < C; ++c) {
