@@ -2,8 +2,31 @@
 // Use KVSCOPE_TEST_MAIN(TestClass) instead of QTEST_MAIN / QTEST_APPLESS_MAIN.
 #pragma once
 
+#include "common/error.h"
+
 #include <QtTest/QtTest>
 #include <cstdlib>
+#include <string>
+
+namespace kvscope_test {
+
+// f() must throw kvscope::Error whose message starts with "path: " and contains `needle`
+// (the one-line "file: place: reason" form every reader promises).
+template <class F>
+void expectError(const std::string& path, F&& f, const std::string& needle)
+{
+    try {
+        f();
+    } catch (const kvscope::Error& e) {
+        const std::string msg = e.what();
+        QVERIFY2(msg.rfind(path + ": ", 0) == 0, msg.c_str());
+        QVERIFY2(msg.find(needle) != std::string::npos, (msg + "  [wanted: " + needle + "]").c_str());
+        return;
+    }
+    QFAIL(("no kvscope::Error for " + path).c_str());
+}
+
+}  // namespace kvscope_test
 
 #define KVSCOPE_TEST_MAIN(TestObject)                                  \
     int main(int argc, char** argv)                                    \

@@ -57,14 +57,7 @@ private:
 
     void expectError(const std::string& path, const char* needle)
     {
-        try {
-            BpeTokenizer::fromJsonFile(path);
-            QFAIL(qPrintable(QString("no error for %1").arg(QString::fromStdString(path))));
-        } catch (const Error& e) {
-            const std::string msg = e.what();
-            QVERIFY2(msg.find(path) != std::string::npos, e.what());
-            QVERIFY2(msg.find(needle) != std::string::npos, e.what());
-        }
+        kvscope_test::expectError(path, [&] { BpeTokenizer::fromJsonFile(path); }, needle);
     }
 
 private slots:

@@ -158,19 +158,10 @@ class TestGguf : public QObject {
         return path;
     }
 
-    // The call must throw kvscope::Error whose message starts with "path: " and contains `needle`.
     template <class F>
     void expectError(const std::string& path, F&& f, const std::string& needle)
     {
-        try {
-            f();
-        } catch (const Error& e) {
-            const std::string msg = e.what();
-            QVERIFY2(msg.rfind(path + ": ", 0) == 0, msg.c_str());
-            QVERIFY2(msg.find(needle) != std::string::npos, (msg + "  [wanted: " + needle + "]").c_str());
-            return;
-        }
-        QFAIL(("no kvscope::Error for " + path).c_str());
+        kvscope_test::expectError(path, std::forward<F>(f), needle);
     }
 
     static std::string findRealModel()

@@ -1,6 +1,7 @@
 #include "codec/profile.h"
 
 #include "common/error.h"
+#include "common/file_io.h"
 
 #include <nlohmann/json.hpp>
 
@@ -8,7 +9,6 @@
 #include <cstring>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 
 namespace kvscope {
 
@@ -296,15 +296,7 @@ std::string profileToJson(const CodecProfile& p)
 
 CodecProfile loadProfile(const std::string& path)
 {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw inputError(path, "", "cannot open the profile");
-    in.seekg(0, std::ios::end);
-    const std::streamoff size = in.tellg();
-    if (size > (64 << 20)) throw inputError(path, "", "profile larger than 64 MiB");
-    in.seekg(0);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return profileFromJson(ss.str(), path);
+    return profileFromJson(readSmallFile(path, uint64_t(64) << 20), path);
 }
 
 void saveProfile(const CodecProfile& p, const std::string& path)

@@ -7,6 +7,7 @@
 #include "model/gguf.h"
 
 #include "common/error.h"
+#include "common/file_io.h"
 #include "common/half.h"
 
 #include <algorithm>
@@ -15,10 +16,6 @@
 #include <limits>
 #include <unordered_map>
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "gguf.cpp reads little-endian data with memcpy and assumes a little-endian host"
@@ -250,9 +247,9 @@ uint64_t GgufTensorInfo::elements() const
 
 struct GgufFile::Impl {
     std::string path;
-    int fd = -1;
-    const uint8_t* map = nullptr;
-    uint64_t size = 0;
+    MappedFile file;
+    const uint8_t* map = nullptr;  // file.data()
+    uint64_t size = 0;             // file.size()
     uint32_t version = 0;
     uint64_t alignment = kDefaultAlignment;
     uint64_t dataOffset = 0;
@@ -261,11 +258,6 @@ struct GgufFile::Impl {
     std::vector<GgufTensorInfo> tensors;
     std::unordered_map<std::string, size_t> byName;
 
-    ~Impl()
-    {
-        if (map) munmap(const_cast<uint8_t*>(map), size_t(size));
-        if (fd >= 0) ::close(fd);
-    }
 
     const Value& get(const std::string& key) const
     {
@@ -412,16 +404,9 @@ GgufFile GgufFile::open(const std::string& path)
 {
     auto impl = std::make_unique<Impl>();
     impl->path = path;
-    impl->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (impl->fd < 0) throw inputError(path, "open", std::strerror(errno));
-    struct stat st;
-    if (fstat(impl->fd, &st) != 0) throw inputError(path, "stat", std::strerror(errno));
-    if (!S_ISREG(st.st_mode)) throw inputError(path, "open", "not a regular file");
-    impl->size = uint64_t(st.st_size);
-    if (impl->size == 0) throw inputError(path, "header", "truncated: the file is empty");
-    void* m = mmap(nullptr, size_t(impl->size), PROT_READ, MAP_PRIVATE, impl->fd, 0);
-    if (m == MAP_FAILED) throw inputError(path, "mmap", std::strerror(errno));
-    impl->map = static_cast<const uint8_t*>(m);
+    impl->file = MappedFile::open(path);
+    impl->map = impl->file.data();
+    impl->size = impl->file.size();
     impl->parse();
     return GgufFile(std::move(impl));
 }

@@ -2,6 +2,7 @@
 #include "model/hf_config.h"
 
 #include "common/error.h"
+#include "common/file_io.h"
 
 #include <cerrno>
 #include <cmath>
@@ -245,21 +246,7 @@ ModelConfig parseHfConfig(const std::string& text, const std::string& path)
 
 ModelConfig loadHfConfig(const std::string& path)
 {
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) throw inputError(path, "open", std::strerror(errno));
-    std::string text;
-    char buf[65536];
-    size_t got;
-    while ((got = std::fread(buf, 1, sizeof buf, f)) > 0) {
-        text.append(buf, got);
-        if (text.size() > kMaxConfigBytes) {
-            std::fclose(f);
-            throw inputError(path, "read", "file larger than " + std::to_string(kMaxConfigBytes) + " bytes");
-        }
-    }
-    const bool err = std::ferror(f) != 0;
-    std::fclose(f);
-    if (err) throw inputError(path, "read", "read error");
+    const std::string text = readSmallFile(path, kMaxConfigBytes);
     return parseHfConfig(text, path);
 }
 

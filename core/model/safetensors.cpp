@@ -3,6 +3,7 @@
 #include "model/safetensors.h"
 
 #include "common/error.h"
+#include "common/file_io.h"
 #include "common/half.h"
 
 #include <algorithm>
@@ -14,10 +15,7 @@
 #include <unordered_map>
 
 #include <dirent.h>
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -69,26 +67,6 @@ json parseJson(const std::string& path, const std::string& place, const char* te
     }
 }
 
-// Reads a whole small file (an index or config); refuses more than `limit` bytes.
-std::string readSmallFile(const std::string& path, uint64_t limit)
-{
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) throw inputError(path, "open", std::strerror(errno));
-    std::string out;
-    char buf[65536];
-    size_t got;
-    while ((got = std::fread(buf, 1, sizeof buf, f)) > 0) {
-        out.append(buf, got);
-        if (out.size() > limit) {
-            std::fclose(f);
-            throw inputError(path, "read", "file larger than " + std::to_string(limit) + " bytes");
-        }
-    }
-    const bool err = std::ferror(f) != 0;
-    std::fclose(f);
-    if (err) throw inputError(path, "read", "read error");
-    return out;
-}
 
 bool isRegularFile(const std::string& path)
 {
@@ -135,19 +113,14 @@ uint64_t SafetensorsTensor::elements() const
 
 struct SafetensorsFile::Impl {
     std::string path;
-    int fd = -1;
-    const uint8_t* map = nullptr;
-    uint64_t size = 0;
+    MappedFile file;
+    const uint8_t* map = nullptr;  // file.data()
+    uint64_t size = 0;             // file.size()
     uint64_t dataOffset = 0;
     std::vector<SafetensorsTensor> tensors;
     std::unordered_map<std::string, size_t> byName;
     std::map<std::string, std::string> metadata;
 
-    ~Impl()
-    {
-        if (map) munmap(const_cast<uint8_t*>(map), size_t(size));
-        if (fd >= 0) ::close(fd);
-    }
 
     void parse();
     // The tensor of this file that `t` describes; throws when `t` does not match one.
@@ -270,16 +243,9 @@ SafetensorsFile SafetensorsFile::open(const std::string& path)
 {
     auto impl = std::make_unique<Impl>();
     impl->path = path;
-    impl->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (impl->fd < 0) throw inputError(path, "open", std::strerror(errno));
-    struct stat st;
-    if (fstat(impl->fd, &st) != 0) throw inputError(path, "stat", std::strerror(errno));
-    if (!S_ISREG(st.st_mode)) throw inputError(path, "open", "not a regular file");
-    impl->size = uint64_t(st.st_size);
-    if (impl->size == 0) throw inputError(path, "header", "truncated: the file is empty");
-    void* m = mmap(nullptr, size_t(impl->size), PROT_READ, MAP_PRIVATE, impl->fd, 0);
-    if (m == MAP_FAILED) throw inputError(path, "mmap", std::strerror(errno));
-    impl->map = static_cast<const uint8_t*>(m);
+    impl->file = MappedFile::open(path);
+    impl->map = impl->file.data();
+    impl->size = impl->file.size();
     impl->parse();
     return SafetensorsFile(std::move(impl));
 }

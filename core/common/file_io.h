@@ -1,0 +1,37 @@
+// Small file helpers shared by the readers: a read-only memory map of a whole file, and reading a
+// small text file (config, index, profile) with a size limit. Errors are kvscope::Error
+// "path: place: reason".
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace kvscope {
+
+// The whole of a regular, non-empty file mapped read-only; unmapped when destroyed. Move-only.
+class MappedFile {
+public:
+    // Throws "path: open: ..." (missing, not a regular file), "path: header: truncated: the file is
+    // empty" or "path: mmap: ...".
+    static MappedFile open(const std::string& path);
+    MappedFile() = default;
+    MappedFile(MappedFile&& o) noexcept;
+    MappedFile& operator=(MappedFile&& o) noexcept;
+    MappedFile(const MappedFile&) = delete;
+    MappedFile& operator=(const MappedFile&) = delete;
+    ~MappedFile();
+
+    const uint8_t* data() const { return m_data; }
+    uint64_t size() const { return m_size; }
+
+private:
+    void release();
+    int m_fd = -1;
+    const uint8_t* m_data = nullptr;
+    uint64_t m_size = 0;
+};
+
+// The file's bytes; throws "path: open: ..." or "path: read: file larger than `limit` bytes".
+std::string readSmallFile(const std::string& path, uint64_t limit);
+
+}  // namespace kvscope
