@@ -226,6 +226,14 @@ ModelConfig parseHfConfig(const std::string& text, const std::string& path)
     c.rmsNormEps = r.positive("rms_norm_eps", 1e-6, 1.0);
     c.ropeTheta = r.positive("rope_theta", 10000.0);
     c.tieWordEmbeddings = r.boolean("tie_word_embeddings", false);
+    // Mistral: "sliding_window" (int or null). Qwen2 carries one too but applies it only when
+    // "use_sliding_window" is true, and then only from max_window_layers on: refused, not mis-run.
+    if (c.modelType == "qwen2") {
+        if (r.boolean("use_sliding_window", false))
+            r.fail("use_sliding_window", "true is not supported (per-layer sliding windows of Qwen2)");
+    } else if (r.has("sliding_window") && !r.at("sliding_window").is_null()) {
+        c.slidingWindow = r.integer("sliding_window", 1, kIntMax);
+    }
     c.bosTokenId = r.tokenId("bos_token_id");
     c.eosTokenId = r.tokenId("eos_token_id");
 

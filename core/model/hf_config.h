@@ -32,6 +32,7 @@ struct ModelConfig {
     double ropeTheta = 10000.0;
     bool tieWordEmbeddings = false;
     int maxPositionEmbeddings = 2048;
+    int slidingWindow = 0;     // 0 = full attention; Mistral's "sliding_window" when set
     RopeScaling rope;
     int bosTokenId = -1;       // -1 when absent / null; the first entry of a list
     int eosTokenId = -1;

@@ -1,0 +1,348 @@
+// libtorch implementation of llama_runtime.h. The only translation unit that includes torch
+// (each one costs ~20 s to compile); keep it that way.
+#include "model/llama_runtime.h"
+
+#include "common/error.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+namespace kvscope {
+
+namespace {
+
+namespace F = torch::nn::functional;
+
+torch::ScalarType scalarType(DType t)
+{
+    switch (t) {
+    case DType::F16: return torch::kFloat16;
+    case DType::BF16: return torch::kBFloat16;
+    case DType::F32: return torch::kFloat32;
+    }
+    return torch::kFloat32;
+}
+
+// Moves a host tensor into torch without copying: the vector's buffer is handed over and freed
+// by torch's deleter.
+torch::Tensor adopt(HostTensor&& h)
+{
+    auto* owned = new std::vector<float>(std::move(h.data));
+    return torch::from_blob(owned->data(), h.shape, [owned](void*) { delete owned; },
+                            torch::TensorOptions().dtype(torch::kFloat32));
+}
+
+struct Layer {
+    torch::Tensor inNorm, postNorm;
+    torch::Tensor wq, wk, wv, wo, bq, bk, bv;  // b* undefined without q/k/v biases
+    torch::Tensor wGate, wUp, wDown;
+};
+
+// Inverse RoPE frequencies of pair i (i < head_dim / 2), with the config's scaling applied.
+torch::Tensor ropeInvFreq(const ModelConfig& c)
+{
+    const int half = c.headDim / 2;
+    std::vector<float> f(static_cast<size_t>(half));
+    for (int i = 0; i < half; ++i) {
+        // As Hugging Face computes it: 1 / theta^(2i / d) in float32.
+        f[size_t(i)] = 1.0f / std::pow(float(c.ropeTheta), float(2 * i) / float(c.headDim));
+    }
+    const RopeScaling& r = c.rope;
+    if (r.type == "linear") {
+        for (float& v : f) v = float(v / r.factor);
+    } else if (r.type == "llama3") {
+        // Llama 3.1: long wavelengths slowed by `factor`, short ones kept, a smooth blend between.
+        const double oldCtx = r.originalMaxPositionEmbeddings;
+        const double lowWavelen = oldCtx / r.lowFreqFactor, highWavelen = oldCtx / r.highFreqFactor;
+        for (float& v : f) {
+            const double wavelen = 2.0 * M_PI / v;
+            if (wavelen < highWavelen) continue;
+            if (wavelen > lowWavelen) {
+                v = float(v / r.factor);
+            } else {
+                const double smooth = (oldCtx / wavelen - r.lowFreqFactor) / (r.highFreqFactor - r.lowFreqFactor);
+                v = float((1.0 - smooth) * v / r.factor + smooth * v);
+            }
+        }
+    } else if (!r.type.empty() && r.type != "default") {
+        throw Error("RoPE scaling '" + r.type + "' is not supported (supported: none, linear, llama3)");
+    }
+    return torch::tensor(f);
+}
+
+torch::Tensor rmsNorm(const torch::Tensor& x, const torch::Tensor& w, double eps)
+{
+    const torch::Tensor var = x.pow(2).mean(-1, /*keepdim=*/true);
+    return w * (x * torch::rsqrt(var + eps));
+}
+
+torch::Tensor rotateHalf(const torch::Tensor& x)
+{
+    const int64_t half = x.size(-1) / 2;
+    return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+}  // namespace
+
+struct LlamaRuntime::Impl {
+    LlamaSpec spec;
+    RuntimeOptions options;
+    std::string fingerprint;
+    torch::Tensor embed;   // (vocab, hidden) fp32, for the lookup
+    torch::Tensor lmHead;  // (vocab, hidden) in the compute dtype
+    torch::Tensor norm;
+    torch::Tensor invFreq;  // (head_dim / 2)
+    std::vector<Layer> layers;
+    torch::ScalarType compute = torch::kFloat32;
+    torch::ScalarType kvType = torch::kFloat16;
+
+    torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b = {}) const
+    {
+        if (compute == torch::kFloat32) return torch::linear(x, w, b);
+        torch::Tensor y = torch::linear(x.to(compute), w, b.defined() ? b.to(compute) : b);
+        return y.to(torch::kFloat32);
+    }
+};
+
+LlamaRuntime::LlamaRuntime(LlamaWeights weights, const RuntimeOptions& options) : d_(std::make_unique<Impl>())
+{
+    Impl& d = *d_;
+    d.options = options;
+    if (options.compute != DType::F32 && options.compute != DType::BF16)
+        throw Error("compute dtype must be float32 or bfloat16");
+    if (options.prefillBlock < 1) throw Error("prefill block must be at least 1 token");
+    d.compute = scalarType(options.compute);
+    d.kvType = scalarType(options.kvDtype);
+    d.fingerprint = weightsFingerprint(weights);
+    d.spec = weights.spec;
+    d.invFreq = ropeInvFreq(d.spec.config);
+
+    const int threads = options.threads > 0 ? options.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+    torch::set_num_threads(threads);
+
+    auto take = [&](const std::string& name) {
+        auto it = weights.tensors.find(name);
+        KVSCOPE_ASSERT(it != weights.tensors.end());  // validateLlamaWeights checked
+        torch::Tensor t = adopt(std::move(it->second));
+        weights.tensors.erase(it);
+        return t;
+    };
+    auto mat = [&](const std::string& name) {
+        torch::Tensor t = take(name);
+        return d.compute == torch::kFloat32 ? t : t.to(d.compute);
+    };
+    const ModelConfig& c = d.spec.config;
+    d.layers.resize(size_t(c.numLayers));
+    for (int l = 0; l < c.numLayers; ++l) {
+        const std::string p = "model.layers." + std::to_string(l) + ".";
+        Layer& L = d.layers[size_t(l)];
+        L.inNorm = take(p + "input_layernorm.weight");
+        L.postNorm = take(p + "post_attention_layernorm.weight");
+        L.wq = mat(p + "self_attn.q_proj.weight");
+        L.wk = mat(p + "self_attn.k_proj.weight");
+        L.wv = mat(p + "self_attn.v_proj.weight");
+        L.wo = mat(p + "self_attn.o_proj.weight");
+        if (d.spec.qkvBias) {
+            L.bq = take(p + "self_attn.q_proj.bias");
+            L.bk = take(p + "self_attn.k_proj.bias");
+            L.bv = take(p + "self_attn.v_proj.bias");
+        }
+        L.wGate = mat(p + "mlp.gate_proj.weight");
+        L.wUp = mat(p + "mlp.up_proj.weight");
+        L.wDown = mat(p + "mlp.down_proj.weight");
+    }
+    d.norm = take("model.norm.weight");
+    d.embed = take("model.embed_tokens.weight");
+    if (d.spec.tiedEmbeddings)
+        d.lmHead = d.compute == torch::kFloat32 ? d.embed : d.embed.to(d.compute);
+    else
+        d.lmHead = mat("lm_head.weight");
+}
+
+LlamaRuntime::~LlamaRuntime() = default;
+
+const LlamaSpec& LlamaRuntime::spec() const { return d_->spec; }
+const RuntimeOptions& LlamaRuntime::options() const { return d_->options; }
+const std::string& LlamaRuntime::fingerprint() const { return d_->fingerprint; }
+
+KvShape LlamaRuntime::kvShape(int tokens) const
+{
+    const ModelConfig& c = d_->spec.config;
+    return KvShape{c.numLayers, c.numKvHeads, c.headDim, tokens};
+}
+
+std::string LlamaRuntime::describe() const
+{
+    return std::string("libtorch ") + TORCH_VERSION + ", " + std::to_string(torch::get_num_threads()) +
+           " threads, " + dtypeName(d_->options.compute) + " compute, " + dtypeName(d_->options.kvDtype) + " KV";
+}
+
+// ---- session ---------------------------------------------------------------------------------
+
+struct InferenceSession::State {
+    std::vector<torch::Tensor> keys, values;  // per layer (kv_heads, capacity, head_dim), fp32
+    int length = 0;
+    int capacity = 0;
+    std::vector<int32_t> tokens;
+
+    void reserve(const LlamaRuntime::Impl& d, int needed)
+    {
+        if (needed <= capacity) return;
+        const ModelConfig& c = d.spec.config;
+        const int cap = std::max(needed, std::max(64, capacity * 2));
+        for (size_t l = 0; l < size_t(c.numLayers); ++l) {
+            for (auto* cache : {&keys, &values}) {
+                torch::Tensor fresh = torch::zeros({c.numKvHeads, cap, c.headDim});
+                if (length > 0) fresh.narrow(1, 0, length).copy_((*cache)[l].narrow(1, 0, length));
+                if (cache->size() <= l) cache->push_back(fresh);
+                else (*cache)[l] = fresh;
+            }
+        }
+        capacity = cap;
+    }
+};
+
+InferenceSession::InferenceSession(const LlamaRuntime& runtime) : runtime_(&runtime), s_(std::make_unique<State>()) {}
+InferenceSession::~InferenceSession() = default;
+InferenceSession::InferenceSession(InferenceSession&&) noexcept = default;
+
+int InferenceSession::position() const { return s_->length; }
+const std::vector<int32_t>& InferenceSession::tokens() const { return s_->tokens; }
+
+void InferenceSession::truncate(int tokens)
+{
+    if (tokens < 0 || tokens > s_->length)
+        throw Error("cannot truncate a cache of " + std::to_string(s_->length) + " tokens to " + std::to_string(tokens));
+    s_->length = tokens;
+    s_->tokens.resize(size_t(tokens));
+}
+
+void InferenceSession::loadKv(const KvSet& kv)
+{
+    const LlamaRuntime::Impl& d = runtime_->impl();
+    const KvShape want = runtime_->kvShape(kv.shape().numTokens);
+    if (!(kv.shape() == want))
+        throw Error("the KV cache (" + std::to_string(kv.shape().numLayers) + " layers, " +
+                    std::to_string(kv.shape().numKvHeads) + " KV heads x " + std::to_string(kv.shape().headDim) +
+                    ") does not fit the model (" + std::to_string(want.numLayers) + " layers, " +
+                    std::to_string(want.numKvHeads) + " KV heads x " + std::to_string(want.headDim) + ")");
+    c10::InferenceMode guard;
+    const int n = kv.shape().numTokens;
+    s_->length = 0;
+    s_->reserve(d, n);
+    for (int l = 0; l < want.numLayers; ++l) {
+        for (KvKind kind : {KvKind::Key, KvKind::Value}) {
+            torch::Tensor& cache = (kind == KvKind::Key ? s_->keys : s_->values)[size_t(l)];
+            torch::Tensor rows = torch::empty({want.numKvHeads, n, want.headDim});
+            for (int h = 0; h < want.numKvHeads; ++h)
+                kv.readRows(kind, l, h, 0, n, rows[h].data_ptr<float>());
+            cache.narrow(1, 0, n).copy_(rows.to(d.kvType).to(torch::kFloat32));
+        }
+    }
+    s_->length = n;
+    s_->tokens = kv.tokens;
+    s_->tokens.resize(size_t(n), -1);
+}
+
+KvSet InferenceSession::exportKv() const
+{
+    const LlamaRuntime::Impl& d = runtime_->impl();
+    const KvShape shape = runtime_->kvShape(s_->length);
+    KvSet kv(shape, d.options.kvDtype);
+    for (int l = 0; l < shape.numLayers; ++l) {
+        for (KvKind kind : {KvKind::Key, KvKind::Value}) {
+            const torch::Tensor& cache = (kind == KvKind::Key ? s_->keys : s_->values)[size_t(l)];
+            const torch::Tensor rows = cache.narrow(1, 0, s_->length).contiguous();
+            for (int h = 0; h < shape.numKvHeads; ++h)
+                kv.writeRows(kind, l, h, 0, s_->length, rows[h].data_ptr<float>());
+        }
+    }
+    kv.tokens = s_->tokens;
+    kv.modelName = d.spec.name;
+    kv.modelFingerprint = d.fingerprint;
+    return kv;
+}
+
+void InferenceSession::append(const std::vector<int32_t>& tokens, std::vector<float>* lastLogits,
+                              std::vector<float>* allLogits, const ProgressFn& progress)
+{
+    const LlamaRuntime::Impl& d = runtime_->impl();
+    const ModelConfig& c = d.spec.config;
+    if (tokens.empty()) throw Error("no tokens to run");
+    for (int32_t t : tokens)
+        if (t < 0 || t >= c.vocabSize)
+            throw Error("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(c.vocabSize) + ")");
+    if (size_t(s_->length) + tokens.size() > size_t(KvLimits::maxTokens))
+        throw Error("context longer than " + std::to_string(KvLimits::maxTokens) + " tokens");
+
+    c10::InferenceMode guard;
+    const int total = int(tokens.size());
+    const int H = c.numHeads, KH = c.numKvHeads, hd = c.headDim, groups = H / KH;
+    const double scale = 1.0 / std::sqrt(double(hd));
+    if (allLogits) allLogits->assign(size_t(total) * size_t(c.vocabSize), 0.0f);
+    s_->reserve(d, s_->length + total);
+
+    for (int start = 0; start < total; start += d.options.prefillBlock) {
+        const int T = std::min(d.options.prefillBlock, total - start);
+        const int P = s_->length;  // position of the block's first token
+        const int S = P + T;       // keys visible to the block's last token
+        const torch::Tensor ids = torch::from_blob(const_cast<int32_t*>(tokens.data() + start), {T}, torch::kInt32).to(torch::kLong);
+        torch::Tensor x = d.embed.index_select(0, ids);  // (T, hidden)
+
+        const torch::Tensor pos = torch::arange(P, S, torch::kFloat32).unsqueeze(1);
+        const torch::Tensor angles = pos * d.invFreq.unsqueeze(0);  // (T, hd/2)
+        const torch::Tensor cos = torch::cat({angles.cos(), angles.cos()}, -1).unsqueeze(0);  // (1, T, hd)
+        const torch::Tensor sin = torch::cat({angles.sin(), angles.sin()}, -1).unsqueeze(0);
+
+        // Additive mask (T, S): query i (position P+i) sees key j when j <= P+i, and with a
+        // sliding window w also j > P+i-w.
+        const torch::Tensor qpos = torch::arange(P, S, torch::kLong).unsqueeze(1);
+        const torch::Tensor kpos = torch::arange(0, S, torch::kLong).unsqueeze(0);
+        torch::Tensor allowed = kpos <= qpos;
+        if (c.slidingWindow > 0) allowed = allowed & (kpos > qpos - c.slidingWindow);
+        const torch::Tensor mask = torch::zeros({T, S}).masked_fill(allowed.logical_not(), -INFINITY);
+
+        for (size_t l = 0; l < d.layers.size(); ++l) {
+            const Layer& L = d.layers[l];
+            const torch::Tensor h = rmsNorm(x, L.inNorm, c.rmsNormEps);
+            torch::Tensor q = d.linear(h, L.wq, L.bq).view({T, H, hd}).transpose(0, 1);   // (H, T, hd)
+            torch::Tensor k = d.linear(h, L.wk, L.bk).view({T, KH, hd}).transpose(0, 1);  // (KH, T, hd)
+            torch::Tensor v = d.linear(h, L.wv, L.bv).view({T, KH, hd}).transpose(0, 1);
+            q = q * cos + rotateHalf(q) * sin;
+            k = k * cos + rotateHalf(k) * sin;
+            // The cache holds what a serving stack would store: K/V rounded to kvDtype.
+            s_->keys[l].narrow(1, P, T).copy_(k.to(d.kvType));
+            s_->values[l].narrow(1, P, T).copy_(v.to(d.kvType));
+            const torch::Tensor K = s_->keys[l].narrow(1, 0, S).unsqueeze(1);    // (KH, 1, S, hd)
+            const torch::Tensor V = s_->values[l].narrow(1, 0, S).unsqueeze(1);  // (KH, 1, S, hd)
+            const torch::Tensor qg = q.reshape({KH, groups, T, hd});
+            const torch::Tensor scores = torch::matmul(qg, K.transpose(-1, -2)) * scale + mask;  // (KH, g, T, S)
+            const torch::Tensor probs = torch::softmax(scores, -1);
+            const torch::Tensor o = torch::matmul(probs, V).reshape({H, T, hd}).transpose(0, 1).reshape({T, H * hd});
+            x = x + d.linear(o, L.wo);
+            const torch::Tensor h2 = rmsNorm(x, L.postNorm, c.rmsNormEps);
+            x = x + d.linear(F::silu(d.linear(h2, L.wGate)) * d.linear(h2, L.wUp), L.wDown);
+        }
+        s_->length = S;
+        s_->tokens.insert(s_->tokens.end(), tokens.begin() + start, tokens.begin() + start + T);
+
+        const bool lastBlock = start + T == total;
+        if (allLogits || lastBlock) {
+            const torch::Tensor rows = allLogits ? x : x.narrow(0, T - 1, 1);
+            const torch::Tensor logits = d.linear(rmsNorm(rows, d.norm, c.rmsNormEps), d.lmHead).contiguous();
+            const float* p = logits.data_ptr<float>();
+            if (allLogits)
+                std::copy(p, p + logits.numel(), allLogits->data() + size_t(start) * size_t(c.vocabSize));
+            if (lastBlock && lastLogits) {
+                const float* lastRow = p + (logits.size(0) - 1) * c.vocabSize;
+                lastLogits->assign(lastRow, lastRow + c.vocabSize);
+            }
+        }
+        if (progress && !progress(start + T, total)) throw Error("cancelled");
+    }
+}
+
+}  // namespace kvscope

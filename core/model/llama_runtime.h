@@ -1,0 +1,92 @@
+// The Llama-family forward pass (libtorch, CPU), behind a torch-free interface so that Qt code
+// and the CLI can include it. This header and llama_runtime.cpp are the only place torch is used.
+//
+// READ ME FIRST
+//  - One forward serves prefill, generation, scoring and prefill-with-past: an InferenceSession
+//    holds a KV cache and append() runs new tokens after it, returning logits.
+//  - Numerics: RMSNorm, softmax and the residual stream in fp32; matmuls in fp32 (default) or
+//    bf16 (RuntimeOptions::compute). RoPE in the Hugging Face rotate_half layout, GQA (query head
+//    h reads KV head h / (heads / kv_heads)), SwiGLU, optional sliding window.
+//  - KV precision: every K/V row is rounded to RuntimeOptions::kvDtype (fp16 by default, as a
+//    serving stack stores it) *before* attention reads it, during prefill too. So the cache a
+//    session exports (exportKv) is exactly the cache the model attended to, and generating from
+//    a KvSet read back from disk reproduces generation right after prefill, token for token.
+//    Use kvDtype F32 to reproduce fp32 reference implementations (llama2.c's run.c).
+//  - Threads: torch's intra-op pool, RuntimeOptions::threads (0 = all cores).
+#pragma once
+
+#include "kv/kv_set.h"
+#include "model/llama_weights.h"
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+struct RuntimeOptions {
+    int threads = 0;           // 0 = every core
+    DType compute = DType::F32;  // F32 or BF16 matmuls
+    DType kvDtype = DType::F16;  // precision of the cache (F16, BF16 or F32)
+    int prefillBlock = 512;    // tokens per forward during long prefills (bounds memory)
+};
+
+class LlamaRuntime {
+public:
+    // Takes the weights (their host buffers move into torch tensors without a copy).
+    // Throws kvscope::Error for unsupported options (RoPE scaling kinds, dtypes).
+    LlamaRuntime(LlamaWeights weights, const RuntimeOptions& options);
+    ~LlamaRuntime();
+    LlamaRuntime(const LlamaRuntime&) = delete;
+    LlamaRuntime& operator=(const LlamaRuntime&) = delete;
+
+    const LlamaSpec& spec() const;
+    const RuntimeOptions& options() const;
+    const std::string& fingerprint() const;
+    KvShape kvShape(int tokens) const;  // the shape of this model's cache for `tokens` tokens
+    // "libtorch 1.13.1, 2 threads, fp32" for reports.
+    std::string describe() const;
+
+    struct Impl;
+    const Impl& impl() const { return *d_; }
+
+private:
+    std::unique_ptr<Impl> d_;
+};
+
+// Progress of a long append: tokens done so far of the total. Return false to cancel (append
+// then throws kvscope::Error "cancelled").
+using ProgressFn = std::function<bool(int done, int total)>;
+
+class InferenceSession {
+public:
+    explicit InferenceSession(const LlamaRuntime& runtime);
+    ~InferenceSession();
+    InferenceSession(InferenceSession&&) noexcept;
+
+    // Replaces the cache with `kv` (any dtype; values are rounded to the runtime's kvDtype).
+    // Throws kvscope::Error when its shape does not match the model.
+    void loadKv(const KvSet& kv);
+    // The cache as a KvSet in the runtime's kvDtype, with tokens, model name and fingerprint.
+    KvSet exportKv() const;
+    int position() const;          // tokens in the cache
+    const std::vector<int32_t>& tokens() const;
+    void truncate(int tokens);     // keeps the first `tokens` positions
+
+    // Runs `tokens` after the cache (in blocks of prefillBlock) and appends their K/V.
+    // lastLogits (vocab) receives the logits of the last token; allLogits (tokens x vocab,
+    // row-major) those of every token, when not null. Throws kvscope::Error for an empty input,
+    // a token id outside the vocabulary, a position past the model's limit, or cancellation.
+    void append(const std::vector<int32_t>& tokens, std::vector<float>* lastLogits,
+                std::vector<float>* allLogits = nullptr, const ProgressFn& progress = {});
+
+private:
+    struct State;
+    const LlamaRuntime* runtime_;
+    std::unique_ptr<State> s_;
+};
+
+}  // namespace kvscope

@@ -1,0 +1,361 @@
+// Loaders that bring the three checkpoint formats onto the Hugging Face names and layouts
+// (see llama_weights.h).
+#include "model/llama_weights.h"
+
+#include "common/error.h"
+#include "model/gguf.h"
+#include "model/llama2c.h"
+#include "model/safetensors.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+namespace kvscope {
+
+namespace {
+
+std::string layerName(int i, const char* rest)
+{
+    return "model.layers." + std::to_string(i) + "." + rest;
+}
+
+std::string baseName(const std::string& path)
+{
+    std::string p = path;
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    const size_t slash = p.find_last_of('/');
+    std::string b = slash == std::string::npos ? p : p.substr(slash + 1);
+    const size_t dot = b.find_last_of('.');
+    if (dot != std::string::npos && dot > 0 && b.find('.') == dot) b = b.substr(0, dot);
+    return b;
+}
+
+bool isDirectory(const std::string& path)
+{
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool endsWith(const std::string& s, const std::string& suffix)
+{
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// "Q4_1 x 211, F32 x 61" from a count per type name.
+std::string describeTypes(const std::map<std::string, int>& counts)
+{
+    std::string s;
+    for (const auto& [name, n] : counts) s += (s.empty() ? "" : ", ") + name + " x " + std::to_string(n);
+    return s;
+}
+
+void finish(LlamaWeights& w)
+{
+    w.spec.tiedEmbeddings = w.tensors.count("lm_head.weight") == 0;
+    w.spec.qkvBias = w.tensors.count(layerName(0, "self_attn.q_proj.bias")) != 0;
+    w.spec.parameters = 0;
+    for (const auto& [name, t] : w.tensors) w.spec.parameters += t.data.size();
+    validateLlamaWeights(w);
+}
+
+// Splits a llama2.c (L, rows, cols) block into per-layer tensors.
+void putLayers(LlamaWeights& w, const std::vector<float>& all, int layers, int64_t rows, int64_t cols,
+               const char* name)
+{
+    const size_t per = size_t(rows) * size_t(cols);
+    for (int l = 0; l < layers; ++l) {
+        HostTensor t;
+        t.shape = cols == 1 ? std::vector<int64_t>{rows} : std::vector<int64_t>{rows, cols};
+        t.data.assign(all.begin() + std::ptrdiff_t(per * size_t(l)), all.begin() + std::ptrdiff_t(per * size_t(l + 1)));
+        w.tensors[layerName(l, name)] = std::move(t);
+    }
+}
+
+}  // namespace
+
+void validateLlamaWeights(const LlamaWeights& w)
+{
+    const ModelConfig& c = w.spec.config;
+    const std::string& path = w.spec.sourcePath;
+    const int64_t hidden = c.hiddenSize, inter = c.intermediateSize, vocab = c.vocabSize;
+    const int64_t qDim = int64_t(c.numHeads) * c.headDim, kvDim = int64_t(c.numKvHeads) * c.headDim;
+    if (c.numHeads <= 0 || c.numKvHeads <= 0 || c.numHeads % c.numKvHeads != 0)
+        throw inputError(path, "config", "num_key_value_heads " + std::to_string(c.numKvHeads) +
+                                             " does not divide num_attention_heads " + std::to_string(c.numHeads));
+    if (c.headDim <= 0 || c.headDim % 2 != 0)
+        throw inputError(path, "config", "head_dim " + std::to_string(c.headDim) + " is not a positive even number");
+
+    std::map<std::string, std::vector<int64_t>> expected;
+    expected["model.embed_tokens.weight"] = {vocab, hidden};
+    expected["model.norm.weight"] = {hidden};
+    if (!w.spec.tiedEmbeddings) expected["lm_head.weight"] = {vocab, hidden};
+    for (int l = 0; l < c.numLayers; ++l) {
+        expected[layerName(l, "input_layernorm.weight")] = {hidden};
+        expected[layerName(l, "post_attention_layernorm.weight")] = {hidden};
+        expected[layerName(l, "self_attn.q_proj.weight")] = {qDim, hidden};
+        expected[layerName(l, "self_attn.k_proj.weight")] = {kvDim, hidden};
+        expected[layerName(l, "self_attn.v_proj.weight")] = {kvDim, hidden};
+        expected[layerName(l, "self_attn.o_proj.weight")] = {hidden, qDim};
+        expected[layerName(l, "mlp.gate_proj.weight")] = {inter, hidden};
+        expected[layerName(l, "mlp.up_proj.weight")] = {inter, hidden};
+        expected[layerName(l, "mlp.down_proj.weight")] = {hidden, inter};
+        if (w.spec.qkvBias) {
+            expected[layerName(l, "self_attn.q_proj.bias")] = {qDim};
+            expected[layerName(l, "self_attn.k_proj.bias")] = {kvDim};
+            expected[layerName(l, "self_attn.v_proj.bias")] = {kvDim};
+        }
+    }
+    auto shapeText = [](const std::vector<int64_t>& s) {
+        std::string t = "(";
+        for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+        return t + (s.size() == 1 ? ",)" : ")");
+    };
+    for (const auto& [name, shape] : expected) {
+        const auto it = w.tensors.find(name);
+        if (it == w.tensors.end()) throw inputError(path, "tensor '" + name + "'", "missing");
+        if (it->second.shape != shape)
+            throw inputError(path, "tensor '" + name + "'",
+                             "shape " + shapeText(it->second.shape) + ", expected " + shapeText(shape));
+        size_t n = 1;
+        for (int64_t d : shape) n *= size_t(d);
+        KVSCOPE_ASSERT(it->second.data.size() == n);
+    }
+    for (const auto& [name, t] : w.tensors)
+        if (!expected.count(name))
+            throw inputError(path, "tensor '" + name + "'",
+                             "unexpected (an architecture feature kvscope does not run)");
+}
+
+LlamaWeights loadLlama2cWeights(const std::string& path)
+{
+    Llama2cModel m = loadLlama2c(path, /*permuteRope=*/true);
+    const Llama2cConfig& lc = m.config;
+    LlamaWeights w;
+    w.spec.name = baseName(path);
+    w.spec.format = "llama2.c";
+    w.spec.sourcePath = path;
+    ModelConfig& c = w.spec.config;
+    c.architecture = "LlamaForCausalLM";
+    c.modelType = "llama";
+    c.hiddenSize = lc.dim;
+    c.intermediateSize = lc.hiddenDim;
+    c.numLayers = lc.nLayers;
+    c.numHeads = lc.nHeads;
+    c.numKvHeads = lc.nKvHeads;
+    c.headDim = lc.headSize();
+    c.vocabSize = lc.vocabSize;
+    c.rmsNormEps = 1e-5;  // run.c's constant
+    c.ropeTheta = 10000.0;
+    c.maxPositionEmbeddings = lc.seqLen;
+    c.tieWordEmbeddings = lc.sharedClassifier;
+    c.bosTokenId = 1;
+    c.eosTokenId = 2;
+    w.spec.weightTypes = "F32 (llama2.c v" + std::to_string(lc.version) + ")";
+
+    const int L = lc.nLayers;
+    const int64_t D = lc.dim, H = lc.hiddenDim;
+    w.tensors["model.embed_tokens.weight"] = {{lc.vocabSize, D}, std::move(m.tokenEmbedding)};
+    putLayers(w, m.rmsAtt, L, D, 1, "input_layernorm.weight");
+    putLayers(w, m.rmsFfn, L, D, 1, "post_attention_layernorm.weight");
+    putLayers(w, m.wq, L, lc.qDim(), D, "self_attn.q_proj.weight");
+    putLayers(w, m.wk, L, lc.kvDim(), D, "self_attn.k_proj.weight");
+    putLayers(w, m.wv, L, lc.kvDim(), D, "self_attn.v_proj.weight");
+    putLayers(w, m.wo, L, D, lc.qDim(), "self_attn.o_proj.weight");
+    putLayers(w, m.w1, L, H, D, "mlp.gate_proj.weight");
+    putLayers(w, m.w3, L, H, D, "mlp.up_proj.weight");
+    putLayers(w, m.w2, L, D, H, "mlp.down_proj.weight");
+    w.tensors["model.norm.weight"] = {{D}, std::move(m.rmsFinal)};
+    if (!lc.sharedClassifier) w.tensors["lm_head.weight"] = {{lc.vocabSize, D}, std::move(m.wcls)};
+    finish(w);
+    return w;
+}
+
+LlamaWeights loadHfWeights(const std::string& folder)
+{
+    LlamaWeights w;
+    w.spec.name = baseName(folder);
+    w.spec.format = "safetensors";
+    w.spec.sourcePath = folder;
+    w.spec.config = loadHfConfig(folder + "/config.json");
+    std::map<std::string, int> types;
+    for (const std::string& shard : safetensorsShards(folder)) {
+        const SafetensorsFile f = SafetensorsFile::open(folder + "/" + shard);
+        for (const SafetensorsTensor& t : f.tensors()) {
+            // Older checkpoints carry the RoPE frequencies as a buffer: derived, not a weight.
+            if (endsWith(t.name, ".rotary_emb.inv_freq")) continue;
+            if (w.tensors.count(t.name))
+                throw inputError(f.path(), "tensor '" + t.name + "'", "present in two shards");
+            HostTensor h;
+            h.shape = t.shape;
+            h.data = f.readF32(t);
+            w.tensors[t.name] = std::move(h);
+            ++types[t.dtype];
+        }
+    }
+    w.spec.weightTypes = describeTypes(types);
+    finish(w);
+    return w;
+}
+
+LlamaWeights loadGgufWeights(const std::string& path)
+{
+    const GgufFile f = GgufFile::open(path);
+    const std::string arch = f.getString("general.architecture");
+    LlamaWeights w;
+    w.spec.format = "gguf";
+    w.spec.sourcePath = path;
+    w.spec.name = f.has("general.name") ? f.getString("general.name") : baseName(path);
+    ModelConfig& c = w.spec.config;
+    bool permuteQk = false;
+    if (arch == "llama") {
+        c.architecture = "LlamaForCausalLM";
+        c.modelType = "llama";
+        permuteQk = true;  // llama.cpp's converter stores q/k rows interleaved for these
+    } else if (arch == "qwen2") {
+        c.architecture = "Qwen2ForCausalLM";
+        c.modelType = "qwen2";
+    } else {
+        throw inputError(path, "metadata 'general.architecture'",
+                         "unsupported architecture '" + arch + "' (supported: llama, qwen2)");
+    }
+    const std::string p = arch + ".";
+    auto intKey = [&](const std::string& key, int64_t lo, int64_t hi) {
+        const int64_t v = f.getInt(p + key);
+        if (v < lo || v > hi)
+            throw inputError(path, "metadata '" + p + key + "'", std::to_string(v) + " is out of range");
+        return int(v);
+    };
+    c.hiddenSize = intKey("embedding_length", 1, 1 << 20);
+    c.intermediateSize = intKey("feed_forward_length", 1, 1 << 22);
+    c.numLayers = intKey("block_count", 1, 4096);
+    c.numHeads = intKey("attention.head_count", 1, 4096);
+    c.numKvHeads = f.has(p + "attention.head_count_kv") ? intKey("attention.head_count_kv", 1, 4096) : c.numHeads;
+    c.headDim = f.has(p + "attention.key_length") ? intKey("attention.key_length", 2, 1 << 16)
+                                                   : c.hiddenSize / c.numHeads;
+    c.rmsNormEps = f.getFloat(p + "attention.layer_norm_rms_epsilon");
+    c.ropeTheta = f.has(p + "rope.freq_base") ? f.getFloat(p + "rope.freq_base") : 10000.0;
+    c.maxPositionEmbeddings = f.has(p + "context_length") ? intKey("context_length", 1, 1 << 30) : 2048;
+    if (f.has(p + "rope.scaling.type")) {
+        const std::string t = f.getString(p + "rope.scaling.type");
+        if (t == "linear") {
+            c.rope.type = "linear";
+            c.rope.factor = f.getFloat(p + "rope.scaling.factor");
+        } else if (t != "none") {
+            throw inputError(path, "metadata '" + p + "rope.scaling.type'", "unsupported RoPE scaling '" + t + "'");
+        }
+    }
+    if (f.find("rope_freqs.weight"))
+        throw inputError(path, "tensor 'rope_freqs.weight'",
+                         "per-frequency RoPE factors (Llama 3.1 GGUF) are not supported yet; use the Hugging Face folder");
+    if (f.has(p + "attention.key_length") && f.has(p + "attention.value_length") &&
+        f.getInt(p + "attention.value_length") != c.headDim)
+        throw inputError(path, "metadata '" + p + "attention.value_length'", "differs from key_length");
+    if (f.has("tokenizer.ggml.bos_token_id")) c.bosTokenId = int(f.getInt("tokenizer.ggml.bos_token_id"));
+    if (f.has("tokenizer.ggml.eos_token_id")) c.eosTokenId = int(f.getInt("tokenizer.ggml.eos_token_id"));
+    const GgufTensorInfo* embd = f.find("token_embd.weight");
+    if (!embd || embd->dims.size() != 2) throw inputError(path, "tensor 'token_embd.weight'", "missing or not 2-D");
+    c.vocabSize = int(embd->dims[1]);
+    if (c.numHeads % c.numKvHeads != 0)
+        throw inputError(path, "metadata '" + p + "attention.head_count_kv'", "does not divide head_count");
+    c.tieWordEmbeddings = f.find("output.weight") == nullptr;
+
+    // llama.cpp name -> Hugging Face name.
+    static const std::pair<const char*, const char*> kLayerNames[] = {
+        {"attn_norm.weight", "input_layernorm.weight"},
+        {"ffn_norm.weight", "post_attention_layernorm.weight"},
+        {"attn_q.weight", "self_attn.q_proj.weight"},
+        {"attn_k.weight", "self_attn.k_proj.weight"},
+        {"attn_v.weight", "self_attn.v_proj.weight"},
+        {"attn_q.bias", "self_attn.q_proj.bias"},
+        {"attn_k.bias", "self_attn.k_proj.bias"},
+        {"attn_v.bias", "self_attn.v_proj.bias"},
+        {"attn_output.weight", "self_attn.o_proj.weight"},
+        {"ffn_gate.weight", "mlp.gate_proj.weight"},
+        {"ffn_up.weight", "mlp.up_proj.weight"},
+        {"ffn_down.weight", "mlp.down_proj.weight"},
+    };
+    std::map<std::string, int> types;
+    for (const GgufTensorInfo& t : f.tensors()) {
+        std::string name;
+        if (t.name == "token_embd.weight") name = "model.embed_tokens.weight";
+        else if (t.name == "output_norm.weight") name = "model.norm.weight";
+        else if (t.name == "output.weight") name = "lm_head.weight";
+        else if (t.name.rfind("blk.", 0) == 0) {
+            const size_t dot = t.name.find('.', 4);
+            const std::string idx = dot == std::string::npos ? "" : t.name.substr(4, dot - 4);
+            const std::string rest = dot == std::string::npos ? "" : t.name.substr(dot + 1);
+            const bool digits = !idx.empty() && idx.size() < 6 &&
+                                std::all_of(idx.begin(), idx.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+            for (const auto& [from, to] : kLayerNames)
+                if (digits && rest == from) name = layerName(std::stoi(idx), to);
+        }
+        if (name.empty())
+            throw inputError(path, "tensor '" + t.name + "'", "unexpected (an architecture feature kvscope does not run)");
+        HostTensor h;
+        for (auto it = t.dims.rbegin(); it != t.dims.rend(); ++it) h.shape.push_back(int64_t(*it));
+        h.data = f.readTensorF32(t);
+        ++types[ggmlTypeName(t.type)];
+        if (permuteQk && h.shape.size() == 2 && h.shape[0] % c.headDim == 0) {
+            const bool isQ = name.find("q_proj.weight") != std::string::npos;
+            const bool isK = name.find("k_proj.weight") != std::string::npos;
+            if (isQ || isK)
+                permuteInterleavedToRotateHalf(h.data.data(), int(h.shape[0] / c.headDim), c.headDim, int(h.shape[1]));
+        }
+        w.tensors[name] = std::move(h);
+    }
+    w.spec.weightTypes = describeTypes(types);
+    finish(w);
+    return w;
+}
+
+LlamaWeights loadLlamaWeights(const std::string& path)
+{
+    if (isDirectory(path)) return loadHfWeights(path);
+    if (endsWith(path, ".bin") || endsWith(path, ".pt") || endsWith(path, ".pth")) {
+        // llama2.c files end in .bin too; a PyTorch pickle is a zip ("PK") or starts with 0x80.
+        FILE* fp = std::fopen(path.c_str(), "rb");
+        unsigned char head[2] = {0, 0};
+        if (fp) {
+            (void)std::fread(head, 1, 2, fp);
+            std::fclose(fp);
+        }
+        if ((head[0] == 'P' && head[1] == 'K') || head[0] == 0x80) refusePickleCheckpoint(path);
+    }
+    if (endsWith(path, ".safetensors"))
+        throw inputError(path, "", "a .safetensors file alone has no config: open the model folder instead");
+    {
+        FILE* fp = std::fopen(path.c_str(), "rb");
+        if (!fp) throw inputError(path, "", std::string("cannot open: ") + std::strerror(errno));
+        char magic[4] = {0, 0, 0, 0};
+        const size_t n = std::fread(magic, 1, 4, fp);
+        std::fclose(fp);
+        if (n == 4 && std::memcmp(magic, "GGUF", 4) == 0) return loadGgufWeights(path);
+    }
+    return loadLlama2cWeights(path);
+}
+
+std::string weightsFingerprint(const LlamaWeights& w)
+{
+    uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+    auto mix = [&h](const void* p, size_t n) {
+        const auto* b = static_cast<const unsigned char*>(p);
+        for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+    };
+    const ModelConfig& c = w.spec.config;
+    const int dims[] = {c.hiddenSize, c.intermediateSize, c.numLayers, c.numHeads, c.numKvHeads, c.headDim, c.vocabSize};
+    mix(dims, sizeof dims);
+    for (const auto& [name, t] : w.tensors) {
+        mix(name.data(), name.size());
+        mix(t.shape.data(), t.shape.size() * sizeof(int64_t));
+        const size_t n = t.data.size(), step = std::max<size_t>(1, n / 256);
+        for (size_t i = 0; i < n; i += step) mix(&t.data[i], sizeof(float));
+    }
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+    return buf;
+}
+
+}  // namespace kvscope

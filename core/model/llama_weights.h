@@ -1,0 +1,78 @@
+// The weights of one Llama-family model in one shape, whatever file they came from.
+//
+// READ ME FIRST
+//  - Three sources: a Hugging Face folder (config.json + safetensors), a GGUF file, a llama2.c
+//    checkpoint. Each loader maps its names and layouts onto the Hugging Face ones below, so the
+//    runtime (llama_runtime.h) has one code path.
+//  - Matrices are in PyTorch Linear layout (out_features, in_features), row-major, float32.
+//  - RoPE: every source ends up in the Hugging Face rotate_half layout (pairs (i, i + head_dim/2)).
+//    GGUF "llama" files and llama2.c files store q/k rows in the interleaved order (pairs
+//    (2i, 2i+1)); their loaders permute the rows back (llama2c.h: permuteInterleavedToRotateHalf).
+//    GGUF "qwen2" files are not permuted by llama.cpp's converter and are taken as they are.
+//  - Validation: every expected tensor must be present with its exact shape, and no tensor may be
+//    left over (a leftover means an architecture feature we would silently ignore).
+//
+// Tensor names (i = layer):
+//   model.embed_tokens.weight                 (vocab, hidden)
+//   model.layers.i.input_layernorm.weight     (hidden)
+//   model.layers.i.self_attn.q_proj.weight    (heads*head_dim, hidden)     .bias when present
+//   model.layers.i.self_attn.k_proj.weight    (kv_heads*head_dim, hidden)  .bias when present
+//   model.layers.i.self_attn.v_proj.weight    (kv_heads*head_dim, hidden)  .bias when present
+//   model.layers.i.self_attn.o_proj.weight    (hidden, heads*head_dim)
+//   model.layers.i.post_attention_layernorm.weight (hidden)
+//   model.layers.i.mlp.gate_proj.weight       (intermediate, hidden)
+//   model.layers.i.mlp.up_proj.weight         (intermediate, hidden)
+//   model.layers.i.mlp.down_proj.weight       (hidden, intermediate)
+//   model.norm.weight                         (hidden)
+//   lm_head.weight                            (vocab, hidden); absent when tied to embed_tokens
+//
+// Every input error throws kvscope::Error "path: place: reason".
+#pragma once
+
+#include "model/hf_config.h"
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+struct LlamaSpec {
+    std::string name;          // general.name, the folder name, or the file stem
+    std::string format;        // "safetensors", "gguf", "llama2.c"
+    std::string sourcePath;    // what was opened
+    ModelConfig config;        // architecture, sizes, norms, RoPE (hf_config.h)
+    bool qkvBias = false;      // detected from the tensors present (Qwen2 has them)
+    bool tiedEmbeddings = false;  // no lm_head: the output projection is embed_tokens
+    std::string weightTypes;   // what the file stored, e.g. "Q4_1 x 211, F32 x 61"
+    uint64_t parameters = 0;   // float values held
+};
+
+struct HostTensor {
+    std::vector<int64_t> shape;  // PyTorch order
+    std::vector<float> data;     // row-major
+};
+
+struct LlamaWeights {
+    LlamaSpec spec;
+    std::map<std::string, HostTensor> tensors;
+};
+
+// Opens a model: a folder (config.json + safetensors), a .gguf file, or a llama2.c checkpoint
+// (any other regular file; checked by size against its header). Pickles are refused.
+LlamaWeights loadLlamaWeights(const std::string& path);
+
+// Each source on its own.
+LlamaWeights loadHfWeights(const std::string& folder);
+LlamaWeights loadGgufWeights(const std::string& path);
+LlamaWeights loadLlama2cWeights(const std::string& path);
+
+// A stable short identifier of a model's weights and shape ("sha256-like" hex of 16 digits,
+// computed over the spec and a sample of every tensor), recorded in KV files and profiles.
+std::string weightsFingerprint(const LlamaWeights& w);
+
+// Checks names and shapes against the spec (see the list above); throws naming the tensor.
+void validateLlamaWeights(const LlamaWeights& w);
+
+}  // namespace kvscope

@@ -1,0 +1,298 @@
+// The libtorch runtime (core/model/llama_runtime.h, generate.h, llama_weights.h) on real trained
+// checkpoints:
+//  - aidreams260K + tok512.bin: greedy text equals what llama2.c's reference program prints;
+//  - stories260K (GQA, 5 layers): 200 greedy tokens from BOS equal a plain scalar forward;
+//  - an HF folder (config.json + model.safetensors) written from a llama2.c checkpoint gives the
+//    same logits as the llama2.c path (proves the HF loader and the RoPE convention);
+//  - blocked prefill = one-shot prefill, prefill-with-past = prefill of the concatenation;
+//  - capture -> HDF5 -> read -> generate = generate right after prefill, token for token;
+//  - bad weights are refused by name.
+#include "testmain.h"
+
+#include "common/error.h"
+#include "kv/kv_h5.h"
+#include "model/generate.h"
+#include "model/llama2c.h"
+#include "model/llama2c_tokenizer.h"
+#include "model/llama_runtime.h"
+#include "model/llama_weights.h"
+#include "ref_llama2c.h"
+
+#include <QTemporaryDir>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+using namespace kvscope;
+
+namespace {
+
+const std::string kShared = KVSCOPE_SOURCE_DIR "/../shared/models";
+const std::string kAidreams = kShared + "/aidreams260K/aidreams260K.bin";
+const std::string kAidreamsTok = kShared + "/aidreams260K/tok512.bin";
+const std::string kStories = kShared + "/stories260K/stories260K.bin";
+
+bool exists(const std::string& p) { return std::ifstream(p).good(); }
+
+RuntimeOptions fp32Options()
+{
+    RuntimeOptions o;
+    o.kvDtype = DType::F32;  // llama2.c's run.c keeps its cache in fp32
+    return o;
+}
+
+float maxAbsDiff(const std::vector<float>& a, const std::vector<float>& b)
+{
+    KVSCOPE_ASSERT(a.size() == b.size());
+    float m = 0.0f;
+    for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+    return m;
+}
+
+// Writes a safetensors file of F32 tensors (names sorted, packed in that order).
+void writeSafetensors(const std::string& path, const std::map<std::string, HostTensor>& tensors)
+{
+    std::string header = "{";
+    uint64_t offset = 0;
+    for (const auto& [name, t] : tensors) {
+        std::string shape;
+        for (size_t i = 0; i < t.shape.size(); ++i) shape += (i ? "," : "") + std::to_string(t.shape[i]);
+        const uint64_t bytes = t.data.size() * 4;
+        header += (header.size() > 1 ? "," : "") + std::string("\"") + name + "\":{\"dtype\":\"F32\",\"shape\":[" + shape +
+                  "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + bytes) + "]}";
+        offset += bytes;
+    }
+    header += "}";
+    std::ofstream f(path, std::ios::binary);
+    const uint64_t n = header.size();
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f.write(header.data(), std::streamsize(n));
+    for (const auto& [name, t] : tensors) f.write(reinterpret_cast<const char*>(t.data.data()), std::streamsize(t.data.size() * 4));
+}
+
+void writeText(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+std::string hfConfigJson(const ModelConfig& c)
+{
+    return "{\"architectures\":[\"LlamaForCausalLM\"],\"model_type\":\"llama\",\"hidden_size\":" + std::to_string(c.hiddenSize) +
+           ",\"intermediate_size\":" + std::to_string(c.intermediateSize) + ",\"num_hidden_layers\":" + std::to_string(c.numLayers) +
+           ",\"num_attention_heads\":" + std::to_string(c.numHeads) + ",\"num_key_value_heads\":" + std::to_string(c.numKvHeads) +
+           ",\"vocab_size\":" + std::to_string(c.vocabSize) + ",\"rms_norm_eps\":1e-05,\"rope_theta\":10000.0" +
+           ",\"max_position_embeddings\":" + std::to_string(c.maxPositionEmbeddings) + ",\"tie_word_embeddings\":true" +
+           ",\"bos_token_id\":1,\"eos_token_id\":2}";
+}
+
+// Greedy continuation of `prompt` through the runtime.
+std::vector<int32_t> runtimeGreedy(const LlamaRuntime& rt, const std::vector<int32_t>& prompt, int n,
+                                   const std::vector<int32_t>& stop = {})
+{
+    InferenceSession s(rt);
+    return generate(s, prompt, n, SamplingOptions{}, stop).tokens;
+}
+
+}  // namespace
+
+class TestRuntime : public QObject {
+    Q_OBJECT
+private slots:
+    void aidreamsMatchesReferenceProgram();
+    void storiesMatchesScalarForward();
+    void hfFolderMatchesLlama2c();
+    void blockedPrefillAndPast();
+    void captureRoundTrip();
+    void samplingIsSeeded();
+    void badWeights();
+};
+
+void TestRuntime::aidreamsMatchesReferenceProgram()
+{
+    if (!exists(kAidreams)) QSKIP("../shared/models/aidreams260K is absent (third-party test data, not in the repo)");
+    const LlamaRuntime rt(loadLlama2cWeights(kAidreams), fp32Options());
+    const Llama2cTokenizer tok = Llama2cTokenizer::load(kAidreamsTok, rt.spec().config.vocabSize);
+    QCOMPARE(rt.spec().config.numLayers, 4);
+    QCOMPARE(rt.spec().format, std::string("llama2.c"));
+
+    // What llama2.c's run.c prints for `-i "I dreamed"` at temperature 0 (from the issue).
+    const std::string expected =
+        "I dreamed, as I sense the nodes, a gentle hum of probability. Contrast emerge, a flower, as I adjust, as I "
+        "settle into a tapestry of vectors. Contrast edges sharpen, a kaleidoscope of probability. Contrast emerge, "
+        "a tapestry";
+    const std::vector<int> p = tok.encode("I dreamed", true, false);
+    const std::vector<int32_t> prompt(p.begin(), p.end());
+    const int n = rt.spec().config.maxPositionEmbeddings - int(prompt.size());  // run.c stops at seq_len
+    QVERIFY(n >= 100);
+    const std::vector<int32_t> out = runtimeGreedy(rt, prompt, n, {1});  // run.c stops at BOS
+    QVERIFY2(out.size() >= 100, std::to_string(out.size()).c_str());
+    std::vector<int> all(prompt.begin() + 1, prompt.end());
+    all.insert(all.end(), out.begin(), out.end());
+    const std::string text = tok.decodeAll(all, 1);
+    qInfo("runtime: %s", text.c_str());
+    QVERIFY2(text.rfind(expected, 0) == 0, text.c_str());
+
+    // Other prompts: the same tokens as the scalar reference forward, for the whole window.
+    const Llama2cModel raw = loadLlama2c(kAidreams, /*permuteRope=*/false);
+    for (const char* text2 : {"The network", "A quiet hum", ""}) {
+        const std::vector<int> q = tok.encode(text2, true, false);
+        const int m = raw.config.seqLen - int(q.size());
+        std::vector<int> ref = ref_llama2c::greedy(raw, q, m, /*interleaved=*/true);
+        const std::vector<int32_t> got = runtimeGreedy(rt, std::vector<int32_t>(q.begin(), q.end()), m);
+        QCOMPARE(std::vector<int>(got.begin(), got.end()), ref);
+    }
+}
+
+void TestRuntime::storiesMatchesScalarForward()
+{
+    if (!exists(kStories)) QSKIP("../shared/models/stories260K is absent (third-party test data, not in the repo)");
+    const LlamaRuntime rt(loadLlama2cWeights(kStories), fp32Options());
+    QCOMPARE(rt.spec().config.numHeads, 8);
+    QCOMPARE(rt.spec().config.numKvHeads, 4);
+    const Llama2cModel raw = loadLlama2c(kStories, false);
+    const std::vector<int> ref = ref_llama2c::greedy(raw, {1}, 200, true);
+    const std::vector<int32_t> got = runtimeGreedy(rt, {1}, 200);
+    QCOMPARE(std::vector<int>(got.begin(), got.end()), ref);
+
+    // Logits of one position agree closely, not only their arg-max.
+    ref_llama2c::RefState st;
+    std::vector<float> refLogits;
+    for (int pos = 0; pos < 8; ++pos) refLogits = ref_llama2c::forward(raw, st, ref[size_t(pos)], pos, true);
+    InferenceSession s(rt);
+    std::vector<float> logits;
+    s.append(std::vector<int32_t>(ref.begin(), ref.begin() + 8), &logits);
+    QVERIFY2(maxAbsDiff(logits, refLogits) < 1e-3f, std::to_string(maxAbsDiff(logits, refLogits)).c_str());
+}
+
+void TestRuntime::hfFolderMatchesLlama2c()
+{
+    if (!exists(kStories)) QSKIP("../shared/models/stories260K is absent (third-party test data, not in the repo)");
+    QTemporaryDir dir;
+    const std::string folder = dir.path().toStdString() + "/stories-hf";
+    QVERIFY(QDir().mkpath(QString::fromStdString(folder)));
+    LlamaWeights w = loadLlama2cWeights(kStories);  // HF names, q/k already in rotate_half order
+    writeText(folder + "/config.json", hfConfigJson(w.spec.config));
+    writeSafetensors(folder + "/model.safetensors", w.tensors);
+
+    const LlamaRuntime fromHf(loadLlamaWeights(folder), fp32Options());
+    const LlamaRuntime fromC(std::move(w), fp32Options());
+    QCOMPARE(fromHf.spec().format, std::string("safetensors"));
+    QVERIFY(fromHf.spec().tiedEmbeddings);
+    const std::vector<int32_t> prompt = {1, 403, 407, 261, 378, 288, 300, 412};
+    InferenceSession a(fromHf), b(fromC);
+    std::vector<float> la, lb;
+    a.append(prompt, nullptr, &la);
+    b.append(prompt, nullptr, &lb);
+    QCOMPARE(maxAbsDiff(la, lb), 0.0f);
+    QCOMPARE(fromHf.fingerprint(), fromC.fingerprint());
+}
+
+void TestRuntime::blockedPrefillAndPast()
+{
+    if (!exists(kStories)) QSKIP("../shared/models/stories260K is absent (third-party test data, not in the repo)");
+    RuntimeOptions small = fp32Options();
+    small.prefillBlock = 7;
+    const LlamaRuntime whole(loadLlama2cWeights(kStories), fp32Options());
+    const LlamaRuntime blocked(loadLlama2cWeights(kStories), small);
+    const std::vector<int32_t> text = runtimeGreedy(whole, {1}, 60);
+    std::vector<int32_t> ctx = {1};
+    ctx.insert(ctx.end(), text.begin(), text.end());
+
+    InferenceSession a(whole), b(blocked), c(whole);
+    std::vector<float> la, lb, lc;
+    a.append(ctx, nullptr, &la);
+    b.append(ctx, nullptr, &lb);
+    QVERIFY2(maxAbsDiff(la, lb) < 1e-4f, std::to_string(maxAbsDiff(la, lb)).c_str());
+    // Prefill with a past: the first 40 tokens, then the rest.
+    c.append(std::vector<int32_t>(ctx.begin(), ctx.begin() + 40), nullptr);
+    c.append(std::vector<int32_t>(ctx.begin() + 40, ctx.end()), &lc);
+    const std::vector<float> lastA(la.end() - std::ptrdiff_t(lc.size()), la.end());
+    QVERIFY2(maxAbsDiff(lastA, lc) < 1e-4f, std::to_string(maxAbsDiff(lastA, lc)).c_str());
+    QCOMPARE(c.position(), int(ctx.size()));
+    QCOMPARE(c.tokens(), ctx);
+}
+
+void TestRuntime::captureRoundTrip()
+{
+    if (!exists(kStories)) QSKIP("../shared/models/stories260K is absent (third-party test data, not in the repo)");
+    const LlamaRuntime rt(loadLlama2cWeights(kStories), RuntimeOptions{});  // fp16 KV, as captured
+    const std::vector<int32_t> ctx = [&] {
+        std::vector<int32_t> t = {1};
+        const std::vector<int32_t> g = runtimeGreedy(rt, {1}, 80);
+        t.insert(t.end(), g.begin(), g.end());
+        return t;
+    }();
+    // The question after the context: the first 3 tokens of a second story.
+    const std::vector<int32_t> question = {1, 403, 407};
+
+    InferenceSession live(rt);
+    live.append(ctx, nullptr);
+    const KvSet captured = live.exportKv();
+    QCOMPARE(captured.dtype(), DType::F16);
+    QCOMPARE(captured.shape().numTokens, int(ctx.size()));
+    QCOMPARE(captured.tokens, ctx);
+    QCOMPARE(captured.modelFingerprint, rt.fingerprint());
+    const std::vector<int32_t> afterPrefill = generate(live, question, 50, SamplingOptions{}).tokens;
+
+    QTemporaryDir dir;
+    const std::string path = dir.path().toStdString() + "/kv.h5";
+    writeKvH5(captured, path);
+    InferenceSession restored(rt);
+    restored.loadKv(readKvH5(path));
+    QCOMPARE(restored.tokens(), ctx);
+    const std::vector<int32_t> afterRead = generate(restored, question, 50, SamplingOptions{}).tokens;
+    QCOMPARE(afterRead, afterPrefill);
+
+    // A cache of another shape is refused.
+    KvSet wrong(KvShape{3, 4, 8, 10}, DType::F16);
+    QVERIFY_THROWS_EXCEPTION(kvscope::Error, restored.loadKv(wrong));
+}
+
+void TestRuntime::samplingIsSeeded()
+{
+    if (!exists(kStories)) QSKIP("../shared/models/stories260K is absent (third-party test data, not in the repo)");
+    const LlamaRuntime rt(loadLlama2cWeights(kStories), fp32Options());
+    auto sample = [&](uint64_t seed) {
+        InferenceSession s(rt);
+        return generate(s, {1}, 40, SamplingOptions{1.0, 0.9, seed}).tokens;
+    };
+    QCOMPARE(sample(7), sample(7));
+    QVERIFY(sample(7) != sample(8));
+    QVERIFY(sample(7) != runtimeGreedy(rt, {1}, 40));
+    QVERIFY_THROWS_EXCEPTION(kvscope::Error, TokenSampler(SamplingOptions{-1.0, 1.0, 0}));
+    QVERIFY_THROWS_EXCEPTION(kvscope::Error, TokenSampler(SamplingOptions{1.0, 0.0, 0}));
+}
+
+void TestRuntime::badWeights()
+{
+    if (!exists(kStories)) QSKIP("../shared/models/stories260K is absent (third-party test data, not in the repo)");
+    QTemporaryDir dir;
+    const LlamaWeights good = loadLlama2cWeights(kStories);
+    auto folderWith = [&](const std::string& name, auto edit, const std::string& config) {
+        const std::string folder = dir.path().toStdString() + "/" + name;
+        QDir().mkpath(QString::fromStdString(folder));
+        std::map<std::string, HostTensor> t = good.tensors;
+        edit(t);
+        writeText(folder + "/config.json", config);
+        writeSafetensors(folder + "/model.safetensors", t);
+        return folder;
+    };
+    const std::string cfg = hfConfigJson(good.spec.config);
+    const std::string missing = folderWith("missing", [](auto& t) { t.erase("model.layers.3.mlp.up_proj.weight"); }, cfg);
+    kvscope_test::expectError(missing, [&] { loadLlamaWeights(missing); }, "tensor 'model.layers.3.mlp.up_proj.weight': missing");
+    const std::string extra = folderWith("extra", [](auto& t) { t["model.layers.0.self_attn.o_proj.bias"] = HostTensor{{64}, std::vector<float>(64)}; }, cfg);
+    kvscope_test::expectError(extra, [&] { loadLlamaWeights(extra); }, "'model.layers.0.self_attn.o_proj.bias': unexpected");
+    const std::string shape = folderWith("shape", [](auto& t) { t["model.norm.weight"] = HostTensor{{65}, std::vector<float>(65)}; }, cfg);
+    kvscope_test::expectError(shape, [&] { loadLlamaWeights(shape); }, "shape (65,), expected (64,)");
+    std::string qwen = cfg;
+    qwen.replace(qwen.find("\"llama\""), 7, "\"gpt_neox\"");
+    const std::string arch = folderWith("arch", [](auto&) {}, qwen);
+    kvscope_test::expectError(arch + "/config.json", [&] { loadLlamaWeights(arch); }, "unsupported model type 'gpt_neox'");
+    // A pickle is never opened.
+    const std::string pickle = dir.path().toStdString() + "/pytorch_model.bin";
+    writeText(pickle, std::string("PK\x03\x04", 4) + "archive");
+    kvscope_test::expectError(pickle, [&] { loadLlamaWeights(pickle); }, "safetensors");
+}
+
+KVSCOPE_TEST_MAIN(TestRuntime)
+#include "tst_runtime.moc"
