@@ -184,6 +184,64 @@ private slots:
         QVERIFY2(r.err.contains(needle.toUtf8()), r.err.constData());
     }
 
+    // ---- model commands on a real llama2.c checkpoint (aidreams260K, third-party test data) ----
+    void modelCommands()
+    {
+        const QString dir = KVSCOPE_SOURCE_DIR "/../shared/models/aidreams260K";
+        if (!QFile::exists(dir + "/aidreams260K.bin")) QSKIP("../shared/models/aidreams260K is absent (test data)");
+        const QStringList model = {"--model", dir + "/aidreams260K.bin", "--tokenizer", dir + "/tok512.bin"};
+
+        Run r = cli({"info", dir + "/aidreams260K.bin", "--tokenizer", dir + "/tok512.bin", "--json"});
+        QCOMPARE(r.exitCode, 0);
+        QVERIFY(isSingleJsonObject(r.out));
+        QCOMPARE(r.json()["architecture"].toString(), QString("LlamaForCausalLM"));
+        QCOMPARE(r.json()["num_layers"].toInt(), 4);
+        QCOMPARE(r.json()["num_kv_heads"].toInt(), 4);
+        QCOMPARE(r.json()["head_dim"].toInt(), 16);
+        QCOMPARE(r.json()["vocab_size"].toInt(), 512);
+
+        r = cli({"tokenize", "--tokenizer", dir + "/tok512.bin", "--text", "I dreamed", "--json"});
+        QCOMPARE(r.exitCode, 0);
+        QCOMPARE(r.json()["ids"].toArray(), (QJsonArray{1, 303, 281, 269, 435, 447, 328}));
+
+        r = cli(QStringList{"generate"} + model + QStringList{"--prompt", "I dreamed", "--max-new-tokens", "30", "--kv-dtype", "fp32", "--json"});
+        QCOMPARE(r.exitCode, 0);
+        QVERIFY(isSingleJsonObject(r.out));
+        QCOMPARE(r.json()["tokens"].toArray().size(), 30);
+        QCOMPARE(r.json()["prompt_tokens"].toArray().size(), 7);
+        QVERIFY2(r.json()["text"].toString().startsWith(", as I sense the nodes, a gentle hum of probability."),
+                 qPrintable(r.json()["text"].toString()));
+
+        // capture writes the documented HDF5 layout; h5py (Debian's python3-h5py) reads it.
+        const QString ctx = path("ctx.txt"), kv = path("captured.h5");
+        QFile f(ctx);
+        QVERIFY(f.open(QIODevice::WriteOnly));
+        f.write("The network hums quietly. Vectors align, and a pattern settles.");
+        f.close();
+        r = cli(QStringList{"capture"} + model + QStringList{"--context", ctx, "--out", kv, "--json"});
+        QCOMPARE(r.exitCode, 0);
+        const int n = r.json()["num_tokens"].toInt();
+        QVERIFY(n > 10);
+        QCOMPARE(r.json()["bytes_fp16"].toInteger(), qint64(2) * 4 * 4 * n * 16 * 2);
+        QVERIFY(r.json()["prefill_s"].toDouble() > 0);
+        QProcess py;
+        py.start("/usr/bin/python3", {"-c",
+            "import h5py,sys; f=h5py.File(sys.argv[1],'r'); k=f['layers/03/value']; "
+            "print(f.attrs['format'], k.dtype.str, k.shape, len(f['tokens']), f['tokens'][0])", kv});
+        QVERIFY(py.waitForFinished(60000));
+        QCOMPARE(QString(py.readAllStandardOutput()).trimmed(), QString("kvscope-kv <f2 (4, %1, 16) %1 1").arg(n));
+
+        // Errors: one "error:" line last on stderr, nothing on stdout.
+        for (const QStringList& bad : {QStringList{"generate", "--model", dir + "/aidreams260K.bin", "--prompt", "x", "--json"},
+                                       QStringList{"info", "/nonexistent/model.gguf", "--json"}}) {
+            r = cli(bad);
+            QVERIFY(r.exitCode != 0);
+            QVERIFY(r.out.isEmpty());
+            const QList<QByteArray> lines = r.err.trimmed().split('\n');
+            QVERIFY2(lines.last().startsWith("error: "), r.err.constData());
+        }
+    }
+
     void demoRunsEndToEnd()
     {
         const Run r = cli({"demo", "--workdir", m_dir.path(), "--json"});

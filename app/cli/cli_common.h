@@ -31,6 +31,10 @@ void addCalibrateCommand(CLI::App& app, Output& out);
 void addDecodeCommand(CLI::App& app, Output& out);
 void addBenchCommand(CLI::App& app, Output& out);
 void addDemoCommand(CLI::App& app, Output& out);
+void addInfoCommand(CLI::App& app, Output& out);
+void addTokenizeCommand(CLI::App& app, Output& out);
+void addGenerateCommand(CLI::App& app, Output& out);
+void addCaptureCommand(CLI::App& app, Output& out);
 
 // Seconds since an arbitrary epoch, for timings.
 double nowSeconds();

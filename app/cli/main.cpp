@@ -14,6 +14,10 @@ int main(int argc, char** argv)
     app.set_version_flag("--version", std::string("kvscope ") + KVSCOPE_VERSION);
     app.require_subcommand(1);
     Output out;
+    addInfoCommand(app, out);
+    addTokenizeCommand(app, out);
+    addGenerateCommand(app, out);
+    addCaptureCommand(app, out);
     addStatsCommand(app, out);
     addSynthCommand(app, out);
     addEncodeCommand(app, out);

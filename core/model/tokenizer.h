@@ -2,8 +2,8 @@
 // which family a model uses.
 //
 // Families (each in its own file; this header only dispatches):
-//  - tokenizer.json, byte-level BPE (GPT-2 / Llama-3 style)             bpe_tokenizer.h
-//  - tokenizer.json, SentencePiece-style BPE (Llama-2 / Mistral style)  sp_tokenizer.h
+//  - tokenizer.json, byte-level BPE (GPT-2 / Llama-3 style) and
+//    SentencePiece-style BPE (Llama-2 / Mistral style): one pipeline   bpe_tokenizer.h
 //  - tokenizer.model through Debian's libsentencepiece                 spm_tokenizer.h
 //  - llama2.c tokenizer.bin                                            llama2c_tokenizer.h
 //  - the vocabulary embedded in a GGUF file (tokenizer.ggml.*)         gguf_tokenizer.h

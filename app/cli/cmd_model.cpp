@@ -1,0 +1,253 @@
+// `info`, `tokenize`, `generate` and `capture`: the model runtime from the command line.
+#include "cli_common.h"
+
+#include "common/file_io.h"
+#include "kv/kv_h5.h"
+#include "model/generate.h"
+#include "model/gguf.h"
+#include "model/model.h"
+
+#include <cstdio>
+#include <memory>
+
+namespace kvscope::cli {
+
+namespace {
+
+// Options every command that runs the model shares.
+struct ModelOpts {
+    std::string model;
+    std::string tokenizer;
+    int threads = 0;
+    std::string compute = "fp32";
+    std::string kvDtype = "fp16";
+    int block = 512;
+
+    void add(CLI::App* sub)
+    {
+        sub->add_option("--model", model, "model folder, GGUF or llama2.c file (default: the embedded SmolLM2-135M)");
+        sub->add_option("--tokenizer", tokenizer, "tokenizer file (required for llama2.c checkpoints)");
+        sub->add_option("--threads", threads, "CPU threads (0 = all cores)")->capture_default_str();
+        sub->add_option("--compute", compute, "matmul precision: fp32 or bf16")->capture_default_str();
+        sub->add_option("--kv-dtype", kvDtype, "precision of the KV cache: fp16, bf16 or fp32")->capture_default_str();
+        sub->add_option("--block", block, "prefill block in tokens (bounds memory)")->capture_default_str();
+    }
+    RuntimeOptions runtime() const
+    {
+        RuntimeOptions o;
+        o.threads = threads;
+        o.prefillBlock = block;
+        if (!parseDType(compute, &o.compute) || o.compute == DType::F16)
+            throw Error("--compute: '" + compute + "' is not fp32 or bf16");
+        if (!parseDType(kvDtype, &o.kvDtype)) throw Error("--kv-dtype: '" + kvDtype + "' is not fp16, bf16 or fp32");
+        if (block < 1) throw Error("--block must be at least 1");
+        return o;
+    }
+    std::unique_ptr<Model> open() const
+    {
+        std::fprintf(stderr, "loading %s\n", resolveModelPath(model).c_str());
+        return Model::open(model, tokenizer, runtime());
+    }
+};
+
+json idsJson(const std::vector<int32_t>& ids) { return json(ids); }
+
+bool isGgufFile(const std::string& p)
+{
+    FILE* f = std::fopen(p.c_str(), "rb");
+    if (!f) return false;
+    char m[4] = {0, 0, 0, 0};
+    const bool ok = std::fread(m, 1, 4, f) == 4 && std::string(m, 4) == "GGUF";
+    std::fclose(f);
+    return ok;
+}
+
+}  // namespace
+
+void addInfoCommand(CLI::App& app, Output& out)
+{
+    auto* sub = app.add_subcommand("info", "Summary of a model (architecture, sizes, tokenizer)");
+    auto o = std::make_shared<ModelOpts>();
+    sub->add_option("model", o->model, "model folder, GGUF or llama2.c file (default: the embedded SmolLM2-135M)");
+    sub->add_option("--tokenizer", o->tokenizer, "tokenizer file (required for llama2.c checkpoints)");
+    sub->add_flag("--json", out.asJson, "print one JSON object");
+    sub->callback([o, &out] {
+        const std::unique_ptr<Model> m = o->open();
+        const LlamaSpec& s = m->spec();
+        const ModelConfig& c = s.config;
+        const int64_t kvBytesPerToken = 2LL * c.numLayers * c.numKvHeads * c.headDim * 2;
+        const json j = {
+            {"path", m->path()},
+            {"name", s.name},
+            {"format", s.format},
+            {"architecture", c.architecture},
+            {"model_type", c.modelType},
+            {"num_layers", c.numLayers},
+            {"hidden_size", c.hiddenSize},
+            {"intermediate_size", c.intermediateSize},
+            {"num_heads", c.numHeads},
+            {"num_kv_heads", c.numKvHeads},
+            {"head_dim", c.headDim},
+            {"vocab_size", c.vocabSize},
+            {"max_position_embeddings", c.maxPositionEmbeddings},
+            {"rope_theta", c.ropeTheta},
+            {"rope_scaling", c.rope.type.empty() ? "none" : c.rope.type},
+            {"rms_norm_eps", c.rmsNormEps},
+            {"sliding_window", c.slidingWindow},
+            {"tied_embeddings", s.tiedEmbeddings},
+            {"qkv_bias", s.qkvBias},
+            {"parameters", s.parameters},
+            {"weight_types", s.weightTypes},
+            {"fingerprint", m->runtime().fingerprint()},
+            {"tokenizer", m->tokenizer().description()},
+            {"bos_id", m->tokenizer().bosId()},
+            {"eos_id", m->tokenizer().eosId()},
+            {"chat", m->isChat()},
+            {"kv_bytes_per_token_fp16", kvBytesPerToken},
+            {"runtime", m->runtime().describe()},
+            {"load_s", m->loadSeconds()},
+        };
+        out.emit(j, [](const json& j) {
+            std::printf("%s (%s, %s)\n", j["name"].get<std::string>().c_str(), j["architecture"].get<std::string>().c_str(),
+                        j["format"].get<std::string>().c_str());
+            std::printf("  %d layers, hidden %d, %d heads / %d KV heads x %d, vocab %d, %.1fM parameters\n",
+                        j["num_layers"].get<int>(), j["hidden_size"].get<int>(), j["num_heads"].get<int>(),
+                        j["num_kv_heads"].get<int>(), j["head_dim"].get<int>(), j["vocab_size"].get<int>(),
+                        j["parameters"].get<double>() / 1e6);
+            std::printf("  weights: %s\n  tokenizer: %s\n  KV cache: %lld bytes per token in fp16\n",
+                        j["weight_types"].get<std::string>().c_str(), j["tokenizer"].get<std::string>().c_str(),
+                        j["kv_bytes_per_token_fp16"].get<long long>());
+        });
+    });
+}
+
+void addTokenizeCommand(CLI::App& app, Output& out)
+{
+    auto* sub = app.add_subcommand("tokenize", "Token ids of a text");
+    struct Opts {
+        std::string tokenizer, text, textFile;
+        bool noSpecial = false;
+    };
+    auto o = std::make_shared<Opts>();
+    sub->add_option("--tokenizer", o->tokenizer, "tokenizer.json, tokenizer.model, tokenizer.bin, a model folder or a GGUF file (default: the embedded model's)");
+    auto* text = sub->add_option("--text", o->text, "the text");
+    sub->add_option("--text-file", o->textFile, "read the text from a file")->excludes(text);
+    sub->add_flag("--no-special", o->noSpecial, "do not add BOS / template tokens");
+    sub->add_flag("--json", out.asJson, "print one JSON object");
+    sub->callback([o, &out] {
+        const std::string path = o->tokenizer.empty() ? resolveModelPath("") : o->tokenizer;
+        const std::unique_ptr<Tokenizer> tok = isGgufFile(path) ? tokenizerFromGguf(GgufFile::open(path)) : loadTokenizer(path);
+        const std::string text = o->textFile.empty() ? o->text : readSmallFile(o->textFile, 64u << 20);
+        const std::vector<int32_t> ids = tok->encode(text, !o->noSpecial);
+        json pieces = json::array();
+        for (int32_t id : ids) pieces.push_back(tok->decode({id}, false));
+        const json j = {{"ids", idsJson(ids)}, {"count", ids.size()}, {"pieces", pieces}, {"tokenizer", tok->description()}};
+        out.emit(j, [](const json& j) {
+            for (const auto& id : j["ids"]) std::printf("%d ", id.get<int>());
+            std::printf("\n(%zu tokens)\n", j["ids"].size());
+        });
+    });
+}
+
+void addGenerateCommand(CLI::App& app, Output& out)
+{
+    auto* sub = app.add_subcommand("generate", "Generate text from a prompt");
+    struct Opts : ModelOpts {
+        std::string prompt;
+        int maxNew = 64;
+        SamplingOptions sampling;
+        bool chat = false;
+        bool raw = false;
+    };
+    auto o = std::make_shared<Opts>();
+    o->add(sub);
+    sub->add_option("--prompt", o->prompt, "the prompt")->required();
+    sub->add_option("--max-new-tokens", o->maxNew, "tokens to generate")->capture_default_str();
+    sub->add_option("--temperature", o->sampling.temperature, "0 = greedy")->capture_default_str();
+    sub->add_option("--top-p", o->sampling.topP, "nucleus sampling mass")->capture_default_str();
+    sub->add_option("--seed", o->sampling.seed, "sampling seed")->capture_default_str();
+    sub->add_flag("--chat", o->chat, "wrap the prompt in the model's chat format (ChatML models)");
+    sub->add_flag("--no-stop", o->raw, "do not stop at EOS / end-of-turn tokens");
+    sub->add_flag("--json", out.asJson, "print one JSON object");
+    sub->callback([o, &out] {
+        if (o->maxNew < 1) throw Error("--max-new-tokens must be at least 1");
+        const std::unique_ptr<Model> m = o->open();
+        const std::vector<int32_t> prompt = m->promptTokens(o->prompt, o->chat);
+        InferenceSession session(m->runtime());
+        const double t0 = nowSeconds();
+        const Generation g = generate(session, prompt, o->maxNew, o->sampling, o->raw ? std::vector<int32_t>{} : m->stopIds());
+        const double seconds = nowSeconds() - t0;
+        const double decodeSeconds = seconds - g.firstTokenSeconds;
+        const json j = {
+            {"prompt_tokens", idsJson(prompt)},
+            {"tokens", idsJson(g.tokens)},
+            {"text", m->tokenizer().decode(g.tokens, true)},
+            {"stopped_at_eos", g.stoppedAtEos},
+            {"load_s", m->loadSeconds()},
+            {"first_token_s", g.firstTokenSeconds},
+            {"prefill_tokens_per_s", number(double(prompt.size()) / g.firstTokenSeconds)},
+            {"decode_tokens_per_s", number(g.tokens.size() > 1 ? double(g.tokens.size() - 1) / decodeSeconds : NAN)},
+            {"runtime", m->runtime().describe()},
+        };
+        out.emit(j, [](const json& j) { std::printf("%s\n", j["text"].get<std::string>().c_str()); });
+    });
+}
+
+void addCaptureCommand(CLI::App& app, Output& out)
+{
+    auto* sub = app.add_subcommand("capture", "Prefill a context and save its KV cache (HDF5)");
+    struct Opts : ModelOpts {
+        std::string context, outPath;
+        int gzip = 0;
+    };
+    auto o = std::make_shared<Opts>();
+    o->add(sub);
+    sub->add_option("--context", o->context, "UTF-8 text file")->required();
+    sub->add_option("--out", o->outPath, "KV file to write (HDF5)")->required();
+    sub->add_option("--gzip", o->gzip, "HDF5 shuffle+gzip level (0 = none)")->capture_default_str();
+    sub->add_flag("--json", out.asJson, "print one JSON object");
+    sub->callback([o, &out] {
+        if (o->gzip < 0 || o->gzip > 9) throw Error("--gzip must be in 0..9");
+        const std::string text = readSmallFile(o->context, 64u << 20);
+        const std::unique_ptr<Model> m = o->open();
+        const std::vector<int32_t> tokens = m->contextTokens(text);
+        std::fprintf(stderr, "prefill of %zu tokens\n", tokens.size());
+        InferenceSession session(m->runtime());
+        const double t0 = nowSeconds();
+        int lastPct = -1;
+        session.append(tokens, nullptr, nullptr, [&](int done, int total) {
+            const int pct = int(100.0 * done / total);
+            if (pct / 10 != lastPct / 10) std::fprintf(stderr, "  %d%% (%d/%d tokens)\n", pct, done, total);
+            lastPct = pct;
+            return true;
+        });
+        const double prefill = nowSeconds() - t0;
+        KvSet kv = session.exportKv();
+        kv.context = text;
+        H5WriteOptions wo;
+        wo.gzipLevel = o->gzip;
+        writeKvH5(kv, o->outPath, wo);
+        const KvShape& s = kv.shape();
+        const json j = {
+            {"out", o->outPath},
+            {"model", m->spec().name},
+            {"fingerprint", kv.modelFingerprint},
+            {"num_tokens", s.numTokens},
+            {"num_layers", s.numLayers},
+            {"num_kv_heads", s.numKvHeads},
+            {"head_dim", s.headDim},
+            {"dtype", dtypeName(kv.dtype())},
+            {"bytes_fp16", uint64_t(s.totalValues()) * 2},
+            {"prefill_s", prefill},
+            {"prefill_tokens_per_s", double(s.numTokens) / prefill},
+            {"runtime", m->runtime().describe()},
+        };
+        out.emit(j, [](const json& j) {
+            std::printf("%d tokens -> %s (%.1f MB in fp16), prefill %.2f s (%.0f tokens/s)\n", j["num_tokens"].get<int>(),
+                        j["out"].get<std::string>().c_str(), j["bytes_fp16"].get<double>() / 1e6, j["prefill_s"].get<double>(),
+                        j["prefill_tokens_per_s"].get<double>());
+        });
+    });
+}
+
+}  // namespace kvscope::cli
