@@ -35,6 +35,7 @@ void addInfoCommand(CLI::App& app, Output& out);
 void addTokenizeCommand(CLI::App& app, Output& out);
 void addGenerateCommand(CLI::App& app, Output& out);
 void addCaptureCommand(CLI::App& app, Output& out);
+void addBenchModelCommand(CLI::App& app, Output& out);  // after addBenchCommand
 
 // Seconds since an arbitrary epoch, for timings.
 double nowSeconds();

@@ -251,3 +251,52 @@ void addCaptureCommand(CLI::App& app, Output& out)
 }
 
 }  // namespace kvscope::cli
+
+namespace kvscope::cli {
+
+void addBenchModelCommand(CLI::App& app, Output& out)
+{
+    auto* sub = app.get_subcommand("bench")->add_subcommand("model", "Prefill and decode speed of the runtime");
+    struct Opts : ModelOpts {
+        int tokens = 512;
+        int decode = 32;
+    };
+    auto o = std::make_shared<Opts>();
+    o->add(sub);
+    sub->add_option("--tokens", o->tokens, "prefill length (token ids drawn from the vocabulary)")->capture_default_str();
+    sub->add_option("--decode", o->decode, "tokens decoded one at a time after the prefill")->capture_default_str();
+    sub->add_flag("--json", out.asJson, "print one JSON object");
+    sub->callback([o, &out] {
+        if (o->tokens < 1 || o->decode < 1) throw Error("--tokens and --decode must be at least 1");
+        // Weights only: no tokenizer needed, the ids are a fixed pseudo-random sequence.
+        const LlamaRuntime rt(loadLlamaWeights(resolveModelPath(o->model)), o->runtime());
+        const int vocab = rt.spec().config.vocabSize;
+        std::vector<int32_t> ids(static_cast<size_t>(o->tokens));
+        uint32_t x = 12345;
+        for (int32_t& id : ids) id = int32_t((x = x * 1664525u + 1013904223u) % uint32_t(vocab));
+        InferenceSession s(rt);
+        std::vector<float> logits;
+        double t0 = nowSeconds();
+        s.append(ids, &logits);
+        const double prefill = nowSeconds() - t0;
+        t0 = nowSeconds();
+        for (int i = 0; i < o->decode; ++i) s.append({argmax(logits.data(), logits.size())}, &logits);
+        const double decode = nowSeconds() - t0;
+        const json j = {{"model", rt.spec().name},
+                        {"prefill_tokens", o->tokens},
+                        {"prefill_s", prefill},
+                        {"prefill_tokens_per_s", o->tokens / prefill},
+                        {"decode_tokens", o->decode},
+                        {"decode_tokens_per_s", o->decode / decode},
+                        {"decode_ms_per_token", 1e3 * decode / o->decode},
+                        {"runtime", rt.describe()}};
+        out.emit(j, [](const json& j) {
+            std::printf("%s: prefill %d tokens in %.2f s (%.0f tokens/s); decode %.1f ms/token (%.1f tokens/s); %s\n",
+                        j["model"].get<std::string>().c_str(), j["prefill_tokens"].get<int>(), j["prefill_s"].get<double>(),
+                        j["prefill_tokens_per_s"].get<double>(), j["decode_ms_per_token"].get<double>(),
+                        j["decode_tokens_per_s"].get<double>(), j["runtime"].get<std::string>().c_str());
+        });
+    });
+}
+
+}  // namespace kvscope::cli

@@ -24,6 +24,7 @@ int main(int argc, char** argv)
     addCalibrateCommand(app, out);
     addDecodeCommand(app, out);
     addBenchCommand(app, out);
+    addBenchModelCommand(app, out);
     addDemoCommand(app, out);
     try {
         app.parse(argc, argv);

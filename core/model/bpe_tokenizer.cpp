@@ -970,7 +970,7 @@ int BpeTokenizer::vocabSize() const { return impl_->vocabSize; }
 
 int32_t BpeTokenizer::bosId() const { return impl_->bos; }
 
-int32_t BpeTokenizer::addedTokenId(const std::string& text) const
+int32_t BpeTokenizer::specialId(const std::string& text) const
 {
     for (const auto& a : impl_->added)
         if (a.content == text) return a.id;

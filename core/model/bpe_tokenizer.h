@@ -65,7 +65,7 @@ public:
     // (e.g. the early Llama-3 file whose post-processor is ByteLevel).
     int32_t bosId() const;
     // Id of the added token whose content is exactly `text`, or -1.
-    int32_t addedTokenId(const std::string& text) const;
+    int32_t specialId(const std::string& text) const;
     bool isByteLevel() const;
 
     struct Impl;

@@ -27,10 +27,11 @@ void requireUtf8(const std::string& text)
         throw Error("tokenizer input is not valid UTF-8 at byte " + std::to_string(bad));
 }
 
-class JsonBpe : public Tokenizer {
+// Wraps a family class that already has the Tokenizer methods under the same names.
+template <class T>
+class Forwarding : public Tokenizer {
 public:
-    JsonBpe(BpeTokenizer t, int32_t eos, std::string what)
-        : t_(std::move(t)), eos_(eos), what_(std::move(what)) {}
+    Forwarding(T t, int32_t eos, std::string what) : t_(std::move(t)), eos_(eos), what_(std::move(what)) {}
     std::vector<int32_t> encode(const std::string& s, bool addSpecial) const override
     {
         return t_.encode(s, addSpecial);
@@ -42,35 +43,13 @@ public:
     int vocabSize() const override { return t_.vocabSize(); }
     int32_t bosId() const override { return t_.bosId(); }
     int32_t eosId() const override { return eos_; }
-    int32_t specialId(const std::string& text) const override { return t_.addedTokenId(text); }
+    int32_t specialId(const std::string& text) const override { return t_.specialId(text); }
     std::string description() const override { return what_; }
 
 private:
-    BpeTokenizer t_;
+    T t_;
     int32_t eos_;
     std::string what_;
-};
-
-class Spm : public Tokenizer {
-public:
-    Spm(SpmTokenizer t, int32_t eos) : t_(std::move(t)), eos_(eos) {}
-    std::vector<int32_t> encode(const std::string& s, bool addSpecial) const override
-    {
-        return t_.encode(s, addSpecial);
-    }
-    std::string decode(const std::vector<int32_t>& ids, bool skipSpecial) const override
-    {
-        return t_.decode(ids, skipSpecial);
-    }
-    int vocabSize() const override { return t_.vocabSize(); }
-    int32_t bosId() const override { return t_.bosId(); }
-    int32_t eosId() const override { return eos_ >= 0 ? eos_ : t_.eosId(); }
-    int32_t specialId(const std::string& text) const override { return t_.specialId(text); }
-    std::string description() const override { return "SentencePiece (tokenizer.model)"; }
-
-private:
-    SpmTokenizer t_;
-    int32_t eos_;
 };
 
 class Llama2c : public Tokenizer {
@@ -110,27 +89,6 @@ private:
     int32_t eos_;
 };
 
-class GgufSpm : public Tokenizer {
-public:
-    explicit GgufSpm(GgufSpmTokenizer t) : t_(std::move(t)) {}
-    std::vector<int32_t> encode(const std::string& s, bool addSpecial) const override
-    {
-        return t_.encode(s, addSpecial);
-    }
-    std::string decode(const std::vector<int32_t>& ids, bool skipSpecial) const override
-    {
-        return t_.decode(ids, skipSpecial);
-    }
-    int vocabSize() const override { return t_.vocabSize(); }
-    int32_t bosId() const override { return t_.bosId(); }
-    int32_t eosId() const override { return t_.eosId(); }
-    int32_t specialId(const std::string& text) const override { return t_.specialId(text); }
-    std::string description() const override { return "SentencePiece (GGUF, llama)"; }
-
-private:
-    GgufSpmTokenizer t_;
-};
-
 // eos_token of the tokenizer_config.json next to a tokenizer.json: a string or {"content": ...}.
 // Returns "" when there is no such file or field; a malformed file is an error.
 std::string configEosToken(const fs::path& tokenizerJson)
@@ -165,11 +123,11 @@ std::unique_ptr<Tokenizer> loadJson(const std::string& path, int32_t eosHint)
     int32_t eos = eosHint;
     if (eos < 0) {
         const std::string name = configEosToken(path);
-        if (!name.empty()) eos = t.addedTokenId(name);
+        if (!name.empty()) eos = t.specialId(name);
     }
     const std::string what = t.isByteLevel() ? "byte-level BPE (tokenizer.json)"
                                              : "SentencePiece-style BPE (tokenizer.json)";
-    return std::make_unique<JsonBpe>(std::move(t), eos, what);
+    return std::make_unique<Forwarding<BpeTokenizer>>(std::move(t), eos, what);
 }
 
 }  // namespace
@@ -186,7 +144,11 @@ std::unique_ptr<Tokenizer> loadTokenizer(const std::string& path, int expectedVo
     }
     if (!fs::exists(path, ec)) throw inputError(path, "", "cannot open: no such file");
     if (endsWith(path, ".json")) return loadJson(path, eosHint);
-    if (endsWith(path, ".model")) return std::make_unique<Spm>(SpmTokenizer::load(path), eosHint);
+    if (endsWith(path, ".model")) {
+        SpmTokenizer t = SpmTokenizer::load(path);
+        const int32_t eos = eosHint >= 0 ? eosHint : t.eosId();
+        return std::make_unique<Forwarding<SpmTokenizer>>(std::move(t), eos, "SentencePiece (tokenizer.model)");
+    }
     if (endsWith(path, ".bin"))
         return std::make_unique<Llama2c>(Llama2cTokenizer::load(path, expectedVocab), eosHint);
     if (endsWith(path, ".gguf")) return tokenizerFromGguf(GgufFile::open(path));
@@ -208,9 +170,13 @@ std::unique_ptr<Tokenizer> tokenizerFromGguf(const GgufFile& file)
                 throw inputError(file.path(), "metadata 'tokenizer.ggml.eos_token_id'", "out of range");
             eos = int32_t(id);
         }
-        return std::make_unique<JsonBpe>(std::move(t), eos, "byte-level BPE (GGUF, gpt2)");
+        return std::make_unique<Forwarding<BpeTokenizer>>(std::move(t), eos, "byte-level BPE (GGUF, gpt2)");
     }
-    if (model == "llama") return std::make_unique<GgufSpm>(GgufSpmTokenizer::fromGguf(file));
+    if (model == "llama") {
+        GgufSpmTokenizer t = GgufSpmTokenizer::fromGguf(file);
+        const int32_t eos = t.eosId();
+        return std::make_unique<Forwarding<GgufSpmTokenizer>>(std::move(t), eos, "SentencePiece (GGUF, llama)");
+    }
     throw inputError(file.path(), "metadata 'tokenizer.ggml.model'",
                      "tokenizer model \"" + model + "\" not supported (only gpt2 and llama)");
 }
