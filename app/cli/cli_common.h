@@ -31,11 +31,15 @@ void addCalibrateCommand(CLI::App& app, Output& out);
 void addDecodeCommand(CLI::App& app, Output& out);
 void addBenchCommand(CLI::App& app, Output& out);
 void addDemoCommand(CLI::App& app, Output& out);
+void addEvalCommand(CLI::App& app, Output& out);
 void addInfoCommand(CLI::App& app, Output& out);
 void addTokenizeCommand(CLI::App& app, Output& out);
 void addGenerateCommand(CLI::App& app, Output& out);
 void addCaptureCommand(CLI::App& app, Output& out);
 void addBenchModelCommand(CLI::App& app, Output& out);  // after addBenchCommand
+void addStreamCommand(CLI::App& app, Output& out);
+void addServeCommand(CLI::App& app, Output& out);
+void addPushCommand(CLI::App& app, Output& out);
 
 // Seconds since an arbitrary epoch, for timings.
 double nowSeconds();

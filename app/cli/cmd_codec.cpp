@@ -1,5 +1,6 @@
-// `encode`, `decode`, `bench codec` and `demo`: the codec from the command line.
+// `encode`, `decode` and `bench codec`: the codec from the command line.
 #include "cli_common.h"
+#include "cli_codec.h"
 
 #include "codec/bench.h"
 #include "codec/container.h"
@@ -11,64 +12,6 @@
 #include <sstream>
 
 namespace kvscope::cli {
-
-namespace {
-
-// Profile settings a user can override on the command line, on top of --profile or the default.
-struct ProfileOptions {
-    std::string profilePath;
-    std::string codec = "cachegen";
-    int chunkTokens = 0;
-    int deltaGroup = -1;
-    int anchorBins = -1;
-    std::string tables, keyQuantizer, valueQuantizer;
-
-    void add(CLI::App* sub)
-    {
-        sub->add_option("--profile", profilePath, "codec profile (JSON); default: CacheGen's three levels");
-        sub->add_option("--codec", codec, "cachegen, fp16, int8, kivi2, kivi4 or zstd")->capture_default_str();
-        sub->add_option("--chunk-tokens", chunkTokens, "tokens per chunk (16..8192), overrides the profile");
-        sub->add_option("--delta-group", deltaGroup, "tokens per anchor group, 0 = no delta coding");
-        sub->add_option("--anchor-bins", anchorBins, "bins for anchor tokens, 0 = the layer's bins");
-        sub->add_option("--tables", tables, "inband (per chunk) or shared (calibrated once per file)");
-        sub->add_option("--key-quantizer", keyQuantizer, "token (CacheGen) or channel (KIVI-style)");
-        sub->add_option("--value-quantizer", valueQuantizer, "token or channel");
-    }
-
-    std::string source() const { return profilePath.empty() ? "default profile" : profilePath; }
-
-    CodecParams params(const KvSet& kv) const
-    {
-        CodecParams p;
-        if (!parseCodecName(codec, &p.codec)) throw Error("--codec: unknown codec '" + codec + "'");
-        p.shape = kv.shape();
-        p.dtype = kv.dtype();
-        p.profile = profilePath.empty() ? defaultProfile(kv.shape().numLayers) : loadProfile(profilePath);
-        CodecProfile& pr = p.profile;
-        if (chunkTokens) pr.chunkTokens = chunkTokens;
-        if (deltaGroup >= 0) pr.deltaGroup = deltaGroup;
-        if (anchorBins >= 0) pr.anchorBins = anchorBins;
-        if (tables == "inband") pr.tables = TableMode::InBand;
-        else if (tables == "shared") pr.tables = TableMode::Shared;
-        else if (!tables.empty()) throw Error("--tables: expected inband or shared, got '" + tables + "'");
-        auto quantizer = [](const std::string& s, Quantizer* q, const char* opt) {
-            if (s == "token") *q = Quantizer::PerToken;
-            else if (s == "channel") *q = Quantizer::PerChannel;
-            else if (!s.empty()) throw Error(std::string(opt) + ": expected token or channel, got '" + s + "'");
-        };
-        quantizer(keyQuantizer, &pr.keyQuantizer, "--key-quantizer");
-        quantizer(valueQuantizer, &pr.valueQuantizer, "--value-quantizer");
-        const std::string src = source();
-        if (pr.hasCalibratedTables() && (deltaGroup >= 0 || anchorBins >= 0 || !keyQuantizer.empty() || !valueQuantizer.empty()))
-            throw inputError(src, "calibrated_tables", "--delta-group, --anchor-bins and the quantizer options change what "
-                                                       "the calibrated tables describe: recalibrate instead");
-        validateProfile(pr, src);
-        if (int(pr.levels.front().keyBins.size()) != kv.shape().numLayers)
-            throw inputError(src, "levels", "bins cover " + std::to_string(pr.levels.front().keyBins.size()) +
-                                                " layers, the KV cache has " + std::to_string(kv.shape().numLayers));
-        return p;
-    }
-};
 
 json sizeJson(uint64_t bytes, const KvShape& s)
 {
@@ -96,6 +39,8 @@ json errorJson(const KvError& e, bool perLayer)
 // Encodes kv into path and describes every level; with verify, decodes each level and adds errors.
 // Sizes count what a receiver must fetch: chunks, plus the shared tables when they were calibrated
 // on this cache (they travel in the file), but not when they come from the profile (the receiver has it).
+namespace {
+
 json encodeReport(const KvSet& kv, const CodecParams& p, const std::string& path, bool verify, bool perLayer,
                   const std::string& profileSource = "default profile")
 {
@@ -345,57 +290,6 @@ void addBenchCommand(CLI::App& app, Output& out)
                             x["bits_per_value"].get<double>());
             std::printf("ours vs zstd: decode %.2fx, encode %.2fx, size %.3fx\n", r["decode_vs_zstd_decompress"].get<double>(),
                         r["encode_vs_zstd_compress"].get<double>(), r["size_vs_zstd"].get<double>());
-        });
-    });
-}
-
-void addDemoCommand(CLI::App& app, Output& out)
-{
-    auto* sub = app.add_subcommand("demo", "End-to-end codec run on the embedded sample");
-    auto dir = std::make_shared<std::string>();
-    sub->add_option("--workdir", *dir, "where to write the sample files (default: a temporary folder)");
-    sub->add_flag("--json", out.asJson, "print one JSON object");
-    sub->callback([dir, &out] {
-        // Until the model runtime lands, the sample is a synthetic cache shaped like SmolLM2-135M's
-        // (30 layers, 3 KV heads of 64 dims) over 1024 tokens.
-        std::string work = *dir;
-        if (work.empty()) {
-            char tmpl[] = "/tmp/kvscope-demo-XXXXXX";
-            if (!mkdtemp(tmpl)) throw Error("cannot create a temporary folder");
-            work = tmpl;
-        }
-        SyntheticSpec spec;
-        spec.shape = {30, 3, 64, 1024};
-        KvSet kv = makeSyntheticKv(spec);
-        kv.modelName = "synthetic (SmolLM2-135M shape)";
-        writeKvH5(kv, work + "/sample.h5");
-        json results = json::array();
-        for (const char* codec : {"cachegen", "int8", "kivi2", "kivi4", "zstd", "fp16"}) {
-            ProfileOptions po;
-            po.codec = codec;
-            const CodecParams p = po.params(kv);
-            const json r = encodeReport(kv, p, work + "/sample." + codec + ".kvc", true, false);
-            for (const json& l : r["levels"]) {
-                json row = l;
-                row["codec"] = codec;
-                results.push_back(row);
-            }
-        }
-        json j = {{"workdir", work},
-                  {"kv", "synthetic: no model runtime yet"},
-                  {"num_tokens", kv.shape().numTokens},
-                  {"ttft_s", nullptr},
-                  {"results", results}};
-        out.emit(j, [](const json& r) {
-            std::printf("kvscope demo on a synthetic KV cache (%d tokens, SmolLM2-135M shape); files in %s\n",
-                        r["num_tokens"].get<int>(), r["workdir"].get<std::string>().c_str());
-            std::printf("%-9s %5s %12s %10s %10s %10s %12s\n", "codec", "level", "bytes", "bits/val", "vs fp16",
-                        "vs int8", "max error");
-            for (const json& x : r["results"])
-                std::printf("%-9s %5d %12llu %10.3f %9.2fx %9.2fx %12.4g\n", x["codec"].get<std::string>().c_str(),
-                            x["level"].get<int>(), (unsigned long long)x["bytes"].get<uint64_t>(),
-                            x["bits_per_value"].get<double>(), x["ratio_vs_fp16"].get<double>(),
-                            x["ratio_vs_int8"].get<double>(), x["max_abs_error"].get<double>());
         });
     });
 }

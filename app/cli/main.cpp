@@ -25,7 +25,11 @@ int main(int argc, char** argv)
     addDecodeCommand(app, out);
     addBenchCommand(app, out);
     addBenchModelCommand(app, out);
+    addEvalCommand(app, out);
     addDemoCommand(app, out);
+    addStreamCommand(app, out);
+    addServeCommand(app, out);
+    addPushCommand(app, out);
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {

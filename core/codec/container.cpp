@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -266,6 +267,11 @@ void KvcReader::readAt(uint64_t offset, size_t size, uint8_t* dst, const std::st
         throw Error(where(what) + ": bytes " + std::to_string(offset) + "+" + std::to_string(size) +
                     " lie outside the file (" + std::to_string(m_fileSize) + " bytes)");
     if (m_fd < 0) {
+        if (m_holeEnd > kKvcHeaderSize && offset + size > kKvcHeaderSize) {  // a skeleton
+            if (offset < m_holeEnd)
+                throw Error(where(what) + ": the chunk payloads are not part of this skeleton");
+            offset -= m_holeEnd - kKvcHeaderSize;
+        }
         if (size) std::memcpy(dst, m_memory.data() + offset, size);
         return;
     }
@@ -348,6 +354,9 @@ void KvcReader::parse()
         if (crc32(sec[s].data(), sec[s].size()) != refs[s].crc) throw Error(where(kSectionNames[s]) + ": CRC mismatch");
     }
 
+    m_sectionsStart = m_fileSize;
+    for (int s = 0; s < kNumSections; ++s) m_sectionsStart = std::min<uint64_t>(m_sectionsStart, refs[s].offset);
+
     // Levels: bins per (level, kind, layer).
     const size_t L = size_t(p.shape.numLayers);
     if (sec[kLevels].size() != size_t(levels) * 2 * L * 2)
@@ -424,6 +433,12 @@ uint32_t KvcReader::chunkBytes(int chunk, int level) const
     return m_index[size_t(chunk) * m_params.numLevels() + size_t(level - 1)].size;
 }
 
+uint32_t KvcReader::chunkCrc(int chunk, int level) const
+{
+    KVSCOPE_ASSERT(chunk >= 0 && chunk < m_params.numChunks() && level >= 1 && level <= m_params.numLevels());
+    return m_index[size_t(chunk) * m_params.numLevels() + size_t(level - 1)].crc;
+}
+
 uint64_t KvcReader::levelBytes(int level) const
 {
     uint64_t total = 0;
@@ -447,6 +462,45 @@ std::vector<uint8_t> KvcReader::readChunk(int chunk, int level) const
     readAt(e.offset, e.size, b.data(), place);
     if (crc32(b.data(), b.size()) != e.crc) throw Error(where(place) + ": CRC mismatch (corrupt chunk)");
     return b;
+}
+
+void KvcReader::decodePayloadInto(int chunk, int level, const uint8_t* data, size_t size, KvSet& out) const
+{
+    if (chunk < 0 || chunk >= m_params.numChunks() || level < 1 || level > m_params.numLevels())
+        throw Error(where("chunk " + std::to_string(chunk) + " level " + std::to_string(level)) + ": no such chunk");
+    const IndexEntry& e = m_index[size_t(chunk) * m_params.numLevels() + size_t(level - 1)];
+    const std::string place = "chunk " + std::to_string(chunk) + " level " + std::to_string(level);
+    if (size != e.size)
+        throw Error(where(place) + ": payload of " + std::to_string(size) + " bytes, the index says " + std::to_string(e.size));
+    if (crc32(data, size) != e.crc) throw Error(where(place) + ": CRC mismatch (corrupt chunk)");
+    const bool shared = m_params.codec == CodecId::CacheGen && m_params.profile.tables == TableMode::Shared;
+    decodeChunk(m_params, data, size, chunk, level, shared ? &m_tables[size_t(level - 1)] : nullptr, out, where(place));
+}
+
+std::vector<uint8_t> KvcReader::skeleton() const
+{
+    std::vector<uint8_t> b(kKvcHeaderSize + (m_fileSize - m_sectionsStart));
+    readAt(0, kKvcHeaderSize, b.data(), "header");
+    readAt(m_sectionsStart, m_fileSize - m_sectionsStart, b.data() + kKvcHeaderSize, "sections");
+    return b;
+}
+
+std::unique_ptr<KvcReader> KvcReader::fromSkeleton(std::vector<uint8_t> bytes, const std::string& name)
+{
+    if (bytes.size() < kKvcHeaderSize)
+        throw Error(name + ": header: skeleton is " + std::to_string(bytes.size()) + " bytes, shorter than the header");
+    uint64_t declared = 0;
+    for (int i = 0; i < 8; ++i) declared |= uint64_t(bytes[64 + size_t(i)]) << (8 * i);
+    if (declared < bytes.size()) throw Error(name + ": header: declared file size is smaller than the skeleton");
+    std::unique_ptr<KvcReader> r(new KvcReader());
+    r->m_name = name;
+    r->m_memory = std::move(bytes);
+    r->m_fileSize = declared;
+    r->m_holeEnd = kKvcHeaderSize + (declared - r->m_memory.size());
+    r->parse();
+    if (r->m_sectionsStart != r->m_holeEnd)
+        throw Error(name + ": header: the sections do not start where the skeleton's payload gap ends");
+    return r;
 }
 
 void KvcReader::decodeChunkInto(int chunk, int level, KvSet& out) const

@@ -58,6 +58,7 @@ public:
     const std::vector<int32_t>& tokens() const { return m_tokens; }
 
     uint32_t chunkBytes(int chunk, int level) const;      // level is 1-based
+    uint32_t chunkCrc(int chunk, int level) const;        // CRC-32 of that payload, from the index
     uint64_t levelBytes(int level) const;                 // all chunks of one level
     uint64_t levelTableBytes(int level) const;            // shared tables of one level (0 in-band)
 
@@ -65,6 +66,18 @@ public:
     std::vector<uint8_t> readChunk(int chunk, int level) const;
     // Decodes (chunk, level) into its tokens of out (shape and dtype of params()).
     void decodeChunkInto(int chunk, int level, KvSet& out) const;
+    // Checks that `data` is the payload of (chunk, level) (its size and CRC against the index), then
+    // decodes it like decodeChunkInto. For payloads fetched elsewhere: a chunk server, Redis.
+    void decodePayloadInto(int chunk, int level, const uint8_t* data, size_t size, KvSet& out) const;
+
+    // The file without its chunk payloads: the header, then every byte from the first section to
+    // the end (sections and index). It is what a chunk server sends before any chunk, so that a
+    // client can check and decode the payloads it fetches one at a time.
+    std::vector<uint8_t> skeleton() const;
+    // A reader over skeleton() bytes, validated like a whole file. readChunk, decodeChunkInto and
+    // decodeAll throw (no payloads); decodePayloadInto works.
+    static std::unique_ptr<KvcReader> fromSkeleton(std::vector<uint8_t> bytes, const std::string& name);
+
     // Decodes every chunk, chunk i at levels[i] (one entry = that level for every chunk).
     // Refuses (kvscope::Error) when the decoded cache would exceed maxOutputBytes().
     KvSet decodeAll(const std::vector<int>& levels, const Progress& progress = {}) const;
@@ -89,6 +102,8 @@ private:
     int m_fd = -1;
     std::vector<uint8_t> m_memory;
     uint64_t m_fileSize = 0;
+    uint64_t m_sectionsStart = 0;  // offset of the first section (payloads end there)
+    uint64_t m_holeEnd = 0;        // skeletons: file offsets [header, m_holeEnd) are absent
     CodecParams m_params;
     std::string m_modelName, m_fingerprint, m_context;
     std::vector<int32_t> m_tokens;

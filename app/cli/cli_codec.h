@@ -1,0 +1,76 @@
+// Codec options shared by the commands that encode (encode, bench, eval, demo).
+#pragma once
+
+#include "cli_common.h"
+
+#include "codec/chunk_codec.h"
+#include "codec/profile.h"
+#include "kv/kv_compare.h"
+#include "kv/kv_set.h"
+
+#include <string>
+
+namespace kvscope::cli {
+
+// Profile settings a user can override on the command line, on top of --profile or the default.
+struct ProfileOptions {
+    std::string profilePath;
+    std::string codec = "cachegen";
+    int chunkTokens = 0;
+    int deltaGroup = -1;
+    int anchorBins = -1;
+    std::string tables, keyQuantizer, valueQuantizer;
+
+    void add(CLI::App* sub)
+    {
+        sub->add_option("--profile", profilePath, "codec profile (JSON); default: CacheGen's three levels");
+        sub->add_option("--codec", codec, "cachegen, fp16, int8, kivi2, kivi4 or zstd")->capture_default_str();
+        sub->add_option("--chunk-tokens", chunkTokens, "tokens per chunk (16..8192), overrides the profile");
+        sub->add_option("--delta-group", deltaGroup, "tokens per anchor group, 0 = no delta coding");
+        sub->add_option("--anchor-bins", anchorBins, "bins for anchor tokens, 0 = the layer's bins");
+        sub->add_option("--tables", tables, "inband (per chunk) or shared (calibrated once per file)");
+        sub->add_option("--key-quantizer", keyQuantizer, "token (CacheGen) or channel (KIVI-style)");
+        sub->add_option("--value-quantizer", valueQuantizer, "token or channel");
+    }
+
+    std::string source() const { return profilePath.empty() ? "default profile" : profilePath; }
+
+    CodecParams params(const KvSet& kv) const
+    {
+        CodecParams p;
+        if (!parseCodecName(codec, &p.codec)) throw Error("--codec: unknown codec '" + codec + "'");
+        p.shape = kv.shape();
+        p.dtype = kv.dtype();
+        p.profile = profilePath.empty() ? defaultProfile(kv.shape().numLayers) : loadProfile(profilePath);
+        CodecProfile& pr = p.profile;
+        if (chunkTokens) pr.chunkTokens = chunkTokens;
+        if (deltaGroup >= 0) pr.deltaGroup = deltaGroup;
+        if (anchorBins >= 0) pr.anchorBins = anchorBins;
+        if (tables == "inband") pr.tables = TableMode::InBand;
+        else if (tables == "shared") pr.tables = TableMode::Shared;
+        else if (!tables.empty()) throw Error("--tables: expected inband or shared, got '" + tables + "'");
+        auto quantizer = [](const std::string& s, Quantizer* q, const char* opt) {
+            if (s == "token") *q = Quantizer::PerToken;
+            else if (s == "channel") *q = Quantizer::PerChannel;
+            else if (!s.empty()) throw Error(std::string(opt) + ": expected token or channel, got '" + s + "'");
+        };
+        quantizer(keyQuantizer, &pr.keyQuantizer, "--key-quantizer");
+        quantizer(valueQuantizer, &pr.valueQuantizer, "--value-quantizer");
+        const std::string src = source();
+        if (pr.hasCalibratedTables() && (deltaGroup >= 0 || anchorBins >= 0 || !keyQuantizer.empty() || !valueQuantizer.empty()))
+            throw inputError(src, "calibrated_tables", "--delta-group, --anchor-bins and the quantizer options change what "
+                                                       "the calibrated tables describe: recalibrate instead");
+        validateProfile(pr, src);
+        if (int(pr.levels.front().keyBins.size()) != kv.shape().numLayers)
+            throw inputError(src, "levels", "bins cover " + std::to_string(pr.levels.front().keyBins.size()) +
+                                                " layers, the KV cache has " + std::to_string(kv.shape().numLayers));
+        return p;
+    }
+};
+
+// bytes, bits_per_value, ratio_vs_fp16, ratio_vs_int8 of `bytes` for a cache of shape s.
+json sizeJson(uint64_t bytes, const KvShape& s);
+// max_abs_error and rms_error, plus a per-layer list when perLayer.
+json errorJson(const KvError& e, bool perLayer);
+
+}  // namespace kvscope::cli

@@ -1,0 +1,390 @@
+// `stream`, `serve` and `push`: the streaming lab from the command line (core/stream).
+//
+// stream runs a chunk server in-process on 127.0.0.1 (the link shaping lives on its sending side)
+// and a Streamer against it: every chunk crosses a real TCP socket at the schedule's pace.
+// Stores: --store names .kvc files (comma-separated; a cachegen file and, for --policy int8, an
+// int8 file of the same context), a folder of them, or redis://HOST:PORT/PREFIX filled by `push`.
+// Without --store, the context's KV is encoded with cachegen and int8 into --workdir.
+#include "cli_common.h"
+
+#include "codec/container.h"
+#include "codec/profile.h"
+#include "common/file_io.h"
+#include "kv/kv_h5.h"
+#include "model/model.h"
+#include "stream/server.h"
+#include "stream/store.h"
+#include "stream/streamer.h"
+
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <thread>
+#include <unistd.h>
+
+namespace kvscope::cli {
+
+namespace {
+
+// Link options shared by stream and serve.
+struct LinkOpts {
+    std::string bandwidth, trace;
+    double traceScale = 1.0, rttMs = 0;
+
+    bool required = false;
+    void add(CLI::App* sub, bool mustShape)
+    {
+        required = mustShape;
+        auto* bw = sub->add_option("--bandwidth", bandwidth,
+                                   "link rate: 50Mbit, 1Gbit, 800kbit; or steps RATE:SECONDS,...,RATE (1Gbit:0.5,50Mbit)");
+        auto* tr = sub->add_option("--trace", trace, "Mahimahi trace to replay (1500 bytes per opportunity; loops)");
+        bw->excludes(tr);
+        sub->add_option("--trace-scale", traceScale, "multiply the trace's capacity by X")->capture_default_str();
+        sub->add_option("--rtt", rttMs, "round-trip time in ms (each reply waits one RTT)")->capture_default_str();
+    }
+    LinkSchedule schedule() const
+    {
+        if (required && trace.empty() && bandwidth.empty()) throw Error("give --bandwidth RATE or --trace FILE");
+        if (!trace.empty()) return LinkSchedule::loadTrace(trace, traceScale);
+        if (!bandwidth.empty()) return LinkSchedule::parse(bandwidth);
+        return LinkSchedule::constant(125e9);
+    }
+};
+
+json resultJson(const StreamResult& r)
+{
+    auto part = [](const TtftPart& p) { return json{{"seconds", p.seconds}, {"source", p.modelled ? "modelled" : "measured"}}; };
+    json chunks = json::array();
+    for (const ChunkEvent& e : r.chunks) {
+        json c = {{"index", e.index},
+                  {"bytes", e.bytes},
+                  {"sent_s", e.sentS},
+                  {"first_byte_s", e.firstByteS},
+                  {"arrived_s", e.arrivedS},
+                  {"job_start_s", e.jobStartS},
+                  {"decoded_s", e.decodedS},
+                  {"job_s", e.jobSeconds},
+                  {"attempts", e.attempts},
+                  {"source", e.local ? "local" : "link"}};
+        if (e.level == 0) c["level"] = "text";
+        else c["level"] = e.level;
+        if (!e.note.empty()) c["note"] = e.note;
+        chunks.push_back(c);
+    }
+    return json{
+        {"policy", r.policy},
+        {"ttft_s", r.ttftSeconds},
+        {"slo_s", r.sloSeconds},
+        {"slo_met", r.sloMet},
+        {"ttft_parts",
+         {{"transfer", part(r.transfer)},
+          {"decode", part(r.decode)},
+          {"recompute", part(r.recompute)},
+          {"kv_load", part(r.kvLoad)},
+          {"prefill", part(r.prefill)},
+          {"first_token", part(r.firstToken)}}},
+        {"busy_s", {{"decode", r.decodeBusySeconds}, {"recompute", r.recomputeBusySeconds}}},
+        {"chunks", chunks},
+        {"link",
+         {{"delivered_bytes", r.deliveredBytes},
+          {"capacity_bytes", r.capacityBytes},
+          {"seconds", r.linkSeconds},
+          {"utilisation", r.capacityBytes > 0 ? number(double(r.deliveredBytes) / r.capacityBytes) : json(nullptr)}}},
+        {"quality",
+         {{"token_agreement", r.tokenAgreement},
+          {"first_token_match", r.firstTokenMatch},
+          {"tokens", r.tokens},
+          {"text", r.text}}},
+        {"log", r.log},
+    };
+}
+
+// The question asked after a context: --question, else the "question" of the sidecar X.json
+// next to X.txt, else a generic one.
+std::string questionFor(const std::string& contextPath, const std::string& given)
+{
+    if (!given.empty()) return given;
+    const size_t dot = contextPath.rfind('.');
+    const std::string sidecar = (dot == std::string::npos ? contextPath : contextPath.substr(0, dot)) + ".json";
+    if (::access(sidecar.c_str(), R_OK) == 0) {
+        const json j = json::parse(readSmallFile(sidecar, 1u << 20), nullptr, false);
+        if (j.is_object() && j.contains("question") && j["question"].is_string()) return j["question"].get<std::string>();
+    }
+    return "Summarize the text above in one sentence.";
+}
+
+// Encodes kv with cachegen (the profile or the default) and int8 into dir; returns "a.kvc,b.kvc".
+std::string encodeStore(const KvSet& kv, const std::string& profilePath, const std::string& dir)
+{
+    CodecParams p;
+    p.codec = CodecId::CacheGen;
+    p.shape = kv.shape();
+    p.dtype = kv.dtype();
+    p.profile = profilePath.empty() ? defaultProfile(kv.shape().numLayers) : loadProfile(profilePath);
+    std::vector<LevelTables> calibrated;
+    const bool fromProfile = p.profile.tables == TableMode::Shared && p.profile.hasCalibratedTables();
+    if (fromProfile) calibrated = profileTables(p, profilePath);
+    const std::string cg = dir + "/context.cachegen.kvc", i8 = dir + "/context.int8.kvc";
+    double t0 = nowSeconds();
+    writeKvc(kv, p, cg, fromProfile ? &calibrated : nullptr);
+    std::fprintf(stderr, "stream: encoded %s (%.1f s)\n", cg.c_str(), nowSeconds() - t0);
+    CodecParams q = p;
+    q.codec = CodecId::Int8;
+    q.profile.tables = TableMode::InBand;
+    t0 = nowSeconds();
+    writeKvc(kv, q, i8);
+    std::fprintf(stderr, "stream: encoded %s (%.1f s)\n", i8.c_str(), nowSeconds() - t0);
+    return cg + "," + i8;
+}
+
+std::vector<std::string> splitList(const std::string& s)
+{
+    std::vector<std::string> out;
+    size_t pos = 0;
+    while (pos <= s.size()) {
+        const size_t c = s.find(',', pos);
+        out.push_back(s.substr(pos, c == std::string::npos ? std::string::npos : c - pos));
+        if (c == std::string::npos) break;
+        pos = c + 1;
+    }
+    return out;
+}
+
+std::atomic<bool> g_interrupted{false};
+
+}  // namespace
+
+void addStreamCommand(CLI::App& app, Output& out)
+{
+    auto* sub = app.add_subcommand("stream", "Stream a context's KV cache over a shaped link and measure TTFT");
+    struct Opts {
+        std::string model, context, question, profile, store, kv, policies = "adaptive", workdir, faults;
+        LinkOpts link;
+        double slo = 0, targetPrefill = 0, targetDecode = 0, stallTimeout = 2.0;
+        int runs = 1, qualityTokens = 32, threads = 0;
+    };
+    auto o = std::make_shared<Opts>();
+    sub->add_option("--model", o->model, "model folder, GGUF or llama2.c file (default: the embedded SmolLM2-135M)");
+    sub->add_option("--context", o->context, "UTF-8 text file")->required();
+    sub->add_option("--question", o->question, "asked after the context (default: the sidecar .json's, or a summary)");
+    sub->add_option("--profile", o->profile, "codec profile for the cachegen encoding when --store is absent");
+    o->link.add(sub, true);
+    sub->add_option("--slo", o->slo, "TTFT target in seconds")->required()->check(CLI::PositiveNumber);
+    sub->add_option("--policy", o->policies, "adaptive, text, int8, level:N; comma-separated to compare, or 'all'")
+        ->capture_default_str();
+    sub->add_option("--store", o->store, ".kvc file(s) a,b / a folder / redis://HOST:PORT/PREFIX (default: encode now)");
+    sub->add_option("--kv", o->kv, "the context's original KV (HDF5) for quality; default: prefill it now");
+    sub->add_option("--runs", o->runs, "runs per policy (trace replays start at evenly spread offsets)")
+        ->capture_default_str()->check(CLI::Range(1, 1000));
+    sub->add_option("--target-prefill", o->targetPrefill, "model a machine that prefills this many tokens/s");
+    sub->add_option("--target-decode", o->targetDecode, "model a machine that decodes KV at this many GB/s (fp16)");
+    sub->add_option("--fault", o->faults, "server faults: die:N, corrupt:N, stall:N (N = chunk reply from 0)");
+    sub->add_option("--stall-timeout", o->stallTimeout, "seconds without a byte before a fetch counts as stalled")
+        ->capture_default_str();
+    sub->add_option("--quality-tokens", o->qualityTokens, "greedy tokens compared with the original")->capture_default_str();
+    sub->add_option("--workdir", o->workdir, "where to write the encodings when --store is absent (default: a temporary folder)");
+    sub->add_option("--threads", o->threads, "CPU threads for the model (0 = all cores)")->capture_default_str();
+    sub->add_flag("--json", out.asJson, "print one JSON object");
+    sub->callback([o, &out] {
+        StreamOptions so;
+        so.sloSeconds = o->slo;
+        so.target.prefillTokensPerSecond = o->targetPrefill;
+        so.target.decodeGBps = o->targetDecode;
+        so.stallTimeout = o->stallTimeout;
+        so.qualityTokens = std::max(1, o->qualityTokens);
+        if (o->targetPrefill < 0 || o->targetDecode < 0) throw Error("--target-prefill/--target-decode must be positive");
+        std::vector<Policy> policies;
+        for (const std::string& p : splitList(o->policies == "all" ? "adaptive,text,int8,level:1,level:2,level:3" : o->policies))
+            policies.push_back(parsePolicy(p));
+        const LinkSchedule schedule = o->link.schedule();
+        ServerOptions srv;
+        srv.link = schedule;
+        srv.rttSeconds = o->link.rttMs / 1000.0;
+        if (!o->faults.empty()) srv.faults = parseFaults(o->faults);
+
+        const std::string text = readSmallFile(o->context, 64u << 20);
+        RuntimeOptions ro;
+        ro.threads = o->threads;
+        std::fprintf(stderr, "stream: loading %s\n", resolveModelPath(o->model).c_str());
+        const std::unique_ptr<Model> m = Model::open(o->model, "", ro);
+        const std::vector<int32_t> tokens = m->contextTokens(text);
+        const std::string question = questionFor(o->context, o->question);
+        const std::vector<int32_t> qTokens = m->questionTokens(question);
+
+        KvSet original;
+        if (!o->kv.empty()) {
+            original = readKvH5(o->kv);
+            if (original.tokens != tokens)
+                throw inputError(o->kv, "tokens", "this KV was not captured from " + o->context + " with this model");
+        } else {
+            std::fprintf(stderr, "stream: prefill of %zu context tokens for the reference cache\n", tokens.size());
+            InferenceSession s(m->runtime());
+            s.append(tokens, nullptr);
+            original = s.exportKv();
+            original.context = text;
+        }
+
+        std::string store = o->store, tmpdir;
+        if (store.empty()) {
+            std::string dir = o->workdir;
+            if (dir.empty()) {
+                char tmpl[] = "/tmp/kvscope-stream-XXXXXX";
+                if (!::mkdtemp(tmpl)) throw Error("cannot create a temporary folder");
+                dir = tmpdir = tmpl;
+            }
+            store = encodeStore(original, o->profile, dir);
+        }
+        auto server = std::make_unique<ChunkServer>(std::shared_ptr<ChunkStore>(openStore(store)), srv);
+        server->start();
+        std::fprintf(stderr, "stream: chunk server on 127.0.0.1:%d, link %s, rtt %g ms, store %s\n", server->port(),
+                     schedule.describe().c_str(), o->link.rttMs, store.c_str());
+
+        Streamer streamer(*m, "127.0.0.1", server->port(), tokens, qTokens, original);
+        streamer.prepare(so);
+        json results = json::array();
+        for (const Policy& p : policies) {
+            so.policy = p;
+            std::vector<double> ttfts;
+            json runs = json::array();
+            int met = 0;
+            double agreementSum = 0;
+            for (int r = 0; r < o->runs; ++r) {
+                // A dead server (fault) stays dead for the rest of the command, as it would.
+                const double offset = schedule.isTrace() ? schedule.tracePeriodSeconds() * r / o->runs : 0.0;
+                const StreamResult res = streamer.run(so, &server->pacer(), offset);
+                std::fprintf(stderr, "stream: %-9s run %d: TTFT %.3f s (%s SLO %.3f s), agreement %.2f\n",
+                             p.name().c_str(), r + 1, res.ttftSeconds, res.sloMet ? "meets" : "misses", o->slo,
+                             res.tokenAgreement);
+                ttfts.push_back(res.ttftSeconds);
+                met += res.sloMet;
+                agreementSum += res.tokenAgreement;
+                json j = resultJson(res);
+                j["link_offset_s"] = offset;
+                runs.push_back(j);
+            }
+            std::vector<double> sorted = ttfts;
+            std::sort(sorted.begin(), sorted.end());
+            json summary = runs.front();
+            summary["runs"] = runs;
+            summary["ttft_median_s"] = sorted[sorted.size() / 2];
+            summary["slo_hit_rate"] = double(met) / double(o->runs);
+            summary["mean_token_agreement"] = agreementSum / double(o->runs);
+            results.push_back(summary);
+        }
+        server->stop();
+        if (!tmpdir.empty()) {
+            for (const std::string& f : splitList(store)) std::remove(f.c_str());
+            ::rmdir(tmpdir.c_str());
+        }
+        // The first policy's first run carries the contract's top-level keys; every policy is in "policies".
+        json j = results.front();
+        if (results.size() == 1) j.erase("runs");
+        j["runs"] = results.front()["runs"];
+        j["policies"] = results;
+        j["context"] = o->context;
+        j["context_key"] = streamer.contextName();
+        j["num_tokens"] = tokens.size();
+        j["question"] = question;
+        j["question_tokens"] = qTokens.size();
+        j["reference"] = {{"tokens", streamer.referenceTokens()}, {"text", streamer.referenceText()}};
+        j["link_schedule"] = schedule.describe();
+        j["rtt_ms"] = o->link.rttMs;
+        j["store"] = store;
+        j["model"] = m->spec().name;
+        j["runtime"] = m->runtime().describe();
+        j["measured_prefill_tokens_per_s"] = streamer.measuredPrefillTokensPerSecond();
+        if (so.target.enabled())
+            j["target_hardware"] = {{"prefill_tokens_per_s", o->targetPrefill}, {"decode_GBps", o->targetDecode}};
+        out.emit(j, [](const json& j) {
+            std::printf("%-10s %9s %9s %9s %9s %9s %6s %9s\n", "policy", "ttft_s", "transfer", "decode", "recompute",
+                        "prefill", "slo", "agreement");
+            for (const json& p : j["policies"]) {
+                const json& t = p["ttft_parts"];
+                std::printf("%-10s %9.3f %9.3f %9.3f %9.3f %9.3f %6.2f %9.2f\n", p["policy"].get<std::string>().c_str(),
+                            p["ttft_median_s"].get<double>(), t["transfer"]["seconds"].get<double>(),
+                            t["decode"]["seconds"].get<double>(), t["recompute"]["seconds"].get<double>(),
+                            t["prefill"]["seconds"].get<double>(), p["slo_hit_rate"].get<double>(),
+                            p["mean_token_agreement"].get<double>());
+            }
+        });
+    });
+}
+
+void addServeCommand(CLI::App& app, Output& out)
+{
+    auto* sub = app.add_subcommand("serve", "Serve KV chunks from a store over TCP, through a shaped link");
+    struct Opts {
+        std::string store, host = "127.0.0.1", faults;
+        int port = 0;
+        double seconds = 0, idleTimeout = 30;
+        LinkOpts link;
+    };
+    auto o = std::make_shared<Opts>();
+    sub->add_option("--store", o->store, ".kvc file(s) a,b / a folder / redis://HOST:PORT/PREFIX")->required();
+    sub->add_option("--host", o->host, "address to bind")->capture_default_str();
+    sub->add_option("--port", o->port, "port (0 = any free port, printed on stderr)")->capture_default_str();
+    o->link.add(sub, false);
+    sub->add_option("--idle-timeout", o->idleTimeout, "seconds before a silent peer is dropped")->capture_default_str();
+    sub->add_option("--fault", o->faults, "die:N, corrupt:N, stall:N (N = chunk reply from 0)");
+    sub->add_option("--seconds", o->seconds, "stop after this long (0 = until SIGINT/SIGTERM)")->capture_default_str();
+    sub->add_flag("--json", out.asJson, "print one JSON object when the server stops");
+    sub->callback([o, &out] {
+        ServerOptions srv;
+        srv.host = o->host;
+        srv.port = o->port;
+        srv.link = o->link.schedule();
+        srv.rttSeconds = o->link.rttMs / 1000.0;
+        srv.idleTimeout = o->idleTimeout;
+        if (!o->faults.empty()) srv.faults = parseFaults(o->faults);
+        std::shared_ptr<ChunkStore> store(openStore(o->store));
+        ChunkServer server(store, srv);
+        server.start();
+        std::fprintf(stderr, "serve: listening on %s:%d, link %s, store %s\n", o->host.c_str(), server.port(),
+                     srv.link.describe().c_str(), store->describe().c_str());
+        for (const std::string& c : store->contents()) std::fprintf(stderr, "serve:   %s\n", c.c_str());
+        std::signal(SIGINT, [](int) { g_interrupted = true; });
+        std::signal(SIGTERM, [](int) { g_interrupted = true; });
+        const double t0 = nowSeconds();
+        while (!g_interrupted && !server.dead() && (o->seconds <= 0 || nowSeconds() - t0 < o->seconds))
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        server.stop();
+        const ServerStats s = server.stats();
+        const json j = {{"port", server.port()},          {"connections", s.connections}, {"requests", s.requests},
+                        {"error_frames", s.errorFrames}, {"chunk_replies", s.chunkReplies}, {"bytes_sent", s.bytesSent}};
+        out.emit(j, [](const json& j) { std::printf("%s\n", j.dump().c_str()); });
+    });
+}
+
+void addPushCommand(CLI::App& app, Output& out)
+{
+    auto* sub = app.add_subcommand("push", "Load a .kvc into Redis: one key per (context, chunk, level) plus a skeleton key");
+    struct Opts {
+        std::vector<std::string> files;
+        std::string to;
+    };
+    auto o = std::make_shared<Opts>();
+    sub->add_option("kvc", o->files, "containers (.kvc)")->required();
+    sub->add_option("--to", o->to, "redis://HOST:PORT/PREFIX")->required();
+    sub->add_flag("--json", out.asJson, "print one JSON object");
+    sub->callback([o, &out] {
+        json pushed = json::array();
+        for (const std::string& f : o->files) {
+            const auto r = KvcReader::openFile(f);
+            const PushReport rep = pushKvcToRedis(*r, o->to);
+            pushed.push_back({{"file", f}, {"context", rep.context}, {"codec", rep.codec}, {"keys", rep.keys},
+                              {"bytes", rep.bytes}, {"push_s", rep.seconds}});
+        }
+        out.emit({{"url", o->to}, {"pushed", pushed}}, [](const json& j) {
+            for (const json& p : j["pushed"])
+                std::printf("%s -> %s: context %s (%s), %d keys, %llu bytes\n", p["file"].get<std::string>().c_str(),
+                            j["url"].get<std::string>().c_str(), p["context"].get<std::string>().c_str(),
+                            p["codec"].get<std::string>().c_str(), p["keys"].get<int>(),
+                            (unsigned long long)p["bytes"].get<uint64_t>());
+        });
+    });
+}
+
+}  // namespace kvscope::cli

@@ -1,0 +1,26 @@
+// Encode -> decode of a whole cache in memory at one level, with its exact byte count: what eval,
+// sweeps and tuning need (no file written). Byte counts are those of the chunk payloads plus any
+// probability tables the stream must carry (tables calibrated into the profile travel with the
+// profile, not with each cache, and are not counted).
+#pragma once
+
+#include "codec/chunk_codec.h"
+#include "kv/kv_set.h"
+
+#include <cstdint>
+
+namespace kvscope {
+
+struct CodecTrial {
+    uint64_t bytes = 0;        // payloads + per-stream tables
+    uint64_t tableBytes = 0;   // of which tables
+    double bitsPerValue = 0.0;
+    double encodeSeconds = 0.0;
+    double decodeSeconds = 0.0;
+    KvSet decoded;             // same shape and dtype as the input, with its tokens and metadata
+};
+
+// `level` is 1-based (baselines have one level). Throws kvscope::Error from the codec.
+CodecTrial runCodecTrial(const KvSet& kv, const CodecParams& params, int level);
+
+}  // namespace kvscope

@@ -1,0 +1,83 @@
+#include "eval/evaluate.h"
+
+#include "common/error.h"
+#include "eval/codec_trial.h"
+
+#include <chrono>
+#include <cstring>
+
+namespace kvscope {
+
+namespace {
+
+bool sameBytes(const KvSet& a, const KvSet& b)
+{
+    if (!(a.shape() == b.shape()) || a.dtype() != b.dtype()) return false;
+    for (int l = 0; l < a.shape().numLayers; ++l)
+        for (KvKind k : {KvKind::Key, KvKind::Value})
+            if (std::memcmp(a.data(k, l), b.data(k, l), a.tensorBytes()) != 0) return false;
+    return true;
+}
+
+}  // namespace
+
+std::vector<EvalRow> evaluateCodecs(const LlamaRuntime& runtime, const QualityReference& ref, const KvSet& original,
+                                    const EvalPlan& plan, const EvalProgress& progress)
+{
+    const KvShape& shape = original.shape();
+    const double fp16Bytes = 2.0 * double(shape.totalValues());
+    const double int8 = double(int8Bytes(shape));
+    const int levels = plan.levels ? plan.cachegen.numLevels() : 0;
+    const int planned = (plan.textRecompute ? 1 : 0) + int(plan.baselines.size()) + levels;
+    std::vector<EvalRow> rows;
+    auto finish = [&](EvalRow r, const KvSet& decoded) {
+        r.ratioVsFp16 = fp16Bytes / double(r.bytes);
+        r.ratioVsInt8 = int8 / double(r.bytes);
+        r.quality = ref.measure(decoded);
+        r.error = compareKv(original, decoded);
+        r.exact = sameBytes(original, decoded);
+        rows.push_back(std::move(r));
+        if (progress && !progress(int(rows.size()), planned)) throw Error("cancelled");
+    };
+
+    if (plan.textRecompute) {
+        // Text is what a sender ships instead of KV: the token ids (4 bytes each).
+        EvalRow r;
+        r.codec = "text";
+        r.bytes = 4 * uint64_t(ref.task().context.size());
+        r.bitsPerValue = 8.0 * double(r.bytes) / double(shape.totalValues());
+        const auto t0 = std::chrono::steady_clock::now();
+        InferenceSession s(runtime);
+        s.append(ref.task().context, nullptr);
+        const KvSet recomputed = s.exportKv();
+        r.decodeSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        finish(std::move(r), recomputed);
+    }
+    for (CodecId id : plan.baselines) {
+        CodecParams p = plan.cachegen;
+        p.codec = id;
+        const CodecTrial t = runCodecTrial(original, p, 1);
+        EvalRow r;
+        r.codec = codecName(id);
+        r.bytes = t.bytes;
+        r.bitsPerValue = t.bitsPerValue;
+        r.encodeSeconds = t.encodeSeconds;
+        r.decodeSeconds = t.decodeSeconds;
+        finish(std::move(r), t.decoded);
+    }
+    for (int l = 1; l <= levels; ++l) {
+        const CodecTrial t = runCodecTrial(original, plan.cachegen, l);
+        EvalRow r;
+        r.codec = codecName(CodecId::CacheGen);
+        r.level = l;
+        r.levelName = plan.cachegen.profile.levels[size_t(l - 1)].name;
+        r.bytes = t.bytes;
+        r.bitsPerValue = t.bitsPerValue;
+        r.encodeSeconds = t.encodeSeconds;
+        r.decodeSeconds = t.decodeSeconds;
+        finish(std::move(r), t.decoded);
+    }
+    return rows;
+}
+
+}  // namespace kvscope

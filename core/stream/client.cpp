@@ -1,0 +1,68 @@
+#include "stream/client.h"
+
+#include "common/error.h"
+#include "stream/link.h"
+
+#include <algorithm>
+
+namespace kvscope {
+
+ChunkClient::ChunkClient(std::string host, int port, const ClientOptions& options)
+    : m_host(std::move(host)), m_port(port), m_opt(options)
+{
+}
+
+void ChunkClient::connect()
+{
+    if (!m_socket.valid()) m_socket = Socket::connectTcp(m_host, m_port, m_opt.connectTimeout);
+}
+
+Reply ChunkClient::request(const Request& r, uint64_t maxPayload, double deadline, ArrivalLog* log)
+{
+    connect();
+    Reply rep;
+    try {
+        const std::vector<uint8_t> frame = encodeRequest(r);
+        rep.sentAt = monoSeconds();
+        m_socket.sendAll(frame.data(), frame.size(), std::min(deadline, rep.sentAt + m_opt.stallTimeout));
+
+        // Reads until `n` bytes are in `dst`: each read may wait stallTimeout, never past the deadline.
+        uint64_t total = 0;
+        auto readInto = [&](uint8_t* dst, size_t n) {
+            size_t got = 0;
+            while (got < n) {
+                const double limit = std::min(deadline, monoSeconds() + m_opt.stallTimeout);
+                const size_t k = m_socket.recvSome(dst + got, n - got, limit);
+                const double now = monoSeconds();
+                if (total == 0) rep.firstByteAt = now;
+                got += k;
+                total += k;
+                rep.arrivedAt = now;
+                if (log) log->emplace_back(now, total);
+            }
+        };
+        uint8_t h[kFrameHeaderBytes];
+        readInto(h, sizeof h);
+        FrameType type;
+        uint32_t length = 0;
+        std::string why;
+        if (!parseFrameHeader(h, &type, &length, &why)) throw Error("chunk server: " + why);
+        if (type != FrameType::Error && type != FrameType(uint8_t(r.type) | 0x80))
+            throw Error("chunk server: reply of type " + std::to_string(int(type)) + " to a request of type " +
+                        std::to_string(int(r.type)));
+        const uint64_t limit = type == FrameType::Error ? kMaxErrorBytes : maxPayload;
+        if (length > limit)
+            throw Error("chunk server: reply of " + std::to_string(length) + " bytes exceeds the expected " +
+                        std::to_string(limit));
+        rep.type = type;
+        rep.payload.resize(length);
+        readInto(rep.payload.data(), length);
+        rep.wireBytes = total;
+        return rep;
+    } catch (...) {
+        m_socket.close();  // a half-read reply leaves the stream unusable
+        throw;
+    }
+}
+
+}  // namespace kvscope

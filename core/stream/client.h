@@ -1,0 +1,56 @@
+// The chunk client: one TCP connection to a ChunkServer, one request at a time, with the arrival
+// time of every reply measured on the monotonic clock. Nothing blocks past a deadline: a reply
+// that makes no progress for stallTimeout seconds, or misses the caller's deadline, fails with
+// NetError(Timeout); a reply larger than the caller allows fails before it is read.
+#pragma once
+
+#include "stream/net.h"
+#include "stream/protocol.h"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kvscope {
+
+struct ClientOptions {
+    double connectTimeout = 2.0;
+    double stallTimeout = 2.0;  // seconds without a single byte of a reply in progress
+};
+
+struct Reply {
+    FrameType type = FrameType::Error;
+    std::vector<uint8_t> payload;
+    double sentAt = 0;       // request written (monotonic seconds)
+    double firstByteAt = 0;  // first byte of the reply read
+    double arrivedAt = 0;    // last byte read
+    uint64_t wireBytes = 0;  // header + payload
+};
+
+// (monotonic time, bytes of the reply read so far) after every read: the pacing tests' raw data.
+using ArrivalLog = std::vector<std::pair<double, uint64_t>>;
+
+class ChunkClient {
+public:
+    ChunkClient(std::string host, int port, const ClientOptions& options = {});
+
+    // Connects when not connected. Throws NetError.
+    void connect();
+    bool connected() const { return m_socket.valid(); }
+    void close() { m_socket.close(); }
+
+    // Sends the request and reads the reply before `deadline` (monotonic seconds). A reply whose
+    // payload exceeds maxPayload fails without being read. Error frames come back as replies of
+    // type FrameType::Error (the connection stays usable). Throws NetError (timeouts, closed
+    // connection) or kvscope::Error (a frame that breaks the protocol); either closes the connection.
+    Reply request(const Request& r, uint64_t maxPayload, double deadline, ArrivalLog* log = nullptr);
+
+private:
+    std::string m_host;
+    int m_port;
+    ClientOptions m_opt;
+    Socket m_socket;
+};
+
+}  // namespace kvscope

@@ -1,0 +1,121 @@
+// Link shaping for the streaming lab: how many bytes a throttled link can carry between two
+// instants (a pure function of its bandwidth schedule), and a pacer that makes a real sender obey it.
+//
+// READ ME FIRST
+//  - Time is "link time" in seconds: 0 is when the link starts (LinkPacer::reset). Schedules are
+//    defined on link time only; the pacer maps the monotonic clock onto it.
+//  - Capacity counts the interval (t0, t1]: a trace opportunity at exactly t0 belongs to the
+//    interval before. So capacityBytes(a, b) + capacityBytes(b, c) == capacityBytes(a, c).
+//  - Mahimahi traces (see ../shared/traces/README.md): a line "t" is one packet opportunity at t ms;
+//    the trace loops with period = its last timestamp. We count 1500 bytes per opportunity (the
+//    documented figure; Mahimahi's code uses 1504, +0.27%), times the scale factor. Bytes are
+//    fluid: an opportunity carries up to 1500 bytes of the byte stream, never a partial loss.
+//  - Unused capacity is lost, as on a real link: the pacer banks no credit across idle periods.
+//    While the sender is backlogged it gets exactly the schedule's capacity, to the byte.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+// Seconds on the monotonic clock (std::chrono::steady_clock), the one clock of core/stream.
+double monoSeconds();
+
+// "50Mbit", "1Gbit", "800kbit", "12.5Mbit/s", "2mbps" (decimal prefixes, bits) -> bytes per second.
+// Throws kvscope::Error "what: 'text' is not a rate like 50Mbit, 1Gbit or 800kbit" otherwise,
+// and for zero or negative rates.
+double parseRate(const std::string& text, const std::string& what = "rate");
+// 6.25e6 -> "50Mbit"
+std::string formatRate(double bytesPerSecond);
+
+struct RateStep {
+    double seconds = 0;         // how long the step lasts; the last step lasts forever
+    double bytesPerSecond = 0;  // > 0
+};
+
+class LinkSchedule {
+public:
+    static constexpr double kTraceBytesPerOpportunity = 1500.0;
+
+    LinkSchedule() = default;  // a constant 0: useless until assigned
+    static LinkSchedule constant(double bytesPerSecond);
+    // Rates one after another; the last one holds forever. Throws kvscope::Error for an empty list,
+    // a rate <= 0 or a non-final step of duration <= 0.
+    static LinkSchedule steps(const std::vector<RateStep>& steps);
+    // Parses "RATE" or "RATE:SECONDS,RATE:SECONDS,...,RATE" (e.g. "1Gbit:0.5,50Mbit": 1 Gbit/s for
+    // half a second, then 50 Mbit/s). Throws kvscope::Error naming `what` on bad text.
+    static LinkSchedule parse(const std::string& text, const std::string& what = "--bandwidth");
+    // A Mahimahi trace (timestamps in ms, non-decreasing, last > 0), each opportunity carrying
+    // 1500 * scale bytes. Throws kvscope::Error "name: line N: reason" on bad data.
+    static LinkSchedule fromTrace(const std::vector<uint32_t>& timestampsMs, double scale, const std::string& name);
+    static LinkSchedule loadTrace(const std::string& path, double scale);
+
+    // Bytes the link can carry in link time (t0, t1]; 0 when t1 <= t0. Never negative.
+    double capacityBytes(double t0, double t1) const;
+    // The earliest t1 >= t0 with capacityBytes(t0, t1) >= bytes (t0 when bytes <= 0).
+    double timeForBytes(double t0, double bytes) const;
+    // Mean rate over one trace period or over the steps (the last step counted for 1 s).
+    double meanBytesPerSecond() const;
+    double tracePeriodSeconds() const;  // 0 unless a trace
+    bool isTrace() const { return m_kind == Kind::Trace; }
+    std::string describe() const;       // "50Mbit", "1Gbit:0.5,50Mbit", "trace X.down x0.5"
+
+private:
+    enum class Kind { Steps, Trace };
+    double opportunitiesUpTo(double tMs) const;  // trace: opportunities at times <= tMs
+    double cumulative(double t) const;           // bytes in (0, t]
+
+    Kind m_kind = Kind::Steps;
+    std::vector<RateStep> m_steps;
+    std::vector<double> m_stepStart;   // (steps) link time where each step begins
+    std::vector<double> m_stepBytes;   // (steps) cumulative bytes at each step's start
+    std::vector<uint32_t> m_traceMs;   // (opportunities in one period), sorted
+    double m_bytesPerOpportunity = kTraceBytesPerOpportunity;
+    std::string m_name;
+};
+
+// Decides when bytes may leave a sender so that what leaves follows a LinkSchedule. Thread-safe:
+// several connections of one server share one pacer, i.e. one bottleneck link.
+//
+// Usage: beginSend() when a response starts, then repeatedly grant(want) -> bytes that may be
+// written now (0: sleep until whenAvailable(n)), and endSend() when done. When no sender is
+// active the link is idle and its unused capacity is lost; the next beginSend starts a new busy
+// period counted from that instant.
+class LinkPacer {
+public:
+    LinkPacer() : LinkPacer(LinkSchedule::constant(125e6)) {}
+    explicit LinkPacer(LinkSchedule schedule);
+
+    // Starts the link: link time becomes offsetSeconds now (a trace replay can start mid-trace).
+    // Clears the counters.
+    void reset(double offsetSeconds = 0.0);
+    void setSchedule(LinkSchedule schedule);  // also resets
+    const LinkSchedule& schedule() const { return m_schedule; }
+    double linkTime(double mono) const { return mono - m_epoch; }
+    double epoch() const { return m_epoch; }
+
+    void beginSend();
+    void endSend();
+    // Bytes that may leave at monotonic time `now`, at most `want`; they count as sent.
+    uint64_t grant(uint64_t want, double now);
+    // Monotonic time at which `bytes` more may leave (assuming the busy period continues).
+    double whenAvailable(uint64_t bytes) const;
+    uint64_t bytesSent() const;  // since reset
+    // Monotonic time at which the current (or last) busy period began: where a backlogged
+    // sender's capacity is counted from.
+    double busyStart() const;
+
+private:
+    mutable std::mutex m_mutex;
+    LinkSchedule m_schedule;
+    double m_epoch = 0;
+    int m_active = 0;
+    double m_busyStart = 0;     // link time where the current busy period began
+    uint64_t m_busySent = 0;    // bytes granted in the current busy period
+    uint64_t m_totalSent = 0;
+};
+
+}  // namespace kvscope

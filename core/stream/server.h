@@ -1,0 +1,99 @@
+// The chunk server: answers protocol.h requests from a ChunkStore over TCP, pacing every byte it
+// writes through one LinkPacer (the shaped link lives on the sending side; clients just measure
+// arrival times). Binds 127.0.0.1 unless told otherwise.
+//
+// Robustness: requests are at most kMaxRequestBytes; a peer that sends no complete request for
+// idleTimeout seconds, or that stops reading for ioTimeout seconds, is disconnected; bytes that are
+// not a frame get an error frame and a closed connection; a well-framed bad request (unknown
+// context, chunk or level, malformed fields) gets an error frame and the connection stays open.
+// Each connection has its own thread; others keep being served whatever one peer does.
+//
+// Faults for the lab (FaultPlan) let tests and demos see a dying server, a corrupt chunk and a
+// stalled connection; they count chunk replies over the server's life, from 0.
+#pragma once
+
+#include "stream/link.h"
+#include "stream/net.h"
+#include "stream/protocol.h"
+#include "stream/store.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace kvscope {
+
+struct FaultPlan {
+    int dieAtChunk = -1;      // that chunk reply stops halfway and the server shuts down for good
+    int corruptChunk = -1;    // that chunk reply has one byte flipped (the client's CRC check fails)
+    int stallChunk = -1;      // that chunk reply stops halfway and the connection goes silent
+    double stallSeconds = 60;
+    bool any() const { return dieAtChunk >= 0 || corruptChunk >= 0 || stallChunk >= 0; }
+};
+// "die:3", "corrupt:1", "stall:2", comma-separated; throws kvscope::Error on bad text.
+FaultPlan parseFaults(const std::string& text);
+
+struct ServerOptions {
+    std::string host = "127.0.0.1";
+    int port = 0;                 // 0 = any free port (see ChunkServer::port())
+    LinkSchedule link = LinkSchedule::constant(125e9);  // effectively unshaped unless set
+    double rttSeconds = 0;        // each reply waits one RTT before its first byte
+    double idleTimeout = 30;      // seconds without a complete request
+    double ioTimeout = 10;        // seconds without progress writing or reading a frame
+    int maxConnections = 32;
+    FaultPlan faults;
+};
+
+struct ServerStats {
+    uint64_t connections = 0, requests = 0, errorFrames = 0, chunkReplies = 0, bytesSent = 0;
+};
+
+class ChunkServer {
+public:
+    // Listens right away (throws kvscope::Error when it cannot); serves once start() is called.
+    ChunkServer(std::shared_ptr<ChunkStore> store, const ServerOptions& options);
+    ~ChunkServer();  // stop()
+    ChunkServer(const ChunkServer&) = delete;
+    ChunkServer& operator=(const ChunkServer&) = delete;
+
+    void start();
+    // Closes the listener and every connection, joins every thread. Idempotent.
+    void stop();
+    bool dead() const { return m_dead; }  // stopped, or killed by a fault
+    int port() const { return m_port; }
+    LinkPacer& pacer() { return m_pacer; }
+    ServerStats stats() const;
+
+private:
+    struct Connection {
+        Socket socket;
+        std::thread thread;
+        std::atomic<bool> done{false};
+    };
+    void acceptLoop();
+    void serve(Connection* c);
+    // Writes n bytes through the pacer; throws NetError when the peer stops reading.
+    void sendPaced(const Socket& s, const uint8_t* data, size_t n);
+    void sendFrame(const Socket& s, FrameType type, const std::vector<uint8_t>& payload, int fault, size_t* sent);
+    bool sleepUnlessStopped(double until);
+    void reap(bool all);
+
+    std::shared_ptr<ChunkStore> m_store;
+    ServerOptions m_opt;
+    LinkPacer m_pacer;
+    Socket m_listener;
+    int m_port = 0;
+    std::thread m_acceptThread;
+    std::atomic<bool> m_stop{false};
+    std::atomic<bool> m_dead{false};
+    std::mutex m_mutex;  // m_conns
+    std::condition_variable m_wake;
+    std::list<std::unique_ptr<Connection>> m_conns;
+    std::atomic<uint64_t> m_connections{0}, m_requests{0}, m_errors{0}, m_chunkReplies{0};
+};
+
+}  // namespace kvscope
