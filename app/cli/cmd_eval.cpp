@@ -4,6 +4,7 @@
 
 #include "common/file_io.h"
 #include "eval/evaluate.h"
+#include "eval/sensitivity.h"
 #include "eval/samples.h"
 #include "kv/kv_h5.h"
 #include "model/generate.h"
@@ -85,45 +86,67 @@ void printTable(const json& j)
     }
 }
 
+// The model, the captured original cache and its quality reference: what every command here
+// starts from.
+struct Prepared {
+    std::unique_ptr<Model> model;
+    KvSet original;
+    std::unique_ptr<QualityReference> ref;
+    double captureSeconds = 0, refSeconds = 0;
+};
+
+Prepared prepare(const EvalOpts& o, const SampleContext& sample, bool withQuestion)
+{
+    Prepared p;
+    RuntimeOptions ro;
+    ro.threads = o.threads;
+    std::fprintf(stderr, "loading %s\n", resolveModelPath(o.model).c_str());
+    p.model = Model::open(o.model, o.tokenizer, ro);
+    const Model& m = *p.model;
+    EvalTask task;
+    task.context = m.contextTokens(sample.text);
+    if (!sample.continuation.empty()) {
+        task.continuation = m.tokenizer().encode(sample.continuation, false);
+        if (int(task.continuation.size()) > o.maxContinuation) task.continuation.resize(size_t(o.maxContinuation));
+    }
+    if (withQuestion && !sample.question.empty()) task.question = m.questionTokens(sample.question);
+    task.answerTokens = o.answerTokens;
+    task.stopIds = m.stopIds();
+
+    std::fprintf(stderr, "capturing the KV of %zu tokens\n", task.context.size());
+    double t0 = nowSeconds();
+    InferenceSession session(m.runtime());
+    session.append(task.context, nullptr);
+    p.original = session.exportKv();
+    p.original.context = sample.text;
+    p.captureSeconds = nowSeconds() - t0;
+
+    std::fprintf(stderr, "reference pass (continuation of %zu tokens, answer of up to %d)\n", task.continuation.size(),
+                 task.question.empty() ? 0 : o.answerTokens);
+    t0 = nowSeconds();
+    p.ref = std::make_unique<QualityReference>(m.runtime(), task, p.original);
+    p.refSeconds = nowSeconds() - t0;
+    return p;
+}
+
 // Runs the whole evaluation: load, capture, reference, rows. Fills `j` with everything but the
 // command-specific keys.
 json runEval(const EvalOpts& o, const SampleContext& sample, json* timings)
 {
-    RuntimeOptions ro;
-    ro.threads = o.threads;
-    std::fprintf(stderr, "loading %s\n", resolveModelPath(o.model).c_str());
-    const std::unique_ptr<Model> m = Model::open(o.model, o.tokenizer, ro);
-    const std::vector<int32_t> context = m->contextTokens(sample.text);
-    std::vector<int32_t> continuation;
-    if (!sample.continuation.empty()) {
-        continuation = m->tokenizer().encode(sample.continuation, false);
-        if (int(continuation.size()) > o.maxContinuation) continuation.resize(size_t(o.maxContinuation));
-    }
-    EvalTask task;
-    task.context = context;
-    task.continuation = continuation;
-    if (!sample.question.empty()) task.question = m->questionTokens(sample.question);
-    task.answerTokens = o.answerTokens;
-    task.stopIds = m->stopIds();
-
-    std::fprintf(stderr, "capturing the KV of %zu tokens\n", context.size());
-    double t0 = nowSeconds();
-    InferenceSession session(m->runtime());
-    session.append(context, nullptr);
-    KvSet original = session.exportKv();
-    original.context = sample.text;
-    const double captureSeconds = nowSeconds() - t0;
-
-    std::fprintf(stderr, "reference pass (continuation of %zu tokens, answer of up to %d)\n", continuation.size(), o.answerTokens);
-    t0 = nowSeconds();
-    const QualityReference ref(m->runtime(), task, original);
-    const double refSeconds = nowSeconds() - t0;
+    const Prepared prep = prepare(o, sample, true);
+    const Model* m = prep.model.get();
+    const KvSet& original = prep.original;
+    const QualityReference& ref = *prep.ref;
+    const std::vector<int32_t>& context = ref.task().context;
+    const std::vector<int32_t>& continuation = ref.task().continuation;
+    const EvalTask& task = ref.task();
+    const double captureSeconds = prep.captureSeconds, refSeconds = prep.refSeconds;
 
     EvalPlan plan;
     plan.cachegen = o.profile.params(original);
     plan.cachegen.codec = CodecId::CacheGen;
     plan.textRecompute = !o.noText;
-    t0 = nowSeconds();
+    const double t0 = nowSeconds();
     const std::vector<EvalRow> rows = evaluateCodecs(m->runtime(), ref, original, plan, [](int done, int total) {
         std::fprintf(stderr, "  %d/%d codecs measured\n", done, total);
         return true;
@@ -244,6 +267,43 @@ void addDemoCommand(CLI::App& app, Output& out)
             for (const json& r : j["results"])
                 std::printf("  %-8s level %d: %.3f s\n", r["codec"].get<std::string>().c_str(), r["level"].get<int>(),
                             r["ttft_s"].get<double>());
+        });
+    });
+}
+
+void addSensitivityCommand(CLI::App& app, Output& out)
+{
+    auto* sub = app.add_subcommand("sensitivity", "Perplexity change when one layer's K or V alone is quantized");
+    auto o = std::make_shared<EvalOpts>();
+    auto bins = std::make_shared<int>(16);
+    o->add(sub, true);
+    sub->add_option("--bins", *bins, "bins used for the quantized layer")->capture_default_str();
+    sub->add_flag("--json", out.asJson, "print one JSON object");
+    sub->callback([o, bins, &out] {
+        SampleContext sample = loadSampleContext(o->context);
+        if (!o->continuationFile.empty()) sample.continuation = readSmallFile(o->continuationFile, 64u << 20);
+        if (sample.continuation.empty()) throw Error("--context " + o->context + " has no continuation to score (give --continuation)");
+        const Prepared p = prepare(*o, sample, false);
+        const double t0 = nowSeconds();
+        const std::vector<LayerSensitivity> s =
+            measureLayerSensitivity(*p.ref, p.original, o->profile.params(p.original), *bins, [](int done, int total) {
+                if (done % 10 == 0 || done == total) std::fprintf(stderr, "  %d/%d passes\n", done, total);
+                return true;
+            });
+        json layers = json::array();
+        for (const LayerSensitivity& l : s)
+            layers.push_back({{"layer", l.layer}, {"key_delta_ppl_pct", l.keyDeltaPplPct}, {"value_delta_ppl_pct", l.valueDeltaPplPct},
+                              {"key_kl", l.keyKl}, {"value_kl", l.valueKl}, {"key_rms", l.keyRms}, {"value_rms", l.valueRms}});
+        const json j = {{"model", p.model->spec().name}, {"context", sample.id}, {"num_tokens", p.original.shape().numTokens},
+                        {"continuation_tokens", p.ref->task().continuation.size()}, {"bins", *bins},
+                        {"original_ppl", p.ref->original().ppl}, {"layers", layers}, {"seconds", nowSeconds() - t0}};
+        out.emit(j, [](const json& j) {
+            std::printf("%s, %d tokens, one layer at %d bins (original perplexity %.3f)\n", j["context"].get<std::string>().c_str(),
+                        j["num_tokens"].get<int>(), j["bins"].get<int>(), j["original_ppl"].get<double>());
+            std::printf("layer  K dPPL%%    V dPPL%%    K KL       V KL\n");
+            for (const json& l : j["layers"])
+                std::printf("%5d %8.3f %9.3f %10.5f %10.5f\n", l["layer"].get<int>(), l["key_delta_ppl_pct"].get<double>(),
+                            l["value_delta_ppl_pct"].get<double>(), l["key_kl"].get<double>(), l["value_kl"].get<double>());
         });
     });
 }

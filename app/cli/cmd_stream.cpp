@@ -23,7 +23,10 @@
 #include <cstdlib>
 #include <memory>
 #include <thread>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 namespace kvscope::cli {
 
@@ -230,6 +233,8 @@ void addStreamCommand(CLI::App& app, Output& out)
         std::string store = o->store, tmpdir;
         if (store.empty()) {
             std::string dir = o->workdir;
+            if (!dir.empty() && ::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+                throw inputError(dir, "", "cannot create the folder");
             if (dir.empty()) {
                 char tmpl[] = "/tmp/kvscope-stream-XXXXXX";
                 if (!::mkdtemp(tmpl)) throw Error("cannot create a temporary folder");

@@ -76,6 +76,52 @@ void KvLoader::loadSynthetic(const SyntheticSpec& spec)
         tr("Generating a synthetic KV cache…"), [spec] { return makeSyntheticKv(spec); }, base);
 }
 
+void KvLoader::loadKv(std::shared_ptr<const KvSet> kv, const QString& origin, double captureSeconds)
+{
+    if (m_cancelStats) m_cancelStats();
+    m_cancelStats = nullptr;
+    const quint64 generation = ++m_generation;
+    m_running = true;
+    KvSummary base;
+    base.origin = origin;
+    base.shape = kv->shape();
+    base.dtype = kv->dtype();
+    base.modelName = QString::fromStdString(kv->modelName);
+    base.modelFingerprint = QString::fromStdString(kv->modelFingerprint);
+    base.kvBytes = quint64(2) * quint64(kv->shape().numLayers) * quint64(kv->tensorBytes());
+    base.readSeconds = captureSeconds;
+    startStats(generation, std::move(kv), base);
+}
+
+void KvLoader::saveKv(const QString& path)
+{
+    const std::shared_ptr<const KvSet> kv = m_kv;
+    if (!kv) {
+        emit saveFailed(tr("%1: nothing to save; capture or open a KV cache first").arg(path));
+        return;
+    }
+    const std::string nativePath = QFile::encodeName(path).toStdString();
+    auto* watcher = new QFutureWatcher<QString>(this);
+    auto clock = std::make_shared<QElapsedTimer>();
+    clock->start();
+    connect(watcher, &QFutureWatcherBase::finished, this, [this, watcher, path, clock] {
+        watcher->deleteLater();
+        const QString error = watcher->result();
+        if (error.isEmpty())
+            emit saved(path, double(clock->nsecsElapsed()) * 1e-9);
+        else
+            emit saveFailed(error);
+    });
+    watcher->setFuture(QtConcurrent::run(&m_readPool, [kv, nativePath, path] {
+        try {
+            writeKvH5(*kv, nativePath);
+        } catch (...) {
+            return messageOf(std::current_exception(), path);
+        }
+        return QString();
+    }));
+}
+
 void KvLoader::start(const QString& phaseText, std::function<KvSet()> produce, KvSummary base)
 {
     if (m_cancelStats) m_cancelStats();
@@ -133,7 +179,7 @@ void KvLoader::startStats(quint64 generation, std::shared_ptr<const KvSet> kv, K
     connect(watcher, &QFutureWatcherBase::progressValueChanged, this, [this, generation](int value) {
         if (generation == m_generation) emit progressChanged(value);
     });
-    connect(watcher, &QFutureWatcherBase::finished, this, [this, watcher, generation, summary]() mutable {
+    connect(watcher, &QFutureWatcherBase::finished, this, [this, watcher, generation, summary, kv]() mutable {
         watcher->deleteLater();
         if (generation != m_generation || watcher->isCanceled()) return;
         std::vector<TensorStats> stats;
@@ -150,8 +196,10 @@ void KvLoader::startStats(quint64 generation, std::shared_ptr<const KvSet> kv, K
         finish();
         if (!error.isEmpty())
             emit failed(error);
-        else
+        else {
+            m_kv = kv;
             emit loaded(summary, stats);
+        }
     });
 
     // Same tensors in the same order as computeAllStats (per layer: keys, then values), but one

@@ -46,6 +46,14 @@ public:
     // Each call abandons a load in progress (its results are dropped when they arrive).
     void loadFile(const QString& path);
     void loadSynthetic(const SyntheticSpec& spec);
+    // A cache already in memory (a capture): only the statistics stage runs. captureSeconds is
+    // shown as the read time.
+    void loadKv(std::shared_ptr<const KvSet> kv, const QString& origin, double captureSeconds);
+    // Writes the cache last loaded (writeKvH5, on the read pool so HDF5 calls never overlap).
+    // Emits saved or saveFailed.
+    void saveKv(const QString& path);
+    // The cache behind the last `loaded` signal; null before one.
+    std::shared_ptr<const KvSet> kv() const { return m_kv; }
 
     bool isRunning() const { return m_running; }
     void setStatsOptions(const StatsOptions& options) { m_options = options; }
@@ -62,6 +70,8 @@ signals:
     void loaded(const kvscope::KvSummary& summary, const std::vector<kvscope::TensorStats>& stats);
     void failed(const QString& message);
     void cancelled();
+    void saved(const QString& path, double seconds);
+    void saveFailed(const QString& message);
 
 private:
     struct ReadOutcome;
@@ -75,6 +85,7 @@ private:
     StatsOptions m_options;
     quint64 m_generation = 0;  // bumped per load; results of older generations are dropped
     bool m_running = false;
+    std::shared_ptr<const KvSet> m_kv;  // last loaded
     std::function<void()> m_cancelStats;  // cancels the running stats stage, if any
     QElapsedTimer m_statsClock;
 };

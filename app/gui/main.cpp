@@ -1,6 +1,8 @@
 // kvscope: the desktop app.
 //   kvscope [KV.h5]                 open that KV file
-//   kvscope --demo                  show a synthetic KV cache (no model runtime yet)
+//   kvscope --demo                  open the default model and the long_1k sample and capture its KV
+//                                   (a synthetic cache, said so in the status bar, when the default
+//                                   model is not installed)
 //   kvscope ... --screenshot PATH   once the view is populated, save the window as PNG and quit
 //                                   (exit 1 when loading fails); used for docs and tests
 #include "main_window.h"
@@ -64,7 +66,8 @@ int main(int argc, char** argv)
     parser.addPositionalArgument(QStringLiteral("file"), QStringLiteral("KV file (.h5) to open."),
                                  QStringLiteral("[KV.h5]"));
     const QCommandLineOption demoOption(
-        QStringLiteral("demo"), QStringLiteral("Show a synthetic KV cache (there is no model runtime yet)."));
+        QStringLiteral("demo"),
+        QStringLiteral("Open the default model and the long_1k sample context, capture its KV and show it."));
     const QCommandLineOption screenshotOption(
         QStringLiteral("screenshot"),
         QStringLiteral("Once the view is populated, save the window to <path> as PNG and quit."),

@@ -1,8 +1,12 @@
 #include "main_window.h"
 
 #include "layer_stats_view.h"
+#include "library_versions.h"
+#include "model_context_view.h"
 
+#include "eval/samples.h"
 #include "kvscope/config.h"
+#include "model/model.h"
 
 #include <QAction>
 #include <QApplication>
@@ -10,6 +14,7 @@
 #include <QDockWidget>
 #include <QDragEnterEvent>
 #include <QDropEvent>
+#include <QFile>
 #include <QFileDialog>
 #include <QFileInfo>
 #include <QFormLayout>
@@ -35,6 +40,8 @@ const char* const kSettingsGeometry = "window/geometry";
 const char* const kSettingsState = "window/state";
 const char* const kSettingsRecent = "recentFiles";
 const char* const kSettingsOpenDir = "window/openDir";
+const char* const kSettingsModelDir = "window/modelDir";
+const char* const kDemoContext = "long_1k";
 
 // Summary rows: key (for summaryField and object names) and label, in display order.
 const struct {
@@ -119,9 +126,13 @@ MainWindow::MainWindow(bool useSettings, QWidget* parent) : QMainWindow(parent),
         emit loadCancelled();
     });
 
+    m_session = new ModelSession(this);
+
     m_statsView = new LayerStatsView;
     setCentralWidget(m_statsView);
     createSummaryDock();
+    createModelDock();
+    connectSession();
     createStatusBar();
     createActions();
 
@@ -134,7 +145,8 @@ MainWindow::MainWindow(bool useSettings, QWidget* parent) : QMainWindow(parent),
     }
     rebuildRecentMenu();
     setBusy(false);
-    m_phaseLabel->setText(tr("Open a KV file (Ctrl+O), drop one here, or try File ▸ Open Synthetic Demo."));
+    m_phaseLabel->setText(
+        tr("Open a model and capture a context, open a KV file (Ctrl+O), or try File ▸ Demo."));
 }
 
 MainWindow::~MainWindow() = default;
@@ -152,11 +164,32 @@ void MainWindow::createActions()
     open->setObjectName(QStringLiteral("openAction"));
     m_recentMenu = file->addMenu(tr("Open &Recent"));
     m_recentMenu->setObjectName(QStringLiteral("recentMenu"));
-    QAction* demo = file->addAction(tr("Open Synthetic &Demo"), this, &MainWindow::openDemo);
-    demo->setObjectName(QStringLiteral("demoAction"));
-    demo->setToolTip(tr("A generated cache with realistic structure; no model runtime is involved yet."));
+    m_saveAction = file->addAction(tr("&Save KV As…"), this, &MainWindow::showSaveDialog);
+    m_saveAction->setShortcut(QKeySequence::SaveAs);
+    m_saveAction->setObjectName(QStringLiteral("saveAction"));
+    m_saveAction->setEnabled(false);
     file->addSeparator();
-    m_cancelAction = file->addAction(tr("&Cancel Loading"), this, &MainWindow::cancelLoad);
+    file->addAction(tr("Open &Model File…"), this, &MainWindow::showOpenModelFileDialog)
+        ->setShortcut(QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_M));
+    file->addAction(tr("Open Model &Folder…"), this, &MainWindow::showOpenModelFolderDialog);
+    file->addAction(tr("Open Default Mo&del"), this, [this] { openModel(QString()); });
+    file->addAction(tr("Open Con&text…"), this, &MainWindow::showOpenContextDialog)
+        ->setShortcut(QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_O));
+    m_captureAction = file->addAction(tr("&Capture KV"), this, &MainWindow::captureContext);
+    m_captureAction->setShortcut(QKeySequence(Qt::CTRL | Qt::Key_R));
+    m_captureAction->setObjectName(QStringLiteral("captureAction"));
+    file->addSeparator();
+    QAction* demo = file->addAction(tr("&Demo"), this, &MainWindow::openDemo);
+    demo->setObjectName(QStringLiteral("demoAction"));
+    demo->setToolTip(tr("Open the default model and the long_1k sample, and capture its KV."));
+    QAction* synthetic =
+        file->addAction(tr("Open S&ynthetic KV"), this, [this] {
+            m_synthNote.clear();
+            openSynthetic(SyntheticSpec{});
+        });
+    synthetic->setToolTip(tr("A generated cache with realistic structure; no model involved."));
+    file->addSeparator();
+    m_cancelAction = file->addAction(tr("&Cancel"), this, &MainWindow::cancelLoad);
     m_cancelAction->setShortcut(Qt::Key_Escape);
     file->addSeparator();
     QAction* quit = file->addAction(tr("&Quit"), this, &QWidget::close);
@@ -196,6 +229,91 @@ void MainWindow::createSummaryDock()
     resizeDocks({dock}, {330}, Qt::Horizontal);
 }
 
+void MainWindow::createModelDock()
+{
+    m_contextView = new ModelContextView;
+    m_contextView->setObjectName(QStringLiteral("modelContextView"));
+    auto* dock = new QDockWidget(tr("Model && Context"), this);
+    dock->setObjectName(QStringLiteral("modelDock"));
+    dock->setWidget(m_contextView);
+    dock->setAllowedAreas(Qt::LeftDockWidgetArea | Qt::RightDockWidgetArea);
+    addDockWidget(Qt::LeftDockWidgetArea, dock);
+    if (auto* summary = findChild<QDockWidget*>(QStringLiteral("summaryDock"))) tabifyDockWidget(summary, dock);
+    dock->raise();
+
+    try {
+        QStringList ids;
+        for (const std::string& id : sampleIds()) ids << QString::fromStdString(id);
+        m_contextView->setSampleIds(ids);
+    } catch (const std::exception&) {
+        m_contextView->setSampleIds({});  // no samples installed: the picker says so
+    }
+    connect(m_contextView, &ModelContextView::openModelFileRequested, this, &MainWindow::showOpenModelFileDialog);
+    connect(m_contextView, &ModelContextView::openModelFolderRequested, this,
+            &MainWindow::showOpenModelFolderDialog);
+    connect(m_contextView, &ModelContextView::openDefaultModelRequested, this, [this] { openModel(QString()); });
+    connect(m_contextView, &ModelContextView::openContextFileRequested, this, &MainWindow::showOpenContextDialog);
+    connect(m_contextView, &ModelContextView::sampleRequested, this, &MainWindow::openContext);
+    connect(m_contextView, &ModelContextView::contextEdited, m_session, &ModelSession::tokenize);
+    connect(m_contextView, &ModelContextView::captureRequested, this, &MainWindow::captureContext);
+}
+
+void MainWindow::connectSession()
+{
+    connect(m_session, &ModelSession::phaseChanged, this, [this](const QString& text, int maximum) {
+        m_phaseLabel->setText(text);
+        m_progress->setRange(0, maximum);
+        m_progress->setValue(0);
+        m_progress->setFormat(maximum > 0 ? tr("%v / %m tokens") : QString());
+    });
+    connect(m_session, &ModelSession::progressChanged, this, [this](int value) { m_progress->setValue(value); });
+    connect(m_session, &ModelSession::modelOpened, this, [this](const ModelInfo& info) {
+        setBusy(false);
+        m_contextView->setModelInfo(info);
+        m_session->tokenize(m_contextView->contextText());
+        m_phaseLabel->setText(tr("Opened %1 in %2 s.").arg(info.name).arg(info.loadSeconds, 0, 'f', 2));
+        emit modelShown();
+        if (m_demoPending) {
+            m_demoPending = false;
+            captureContext();
+        }
+    });
+    connect(m_session, &ModelSession::tokenized, m_contextView, &ModelContextView::setTokens);
+    connect(m_session, &ModelSession::captured, this, [this](std::shared_ptr<const KvSet> kv, double seconds) {
+        const QString origin = tr("captured: %1 tokens of %2 by %3")
+                                   .arg(kv->shape().numTokens)
+                                   .arg(m_contextView->contextOrigin().isEmpty() ? tr("the edited context")
+                                                                                 : m_contextView->contextOrigin(),
+                                        m_session->modelInfo().name);
+        m_loader->loadKv(std::move(kv), origin, seconds);
+    });
+    connect(m_session, &ModelSession::failed, this, [this](const QString& message) {
+        m_demoPending = false;
+        onFailed(message);
+    });
+    connect(m_session, &ModelSession::cancelled, this, [this] {
+        m_demoPending = false;
+        setBusy(false);
+        m_phaseLabel->setText(m_hasData ? tr("Cancelled; still showing the previous cache.") : tr("Cancelled."));
+        emit loadCancelled();
+    });
+    connect(m_loader, &KvLoader::saved, this, [this](const QString& path, double seconds) {
+        setBusy(false);
+        m_phaseLabel->setText(tr("Saved %1 (%2) in %3 s.")
+                                  .arg(QFileInfo(path).fileName(),
+                                       QLocale::c().formattedDataSize(QFileInfo(path).size()))
+                                  .arg(seconds, 0, 'f', 2));
+        addRecentFile(QFileInfo(path).absoluteFilePath());
+        emit kvSaved(path);
+    });
+    connect(m_loader, &KvLoader::saveFailed, this, [this](const QString& message) {
+        setBusy(false);
+        m_phaseLabel->setText(tr("Error: %1").arg(message));
+        emit errorOccurred(message);
+        if (m_modalErrors) showError(tr("Could not save the KV cache"), message);
+    });
+}
+
 void MainWindow::createStatusBar()
 {
     m_phaseLabel = new QLabel;
@@ -215,7 +333,7 @@ void MainWindow::createStatusBar()
 
 bool MainWindow::isLoading() const
 {
-    return m_loader->isRunning();
+    return m_loader->isRunning() || m_session->isBusy();
 }
 
 QString MainWindow::summaryField(const QString& key) const
@@ -229,6 +347,10 @@ void MainWindow::setBusy(bool busy)
     m_progress->setVisible(busy);
     m_cancelButton->setVisible(busy);
     m_cancelAction->setEnabled(busy);
+    const bool canCapture = !busy && m_session->hasModel();
+    m_captureAction->setEnabled(canCapture);
+    m_contextView->setCaptureEnabled(canCapture);
+    m_saveAction->setEnabled(!busy && m_loader->kv() != nullptr);
 }
 
 void MainWindow::openFile(const QString& path)
@@ -236,6 +358,8 @@ void MainWindow::openFile(const QString& path)
     if (path.isEmpty()) return;
     const QFileInfo info(path);
     m_pendingTitle = tr("%1 — kvscope").arg(info.fileName());
+    m_synthNote.clear();
+    m_session->cancel();
     setBusy(true);
     m_loader->loadFile(path);
 }
@@ -243,18 +367,133 @@ void MainWindow::openFile(const QString& path)
 void MainWindow::openSynthetic(const SyntheticSpec& spec)
 {
     m_pendingTitle = tr("synthetic KV (no model runtime yet) — kvscope");
+    m_session->cancel();
     setBusy(true);
     m_loader->loadSynthetic(spec);
 }
 
 void MainWindow::openDemo()
 {
-    openSynthetic(SyntheticSpec{});
+    const QString modelPath = QFile::decodeName(QByteArray::fromStdString(defaultModelPath()));
+    if (!QFileInfo(modelPath).isFile()) {
+        m_synthNote = tr("Demo: the default model is not installed (%1; installer/setup.sh fetches it), so this "
+                         "is a synthetic KV cache, not a captured one.")
+                          .arg(modelPath);
+        openSynthetic(SyntheticSpec{});
+        return;
+    }
+    openContext(QLatin1String(kDemoContext));
+    m_demoPending = true;
+    if (m_session->hasModel() && m_session->modelInfo().path == modelPath && !isLoading()) {
+        m_demoPending = false;
+        captureContext();
+        return;
+    }
+    openModel(QString());
+}
+
+void MainWindow::openModel(const QString& path, const QString& tokenizerPath)
+{
+    m_loader->cancel();
+    setBusy(true);
+    m_session->openModel(path, tokenizerPath);
+}
+
+void MainWindow::openContext(const QString& idOrPath)
+{
+    try {
+        const SampleContext sample = loadSampleContext(QFile::encodeName(idOrPath).toStdString());
+        const QString origin = QFileInfo::exists(idOrPath) ? QFileInfo(idOrPath).fileName() : idOrPath;
+        m_contextView->setContext(QString::fromStdString(sample.text), origin);
+    } catch (const std::exception& e) {
+        const QString message = QString::fromStdString(e.what());
+        m_phaseLabel->setText(tr("Error: %1").arg(message));
+        emit errorOccurred(message);
+        if (m_modalErrors) showError(tr("Could not open the context"), message);
+    }
+}
+
+void MainWindow::captureContext()
+{
+    if (isLoading() || !m_session->hasModel()) return;
+    const QString text = m_contextView->contextText();
+    if (text.isEmpty()) return;
+    const QString origin = m_contextView->contextOrigin();
+    m_pendingTitle = tr("%1 on %2 — kvscope")
+                         .arg(origin.isEmpty() ? tr("context") : origin, m_session->modelInfo().name);
+    m_synthNote.clear();
+    setBusy(true);
+    m_session->capture(text);
+}
+
+void MainWindow::saveKv(const QString& path)
+{
+    if (path.isEmpty() || isLoading()) return;
+    setBusy(true);
+    m_phaseLabel->setText(tr("Saving %1…").arg(QFileInfo(path).fileName()));
+    m_progress->setRange(0, 0);
+    m_loader->saveKv(path);
 }
 
 void MainWindow::cancelLoad()
 {
+    m_demoPending = false;
+    m_session->cancel();
     m_loader->cancel();
+}
+
+void MainWindow::showOpenModelFileDialog()
+{
+    QSettings settings;
+    const QString dir = settings.value(QLatin1String(kSettingsModelDir)).toString();
+    const QString path = QFileDialog::getOpenFileName(
+        this, tr("Open Model"), dir, tr("Models (*.gguf *.bin);;GGUF (*.gguf);;llama2.c checkpoints (*.bin);;All files (*)"));
+    if (path.isEmpty()) return;
+    if (m_useSettings) settings.setValue(QLatin1String(kSettingsModelDir), QFileInfo(path).absolutePath());
+    QString tokenizer;
+    if (QFileInfo(path).suffix().toLower() != QLatin1String("gguf")) {
+        // A llama2.c checkpoint carries no vocabulary: its tokenizer.bin comes separately.
+        tokenizer = QFileDialog::getOpenFileName(this, tr("Tokenizer for %1").arg(QFileInfo(path).fileName()),
+                                                 QFileInfo(path).absolutePath(),
+                                                 tr("Tokenizers (*.bin *.json *.model);;All files (*)"));
+        if (tokenizer.isEmpty()) return;
+    }
+    openModel(path, tokenizer);
+}
+
+void MainWindow::showOpenModelFolderDialog()
+{
+    QSettings settings;
+    const QString dir = QFileDialog::getExistingDirectory(
+        this, tr("Open Hugging Face Model Folder"), settings.value(QLatin1String(kSettingsModelDir)).toString());
+    if (dir.isEmpty()) return;
+    if (m_useSettings) settings.setValue(QLatin1String(kSettingsModelDir), dir);
+    openModel(dir);
+}
+
+void MainWindow::showOpenContextDialog()
+{
+    const QString path =
+        QFileDialog::getOpenFileName(this, tr("Open Context"), QString(), tr("Text (*.txt);;All files (*)"));
+    if (!path.isEmpty()) openContext(path);
+}
+
+void MainWindow::showSaveDialog()
+{
+    QSettings settings;
+    QString dir = settings.value(QLatin1String(kSettingsOpenDir)).toString();
+    const QString path = QFileDialog::getSaveFileName(this, tr("Save KV Cache"), dir, tr("KV files (*.h5)"));
+    if (path.isEmpty()) return;
+    saveKv(QFileInfo(path).suffix().isEmpty() ? path + QStringLiteral(".h5") : path);
+}
+
+void MainWindow::showError(const QString& title, const QString& message)
+{
+    // open(), not exec(): a window-modal box that does not spin a nested event loop.
+    auto* box = new QMessageBox(QMessageBox::Critical, title, message, QMessageBox::Ok, this);
+    box->setObjectName(QStringLiteral("errorBox"));
+    box->setAttribute(Qt::WA_DeleteOnClose);
+    box->open();
 }
 
 void MainWindow::showOpenDialog()
@@ -274,14 +513,19 @@ void MainWindow::showOpenDialog()
 
 void MainWindow::showAbout()
 {
+    const QString torch = QString::fromStdString(libtorchBuildVersion());
+    const QString runtime = m_session->hasModel() ? tr(" (open model: %1)").arg(m_session->modelInfo().runtime)
+                                                  : QString();
     QMessageBox::about(
         this, tr("About kvscope"),
         tr("<h3>kvscope %1</h3>"
            "<p>Inspect and tune KV-cache compression in the style of CacheGen: per-layer and per-channel "
            "statistics of captured KV caches, codec settings, and streaming experiments.</p>"
-           "<p>Qt %2 (built with %3)<br>CUDA decode library: %4</p>")
-            .arg(QStringLiteral(KVSCOPE_VERSION), QString::fromLatin1(qVersion()),
-                 QStringLiteral(QT_VERSION_STR), KVSCOPE_HAVE_CUDA_BUILD ? tr("built") : tr("not built")));
+           "<p>Qt %2 (built with %3)<br>libtorch %4%5<br>HDF5 %6<br>CUDA decode library: %7</p>")
+            .arg(QStringLiteral(KVSCOPE_VERSION), QString::fromLatin1(qVersion()), QStringLiteral(QT_VERSION_STR),
+                 torch.isEmpty() ? tr("(version unknown)") : torch, runtime,
+                 QString::fromStdString(hdf5Version()),
+                 KVSCOPE_HAVE_CUDA_BUILD ? tr("built") : tr("not built")));
 }
 
 void MainWindow::onPhaseChanged(const QString& text, int maximum)
@@ -301,13 +545,21 @@ void MainWindow::onLoaded(const KvSummary& summary, const std::vector<TensorStat
     m_statsView->setStats(stats);
     showSummary(summary, stats);
     setWindowTitle(m_pendingTitle);
-    if (!summary.synthetic) addRecentFile(summary.source);
-    m_phaseLabel->setText(
-        tr("Loaded %1 in %2 s (read %3 s, statistics %4 s).")
-            .arg(summary.synthetic ? tr("synthetic KV") : QFileInfo(summary.source).fileName())
-            .arg(summary.readSeconds + summary.statsSeconds, 0, 'f', 2)
-            .arg(summary.readSeconds, 0, 'f', 2)
-            .arg(summary.statsSeconds, 0, 'f', 2));
+    if (!summary.source.isEmpty()) addRecentFile(summary.source);
+    if (summary.synthetic && !m_synthNote.isEmpty())
+        m_phaseLabel->setText(m_synthNote);
+    else if (summary.source.isEmpty() && !summary.synthetic)
+        m_phaseLabel->setText(tr("Captured %1 tokens in %2 s (statistics %3 s).")
+                                  .arg(summary.shape.numTokens)
+                                  .arg(summary.readSeconds, 0, 'f', 2)
+                                  .arg(summary.statsSeconds, 0, 'f', 2));
+    else
+        m_phaseLabel->setText(
+            tr("Loaded %1 in %2 s (read %3 s, statistics %4 s).")
+                .arg(summary.synthetic ? tr("synthetic KV") : QFileInfo(summary.source).fileName())
+                .arg(summary.readSeconds + summary.statsSeconds, 0, 'f', 2)
+                .arg(summary.readSeconds, 0, 'f', 2)
+                .arg(summary.statsSeconds, 0, 'f', 2));
     emit dataShown();
 }
 
@@ -316,13 +568,7 @@ void MainWindow::onFailed(const QString& message)
     setBusy(false);
     m_phaseLabel->setText(tr("Error: %1").arg(message));
     emit errorOccurred(message);
-    if (!m_modalErrors) return;
-    // open(), not exec(): a window-modal box that does not spin a nested event loop.
-    auto* box =
-        new QMessageBox(QMessageBox::Critical, tr("Could not load KV cache"), message, QMessageBox::Ok, this);
-    box->setObjectName(QStringLiteral("errorBox"));
-    box->setAttribute(Qt::WA_DeleteOnClose);
-    box->open();
+    if (m_modalErrors) showError(tr("kvscope"), message);
 }
 
 void MainWindow::showSummary(const KvSummary& s, const std::vector<TensorStats>& stats)
@@ -399,6 +645,7 @@ void MainWindow::rebuildRecentMenu()
 
 void MainWindow::closeEvent(QCloseEvent* event)
 {
+    m_session->cancel();
     m_loader->cancel();
     if (m_useSettings) {
         QSettings settings;

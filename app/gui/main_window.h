@@ -1,9 +1,12 @@
-// The kvscope main window: opens a KV cache (file, drag & drop, recent list, or the synthetic
-// demo), loads it on workers through KvLoader, and shows its summary in a dock and its statistics
-// in the LayerStatsView at the centre. It never computes on the UI thread.
+// The kvscope main window: opens a model and a context (Model & context dock, ModelSession) and
+// captures the context's KV, or opens a KV file (file, drag & drop, recent list); either way the
+// cache's statistics are computed on workers through KvLoader and shown in the LayerStatsView at
+// the centre, with a summary dock. It never computes on the UI thread: the status bar shows the
+// phase, progress and a Cancel button for every long task.
 #pragma once
 
 #include "kv_loader.h"
+#include "model_session.h"
 
 #include <QMainWindow>
 #include <QString>
@@ -21,6 +24,7 @@ class QPushButton;
 namespace kvscope {
 
 class LayerStatsView;
+class ModelContextView;
 
 class MainWindow : public QMainWindow {
     Q_OBJECT
@@ -35,6 +39,9 @@ public:
 
     LayerStatsView* statsView() const { return m_statsView; }
     KvLoader* loader() const { return m_loader; }
+    ModelSession* session() const { return m_session; }
+    ModelContextView* contextView() const { return m_contextView; }
+    // A model, capture, KV read or statistics job is running.
     bool isLoading() const;
     bool hasData() const { return m_hasData; }
     const KvSummary& summary() const { return m_summary; }
@@ -52,9 +59,21 @@ public:
 public slots:
     void openFile(const QString& path);
     void openSynthetic(const kvscope::SyntheticSpec& spec);
+    // The default model and the long_1k sample, captured; a synthetic cache (and a status-bar note
+    // saying why) when the default model is not installed.
     void openDemo();
+    // path "" = the default model; tokenizerPath is needed for llama2.c checkpoints.
+    void openModel(const QString& path, const QString& tokenizerPath = QString());
+    // A sample id ("long_1k") or a UTF-8 text file. Errors go to errorOccurred.
+    void openContext(const QString& idOrPath);
+    void captureContext();
+    void saveKv(const QString& path);
     void cancelLoad();
     void showOpenDialog();
+    void showOpenModelFileDialog();
+    void showOpenModelFolderDialog();
+    void showOpenContextDialog();
+    void showSaveDialog();
     void showAbout();
     void clearRecentFiles();
 
@@ -64,6 +83,9 @@ signals:
     // A load failed; message is the one-line error (also shown in a box when modalErrors is on).
     void errorOccurred(const QString& message);
     void loadCancelled();
+    // The Model & context dock now shows a newly opened model.
+    void modelShown();
+    void kvSaved(const QString& path);
 
 protected:
     void closeEvent(QCloseEvent* event) override;
@@ -73,6 +95,9 @@ protected:
 private:
     void createActions();
     void createSummaryDock();
+    void createModelDock();
+    void connectSession();
+    void showError(const QString& title, const QString& message);
     void createStatusBar();
     void setBusy(bool busy);
     void onPhaseChanged(const QString& text, int maximum);
@@ -88,9 +113,15 @@ private:
     bool m_hasData = false;
     KvSummary m_summary;
     QString m_pendingTitle;  // title to take once the cache being loaded is shown
+    QString m_synthNote;     // why a synthetic cache is shown instead of the demo capture
+    bool m_demoPending = false;  // capture as soon as the default model is open
     QStringList m_recentFiles;
 
     KvLoader* m_loader = nullptr;
+    ModelSession* m_session = nullptr;
+    ModelContextView* m_contextView = nullptr;
+    QAction* m_captureAction = nullptr;
+    QAction* m_saveAction = nullptr;
     LayerStatsView* m_statsView = nullptr;
     QWidget* m_summaryWidget = nullptr;
     QMenu* m_recentMenu = nullptr;

@@ -55,8 +55,14 @@ Reply ChunkClient::request(const Request& r, uint64_t maxPayload, double deadlin
             throw Error("chunk server: reply of " + std::to_string(length) + " bytes exceeds the expected " +
                         std::to_string(limit));
         rep.type = type;
-        rep.payload.resize(length);
-        readInto(rep.payload.data(), length);
+        // Grow as bytes come (reserve does not touch the pages): zero-filling a 64 MB buffer up
+        // front would stall reading for tens of milliseconds while the link keeps delivering.
+        rep.payload.reserve(length);
+        while (rep.payload.size() < length) {
+            const size_t have = rep.payload.size();
+            rep.payload.resize(std::min<size_t>(length, have + (size_t(1) << 20)));
+            readInto(rep.payload.data() + have, rep.payload.size() - have);
+        }
         rep.wireBytes = total;
         return rep;
     } catch (...) {

@@ -1,0 +1,164 @@
+// Link shaping math (core/stream/link.h): rate parsing, step schedules, Mahimahi trace semantics
+// (1500 bytes per opportunity, looping with the last timestamp as period), the inverse
+// timeForBytes, and the pacer's exactness on the real clock without sockets (issue 6).
+#include "testmain.h"
+
+#include "common/error.h"
+#include "stream/link.h"
+
+#include <QFile>
+
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+using namespace kvscope;
+
+class TestStreamLink : public QObject {
+    Q_OBJECT
+private slots:
+    void parseRates_data()
+    {
+        QTest::addColumn<QString>("text");
+        QTest::addColumn<double>("bytesPerSecond");
+        QTest::newRow("50Mbit") << "50Mbit" << 6.25e6;
+        QTest::newRow("1Gbit") << "1Gbit" << 125e6;
+        QTest::newRow("800kbit") << "800kbit" << 1e5;
+        QTest::newRow("12.5Mbit/s") << "12.5Mbit/s" << 12.5e6 / 8;
+        QTest::newRow("2mbps") << "2mbps" << 2.5e5;
+        QTest::newRow("9600bit") << "9600bit" << 1200.0;
+    }
+    void parseRates()
+    {
+        QFETCH(QString, text);
+        QFETCH(double, bytesPerSecond);
+        QCOMPARE(parseRate(text.toStdString()), bytesPerSecond);
+    }
+    void badRates_data()
+    {
+        QTest::addColumn<QString>("text");
+        for (const char* t : {"", "fast", "50", "50Mbt", "50 Mbit", "Mbit", "-5Mbit", "0Mbit", "1e999Gbit", "nanMbit"})
+            QTest::newRow(t[0] ? t : "empty") << t;
+    }
+    void badRates()
+    {
+        QFETCH(QString, text);
+        kvscope_test::expectError("--bandwidth", [&] { parseRate(text.toStdString(), "--bandwidth"); }, "rate");
+    }
+
+    void steps()
+    {
+        const LinkSchedule s = LinkSchedule::parse("1Gbit:0.5,50Mbit");
+        QCOMPARE(s.capacityBytes(0, 0.5), 62.5e6);
+        QCOMPARE(s.capacityBytes(0.5, 1.5), 6.25e6);
+        QCOMPARE(s.capacityBytes(0.25, 0.75), 62.5e6 / 2 + 6.25e6 / 4);
+        QCOMPARE(s.capacityBytes(1, 1), 0.0);
+        QCOMPARE(s.capacityBytes(2, 1), 0.0);
+        QCOMPARE(s.describe(), std::string("1Gbit:0.5,50Mbit"));
+        // timeForBytes is the inverse, across the step too.
+        for (double t0 : {0.0, 0.1, 0.49, 0.5, 3.0})
+            for (double b : {1.0, 1500.0, 1e6, 4e7, 9e7}) {
+                const double t1 = s.timeForBytes(t0, b);
+                QVERIFY(std::abs(s.capacityBytes(t0, t1) - b) <= 1e-6 * b + 1e-6);
+            }
+        kvscope_test::expectError("--bandwidth", [] { LinkSchedule::parse("1Gbit,50Mbit"); }, "SECONDS");
+        kvscope_test::expectError("--bandwidth", [] { LinkSchedule::parse("1Gbit:-1,50Mbit"); }, "positive");
+        kvscope_test::expectError("--bandwidth", [] { LinkSchedule::parse("1Gbit:x,50Mbit"); }, "positive");
+    }
+
+    void traceSemantics()
+    {
+        // Opportunities at 1, 1, 3 ms, then 4, 4, 6 ms, ... (period 3 ms).
+        const LinkSchedule s = LinkSchedule::fromTrace({1, 1, 3}, 1.0, "t");
+        QCOMPARE(s.capacityBytes(0, 0.0009), 0.0);
+        QCOMPARE(s.capacityBytes(0, 0.001), 3000.0);
+        QCOMPARE(s.capacityBytes(0, 0.003), 4500.0);
+        QCOMPARE(s.capacityBytes(0.003, 0.004), 3000.0);  // (3, 4]: the opportunity at exactly 3 ms is before
+        QCOMPARE(s.capacityBytes(0, 0.3), 100 * 4500.0);
+        QCOMPARE(s.tracePeriodSeconds(), 0.003);
+        QCOMPARE(s.meanBytesPerSecond(), 4500.0 / 0.003);
+        // Inverse: the opportunity that completes the bytes.
+        QCOMPARE(s.timeForBytes(0, 1), 0.001 + 1e-9);
+        QCOMPARE(s.timeForBytes(0, 3001), 0.003 + 1e-9);
+        QCOMPARE(s.timeForBytes(0.003, 4500), 0.006 + 1e-9);
+        // A file holding only "1" is 12 Mbit/s; a scale factor scales bytes, not time.
+        const LinkSchedule one = LinkSchedule::fromTrace({1}, 0.5, "one");
+        QCOMPARE(one.capacityBytes(0, 1.0), 1000 * 750.0);
+        QCOMPARE(one.meanBytesPerSecond() * 8, 6e6);
+        kvscope_test::expectError("t", [] { LinkSchedule::fromTrace({3, 2}, 1, "t"); }, "decrease");
+        kvscope_test::expectError("t", [] { LinkSchedule::fromTrace({0, 0}, 1, "t"); }, "period");
+        kvscope_test::expectError("t", [] { LinkSchedule::fromTrace({}, 1, "t"); }, "no timestamps");
+    }
+
+    // The README's mean capacities, from the files (1500 bytes per opportunity).
+    void realTraces_data()
+    {
+        QTest::addColumn<QString>("file");
+        QTest::addColumn<double>("mbit");
+        QTest::newRow("ATT-LTE-driving-2016") << "ATT-LTE-driving-2016.down" << 4.56;
+        QTest::newRow("TMobile-LTE-short") << "TMobile-LTE-short.down" << 16.7;
+        QTest::newRow("Verizon-LTE-short") << "Verizon-LTE-short.down" << 5.03;
+        QTest::newRow("TMobile-UMTS-driving") << "TMobile-UMTS-driving.down" << 2.02;
+    }
+    void realTraces()
+    {
+        QFETCH(QString, file);
+        QFETCH(double, mbit);
+        const QString path = QStringLiteral(KVSCOPE_SOURCE_DIR "/../shared/traces/") + file;
+        if (!QFile::exists(path)) QSKIP("../shared/traces is absent");
+        const LinkSchedule s = LinkSchedule::loadTrace(path.toStdString(), 1.0);
+        QVERIFY2(std::abs(s.meanBytesPerSecond() * 8 / 1e6 - mbit) < 0.01 * mbit + 0.01,
+                 std::to_string(s.meanBytesPerSecond() * 8 / 1e6).c_str());
+        // Looping: the capacity of two periods is twice one period's.
+        const double p = s.tracePeriodSeconds();
+        QCOMPARE(s.capacityBytes(0, 2 * p), 2 * s.capacityBytes(0, p));
+    }
+    void sampleTraces_data()
+    {
+        QTest::addColumn<QString>("file");
+        QTest::addColumn<double>("mbit");
+        QTest::newRow("constant_10mbit") << "constant_10mbit.trace" << 10.0;
+        QTest::newRow("constant_50mbit") << "constant_50mbit.trace" << 50.0;
+        QTest::newRow("steps_50_10_30mbit") << "steps_50_10_30mbit.trace" << 30.0;
+        QTest::newRow("drop_recovery") << "drop_recovery.trace" << 27.333;
+    }
+    void sampleTraces()
+    {
+        QFETCH(QString, file);
+        QFETCH(double, mbit);
+        const LinkSchedule s =
+            LinkSchedule::loadTrace((QStringLiteral(KVSCOPE_SOURCE_DIR "/samples/traces/") + file).toStdString(), 1.0);
+        QVERIFY(std::abs(s.meanBytesPerSecond() * 8 / 1e6 - mbit) < 0.01);
+    }
+
+    // The pacer alone on the real clock: a backlogged sender never gets more than the capacity
+    // since its busy period began, and never falls more than 5% behind it (after 20 ms).
+    void pacerExact()
+    {
+        LinkPacer pacer(LinkSchedule::parse("20Mbit:0.15,5Mbit"));
+        pacer.reset();
+        pacer.beginSend();
+        const double start = pacer.epoch();
+        uint64_t sent = 0;
+        double worstLag = 0;
+        while (monoSeconds() - start < 0.3) {
+            const double now = monoSeconds();
+            sent += pacer.grant(1 << 20, now);
+            const double cap = pacer.schedule().capacityBytes(0, pacer.linkTime(monoSeconds()));
+            QVERIFY2(double(sent) <= cap + 1e-6, (std::to_string(sent) + " > " + std::to_string(cap)).c_str());
+            if (now - start > 0.02) worstLag = std::max(worstLag, 1.0 - double(sent) / pacer.schedule().capacityBytes(0, now - start));
+            std::this_thread::sleep_until(std::chrono::steady_clock::time_point(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                std::chrono::duration<double>(std::min(pacer.whenAvailable(1500), monoSeconds() + 0.01)))));
+        }
+        pacer.endSend();
+        QVERIFY2(worstLag < 0.05, std::to_string(worstLag).c_str());
+        // Idle time is lost: a new busy period starts from zero credit.
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        pacer.beginSend();
+        QVERIFY(pacer.grant(1 << 20, monoSeconds()) < 5000);  // ~ what 5 Mbit/s carries in a few ms at most
+        pacer.endSend();
+    }
+};
+
+KVSCOPE_TEST_MAIN(TestStreamLink)
+#include "tst_stream_link.moc"
