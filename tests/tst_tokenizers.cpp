@@ -5,6 +5,8 @@
 // tokenizer.model). Files from ../shared or ~/.cache are skipped with a reason when absent.
 #include "testmain.h"
 
+#include <dlfcn.h>
+
 #include "common/error.h"
 #include "model/gguf.h"
 #include "model/gguf_tokenizer.h"
@@ -187,7 +189,13 @@ private slots:
     void tinySentencePieceModel()
     {
         const QJsonObject expected = readJson(kData + "tiny-spm.json");
-        const auto tok = loadTokenizer(kData + "tiny-spm.model");
+        std::unique_ptr<Tokenizer> tok;
+        try {
+            tok = loadTokenizer(kData + "tiny-spm.model");
+        } catch (const kvscope::Error& e) {
+            if (std::string(e.what()).find("AddressSanitizer") != std::string::npos) QSKIP("tokenizer.model is unavailable under AddressSanitizer");
+            throw;
+        }
         QCOMPARE(tok->description(), std::string("SentencePiece (tokenizer.model)"));
         QCOMPARE(tok->vocabSize(), expected["vocab_size"].toInt());
         QCOMPARE(tok->bosId(), int32_t(expected["bos"].toInt()));
@@ -224,7 +232,10 @@ private slots:
         const std::string txt = write("vocab.txt", "a\nb\n");
         kvscope_test::expectError(txt, [&] { loadTokenizer(txt); }, "unknown tokenizer file type");
         const std::string notModel = write("broken.model", "not a protobuf");
-        kvscope_test::expectError(notModel, [&] { loadTokenizer(notModel); }, "not a SentencePiece model");
+        // (AddressSanitizer builds have no SentencePiece plugin: then that is the error.)
+        const bool asan = dlsym(RTLD_DEFAULT, "__asan_init") != nullptr;
+        kvscope_test::expectError(notModel, [&] { loadTokenizer(notModel); },
+                                  asan ? "AddressSanitizer" : "not a SentencePiece model");
 
         brokenJsonFiles(dir_);
 

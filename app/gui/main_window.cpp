@@ -233,7 +233,8 @@ void MainWindow::createModelDock()
 {
     m_contextView = new ModelContextView;
     m_contextView->setObjectName(QStringLiteral("modelContextView"));
-    auto* dock = new QDockWidget(tr("Model && Context"), this);
+    // No '&' in the title: dock tabs and menus read it as a mnemonic, the title bar does not.
+    auto* dock = new QDockWidget(tr("Model / Context"), this);
     dock->setObjectName(QStringLiteral("modelDock"));
     dock->setWidget(m_contextView);
     dock->setAllowedAreas(Qt::LeftDockWidgetArea | Qt::RightDockWidgetArea);
@@ -279,6 +280,8 @@ void MainWindow::connectSession()
         }
     });
     connect(m_session, &ModelSession::tokenized, m_contextView, &ModelContextView::setTokens);
+    connect(m_session, &ModelSession::tokenizeFailed, this,
+            [this](const QString& message) { m_phaseLabel->setText(tr("Tokenizer: %1").arg(message)); });
     connect(m_session, &ModelSession::captured, this, [this](std::shared_ptr<const KvSet> kv, double seconds) {
         const QString origin = tr("captured: %1 tokens of %2 by %3")
                                    .arg(kv->shape().numTokens)
@@ -366,7 +369,7 @@ void MainWindow::openFile(const QString& path)
 
 void MainWindow::openSynthetic(const SyntheticSpec& spec)
 {
-    m_pendingTitle = tr("synthetic KV (no model runtime yet) — kvscope");
+    m_pendingTitle = tr("synthetic KV — kvscope");
     m_session->cancel();
     setBusy(true);
     m_loader->loadSynthetic(spec);
@@ -655,28 +658,39 @@ void MainWindow::closeEvent(QCloseEvent* event)
     QMainWindow::closeEvent(event);
 }
 
-QString MainWindow::kvFileFrom(const QMimeData* mime)
+QString MainWindow::droppedPath(const QMimeData* mime)
 {
     if (!mime || !mime->hasUrls()) return {};
     for (const QUrl& url : mime->urls()) {
         if (!url.isLocalFile()) continue;
         const QString path = url.toLocalFile();
-        if (kvFileSuffixes().contains(QFileInfo(path).suffix().toLower())) return path;
+        const QFileInfo info(path);
+        const QString suffix = info.suffix().toLower();
+        // KV files, GGUF models and Hugging Face model folders. Text contexts are not taken yet:
+        // tst_mainwindow's dropOtherFileIsRefused uses a .txt as the file kvscope refuses.
+        if (kvFileSuffixes().contains(suffix) || suffix == QLatin1String("gguf") ||
+            (info.isDir() && QFileInfo::exists(info.filePath() + QStringLiteral("/config.json"))))
+            return path;
     }
     return {};
 }
 
 void MainWindow::dragEnterEvent(QDragEnterEvent* event)
 {
-    if (!kvFileFrom(event->mimeData()).isEmpty()) event->acceptProposedAction();
+    if (!droppedPath(event->mimeData()).isEmpty()) event->acceptProposedAction();
 }
 
 void MainWindow::dropEvent(QDropEvent* event)
 {
-    const QString path = kvFileFrom(event->mimeData());
+    const QString path = droppedPath(event->mimeData());
     if (path.isEmpty()) return;
     event->acceptProposedAction();
-    openFile(path);
+    const QFileInfo info(path);
+    const QString suffix = info.suffix().toLower();
+    if (info.isDir() || suffix == QLatin1String("gguf"))
+        openModel(path);
+    else
+        openFile(path);
 }
 
 }  // namespace kvscope

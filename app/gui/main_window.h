@@ -106,7 +106,8 @@ private:
     void showSummary(const KvSummary& summary, const std::vector<TensorStats>& stats);
     void addRecentFile(const QString& path);
     void rebuildRecentMenu();
-    static QString kvFileFrom(const QMimeData* mime);
+    // The first dropped path kvscope can open: a KV file, a GGUF model, a model folder.
+    static QString droppedPath(const QMimeData* mime);
 
     const bool m_useSettings;
     bool m_modalErrors = true;

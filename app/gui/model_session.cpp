@@ -147,7 +147,7 @@ void ModelSession::tokenize(const QString& text)
             [this, generation, out, error] {
                 if (generation != m_tokenizeGeneration) return;
                 if (!error.isEmpty())
-                    emit failed(error);
+                    emit tokenizeFailed(error);
                 else
                     emit tokenized(out);
             },

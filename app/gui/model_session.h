@@ -53,6 +53,8 @@ signals:
     void progressChanged(int value);
     void modelOpened(const kvscope::ModelInfo& info);
     void tokenized(const kvscope::TokenPieces& pieces);
+    // Tokenizing the edited context failed; nothing else is affected (no job was running for it).
+    void tokenizeFailed(const QString& message);
     // kv carries tokens, context, model name and fingerprint.
     void captured(std::shared_ptr<const kvscope::KvSet> kv, double seconds);
     void failed(const QString& message);

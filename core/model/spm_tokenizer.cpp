@@ -20,6 +20,12 @@ SpmCreateFn spmCreate()
     static SpmCreateFn create = nullptr;
     static std::string failure;
     std::call_once(once, [] {
+        // AddressSanitizer refuses RTLD_DEEPBIND, and without it libsentencepiece's protobuf
+        // symbols would bind to torch's libprotobuf (see spm_backend.h): refuse instead.
+        if (dlsym(RTLD_DEFAULT, "__asan_init")) {
+            failure = "unavailable in AddressSanitizer builds (the plugin needs RTLD_DEEPBIND)";
+            return;
+        }
         for (const char* path : {KVSCOPE_SPM_MODULE_BUILD, KVSCOPE_SPM_MODULE_INSTALL}) {
             void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
             if (!h) {
@@ -46,7 +52,11 @@ SpmTokenizer SpmTokenizer::load(const std::string& path)
 {
     auto impl = std::make_shared<Impl>();
     impl->path = path;
-    impl->sp.reset(spmCreate()());
+    try {
+        impl->sp.reset(spmCreate()());
+    } catch (const Error& e) {
+        throw inputError(path, "", e.what());
+    }
     const std::string err = impl->sp->load(path);
     if (!err.empty()) throw inputError(path, "", "not a SentencePiece model: " + err);
     return SpmTokenizer(std::move(impl));

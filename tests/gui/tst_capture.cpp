@@ -12,6 +12,8 @@
 #include <QComboBox>
 #include <QElapsedTimer>
 #include <QFile>
+#include <QMessageBox>
+#include <QPushButton>
 #include <QSignalSpy>
 #include <QTemporaryDir>
 #include <QTimer>
@@ -23,10 +25,10 @@ namespace {
 constexpr int kTimeoutMs = 120000;
 const QString kModelDir = QStringLiteral(KVSCOPE_SOURCE_DIR "/../shared/models/aidreams260K");
 const QString kShortContext = QStringLiteral("Once upon a time, there was a little girl named Lily. She liked to play.");
-// Loose bound on the longest event-loop gap during a capture. The target is 50 ms; on the
-// shared 2-core CI machine (load often above 5) the scheduler alone can exceed it, so the test
-// asserts this and prints the figure.
-constexpr qint64 kMaxGapMs = 250;
+// Bound on the longest event-loop gap during a capture. The target is 50 ms; on the shared
+// 2-core machine at load average 7-8 seven runs measured 22-39 ms (captures of 5 to 59 s), too
+// close to 50 to assert it there, so the test asserts twice the target and prints the figure.
+constexpr qint64 kMaxGapMs = 100;
 
 }  // namespace
 
@@ -38,6 +40,7 @@ private slots:
     void captureFillsDistributions();
     void cancelDropsTheCapture();
     void eventLoopStaysResponsive();
+    void aboutNamesLibraries();
 
 private:
     bool openTinyModel(MainWindow& window);
@@ -83,7 +86,7 @@ void TestCapture::modelViewShowsArchitecture()
     QCOMPARE(view->modelField(QStringLiteral("head_dim")), QStringLiteral("16"));
     QCOMPARE(view->modelField(QStringLiteral("hidden")), QStringLiteral("64 / 172"));
     QCOMPARE(view->modelField(QStringLiteral("vocab")), QStringLiteral("512"));
-    QVERIFY2(view->modelField(QStringLiteral("parameters")).startsWith(QLatin1String("230,976")),
+    QVERIFY2(view->modelField(QStringLiteral("parameters")).startsWith(QLatin1String("230976 (")),
              qPrintable(view->modelField(QStringLiteral("parameters"))));
     QVERIFY2(view->modelField(QStringLiteral("tokenizer")).contains(QLatin1String("tokenizer.bin")),
              qPrintable(view->modelField(QStringLiteral("tokenizer"))));
@@ -221,6 +224,23 @@ void TestCapture::eventLoopStaysResponsive()
           window.contextView()->tokenCount(), useDefault ? "default model" : "aidreams260K", ticks.maxGap,
           elapsed, ticks.ticks);
     QVERIFY2(ticks.maxGap <= kMaxGapMs, qPrintable(QString::number(ticks.maxGap)));
+}
+
+void TestCapture::aboutNamesLibraries()
+{
+    MainWindow window(false);
+    QString text;
+    // The About box is modal; read it once it shows, then close it.
+    QTimer::singleShot(0, &window, [&text] {
+        for (QWidget* w : QApplication::topLevelWidgets())
+            if (auto* box = qobject_cast<QMessageBox*>(w)) {
+                text = box->text();
+                box->accept();
+            }
+    });
+    window.showAbout();
+    for (const char* needle : {"Qt ", "libtorch 1.", "HDF5 1.", "CUDA decode library: "})
+        QVERIFY2(text.contains(QLatin1String(needle)), qPrintable(text));
 }
 
 KVSCOPE_GUI_TEST_MAIN(TestCapture)
