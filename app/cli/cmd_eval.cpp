@@ -9,6 +9,7 @@
 #include "kv/kv_h5.h"
 #include "model/generate.h"
 #include "model/model.h"
+#include "stream/link.h"
 
 #include <cstdio>
 #include <memory>
@@ -187,26 +188,6 @@ json runEval(const EvalOpts& o, const SampleContext& sample, json* timings)
     return j;
 }
 
-// "50Mbit", "1Gbit", "800kbit" -> bits per second.
-double parseRate(const std::string& s)
-{
-    size_t pos = 0;
-    double v = 0;
-    try {
-        v = std::stod(s, &pos);
-    } catch (const std::exception&) {
-        throw Error("--bandwidth: '" + s + "' is not a rate like 50Mbit");
-    }
-    const std::string unit = s.substr(pos);
-    double mult = 0;
-    if (unit == "bit") mult = 1;
-    else if (unit == "kbit") mult = 1e3;
-    else if (unit == "Mbit") mult = 1e6;
-    else if (unit == "Gbit") mult = 1e9;
-    if (mult == 0 || !(v > 0)) throw Error("--bandwidth: '" + s + "' is not a rate like 50Mbit, 1Gbit or 800kbit");
-    return v * mult;
-}
-
 }  // namespace
 
 void addEvalCommand(CLI::App& app, Output& out)
@@ -240,7 +221,7 @@ void addDemoCommand(CLI::App& app, Output& out)
     sub->add_option("--bandwidth", *bandwidth, "link rate for the modelled transfer in the TTFT estimate")->capture_default_str();
     sub->add_flag("--json", out.asJson, "print one JSON object");
     sub->callback([o, bandwidth, &out] {
-        const double bps = parseRate(*bandwidth);
+        const double bps = 8.0 * parseRate(*bandwidth, "--bandwidth");  // bits per second
         const SampleContext sample = loadSampleContext(o->context);
         json timings;
         json j = runEval(*o, sample, &timings);
