@@ -186,6 +186,30 @@ private slots:
         QVERIFY2(r.err.contains(needle.toUtf8()), r.err.constData());
     }
 
+    // The default profile at Mistral-7B's depth is CacheGen's own layer groups, in LMCache's form.
+    void profileExportsLmcacheRanges()
+    {
+        const Run r = cli({"profile", "--layers", "32", "--json"});
+        QCOMPARE(r.exitCode, 0);
+        QVERIFY(isSingleJsonObject(r.out));
+        const QJsonObject level2 = r.json()["levels"].toArray()[1].toObject();
+        const QJsonArray k = level2["kspecs"].toArray(), v = level2["vspecs"].toArray();
+        QCOMPARE(k.size(), 2);
+        QCOMPARE(k[0].toObject()["end_layer"].toInt(), 10);
+        QCOMPARE(k[0].toObject()["bins"].toInt(), 32);
+        QCOMPARE(k[1].toObject()["start_layer"].toInt(), 10);
+        QCOMPARE(k[1].toObject()["end_layer"].toInt(), 32);
+        QCOMPARE(k[1].toObject()["bins"].toInt(), 16);
+        QCOMPARE(v[0].toObject()["end_layer"].toInt(), 2);
+        QCOMPARE(level2["lmcache_python"].toString(),
+                 QString("CacheGenConfig(nlayers=32, kspecs=[QuantizationSpec(start_layer=0, end_layer=10, bins=32), "
+                         "QuantizationSpec(start_layer=10, end_layer=32, bins=16)], vspecs=[QuantizationSpec(start_layer=0, "
+                         "end_layer=2, bins=32), QuantizationSpec(start_layer=2, end_layer=32, bins=16)])"));
+        const Run bad = cli({"profile", path("missing.json"), "--json"});
+        QVERIFY(bad.exitCode != 0);
+        QVERIFY2(bad.err.startsWith("error: ") && bad.err.contains("missing.json"), bad.err.constData());
+    }
+
     // ---- model commands on a real llama2.c checkpoint (aidreams260K, third-party test data) ----
     void modelCommands()
     {

@@ -32,6 +32,7 @@ void addDecodeCommand(CLI::App& app, Output& out);
 void addBenchCommand(CLI::App& app, Output& out);
 void addDemoCommand(CLI::App& app, Output& out);
 void addEvalCommand(CLI::App& app, Output& out);
+void addProfileCommand(CLI::App& app, Output& out);
 void addSensitivityCommand(CLI::App& app, Output& out);
 void addInfoCommand(CLI::App& app, Output& out);
 void addTokenizeCommand(CLI::App& app, Output& out);

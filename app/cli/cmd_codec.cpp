@@ -295,3 +295,63 @@ void addBenchCommand(CLI::App& app, Output& out)
 }
 
 }  // namespace kvscope::cli
+
+namespace kvscope::cli {
+
+void addProfileCommand(CLI::App& app, Output& out)
+{
+    auto* sub = app.add_subcommand("profile", "Show a codec profile and export its bins in LMCache's CacheGen form");
+    struct Opts {
+        std::string path;
+        int layers = 30;
+    };
+    auto o = std::make_shared<Opts>();
+    sub->add_option("profile", o->path, "profile (JSON); default: the default profile for --layers");
+    sub->add_option("--layers", o->layers, "layers of the default profile")->capture_default_str();
+    sub->add_flag("--json", out.asJson, "print one JSON object");
+    sub->callback([o, &out] {
+        if (o->path.empty() && (o->layers < 1 || o->layers > KvLimits::maxLayers))
+            throw Error("--layers must be in 1.." + std::to_string(KvLimits::maxLayers));
+        const CodecProfile p = o->path.empty() ? defaultProfile(o->layers) : loadProfile(o->path);
+        // LMCache's CacheGen configuration: per level, QuantizationSpec(start_layer, end_layer,
+        // bins) lists for keys (kspecs) and values (vspecs), end_layer exclusive.
+        auto specs = [](const std::vector<int>& bins, std::string* python) {
+            json a = json::array();
+            *python = "[";
+            for (const LayerRange& r : toLayerRanges(bins)) {
+                a.push_back({{"start_layer", r.start}, {"end_layer", r.end}, {"bins", r.bins}});
+                *python += std::string(python->size() > 1 ? ", " : "") + "QuantizationSpec(start_layer=" + std::to_string(r.start) +
+                           ", end_layer=" + std::to_string(r.end) + ", bins=" + std::to_string(r.bins) + ")";
+            }
+            *python += "]";
+            return a;
+        };
+        json levels = json::array();
+        for (size_t i = 0; i < p.levels.size(); ++i) {
+            const CodecLevel& l = p.levels[i];
+            std::string kpy, vpy;
+            json k = specs(l.keyBins, &kpy), v = specs(l.valueBins, &vpy);
+            levels.push_back({{"level", int(i) + 1}, {"name", l.name}, {"kspecs", k}, {"vspecs", v},
+                              {"lmcache_python", "CacheGenConfig(nlayers=" + std::to_string(l.keyBins.size()) + ", kspecs=" + kpy +
+                                                     ", vspecs=" + vpy + ")"}});
+        }
+        const json j = {{"profile", o->path.empty() ? "default" : o->path},
+                        {"num_layers", int(p.levels.front().keyBins.size())},
+                        {"chunk_tokens", p.chunkTokens},
+                        {"delta_group", p.deltaGroup},
+                        {"default_level", p.defaultLevel},
+                        {"calibrated_tables", p.hasCalibratedTables()},
+                        {"model_fingerprint", p.modelFingerprint},
+                        {"levels", levels}};
+        out.emit(j, [](const json& j) {
+            std::printf("%s: %d layers, chunks of %d tokens, delta group %d, default level %d\n",
+                        j["profile"].get<std::string>().c_str(), j["num_layers"].get<int>(), j["chunk_tokens"].get<int>(),
+                        j["delta_group"].get<int>(), j["default_level"].get<int>());
+            for (const json& l : j["levels"])
+                std::printf("level %d (%s):\n  %s\n", l["level"].get<int>(), l["name"].get<std::string>().c_str(),
+                            l["lmcache_python"].get<std::string>().c_str());
+        });
+    });
+}
+
+}  // namespace kvscope::cli

@@ -26,6 +26,7 @@ int main(int argc, char** argv)
     addBenchCommand(app, out);
     addBenchModelCommand(app, out);
     addEvalCommand(app, out);
+    addProfileCommand(app, out);
     addSensitivityCommand(app, out);
     addDemoCommand(app, out);
     addStreamCommand(app, out);
