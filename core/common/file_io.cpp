@@ -1,5 +1,7 @@
 #include "common/file_io.h"
 
+#include <algorithm>
+
 #include "common/error.h"
 
 #include <fcntl.h>
@@ -74,6 +76,27 @@ std::string readSmallFile(const std::string& path, uint64_t limit)
     std::fclose(f);
     if (err) throw inputError(path, "read", "read error");
     return out;
+}
+
+int jsonNestingDepth(const char* s, size_t n, int limit)
+{
+    int depth = 0, maxDepth = 0;
+    bool inString = false;
+    for (size_t i = 0; i < n; ++i) {
+        const char c = s[i];
+        if (inString) {
+            if (c == '\\') ++i;
+            else if (c == '"') inString = false;
+        } else if (c == '"') {
+            inString = true;
+        } else if (c == '{' || c == '[') {
+            maxDepth = std::max(maxDepth, ++depth);
+            if (maxDepth > limit) return maxDepth;
+        } else if (c == '}' || c == ']') {
+            --depth;
+        }
+    }
+    return maxDepth;
 }
 
 }  // namespace kvscope

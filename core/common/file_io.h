@@ -34,4 +34,9 @@ private:
 // The file's bytes; throws "path: open: ..." or "path: read: file larger than `limit` bytes".
 std::string readSmallFile(const std::string& path, uint64_t limit);
 
+// Deepest bracket nesting of JSON text `s` (brackets inside strings ignored); stops counting past
+// `limit`. Readers check it before parsing, so a hostile "[[[[..." cannot exhaust the stack of a
+// recursive JSON parser.
+int jsonNestingDepth(const char* s, size_t n, int limit);
+
 }  // namespace kvscope

@@ -31,28 +31,6 @@ const Arch kArchs[] = {
     {"Qwen2ForCausalLM", "qwen2"},
 };
 
-// Deepest bracket nesting outside strings, counting stops past `limit`.
-int jsonDepth(const std::string& s, int limit)
-{
-    int depth = 0, maxDepth = 0;
-    bool inString = false;
-    for (size_t i = 0; i < s.size(); ++i) {
-        const char c = s[i];
-        if (inString) {
-            if (c == '\\') ++i;
-            else if (c == '"') inString = false;
-        } else if (c == '"') {
-            inString = true;
-        } else if (c == '{' || c == '[') {
-            maxDepth = std::max(maxDepth, ++depth);
-            if (maxDepth > limit) return maxDepth;
-        } else if (c == '}' || c == ']') {
-            --depth;
-        }
-    }
-    return maxDepth;
-}
-
 class Reader {
 public:
     Reader(const json& obj, std::string path, std::string prefix)
@@ -176,7 +154,7 @@ bool isSupportedArchitecture(const std::string& name)
 
 ModelConfig parseHfConfig(const std::string& text, const std::string& path)
 {
-    if (jsonDepth(text, kMaxJsonDepth) > kMaxJsonDepth)
+    if (jsonNestingDepth(text.data(), text.size(), kMaxJsonDepth) > kMaxJsonDepth)
         throw inputError(path, "config", "JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
     json root;
     try {

@@ -33,32 +33,9 @@ constexpr int kMaxJsonDepth = 64;
 const char* const kIndexName = "model.safetensors.index.json";
 const char* const kSingleName = "model.safetensors";
 
-// Deepest bracket nesting in `s` (outside strings); stops counting past `limit`. Guards the
-// recursive JSON parser against a hostile "[[[[..." header.
-int jsonDepth(const char* s, size_t n, int limit)
-{
-    int depth = 0, maxDepth = 0;
-    bool inString = false;
-    for (size_t i = 0; i < n; ++i) {
-        const char c = s[i];
-        if (inString) {
-            if (c == '\\') ++i;
-            else if (c == '"') inString = false;
-        } else if (c == '"') {
-            inString = true;
-        } else if (c == '{' || c == '[') {
-            maxDepth = std::max(maxDepth, ++depth);
-            if (maxDepth > limit) return maxDepth;
-        } else if (c == '}' || c == ']') {
-            --depth;
-        }
-    }
-    return maxDepth;
-}
-
 json parseJson(const std::string& path, const std::string& place, const char* text, size_t n)
 {
-    if (jsonDepth(text, n, kMaxJsonDepth) > kMaxJsonDepth)
+    if (jsonNestingDepth(text, n, kMaxJsonDepth) > kMaxJsonDepth)
         throw inputError(path, place, "JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
     try {
         return json::parse(text, text + n);
