@@ -52,16 +52,6 @@ struct ModelOpts {
 
 json idsJson(const std::vector<int32_t>& ids) { return json(ids); }
 
-bool isGgufFile(const std::string& p)
-{
-    FILE* f = std::fopen(p.c_str(), "rb");
-    if (!f) return false;
-    char m[4] = {0, 0, 0, 0};
-    const bool ok = std::fread(m, 1, 4, f) == 4 && std::string(m, 4) == "GGUF";
-    std::fclose(f);
-    return ok;
-}
-
 }  // namespace
 
 void addInfoCommand(CLI::App& app, Output& out)

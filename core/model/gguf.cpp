@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <unordered_map>
@@ -393,6 +394,16 @@ void GgufFile::Impl::parse()
                                  prev.name + "' [" + std::to_string(prev.offset) + ", +" +
                                  std::to_string(prev.nbytes) + ")");
     }
+}
+
+bool isGgufFile(const std::string& path)
+{
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) return false;
+    char magic[4] = {0, 0, 0, 0};
+    const bool ok = std::fread(magic, 1, 4, f) == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+    std::fclose(f);
+    return ok;
 }
 
 GgufFile::GgufFile(std::unique_ptr<Impl> impl) : d_(std::move(impl)) {}

@@ -32,6 +32,10 @@ enum GgmlType : uint32_t {
     GgmlBF16 = 30,
 };
 
+// True when `path` opens and starts with the GGUF magic ("GGUF"); false otherwise (no error), so
+// callers can dispatch between checkpoint and tokenizer formats.
+bool isGgufFile(const std::string& path);
+
 // "Q4_K", "F16", ... or "unknown" for a type number ggml does not define.
 const char* ggmlTypeName(uint32_t type);
 

@@ -326,14 +326,7 @@ LlamaWeights loadLlamaWeights(const std::string& path)
     }
     if (endsWith(path, ".safetensors"))
         throw inputError(path, "", "a .safetensors file alone has no config: open the model folder instead");
-    {
-        FILE* fp = std::fopen(path.c_str(), "rb");
-        if (!fp) throw inputError(path, "", std::string("cannot open: ") + std::strerror(errno));
-        char magic[4] = {0, 0, 0, 0};
-        const size_t n = std::fread(magic, 1, 4, fp);
-        std::fclose(fp);
-        if (n == 4 && std::memcmp(magic, "GGUF", 4) == 0) return loadGgufWeights(path);
-    }
+    if (isGgufFile(path)) return loadGgufWeights(path);
     return loadLlama2cWeights(path);
 }
 

@@ -25,16 +25,6 @@ bool isDir(const std::string& p)
     return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-bool isGguf(const std::string& p)
-{
-    FILE* f = std::fopen(p.c_str(), "rb");
-    if (!f) return false;
-    char m[4] = {0, 0, 0, 0};
-    const bool ok = std::fread(m, 1, 4, f) == 4 && m[0] == 'G' && m[1] == 'G' && m[2] == 'U' && m[3] == 'F';
-    std::fclose(f);
-    return ok;
-}
-
 }  // namespace
 
 std::string defaultModelPath()
@@ -67,7 +57,7 @@ std::unique_ptr<Model> Model::open(const std::string& pathOrAlias, const std::st
     LlamaWeights w = loadLlamaWeights(m->path_);
     const ModelConfig& c = w.spec.config;
     if (!tokenizerPath.empty()) {
-        m->tokenizer_ = isGguf(tokenizerPath) ? tokenizerFromGguf(GgufFile::open(tokenizerPath))
+        m->tokenizer_ = isGgufFile(tokenizerPath) ? tokenizerFromGguf(GgufFile::open(tokenizerPath))
                                               : loadTokenizer(tokenizerPath, c.vocabSize, c.eosTokenId);
     } else if (w.spec.format == "gguf") {
         m->tokenizer_ = tokenizerFromGguf(GgufFile::open(m->path_));
