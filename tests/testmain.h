@@ -26,6 +26,21 @@ void expectError(const std::string& path, F&& f, const std::string& needle)
     QFAIL(("no kvscope::Error for " + path).c_str());
 }
 
+// tok.encode(text, false) must refuse invalid UTF-8 (a stray byte, an overlong form, a surrogate,
+// a truncated sequence) with a kvscope::Error that says so. Any tokenizer class with encode().
+template <class Tok>
+void expectUtf8Refused(const Tok& tok)
+{
+    for (const char* bad : {"ab\xff", "\xc0\xaf", "\xed\xa0\x80", "x\xe2\x82"}) {
+        try {
+            tok.encode(bad, false);
+            QFAIL("invalid UTF-8 accepted");
+        } catch (const kvscope::Error& e) {
+            QVERIFY2(std::string(e.what()).find("not valid UTF-8") != std::string::npos, e.what());
+        }
+    }
+}
+
 }  // namespace kvscope_test
 
 #define KVSCOPE_TEST_MAIN(TestObject)                                  \

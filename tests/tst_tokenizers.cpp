@@ -92,18 +92,6 @@ int checkCases(const Tokenizer& tok, const QJsonObject& expected)
     return checkCases(tok, expected, [](const QString&) { return false; });
 }
 
-void expectUtf8Refused(const Tokenizer& tok)
-{
-    for (const char* bad : {"ab\xff", "\xc0\xaf", "\xed\xa0\x80", "x\xe2\x82"}) {
-        try {
-            tok.encode(bad, false);
-            QFAIL("invalid UTF-8 accepted");
-        } catch (const Error& e) {
-            QVERIFY2(std::string(e.what()).find("not valid UTF-8") != std::string::npos, e.what());
-        }
-    }
-}
-
 }  // namespace
 
 // Defined after the class: moc misreads the raw JSON strings it holds.
@@ -148,7 +136,7 @@ private slots:
         QCOMPARE(tok->specialId("hello"), int32_t(-1));
         QCOMPARE(tok->encode("Hello world", true), (Ids{1, 22557, 1526}));
         QCOMPARE(checkCases(*tok, readJson(kData + "mistral-sp-bpe.json")), 22);
-        expectUtf8Refused(*tok);
+        kvscope_test::expectUtf8Refused(*tok);
         QCOMPARE(loadTokenizer(file, 0, 7)->eosId(), int32_t(7));  // eosHint wins
     }
 
@@ -183,7 +171,7 @@ private slots:
         QCOMPARE(tok->specialId("<|im_start|>"), int32_t(1));
         QCOMPARE(tok->encode("<|im_start|>user", true).front(), int32_t(1));  // add_bos_token false
         QCOMPARE(checkCases(*tok, readJson(kData + "smollm2-gguf.json")), 22);
-        expectUtf8Refused(*tok);
+        kvscope_test::expectUtf8Refused(*tok);
     }
 
     void tinySentencePieceModel()
@@ -203,7 +191,7 @@ private slots:
         QCOMPARE(tok->specialId("</s>"), tok->eosId());
         QCOMPARE(tok->decode({tok->bosId()}, false), std::string("<s>"));
         QCOMPARE(checkCases(*tok, expected), 22);
-        expectUtf8Refused(*tok);
+        kvscope_test::expectUtf8Refused(*tok);
     }
 
     // The same vocabulary as a GGUF "llama" tokenizer (llama.cpp's SPM semantics). llama.cpp
@@ -220,7 +208,7 @@ private slots:
             return name == "special_like" || name == "special_broken";
         });
         QCOMPARE(n, 20);
-        expectUtf8Refused(*tok);
+        kvscope_test::expectUtf8Refused(*tok);
     }
 
     void dispatchAndBadInput()
