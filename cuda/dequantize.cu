@@ -47,6 +47,11 @@ struct DeviceBuffer {
 
 }  // namespace
 
+// The last-error slot shared with decode.cu.
+namespace kvscope_cuda_detail {
+void setLastError(const std::string& what) { g_lastError = what; }
+}  // namespace kvscope_cuda_detail
+
 extern "C" int kvscope_cuda_device_count(void)
 {
     int n = 0;

@@ -1,13 +1,45 @@
-// GPU parity: the CUDA dequantize kernel against the CPU reference (kvscope::quant). Skips with a
-// reason on machines without a CUDA device.
+// GPU parity: the CUDA kernels against the CPU reference decoder (kvscope::decodeChunk) and
+// quantizer, exact bytes; corrupt payloads must come back as KVSCOPE_CUDA_EDATA and leave the
+// device usable. Skips with a reason on machines without a CUDA device. The same per-thread code
+// is checked on the host, without a device, by tst_cuda_core.
 #include "testmain.h"
 
+#include "codec/container.h"
+#include "codec/gpu_decode.h"
 #include "codec/quantize.h"
+#include "codec_cases.h"
 #include "common/half.h"
+#include "kv/kv_h5.h"
 #include "kvscope_cuda.h"
 
 #include <random>
 #include <vector>
+
+using namespace kvscope_test;
+
+namespace {
+
+struct Decoder {
+    kvscope_cuda_decoder* d = nullptr;
+    ~Decoder() { kvscope_cuda_decoder_destroy(d); }
+};
+
+struct Pinned {
+    void* p = nullptr;
+    ~Pinned() { kvscope_cuda_host_free(p); }
+};
+
+std::vector<uint8_t> deviceOutput(kvscope_cuda_decoder* d)
+{
+    void* ptr = nullptr;
+    uint64_t bytes = 0;
+    kvscope_cuda_decoder_output(d, &ptr, &bytes);
+    std::vector<uint8_t> out(bytes);
+    if (kvscope_cuda_decoder_copy_output(d, 0, out.data(), bytes) != 0) out.clear();
+    return out;
+}
+
+}  // namespace
 
 class TestCuda : public QObject {
     Q_OBJECT
@@ -55,6 +87,185 @@ private slots:
         for (size_t i = 0; i < x.size(); ++i)
             if (gpu[i] != kvscope::floatToHalf(ref[i]))
                 QFAIL(qPrintable(QString("value %1: GPU %2, CPU %3").arg(i).arg(gpu[i]).arg(kvscope::floatToHalf(ref[i]))));
+    }
+
+    // Every chunk at every mix of levels, through the batched two-stream pipeline: with the
+    // default batch size (one batch), one chunk per batch (batch_bytes 1), and from pinned memory.
+    void decodeMatchesCpu_data()
+    {
+        QTest::addColumn<int>("index");
+        const auto cases = parityCases();
+        for (size_t i = 0; i < cases.size(); ++i) QTest::newRow(cases[i].first) << int(i);
+    }
+
+    void decodeMatchesCpu()
+    {
+        QFETCH(int, index);
+        const Case c = parityCases()[size_t(index)].second;
+        const KvSet kv = makeKv(c);
+        const CodecParams p = makeParams(c, kv);
+        std::vector<LevelTables> tables;
+        if (c.tables == TableMode::Shared) tables = profileTables(p, "test profile");
+        const std::vector<LevelTables>* shared = c.tables == TableMode::Shared ? &tables : nullptr;
+        const auto codec = gpuCodec(p, shared);
+        std::vector<std::vector<std::vector<uint8_t>>> payloads(size_t(p.numChunks()));
+        for (int ch = 0; ch < p.numChunks(); ++ch)
+            for (int l = 1; l <= p.numLevels(); ++l)
+                payloads[size_t(ch)].push_back(encodeChunk(p, kv, ch, l, shared ? &tables[size_t(l - 1)] : nullptr));
+        for (int shift = 0; shift < p.numLevels(); ++shift)
+            for (int variant = 0; variant < 3; ++variant) {
+                KvSet cpu(p.shape, p.dtype);
+                Decoder dec;
+                QCOMPARE(kvscope_cuda_decoder_create(&codec->c, 0, variant == 1 ? 1 : 0, &dec.d), 0);
+                std::vector<kvscope_cuda_chunk> chunks;
+                size_t total = 0;
+                for (int ch = 0; ch < p.numChunks(); ++ch) total += payloads[size_t(ch)][size_t((ch + shift) % p.numLevels())].size();
+                Pinned pinned;
+                if (variant == 2) QVERIFY((pinned.p = kvscope_cuda_host_alloc(total)) != nullptr);
+                size_t pos = 0;
+                for (int ch = p.numChunks() - 1; ch >= 0; --ch) {  // any order
+                    const int level = (ch + shift) % p.numLevels() + 1;
+                    const auto& pl = payloads[size_t(ch)][size_t(level - 1)];
+                    decodeChunk(p, pl.data(), pl.size(), ch, level, shared ? &tables[size_t(level - 1)] : nullptr, cpu, "cpu");
+                    const uint8_t* src = pl.data();
+                    if (variant == 2) {
+                        std::memcpy(static_cast<uint8_t*>(pinned.p) + pos, pl.data(), pl.size());
+                        src = static_cast<uint8_t*>(pinned.p) + pos;
+                        pos += pl.size();
+                    }
+                    chunks.push_back({ch, level, src, pl.size()});
+                }
+                QVERIFY2(kvscope_cuda_decode(dec.d, chunks.data(), int(chunks.size())) == 0, kvscope_cuda_last_error());
+                const std::vector<uint8_t> gpu = deviceOutput(dec.d), ref = flatten(cpu);
+                QCOMPARE(gpu.size(), ref.size());
+                if (gpu != ref) {
+                    size_t i = 0;
+                    while (gpu[i] == ref[i]) ++i;
+                    QFAIL(qPrintable(QString("shift %1 variant %2: first differing byte %3").arg(shift).arg(variant).arg(i)));
+                }
+                kvscope_cuda_timing t{};
+                QCOMPARE(kvscope_cuda_decoder_timing(dec.d, &t), 0);
+                QCOMPARE(t.output_bytes, uint64_t(ref.size()));
+                if (variant == 1) QCOMPARE(t.batches, p.numChunks());
+            }
+    }
+
+    // A whole container through core's wrapper equals KvcReader::decodeAll, for the committed golden files.
+    void goldenFiles()
+    {
+        for (const char* name : {"cachegen-inband", "cachegen-shared", "int8"}) {
+            const auto reader = KvcReader::openFile(std::string(KVSCOPE_TEST_DATA) + "/golden/" + name + ".kvc");
+            const std::vector<int> levels{2};
+            const KvSet cpu = reader->decodeAll(levels);
+            GpuDecodeStats st;
+            const KvSet gpu = gpuDecodeAll(*reader, levels, 0, &st);
+            QVERIFY2(flatten(cpu) == flatten(gpu), name);
+        }
+    }
+
+    // Optional: a real captured cache (KVSCOPE_REAL_KV=path.h5), encoded at every level.
+    void realKv()
+    {
+        const QByteArray path = qgetenv("KVSCOPE_REAL_KV");
+        if (path.isEmpty()) QSKIP("set KVSCOPE_REAL_KV to a captured KV file (HDF5) to check parity on real KV");
+        const KvSet kv = readKvH5(path.toStdString());
+        CodecParams p;
+        p.shape = kv.shape();
+        p.dtype = kv.dtype();
+        p.profile = defaultProfile(p.shape.numLayers);
+        const auto codec = gpuCodec(p, nullptr);
+        for (int level = 1; level <= p.numLevels(); ++level) {
+            KvSet cpu(p.shape, p.dtype);
+            std::vector<std::vector<uint8_t>> pls;
+            std::vector<kvscope_cuda_chunk> chunks;
+            for (int ch = 0; ch < p.numChunks(); ++ch) {
+                pls.push_back(encodeChunk(p, kv, ch, level, nullptr));
+                decodeChunk(p, pls.back().data(), pls.back().size(), ch, level, nullptr, cpu, "cpu");
+            }
+            for (int ch = 0; ch < p.numChunks(); ++ch) chunks.push_back({ch, level, pls[size_t(ch)].data(), pls[size_t(ch)].size()});
+            Decoder dec;
+            QCOMPARE(kvscope_cuda_decoder_create(&codec->c, 0, 0, &dec.d), 0);
+            QVERIFY2(kvscope_cuda_decode(dec.d, chunks.data(), int(chunks.size())) == 0, kvscope_cuda_last_error());
+            QVERIFY(deviceOutput(dec.d) == flatten(cpu));
+        }
+    }
+
+    // Corrupt payloads: EDATA exactly when the CPU decoder refuses, equal output when both accept,
+    // and the device stays usable (a good decode after each bad one).
+    void corruptInput()
+    {
+        Case c;
+        c.shape = {2, 2, 16, 100};
+        const KvSet kv = makeKv(c);
+        const CodecParams p = makeParams(c, kv);
+        const auto codec = gpuCodec(p, nullptr);
+        const std::vector<uint8_t> good = encodeChunk(p, kv, 1, 2, nullptr);
+        Decoder dec;
+        QCOMPARE(kvscope_cuda_decoder_create(&codec->c, 0, 0, &dec.d), 0);
+        std::mt19937 rng(5);
+        int refused = 0;
+        for (int i = 0; i < 300; ++i) {
+            std::vector<uint8_t> bad = good;
+            if (i < 5) bad.resize(bad.size() * size_t(i) / 5);
+            else bad[rng() % bad.size()] ^= uint8_t(1u << (rng() % 8));
+            KvSet cpu(p.shape, p.dtype);
+            bool cpuOk = true;
+            try {
+                decodeChunk(p, bad.data(), bad.size(), 1, 2, nullptr, cpu, "cpu");
+            } catch (const Error&) {
+                cpuOk = false;
+            }
+            const kvscope_cuda_chunk ch{1, 2, bad.data(), bad.size()};
+            const int rc = kvscope_cuda_decode(dec.d, &ch, 1);
+            QVERIFY2(rc == 0 || rc == KVSCOPE_CUDA_EDATA, kvscope_cuda_last_error());
+            QVERIFY2(cpuOk == (rc == 0), qPrintable(QString("case %1: CPU %2, GPU %3").arg(i).arg(cpuOk).arg(kvscope_cuda_last_error())));
+            if (rc != 0) {
+                QVERIFY(QString(kvscope_cuda_last_error()).startsWith("chunk 1 (level 2): "));
+                ++refused;
+                const kvscope_cuda_chunk ok{1, 2, good.data(), good.size()};
+                QVERIFY2(kvscope_cuda_decode(dec.d, &ok, 1) == 0, kvscope_cuda_last_error());
+            } else {
+                size_t diff = 0;
+                // the decoder's buffer holds chunk 0 as zeros, like the fresh KvSet
+                QVERIFY(sameOutput(deviceOutput(dec.d), flatten(cpu), p.dtype, &diff));
+            }
+        }
+        QVERIFY(refused > 50);
+    }
+
+    void baselinesAndRefusals()
+    {
+        Case c;
+        c.shape = {2, 2, 32, 150};
+        const KvSet kv = makeKv(c);
+        for (CodecId id : {CodecId::Fp16, CodecId::Int8}) {
+            CodecParams p;
+            p.codec = id;
+            p.shape = c.shape;
+            p.profile = defaultProfile(2);
+            p.profile.chunkTokens = 64;
+            const auto codec = gpuCodec(p, nullptr);
+            Decoder dec;
+            QCOMPARE(kvscope_cuda_decoder_create(&codec->c, 0, 0, &dec.d), 0);
+            KvSet cpu(p.shape, p.dtype);
+            std::vector<std::vector<uint8_t>> pls;
+            std::vector<kvscope_cuda_chunk> chunks;
+            for (int ch = 0; ch < p.numChunks(); ++ch) {
+                pls.push_back(encodeChunk(p, kv, ch, 1, nullptr));
+                decodeChunk(p, pls.back().data(), pls.back().size(), ch, 1, nullptr, cpu, "cpu");
+            }
+            for (int ch = 0; ch < p.numChunks(); ++ch) chunks.push_back({ch, 1, pls[size_t(ch)].data(), pls[size_t(ch)].size()});
+            QVERIFY2(kvscope_cuda_decode(dec.d, chunks.data(), int(chunks.size())) == 0, kvscope_cuda_last_error());
+            QVERIFY(deviceOutput(dec.d) == flatten(cpu));
+        }
+        CodecParams p;
+        p.codec = CodecId::Kivi2;
+        p.shape = c.shape;
+        p.profile = defaultProfile(2);
+        const auto codec = gpuCodec(p, nullptr);
+        Decoder dec;
+        QCOMPARE(kvscope_cuda_decoder_create(&codec->c, 0, 0, &dec.d), int(KVSCOPE_CUDA_EINVAL));
+        QVERIFY(QString(kvscope_cuda_last_error()).contains("has no GPU decoder"));
     }
 
     void rejectsBadArguments()

@@ -61,6 +61,8 @@ public:
     uint32_t chunkCrc(int chunk, int level) const;        // CRC-32 of that payload, from the index
     uint64_t levelBytes(int level) const;                 // all chunks of one level
     uint64_t levelTableBytes(int level) const;            // shared tables of one level (0 in-band)
+    // The parsed shared tables, one per level (empty in-band): what a GPU decoder uploads.
+    const std::vector<LevelTables>& sharedTables() const { return m_tables; }
 
     // The payload of (chunk, level) after its CRC was checked.
     std::vector<uint8_t> readChunk(int chunk, int level) const;

@@ -1,0 +1,477 @@
+// GPU decoding of .kvc chunk payloads (kvscope_cuda.h): the kernels are thin shells around the
+// per-thread functions of decode_core.h, which the CPU emulation test runs on the host; the host
+// code validates every payload (decode_plan.h) before anything is launched, packs chunks into
+// batches and pipelines them over two CUDA streams (batch i+1 copied while batch i decodes).
+#include "decode_core.h"
+#include "decode_plan.h"
+#include "kvscope_cuda.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+using namespace kvscope::gpu;
+
+namespace kvscope_cuda_detail {
+void setLastError(const std::string& what);  // dequantize.cu
+}
+
+namespace {
+
+int fail(int code, const std::string& what)
+{
+    kvscope_cuda_detail::setLastError(what);
+    return code;
+}
+
+#define KVS_CUDA_TRY(call, what)                                                                         \
+    do {                                                                                                 \
+        const cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) return fail(KVSCOPE_CUDA_ERUNTIME, std::string(what) + ": " + cudaGetErrorString(e_)); \
+    } while (0)
+
+// One chunk of a batch, as the kernels see it. Offsets are relative to the batch buffer (bytes)
+// or to the table store / offset scratch (elements).
+struct ChunkDesc {
+    ChunkGeom g;
+    uint64_t payload;  // bytes: the chunk payload
+    uint64_t plan;     // bytes: BlockPlan[2L] then StreamPlan[2L * H]
+    uint64_t store;    // elements: this chunk's table store (in-band scratch or the shared level)
+    uint64_t offsets;  // elements: this chunk's table offsets (in-band)
+};
+
+constexpr int kScanThreads = 64;
+constexpr int kBuildThreads = 256;
+
+__device__ __forceinline__ bool chunkFailed(const ErrorInfo* e) { return *(volatile const int32_t*)&e->code != 0; }
+
+// One thread per block (kind, layer): where each in-band table starts.
+__global__ void scanKernel(const uint8_t* batch, uint32_t* offsets, ErrorInfo* errs)
+{
+    const ChunkDesc cd = reinterpret_cast<const ChunkDesc*>(batch)[blockIdx.y];
+    const int u = int(blockIdx.x * blockDim.x + threadIdx.x);
+    if (u >= 2 * cd.g.L) return;
+    const BlockPlan bp = reinterpret_cast<const BlockPlan*>(batch + cd.plan)[u];
+    const int C = cd.g.H * cd.g.D;
+    uint32_t end = 0;
+    int32_t bad = 0;
+    int32_t code = scanBlockTables(batch + cd.payload, bp.tableBegin, bp.tableEnd, C, cd.g.roles, bp.alphabet,
+                                   offsets + cd.offsets + size_t(u) * cd.g.roles * C, &end, &bad);
+    if (code == kOk && end != bp.tableEnd) code = kErrTableTrailing;
+    if (code != kOk) setError(&errs[blockIdx.y], code, u, bad);
+}
+
+// One thread per (block, role, channel): frequencies -> cumulative starts.
+__global__ void buildKernel(const uint8_t* batch, const uint32_t* offsets, uint16_t* store, ErrorInfo* errs)
+{
+    const ChunkDesc cd = reinterpret_cast<const ChunkDesc*>(batch)[blockIdx.y];
+    const int C = cd.g.H * cd.g.D, perBlock = cd.g.roles * C;
+    const size_t idx = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (idx >= size_t(2) * cd.g.L * perBlock || chunkFailed(&errs[blockIdx.y])) return;
+    const int u = int(idx / perBlock), i = int(idx % perBlock), r = i / C, c = i % C;
+    const BlockPlan bp = reinterpret_cast<const BlockPlan*>(batch + cd.plan)[u];
+    const int A = bp.alphabet[r];
+    const int32_t code = buildTable(batch + cd.payload, bp.tableBegin, offsets[cd.offsets + idx], bp.tableEnd, A,
+                                    store + cd.store + bp.tableStore[r] + size_t(c) * (A + 1));
+    if (code != kOk) setError(&errs[blockIdx.y], code, u, i);
+}
+
+// One thread per (block, head): rANS + dequantization + delta into the output layout. Anchor
+// symbols live in shared memory, d-major so that neighbouring threads use neighbouring bytes.
+__global__ void decodeKernel(const uint8_t* batch, const uint16_t* tables, ErrorInfo* errs, void* out)
+{
+    extern __shared__ uint8_t anchorShm[];
+    const ChunkDesc cd = reinterpret_cast<const ChunkDesc*>(batch)[blockIdx.y];
+    const int idx = int(blockIdx.x * blockDim.x + threadIdx.x);
+    if (idx >= 2 * cd.g.L * cd.g.H || chunkFailed(&errs[blockIdx.y])) return;
+    const int u = idx / cd.g.H, h = idx % cd.g.H;
+    const BlockPlan* bps = reinterpret_cast<const BlockPlan*>(batch + cd.plan);
+    const StreamPlan* sps = reinterpret_cast<const StreamPlan*>(bps + 2 * cd.g.L);
+    const BlockPlan bp = bps[u];
+    const int32_t code = decodeStream(batch + cd.payload, cd.g, bp, sps[idx], u, h, tables + cd.store,
+                                      anchorShm + threadIdx.x, int(blockDim.x), out);
+    if (code != kOk) setError(&errs[blockIdx.y], code, u, h);
+}
+
+// fp16 / int8: one thread per (block, head).
+__global__ void baselineKernel(const uint8_t* batch, void* out)
+{
+    const ChunkDesc cd = reinterpret_cast<const ChunkDesc*>(batch)[blockIdx.y];
+    const int idx = int(blockIdx.x * blockDim.x + threadIdx.x);
+    if (idx >= 2 * cd.g.L * cd.g.H) return;
+    decodeBaselineHead(batch + cd.payload, cd.g, idx / cd.g.H, idx % cd.g.H, out);
+}
+
+template <typename T>
+int grow(T** p, size_t* cap, size_t need, const char* what)
+{
+    if (need <= *cap && *p) return KVSCOPE_CUDA_OK;
+    if (*p) cudaFree(*p);
+    *p = nullptr;
+    *cap = 0;
+    const size_t n = std::max<size_t>(need, 1);
+    KVS_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(p), n * sizeof(T)),
+                 std::string("cudaMalloc of ") + std::to_string(n * sizeof(T)) + " bytes for " + what);
+    *cap = n;
+    return KVSCOPE_CUDA_OK;
+}
+
+int growPinned(uint8_t** p, size_t* cap, size_t need)
+{
+    if (need <= *cap && *p) return KVSCOPE_CUDA_OK;
+    if (*p) cudaFreeHost(*p);
+    *p = nullptr;
+    *cap = 0;
+    KVS_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(p), std::max<size_t>(need, 1)),
+                 "cudaMallocHost of " + std::to_string(need) + " bytes of staging");
+    *cap = std::max<size_t>(need, 1);
+    return KVSCOPE_CUDA_OK;
+}
+
+size_t align16(size_t x) { return (x + 15) & ~size_t(15); }
+
+double nowMs() { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+}  // namespace
+
+// A batch in flight: its staging, device buffers, stream and events.
+struct Slot {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t ev[4] = {nullptr, nullptr, nullptr, nullptr};  // start, copied, tables built, decoded
+    uint8_t* pinned = nullptr;
+    size_t pinnedCap = 0;
+    uint8_t* batch = nullptr;
+    size_t batchCap = 0;
+    uint16_t* store = nullptr;
+    size_t storeCap = 0;
+    uint32_t* offsets = nullptr;
+    size_t offsetsCap = 0;
+    ErrorInfo* errs = nullptr;
+    size_t errsCap = 0;
+    ErrorInfo* hostErrs = nullptr;  // pinned
+    size_t hostErrsCap = 0;
+    bool busy = false;
+    std::vector<kvscope_cuda_chunk> chunks;  // of the batch in flight
+};
+
+struct kvscope_cuda_decoder {
+    Codec codec;
+    int device = 0;
+    uint64_t batchBytes = 0;
+    void* out = nullptr;
+    uint64_t outBytes = 0;
+    uint16_t* shared = nullptr;           // table stores of every level (table_mode 1)
+    std::vector<uint64_t> sharedOffset;   // per level, elements
+    Slot slots[2];
+    kvscope_cuda_timing timing{};
+    std::string firstError;
+    int firstErrorCode = KVSCOPE_CUDA_OK;
+};
+
+namespace {
+
+void releaseSlot(Slot& s)
+{
+    if (s.stream) cudaStreamSynchronize(s.stream);
+    for (cudaEvent_t& e : s.ev)
+        if (e) cudaEventDestroy(e), e = nullptr;
+    if (s.pinned) cudaFreeHost(s.pinned);
+    if (s.hostErrs) cudaFreeHost(s.hostErrs);
+    if (s.batch) cudaFree(s.batch);
+    if (s.store) cudaFree(s.store);
+    if (s.offsets) cudaFree(s.offsets);
+    if (s.errs) cudaFree(s.errs);
+    if (s.stream) cudaStreamDestroy(s.stream);
+    s = Slot{};
+}
+
+// Waits for the slot's batch, adds its timings and records its first corrupt chunk.
+int finishSlot(kvscope_cuda_decoder* d, Slot& s)
+{
+    if (!s.busy) return KVSCOPE_CUDA_OK;
+    s.busy = false;
+    KVS_CUDA_TRY(cudaStreamSynchronize(s.stream), "decode kernels");
+    float ms = 0;
+    const bool cachegen = d->codec.codec == 0;
+    if (cudaEventElapsedTime(&ms, s.ev[0], s.ev[1]) == cudaSuccess) d->timing.h2d_ms += ms;
+    if (cachegen && d->codec.tableMode == 0 && cudaEventElapsedTime(&ms, s.ev[1], s.ev[2]) == cudaSuccess)
+        d->timing.table_ms += ms;
+    if (cudaEventElapsedTime(&ms, s.ev[2], s.ev[3]) == cudaSuccess) d->timing.kernel_ms += ms;
+    if (!cachegen) return KVSCOPE_CUDA_OK;
+    for (size_t i = 0; i < s.chunks.size(); ++i)
+        if (s.hostErrs[i].code != kOk && d->firstErrorCode == KVSCOPE_CUDA_OK) {
+            d->firstErrorCode = KVSCOPE_CUDA_EDATA;
+            d->firstError = "chunk " + std::to_string(s.chunks[i].chunk) + " (level " + std::to_string(s.chunks[i].level) +
+                            "): " + errorMessage(d->codec, s.hostErrs[i]);
+        }
+    return KVSCOPE_CUDA_OK;
+}
+
+bool isPinned(const void* p)
+{
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return a.type == cudaMemoryTypeHost;
+}
+
+// Packs chunks [first, last) into slot s and launches their copies and kernels on its stream.
+int launchBatch(kvscope_cuda_decoder* d, Slot& s, const kvscope_cuda_chunk* chunks, const std::vector<ChunkPlan>& plans,
+                int first, int last)
+{
+    const Codec& c = d->codec;
+    const int count = last - first;
+    const int units = 2 * c.L, C = c.C(), roles = c.roles();
+    const bool cachegen = c.codec == 0, inBand = cachegen && c.tableMode == 0;
+    const size_t planBytes = cachegen ? align16(units * sizeof(BlockPlan) + size_t(units) * c.H * sizeof(StreamPlan)) : 0;
+    // layout: [ChunkDesc x count][plans][payloads]
+    const size_t headBytes = align16(count * sizeof(ChunkDesc)) + size_t(count) * planBytes;
+    std::vector<ChunkDesc> descs(static_cast<size_t>(count));
+    std::vector<bool> pinned(static_cast<size_t>(count));
+    size_t pos = headBytes, stagedEnd = headBytes;
+    uint64_t store = 0, offs = 0;
+    for (int i = 0; i < count; ++i) {
+        const kvscope_cuda_chunk& ch = chunks[first + i];
+        const ChunkPlan& pl = plans[size_t(first + i)];
+        ChunkDesc& cd = descs[size_t(i)];
+        cd.g = pl.geom;
+        cd.plan = align16(count * sizeof(ChunkDesc)) + size_t(i) * planBytes;
+        cd.payload = pos;
+        pinned[size_t(i)] = isPinned(ch.data);
+        pos = align16(pos + ch.size);
+        if (!pinned[size_t(i)]) stagedEnd = pos;
+        if (inBand) {
+            cd.store = store;
+            cd.offsets = offs;
+            store += pl.storeElems;
+            offs += uint64_t(units) * roles * C;
+        } else if (cachegen) {
+            cd.store = d->sharedOffset[size_t(ch.level - 1)];
+        }
+    }
+    if (int r = growPinned(&s.pinned, &s.pinnedCap, stagedEnd)) return r;
+    if (int r = grow(&s.batch, &s.batchCap, pos, "a chunk batch")) return r;
+    if (inBand) {
+        if (int r = grow(&s.store, &s.storeCap, store, "probability tables")) return r;
+        if (int r = grow(&s.offsets, &s.offsetsCap, offs, "table offsets")) return r;
+    }
+    if (int r = grow(&s.errs, &s.errsCap, size_t(count), "error records")) return r;
+    if (s.hostErrsCap < size_t(count)) {
+        if (s.hostErrs) cudaFreeHost(s.hostErrs);
+        s.hostErrs = nullptr;
+        s.hostErrsCap = 0;
+        KVS_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&s.hostErrs), size_t(count) * sizeof(ErrorInfo)), "cudaMallocHost");
+        s.hostErrsCap = size_t(count);
+    }
+    // Host side: descriptors, plans and pageable payloads into pinned staging.
+    const double t0 = nowMs();
+    std::memcpy(s.pinned, descs.data(), count * sizeof(ChunkDesc));
+    for (int i = 0; i < count; ++i) {
+        const ChunkPlan& pl = plans[size_t(first + i)];
+        const ChunkDesc& cd = descs[size_t(i)];
+        if (cachegen) {
+            std::memcpy(s.pinned + cd.plan, pl.blocks.data(), pl.blocks.size() * sizeof(BlockPlan));
+            std::memcpy(s.pinned + cd.plan + pl.blocks.size() * sizeof(BlockPlan), pl.streams.data(),
+                        pl.streams.size() * sizeof(StreamPlan));
+        }
+        if (!pinned[size_t(i)] && chunks[first + i].size)
+            std::memcpy(s.pinned + cd.payload, chunks[first + i].data, chunks[first + i].size);
+    }
+    d->timing.stage_ms += nowMs() - t0;
+    // Device side, in stream order: copies, then kernels; the other slot's stream runs meanwhile.
+    KVS_CUDA_TRY(cudaEventRecord(s.ev[0], s.stream), "cudaEventRecord");
+    KVS_CUDA_TRY(cudaMemcpyAsync(s.batch, s.pinned, headBytes, cudaMemcpyHostToDevice, s.stream), "cudaMemcpyAsync");
+    uint64_t h2d = headBytes;
+    for (int i = 0; i < count; ++i) {
+        const kvscope_cuda_chunk& ch = chunks[first + i];
+        d->timing.output_bytes += uint64_t(2) * c.L * c.H * uint64_t(plans[size_t(first + i)].geom.n) * c.D * c.dtypeBytes();
+        if (!ch.size) continue;
+        const uint8_t* src = pinned[size_t(i)] ? ch.data : s.pinned + descs[size_t(i)].payload;
+        KVS_CUDA_TRY(cudaMemcpyAsync(s.batch + descs[size_t(i)].payload, src, ch.size, cudaMemcpyHostToDevice, s.stream),
+                     "cudaMemcpyAsync");
+        h2d += ch.size;
+    }
+    d->timing.h2d_bytes += h2d;
+    KVS_CUDA_TRY(cudaMemsetAsync(s.errs, 0, size_t(count) * sizeof(ErrorInfo), s.stream), "cudaMemsetAsync");
+    KVS_CUDA_TRY(cudaEventRecord(s.ev[1], s.stream), "cudaEventRecord");
+    if (inBand) {
+        scanKernel<<<dim3((units + kScanThreads - 1) / kScanThreads, count), kScanThreads, 0, s.stream>>>(s.batch, s.offsets, s.errs);
+        const size_t tables = size_t(units) * roles * C;
+        buildKernel<<<dim3(unsigned((tables + kBuildThreads - 1) / kBuildThreads), count), kBuildThreads, 0, s.stream>>>(
+            s.batch, s.offsets, s.store, s.errs);
+        KVS_CUDA_TRY(cudaGetLastError(), "table kernels");
+    }
+    KVS_CUDA_TRY(cudaEventRecord(s.ev[2], s.stream), "cudaEventRecord");
+    const int threads = c.D > 512 ? 32 : 64;
+    const unsigned blocks = unsigned((units * c.H + threads - 1) / threads);
+    if (cachegen) {
+        const size_t shm = c.deltaGroup >= 2 ? size_t(threads) * c.D : 0;
+        decodeKernel<<<dim3(blocks, count), threads, shm, s.stream>>>(s.batch, inBand ? s.store : d->shared, s.errs, d->out);
+    } else {
+        baselineKernel<<<dim3(blocks, count), threads, 0, s.stream>>>(s.batch, d->out);
+    }
+    KVS_CUDA_TRY(cudaGetLastError(), "decode kernel");
+    KVS_CUDA_TRY(cudaEventRecord(s.ev[3], s.stream), "cudaEventRecord");
+    KVS_CUDA_TRY(cudaMemcpyAsync(s.hostErrs, s.errs, size_t(count) * sizeof(ErrorInfo), cudaMemcpyDeviceToHost, s.stream),
+                 "cudaMemcpyAsync");
+    s.chunks.assign(chunks + first, chunks + last);
+    s.busy = true;
+    ++d->timing.batches;
+    return KVSCOPE_CUDA_OK;
+}
+
+}  // namespace
+
+extern "C" int kvscope_cuda_decoder_create(const kvscope_cuda_codec* codec, int device, uint64_t batchBytes,
+                                           kvscope_cuda_decoder** out)
+{
+    if (!codec || !out) return fail(KVSCOPE_CUDA_EINVAL, "kvscope_cuda_decoder_create: null argument");
+    *out = nullptr;
+    std::string why;
+    Codec c;
+    if (!makeCodec(*codec, &c, &why)) return fail(KVSCOPE_CUDA_EINVAL, why);
+    if (kvscope_cuda_device_count() == 0) return fail(KVSCOPE_CUDA_ENODEVICE, "no CUDA device (or no driver)");
+    if (device < 0 || device >= kvscope_cuda_device_count())
+        return fail(KVSCOPE_CUDA_ENODEVICE, "CUDA device " + std::to_string(device) + " does not exist");
+    // Shared tables are parsed and checked on the host before any device memory is taken.
+    std::vector<std::vector<uint16_t>> stores;
+    if (c.codec == 0 && c.tableMode == 1)
+        for (int l = 1; l <= c.levels; ++l) {
+            stores.emplace_back();
+            const auto& blob = c.sharedBlobs[size_t(l - 1)];
+            if (!buildSharedStore(c, l, blob.data(), blob.size(), &stores.back(), &why)) return fail(KVSCOPE_CUDA_EDATA, why);
+        }
+    KVS_CUDA_TRY(cudaSetDevice(device), "cudaSetDevice");
+    auto* d = new kvscope_cuda_decoder;
+    d->codec = std::move(c);
+    d->device = device;
+    d->batchBytes = batchBytes ? batchBytes : (uint64_t(256) << 20);
+    d->outBytes = d->codec.outputElems() * d->codec.dtypeBytes();
+    auto bail = [d](int r) {
+        kvscope_cuda_decoder_destroy(d);
+        return r;
+    };
+    if (cudaMalloc(&d->out, d->outBytes) != cudaSuccess) {
+        cudaGetLastError();
+        d->out = nullptr;
+        return bail(fail(KVSCOPE_CUDA_ERUNTIME, "cudaMalloc of " + std::to_string(d->outBytes) + " bytes for the decoded cache failed"));
+    }
+    if (cudaMemset(d->out, 0, d->outBytes) != cudaSuccess) return bail(fail(KVSCOPE_CUDA_ERUNTIME, "cudaMemset of the output"));
+    if (!stores.empty()) {
+        size_t total = 0;
+        for (const auto& s : stores) d->sharedOffset.push_back(total), total += s.size();
+        if (cudaMalloc(&d->shared, std::max<size_t>(total, 1) * 2) != cudaSuccess)
+            return bail(fail(KVSCOPE_CUDA_ERUNTIME, "cudaMalloc for shared probability tables failed"));
+        for (size_t l = 0; l < stores.size(); ++l)
+            if (cudaMemcpy(d->shared + d->sharedOffset[l], stores[l].data(), stores[l].size() * 2, cudaMemcpyHostToDevice) != cudaSuccess)
+                return bail(fail(KVSCOPE_CUDA_ERUNTIME, "cudaMemcpy of shared probability tables failed"));
+    }
+    for (Slot& s : d->slots) {
+        if (cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking) != cudaSuccess)
+            return bail(fail(KVSCOPE_CUDA_ERUNTIME, "cudaStreamCreate failed"));
+        for (cudaEvent_t& e : s.ev)
+            if (cudaEventCreate(&e) != cudaSuccess) return bail(fail(KVSCOPE_CUDA_ERUNTIME, "cudaEventCreate failed"));
+    }
+    *out = d;
+    return KVSCOPE_CUDA_OK;
+}
+
+extern "C" void kvscope_cuda_decoder_destroy(kvscope_cuda_decoder* d)
+{
+    if (!d) return;
+    cudaSetDevice(d->device);
+    for (Slot& s : d->slots) releaseSlot(s);
+    if (d->out) cudaFree(d->out);
+    if (d->shared) cudaFree(d->shared);
+    delete d;
+}
+
+extern "C" int kvscope_cuda_decode(kvscope_cuda_decoder* d, const kvscope_cuda_chunk* chunks, int count)
+{
+    if (!d || (count > 0 && !chunks) || count < 0) return fail(KVSCOPE_CUDA_EINVAL, "kvscope_cuda_decode: bad arguments");
+    const double t0 = nowMs();
+    d->timing = kvscope_cuda_timing{};
+    d->firstError.clear();
+    d->firstErrorCode = KVSCOPE_CUDA_OK;
+    KVS_CUDA_TRY(cudaSetDevice(d->device), "cudaSetDevice");
+    // Every payload's layout is checked before anything is launched.
+    std::vector<ChunkPlan> plans(static_cast<size_t>(count));
+    std::set<int> seen;
+    for (int i = 0; i < count; ++i) {
+        const kvscope_cuda_chunk& ch = chunks[i];
+        std::string why;
+        if (!planChunk(d->codec, ch.chunk, ch.level, ch.data, ch.size, &plans[size_t(i)], &why))
+            return fail(KVSCOPE_CUDA_EDATA, "chunk " + std::to_string(ch.chunk) + " (level " + std::to_string(ch.level) + "): " + why);
+        if (!seen.insert(ch.chunk).second)
+            return fail(KVSCOPE_CUDA_EINVAL, "chunk " + std::to_string(ch.chunk) + " listed twice in one call");
+    }
+    int batch = 0;
+    for (int first = 0; first < count; ++batch) {
+        int last = first + 1;
+        uint64_t bytes = chunks[first].size;
+        while (last < count && last - first < 1024 && bytes + chunks[last].size <= d->batchBytes) bytes += chunks[last++].size;
+        Slot& s = d->slots[batch % 2];
+        if (int r = finishSlot(d, s)) return r;
+        if (int r = launchBatch(d, s, chunks, plans, first, last)) {
+            const std::string why = kvscope_cuda_last_error();
+            for (Slot& o : d->slots) {  // nothing may still read the staging buffers
+                cudaStreamSynchronize(o.stream);
+                finishSlot(d, o);
+            }
+            return fail(r, why);
+        }
+        first = last;
+    }
+    for (Slot& s : d->slots)
+        if (int r = finishSlot(d, s)) return r;
+    d->timing.wall_ms = nowMs() - t0;
+    if (d->firstErrorCode != KVSCOPE_CUDA_OK) return fail(d->firstErrorCode, d->firstError);
+    return KVSCOPE_CUDA_OK;
+}
+
+extern "C" int kvscope_cuda_decoder_output(kvscope_cuda_decoder* d, void** ptr, uint64_t* bytes)
+{
+    if (!d) return fail(KVSCOPE_CUDA_EINVAL, "kvscope_cuda_decoder_output: null decoder");
+    if (ptr) *ptr = d->out;
+    if (bytes) *bytes = d->outBytes;
+    return KVSCOPE_CUDA_OK;
+}
+
+extern "C" int kvscope_cuda_decoder_copy_output(kvscope_cuda_decoder* d, uint64_t offset, void* host, uint64_t bytes)
+{
+    if (!d || (!host && bytes) || offset > d->outBytes || bytes > d->outBytes - offset)
+        return fail(KVSCOPE_CUDA_EINVAL, "kvscope_cuda_decoder_copy_output: range outside the output");
+    KVS_CUDA_TRY(cudaSetDevice(d->device), "cudaSetDevice");
+    KVS_CUDA_TRY(cudaMemcpy(host, static_cast<uint8_t*>(d->out) + offset, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy of the output");
+    return KVSCOPE_CUDA_OK;
+}
+
+extern "C" int kvscope_cuda_decoder_timing(const kvscope_cuda_decoder* d, kvscope_cuda_timing* t)
+{
+    if (!d || !t) return fail(KVSCOPE_CUDA_EINVAL, "kvscope_cuda_decoder_timing: null argument");
+    *t = d->timing;
+    return KVSCOPE_CUDA_OK;
+}
+
+extern "C" void* kvscope_cuda_host_alloc(uint64_t bytes)
+{
+    void* p = nullptr;
+    if (cudaMallocHost(&p, std::max<uint64_t>(bytes, 1)) != cudaSuccess) {
+        cudaGetLastError();
+        kvscope_cuda_detail::setLastError("cudaMallocHost of " + std::to_string(bytes) + " bytes failed");
+        return nullptr;
+    }
+    return p;
+}
+
+extern "C" void kvscope_cuda_host_free(void* p)
+{
+    if (p) cudaFreeHost(p);
+}

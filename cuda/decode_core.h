@@ -1,0 +1,406 @@
+// The per-thread work of the GPU decoder, written once for both compilers: nvcc builds it into the
+// kernels (cuda/decode.cu) and the host C++ compiler builds the very same functions into the CPU
+// emulation (cuda/decode_plan.h, tests/tst_cuda_core.cpp), which checks them bit for bit against
+// kvscope::decodeChunk on machines without a GPU.
+//
+// READ ME FIRST
+// - Decomposition of one CacheGen chunk (FORMAT.md "Chunk payloads"), in launch order:
+//     scanBlockTables  one thread per block (kind, layer): where each in-band table starts
+//     buildTable       one thread per (block, role, channel): frequencies -> cumulative starts
+//     decodeStream     one thread per (block, head): rANS + dequantization + delta, written
+//                      straight into the output layout
+//   Shared (calibrated) tables are built once per level on the host with the same two functions.
+// - Every byte read is bounded by a range the host checked against the payload before launch
+//   (decode_plan.h); a thread that meets bad bytes records an error and stops, it never reads
+//   outside its range. Corrupt tables cannot make decodeStream read out of bounds either (the
+//   symbol search always lands in [0, alphabet)).
+// - Bit-exactness: reconstruction is (q - M) * s + base in float32 with two separately rounded
+//   operations (no FMA contraction: __fmul_rn/__fadd_rn on the device), base = 0.0f when there is
+//   no anchor (so -0 becomes +0 exactly as on the CPU), and the output rounding is done by the
+//   integer routines below on both sides.
+// - Output layout: out[(((kind * L + layer) * H + h) * T + t) * D + d], elements of the output
+//   dtype (0 float16, 1 bfloat16, 2 float32); t counts from the start of the cache.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#define KVS_HD __host__ __device__ __forceinline__
+#else
+#define KVS_HD inline
+#endif
+
+namespace kvscope {
+namespace gpu {
+
+constexpr uint32_t kProbBits = 12;
+constexpr uint32_t kProbScale = 1u << kProbBits;
+constexpr uint32_t kRansL = 1u << 23;
+
+// Codes a thread records (ErrorInfo::code); the host turns them into messages (decode_plan.h).
+enum ErrorCode : int32_t {
+    kOk = 0,
+    kErrTableTruncated = 1,  // a table runs past the block's table bytes
+    kErrTableSymbol = 2,     // hi >= alphabet
+    kErrTableVarint = 3,     // a frequency varint longer than the reference accepts
+    kErrTableFreq = 4,       // a frequency >= 4096
+    kErrTableSum = 5,        // frequencies do not sum to 4096
+    kErrTableTrailing = 6,   // bytes left after the block's last table
+    kErrStream = 7,          // entropy-coded stream overrun, trailing bytes or bad final states
+    kErrTableOffset = 8,     // a table offset outside its block (only after an earlier failure)
+};
+
+// First failure of a chunk: the code, the block (kind * L + layer) and a table or head index.
+struct ErrorInfo {
+    int32_t code;
+    int32_t block;
+    int32_t index;
+    int32_t pad;
+};
+
+// What every thread of one chunk needs to know.
+struct ChunkGeom {
+    int32_t L, H, D;       // layers, KV heads, head_dim
+    int32_t n;             // tokens in this chunk
+    int32_t T;             // tokens in the whole cache (output rows)
+    int32_t t0;            // first token of the chunk
+    int32_t deltaGroup;    // 0: no delta coding
+    int32_t roles;         // 2 with delta coding, else 1
+    int32_t dtype;         // output: 0 float16, 1 bfloat16, 2 float32
+    int32_t codec;         // 0 cachegen, 1 fp16, 2 int8
+};
+
+// One block (kind, layer) of a cachegen chunk.
+struct BlockPlan {
+    uint32_t tableBegin, tableEnd;  // payload offsets of the block's in-band tables (empty when shared)
+    uint32_t scaleOffset;           // payload offset of the block's fp16 scales
+    uint32_t tableStore[2];         // element offset of role r's C tables (alphabet[r] + 1 starts each)
+    int32_t alphabet[2];            // per role
+    int32_t maxL, maxA;             // MAX of the layer's bins and of the anchor bins
+    int32_t perChannel;             // quantizer: 0 per token, 1 per channel
+};
+
+struct StreamPlan {
+    uint32_t offset, size;  // payload bytes of one (block, head) rANS stream
+};
+
+// ---------------------------------------------------------------------------------------------
+// Arithmetic that must round the same way on both sides
+
+KVS_HD float fmulRn(float a, float b)
+{
+#if defined(__CUDA_ARCH__)
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+
+KVS_HD float faddRn(float a, float b)
+{
+#if defined(__CUDA_ARCH__)
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+
+KVS_HD uint32_t floatBits(float f)
+{
+#if defined(__CUDA_ARCH__)
+    return __float_as_uint(f);
+#else
+    uint32_t u;
+    __builtin_memcpy(&u, &f, 4);
+    return u;
+#endif
+}
+
+KVS_HD float bitsFloat(uint32_t u)
+{
+#if defined(__CUDA_ARCH__)
+    return __uint_as_float(u);
+#else
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+// IEEE binary16 -> float, exact (same definition as core/common/half.h).
+KVS_HD float halfToFloat(uint16_t h)
+{
+    const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+    const uint32_t exp = (h >> 10) & 0x1fu;
+    const uint32_t man = h & 0x3ffu;
+    if (exp == 0) {
+        const float mag = fmulRn(float(man), 1.0f / 16777216.0f);  // exact
+        return sign ? -mag : mag;
+    }
+    if (exp == 31) return bitsFloat(sign | 0x7f800000u | (man << 13));
+    return bitsFloat(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+// float -> binary16, round to nearest even (same definition as core/common/half.h).
+KVS_HD uint16_t floatToHalf(float f)
+{
+    const uint32_t x = floatBits(f);
+    const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
+    const uint32_t absx = x & 0x7fffffffu;
+    if (absx >= 0x7f800000u) return uint16_t(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0u));
+    if (absx >= 0x477ff000u) return uint16_t(sign | 0x7c00u);
+    if (absx < 0x38800000u) {
+        if (absx < 0x33000000u) return sign;
+        const uint32_t e = absx >> 23;
+        const uint32_t m = (absx & 0x7fffffu) | 0x800000u;
+        const uint32_t shift = 126 - e;
+        uint32_t r = m >> shift;
+        const uint32_t rem = m & ((1u << shift) - 1);
+        const uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1u))) ++r;
+        return uint16_t(sign | r);
+    }
+    uint32_t r = absx - 0x38000000u;
+    r = (r + 0xfffu + ((r >> 13) & 1u)) >> 13;
+    return uint16_t(sign | r);
+}
+
+KVS_HD uint16_t floatToBf16(float f)
+{
+    uint32_t x = floatBits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return uint16_t((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return uint16_t(x >> 16);
+}
+
+KVS_HD void storeOut(void* out, size_t i, int dtype, float v)
+{
+    if (dtype == 2)
+        static_cast<float*>(out)[i] = v;
+    else
+        static_cast<uint16_t*>(out)[i] = dtype == 0 ? floatToHalf(v) : floatToBf16(v);
+}
+
+KVS_HD uint16_t loadU16(const uint8_t* p) { return uint16_t(p[0] | (uint32_t(p[1]) << 8)); }
+
+// Records the chunk's first error (on the device: whichever thread gets there first).
+KVS_HD void setError(ErrorInfo* e, int32_t code, int32_t block, int32_t index)
+{
+#if defined(__CUDA_ARCH__)
+    if (atomicCAS(&e->code, 0, code) == 0) {
+        e->block = block;
+        e->index = index;
+    }
+#else
+    if (e->code == 0) {
+        e->code = code;
+        e->block = block;
+        e->index = index;
+    }
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Probability tables (FORMAT.md "Probability tables"; the reference is prob_table.cpp parseFreq)
+
+// Walks the roles * C serialised tables of one block starting at payload offset `begin`, never
+// past `limit`, and stores each table's offset in off[role * C + c]. Checks the structure only
+// (lengths, symbol range, varint length); values and sums are buildTable's. Returns kOk and the
+// offset after the last table in *endOut, or an error code and the failing table in *badIndex.
+KVS_HD int32_t scanBlockTables(const uint8_t* base, uint32_t begin, uint32_t limit, int C, int roles,
+                               const int32_t* alphabet, uint32_t* off, uint32_t* endOut, int32_t* badIndex)
+{
+    uint32_t p = begin;
+    for (int role = 0; role < roles; ++role) {
+        const int A = alphabet[role];
+        for (int c = 0; c < C; ++c) {
+            const int idx = role * C + c;
+            *badIndex = idx;
+            off[idx] = p;
+            if (limit - p < 2) return kErrTableTruncated;
+            const uint32_t lo = base[p], hi = base[p + 1];
+            p += 2;
+            if (lo > hi) continue;
+            if (hi >= uint32_t(A)) return kErrTableSymbol;
+            for (uint32_t s = lo; s <= hi; ++s) {
+                for (int shift = 0;; shift += 7) {  // up to 3 bytes, as the reference parser allows
+                    if (shift > 14) return kErrTableVarint;
+                    if (p == limit) return kErrTableTruncated;
+                    if (!(base[p++] & 0x80)) break;
+                }
+            }
+        }
+    }
+    *endOut = p;
+    return kOk;
+}
+
+// Parses the table at payload offset p (inside [begin, limit), as scanBlockTables found it) into
+// start[0..A]: start[s] = f[0] + ... + f[s-1], start[A] = 4096. Returns kOk or an error code.
+KVS_HD int32_t buildTable(const uint8_t* base, uint32_t begin, uint32_t p, uint32_t limit, int A, uint16_t* start)
+{
+    if (p < begin || p > limit) return kErrTableOffset;
+    if (limit - p < 2) return kErrTableTruncated;
+    const uint32_t lo = base[p], hi = base[p + 1];
+    p += 2;
+    for (int s = 0; s < A; ++s) start[s] = 1;
+    uint32_t sum = uint32_t(A);
+    if (lo <= hi) {
+        if (hi >= uint32_t(A)) return kErrTableSymbol;
+        for (uint32_t s = lo; s <= hi; ++s) {
+            uint32_t v = 0;
+            for (int shift = 0;; shift += 7) {
+                if (shift > 14) return kErrTableVarint;
+                if (p == limit) return kErrTableTruncated;
+                const uint8_t b = base[p++];
+                v |= uint32_t(b & 0x7f) << shift;
+                if (!(b & 0x80)) break;
+            }
+            if (v >= kProbScale) return kErrTableFreq;
+            start[s] = uint16_t(v + 1);
+            sum += v;
+        }
+    }
+    if (sum != kProbScale) return kErrTableSum;
+    uint32_t acc = 0;
+    for (int s = 0; s < A; ++s) {
+        const uint32_t f = start[s];
+        start[s] = uint16_t(acc);
+        acc += f;
+    }
+    start[A] = uint16_t(acc);  // 4096
+    return kOk;
+}
+
+// ---------------------------------------------------------------------------------------------
+// rANS streams
+
+// Forward reader over one stream: reads past the end give 0 and set overrun (rans.h RansReader).
+struct StreamReader {
+    const uint8_t* p;
+    const uint8_t* end;
+    bool overrun;
+
+    KVS_HD uint32_t byte()
+    {
+        if (p < end) return *p++;
+        overrun = true;
+        return 0;
+    }
+    KVS_HD uint32_t u32()
+    {
+        uint32_t x = byte();
+        x |= byte() << 8;
+        x |= byte() << 16;
+        x |= byte() << 24;
+        return x;
+    }
+};
+
+// The symbol s of a table with start[s] <= slot < start[s + 1]: the largest s in [0, A) whose start
+// is <= slot. Always returns a value in [0, A), whatever the table holds.
+KVS_HD int findSymbol(const uint16_t* start, int A, uint32_t slot)
+{
+    int lo = 0, hi = A - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (uint32_t(start[mid]) <= slot)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+// The frequency of s (garbage, but harmless, for a table that failed to build).
+KVS_HD uint32_t freqOf(const uint16_t* start, int s) { return uint32_t(start[s + 1]) - uint32_t(start[s]); }
+
+// Decodes stream (block, h) of a cachegen chunk, dequantizes it and writes it into `out`.
+// tables: the table store (role r of this block at bp.tableStore[r], C tables of alphabet + 1
+// entries). anchorSym: D bytes of scratch for the current group's anchor symbols, element d at
+// anchorSym[d * anchorStride]. Returns kOk or kErrStream.
+KVS_HD int32_t decodeStream(const uint8_t* payload, const ChunkGeom& g, const BlockPlan& bp, StreamPlan sp, int block,
+                            int h, const uint16_t* tables, uint8_t* anchorSym, int anchorStride, void* out)
+{
+    const int D = g.D, C = g.H * g.D, G = g.deltaGroup;
+    const bool delta = G >= 2;
+    StreamReader r{payload + sp.offset, payload + sp.offset + sp.size, false};
+    uint32_t x0 = r.u32(), x1 = r.u32(), x2 = r.u32(), x3 = r.u32();
+    const uint8_t* scales = payload + bp.scaleOffset;
+    const size_t rowBase = (size_t(block) * g.H + size_t(h)) * size_t(g.T) + size_t(g.t0);
+    for (int t = 0; t < g.n; ++t) {
+        const bool anchor = delta && t % G == 0;
+        const int role = anchor ? 1 : 0;
+        const int A = bp.alphabet[role];
+        const int m = anchor ? bp.maxA : bp.maxL;
+        const uint16_t* tab = tables + bp.tableStore[role] + size_t(h) * D * size_t(A + 1);
+        // per token: this token's scale and (delta) its anchor's
+        float tokenScale = 0.0f, anchorScale = 0.0f;
+        if (!bp.perChannel) {
+            tokenScale = halfToFloat(loadU16(scales + 2 * size_t(t)));
+            if (delta && !anchor) anchorScale = halfToFloat(loadU16(scales + 2 * size_t(t - t % G)));
+        }
+        const size_t outRow = (rowBase + size_t(t)) * size_t(D);
+        for (int d = 0; d < D; ++d) {
+            const uint32_t slot = x0 & (kProbScale - 1);
+            const uint16_t* st = tab + size_t(d) * (A + 1);
+            const int s = findSymbol(st, A, slot);
+            uint32_t x = freqOf(st, s) * (x0 >> kProbBits) + slot - uint32_t(st[s]);
+            const int k = int(x < kRansL) + int(x < (kRansL >> 8));
+            for (int i = 0; i < k; ++i) x = (x << 8) | r.byte();
+            // symbol t * D + d used state (t * D + d) % 4: rotate so the next one is in x0
+            x0 = x1;
+            x1 = x2;
+            x2 = x3;
+            x3 = x;
+
+            float sc = tokenScale, base = 0.0f;
+            if (bp.perChannel) sc = halfToFloat(loadU16(scales + 2 * (size_t(anchor ? C : 0) + size_t(h) * D + d)));
+            if (delta) {
+                uint8_t& a = anchorSym[size_t(d) * anchorStride];
+                if (anchor) {
+                    a = uint8_t(s);
+                } else {
+                    const float as = bp.perChannel ? halfToFloat(loadU16(scales + 2 * (size_t(C) + size_t(h) * D + d)))
+                                                   : anchorScale;
+                    base = faddRn(fmulRn(float(int(a) - bp.maxA), as), 0.0f);  // the anchor as the CPU stored it
+                }
+            }
+            storeOut(out, outRow + size_t(d), g.dtype, faddRn(fmulRn(float(s - m), sc), base));
+        }
+    }
+    // After the last symbol every state is back at L and the stream is used up exactly.
+    if (r.overrun || r.p != r.end || x0 != kRansL || x1 != kRansL || x2 != kRansL || x3 != kRansL) return kErrStream;
+    return kOk;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Baselines: fp16 and int8 (blocks at fixed offsets, one thread per (block, head))
+
+KVS_HD size_t baselineBlockBytes(const ChunkGeom& g)
+{
+    const size_t values = size_t(g.H) * size_t(g.n) * size_t(g.D);
+    return g.codec == 1 ? 2 * values : 2 * size_t(g.n) + values;
+}
+
+KVS_HD void decodeBaselineHead(const uint8_t* payload, const ChunkGeom& g, int block, int h, void* out)
+{
+    const int D = g.D, n = g.n;
+    const uint8_t* b = payload + size_t(block) * baselineBlockBytes(g);
+    const size_t rowBase = (size_t(block) * g.H + size_t(h)) * size_t(g.T) + size_t(g.t0);
+    for (int t = 0; t < n; ++t) {
+        const size_t in = (size_t(h) * n + size_t(t)) * D, outRow = (rowBase + size_t(t)) * size_t(D);
+        if (g.codec == 1) {
+            for (int d = 0; d < D; ++d) storeOut(out, outRow + d, g.dtype, halfToFloat(loadU16(b + 2 * (in + d))));
+        } else {
+            const float s = halfToFloat(loadU16(b + 2 * size_t(t)));
+            const uint8_t* q = b + 2 * size_t(n) + in;
+            for (int d = 0; d < D; ++d)
+                storeOut(out, outRow + d, g.dtype, faddRn(fmulRn(float(int(q[d]) - 127), s), 0.0f));
+        }
+    }
+}
+
+}  // namespace gpu
+}  // namespace kvscope

@@ -1,0 +1,356 @@
+// Host side of the GPU decoder, shared by cuda/decode.cu and the CPU emulation test: validates the
+// decoder parameters, checks a chunk payload's layout (every size and offset inside the payload)
+// before anything is launched, lays out the probability-table store, builds shared tables, turns
+// device error records into messages, and emulates the kernels' thread decomposition on the host
+// (emulateDecodeChunk) so that the per-thread code of decode_core.h is tested without a GPU.
+// Plain C++17; no CUDA, torch or Qt types.
+#pragma once
+
+#include "decode_core.h"
+#include "kvscope_cuda.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+namespace gpu {
+
+// A validated copy of kvscope_cuda_codec.
+struct Codec {
+    int codec = 0, dtype = 0;
+    int L = 0, H = 0, D = 0, T = 0, N = 0, levels = 1;
+    int quantizer[2] = {0, 0};  // per kind
+    int deltaGroup = 0, anchorBins = 0, tableMode = 0;
+    std::vector<int> bins[2];   // per kind: level-major (level - 1) * L + layer
+    std::vector<std::vector<uint8_t>> sharedBlobs;  // table_mode 1: per level
+
+    int C() const { return H * D; }
+    int roles() const { return deltaGroup >= 2 ? 2 : 1; }
+    int numChunks() const { return (T + N - 1) / N; }
+    int chunkLength(int c) const { return (c + 1) * N <= T ? N : T - c * N; }
+    int binsFor(int kind, int layer, int level) const { return bins[kind][size_t(level - 1) * L + layer]; }
+    size_t dtypeBytes() const { return dtype == 2 ? 4 : 2; }
+    uint64_t outputElems() const { return 2ull * uint64_t(L) * uint64_t(H) * uint64_t(T) * uint64_t(D); }
+};
+
+inline const char* kindName(int kind) { return kind == 0 ? "key" : "value"; }
+
+inline bool validBins(int b) { return b >= 4 && b <= 256 && b % 2 == 0; }
+
+inline bool makeCodec(const kvscope_cuda_codec& in, Codec* out, std::string* why)
+{
+    Codec c;
+    auto bad = [why](const std::string& s) {
+        *why = "decoder parameters: " + s;
+        return false;
+    };
+    if (in.codec == 3 || in.codec == 4 || in.codec == 5)
+        return bad(std::string("codec ") + (in.codec == 5 ? "zstd" : in.codec == 3 ? "kivi2" : "kivi4") +
+                   " has no GPU decoder (cachegen, fp16 and int8 do); decode it on the CPU");
+    if (in.codec < 0 || in.codec > 2) return bad("unknown codec " + std::to_string(in.codec));
+    if (in.dtype < 0 || in.dtype > 2) return bad("unknown dtype " + std::to_string(in.dtype));
+    c.codec = in.codec;
+    c.dtype = in.dtype;
+    c.L = in.num_layers, c.H = in.num_kv_heads, c.D = in.head_dim, c.T = in.num_tokens, c.N = in.chunk_tokens;
+    if (c.L < 1 || c.L > 1024 || c.H < 1 || c.H > 1024 || c.D < 1 || c.D > 1024 || c.T < 1 || c.T > (1 << 21))
+        return bad("shape " + std::to_string(c.L) + "x" + std::to_string(c.H) + "x" + std::to_string(c.D) + "x" +
+                   std::to_string(c.T) + " outside the limits");
+    if (c.N < 1 || c.N > 8192) return bad("chunk_tokens " + std::to_string(c.N) + " outside 1..8192");
+    if (c.outputElems() > (uint64_t(1) << 36)) return bad("cache too large");
+    if (c.codec != 0) {
+        if (in.num_levels != 1) return bad("baselines have one level");
+        *out = std::move(c);
+        return true;
+    }
+    c.levels = in.num_levels;
+    if (c.levels < 1 || c.levels > 64) return bad("num_levels " + std::to_string(c.levels) + " outside 1..64");
+    for (int k = 0; k < 2; ++k) {
+        const int q = k == 0 ? in.key_quantizer : in.value_quantizer;
+        if (q != 0 && q != 1) return bad(std::string(kindName(k)) + " quantizer " + std::to_string(q) + " unknown");
+        c.quantizer[k] = q;
+        const uint16_t* b = k == 0 ? in.key_bins : in.value_bins;
+        if (!b) return bad(std::string(kindName(k)) + " bins missing");
+        c.bins[k].assign(b, b + size_t(c.levels) * c.L);
+        for (int v : c.bins[k])
+            if (!validBins(v)) return bad(std::string(kindName(k)) + " bins " + std::to_string(v) + " invalid");
+    }
+    c.deltaGroup = in.delta_group;
+    if (c.deltaGroup != 0 && (c.deltaGroup < 2 || c.deltaGroup > c.N))
+        return bad("delta_group " + std::to_string(c.deltaGroup) + " not 0 or 2..chunk_tokens");
+    c.anchorBins = in.anchor_bins;
+    if (c.anchorBins != 0 && !validBins(c.anchorBins)) return bad("anchor_bins " + std::to_string(c.anchorBins) + " invalid");
+    c.tableMode = in.table_mode;
+    if (c.tableMode != 0 && c.tableMode != 1) return bad("table_mode " + std::to_string(c.tableMode) + " unknown");
+    if (c.tableMode == 1) {
+        if (!in.level_tables || !in.level_table_bytes) return bad("shared tables missing");
+        for (int l = 0; l < c.levels; ++l) {
+            if (!in.level_tables[l] && in.level_table_bytes[l]) return bad("shared tables of level " + std::to_string(l + 1) + " missing");
+            if (in.level_table_bytes[l] >= (uint64_t(1) << 32)) return bad("shared tables too large");
+            c.sharedBlobs.emplace_back(in.level_tables[l], in.level_tables[l] + in.level_table_bytes[l]);
+        }
+    }
+    *out = std::move(c);
+    return true;
+}
+
+// The blocks of one level (2L, kind-major) with their quantizer settings and the layout of the
+// table store: role r of block u at blocks[u].tableStore[r], C tables of alphabet + 1 starts each.
+// Table offsets in the payload are filled in by planChunk.
+inline void levelBlocks(const Codec& c, int level, std::vector<BlockPlan>* blocks, uint64_t* storeElems)
+{
+    blocks->assign(size_t(2) * c.L, BlockPlan{});
+    uint64_t pos = 0;
+    for (int k = 0; k < 2; ++k)
+        for (int l = 0; l < c.L; ++l) {
+            BlockPlan& b = (*blocks)[size_t(k) * c.L + l];
+            const int bins = c.binsFor(k, l, level);
+            const int abins = c.anchorBins > 0 ? c.anchorBins : bins;
+            b.maxL = bins / 2 - 1;
+            b.maxA = abins / 2 - 1;
+            b.alphabet[0] = 2 * b.maxL + 1;
+            b.alphabet[1] = c.roles() == 2 ? 2 * b.maxA + 1 : 0;
+            b.perChannel = c.quantizer[k];
+            for (int r = 0; r < c.roles(); ++r) {
+                b.tableStore[r] = uint32_t(pos);  // checked below
+                pos += uint64_t(c.C()) * uint64_t(b.alphabet[r] + 1);
+            }
+        }
+    *storeElems = pos;
+}
+
+inline ChunkGeom chunkGeom(const Codec& c, int chunk)
+{
+    ChunkGeom g{};
+    g.L = c.L, g.H = c.H, g.D = c.D, g.T = c.T;
+    g.n = c.chunkLength(chunk);
+    g.t0 = chunk * c.N;
+    g.deltaGroup = c.codec == 0 ? c.deltaGroup : 0;
+    g.roles = c.codec == 0 ? c.roles() : 1;
+    g.dtype = c.dtype;
+    g.codec = c.codec;
+    return g;
+}
+
+struct ChunkPlan {
+    ChunkGeom geom{};
+    std::vector<BlockPlan> blocks;    // 2L (cachegen)
+    std::vector<StreamPlan> streams;  // 2L * H (cachegen)
+    uint64_t storeElems = 0;          // table store of this level
+};
+
+inline uint32_t readU32(const uint8_t* p) { return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24; }
+
+// Checks the layout of a chunk payload (FORMAT.md "Chunk payloads") exactly as decodeChunk does
+// and fills the plan. Returns false with "reason" in *why.
+inline bool planChunk(const Codec& c, int chunk, int level, const uint8_t* data, uint64_t size, ChunkPlan* plan,
+                      std::string* why)
+{
+    if (chunk < 0 || chunk >= c.numChunks()) {
+        *why = "chunk " + std::to_string(chunk) + " does not exist (the cache has " + std::to_string(c.numChunks()) + ")";
+        return false;
+    }
+    if (level < 1 || level > c.levels) {
+        *why = "level " + std::to_string(level) + " does not exist (the codec has " + std::to_string(c.levels) + ")";
+        return false;
+    }
+    if (size >= (uint64_t(1) << 32)) {
+        *why = "payload of " + std::to_string(size) + " bytes exceeds 4 GiB";
+        return false;
+    }
+    if (size > 0 && !data) {
+        *why = "payload pointer is null";
+        return false;
+    }
+    plan->geom = chunkGeom(c, chunk);
+    const ChunkGeom& g = plan->geom;
+    if (c.codec != 0) {
+        plan->blocks.clear();
+        plan->streams.clear();
+        plan->storeElems = 0;
+        const uint64_t want = uint64_t(2) * c.L * baselineBlockBytes(g);
+        if (size != want) {
+            *why = "payload holds " + std::to_string(size) + " bytes, the " + (c.codec == 1 ? "fp16" : "int8") +
+                   " layout needs " + std::to_string(want);
+            return false;
+        }
+        return true;
+    }
+    levelBlocks(c, level, &plan->blocks, &plan->storeElems);
+    if (plan->storeElems >= (uint64_t(1) << 32)) {
+        *why = "probability tables too large for the GPU decoder";
+        return false;
+    }
+    const size_t units = size_t(2) * c.L;
+    uint64_t pos = 0;
+    auto take = [&](uint64_t n, const char* what, uint64_t* at) {
+        if (size - pos < n) {
+            *why = std::string("truncated ") + what + " (needs " + std::to_string(n) + " bytes, " + std::to_string(size - pos) +
+                   " left)";
+            return false;
+        }
+        *at = pos;
+        pos += n;
+        return true;
+    };
+    uint64_t at = 0;
+    std::vector<uint32_t> tableSize(units, 0);
+    if (c.tableMode == 0) {
+        if (!take(4 * uint64_t(units), "table size list", &at)) return false;
+        for (size_t u = 0; u < units; ++u) tableSize[u] = readU32(data + at + 4 * u);
+    }
+    if (!take(4 * uint64_t(units) * c.H, "stream size list", &at)) return false;
+    const uint64_t streamList = at;
+    for (size_t u = 0; u < units; ++u) {
+        if (!take(tableSize[u], "probability tables", &at)) return false;
+        plan->blocks[u].tableBegin = uint32_t(at);
+        plan->blocks[u].tableEnd = uint32_t(at + tableSize[u]);
+    }
+    const int n = g.n;
+    for (size_t u = 0; u < units; ++u) {
+        const uint64_t scales = plan->blocks[u].perChannel ? uint64_t(c.roles()) * c.C() : uint64_t(n);
+        if (!take(2 * scales, "scales", &at)) return false;
+        plan->blocks[u].scaleOffset = uint32_t(at);
+    }
+    plan->streams.resize(units * c.H);
+    for (size_t i = 0; i < units * c.H; ++i) {
+        const uint32_t s = readU32(data + streamList + 4 * i);
+        if (!take(s, "entropy-coded stream", &at)) return false;
+        plan->streams[i] = StreamPlan{uint32_t(at), s};
+    }
+    if (pos != size) {
+        *why = std::to_string(size - pos) + " unexpected bytes after the last stream";
+        return false;
+    }
+    return true;
+}
+
+// "key layer 3: channel 17: <reason>" / "value layer 0: head 2: <reason>".
+inline std::string errorMessage(const Codec& c, const ErrorInfo& e)
+{
+    static const char* const reasons[] = {"ok",
+                                          "probability table truncated",
+                                          "probability table names a symbol outside the alphabet",
+                                          "probability table frequency too long",
+                                          "probability table frequency out of range",
+                                          "probability table does not sum to 4096",
+                                          "unexpected bytes after the probability tables",
+                                          "entropy-coded stream is corrupt",
+                                          "probability table offset outside its block"};
+    const char* reason = e.code >= 0 && e.code <= 8 ? reasons[e.code] : "unknown device error";
+    std::string where;
+    if (e.block >= 0 && e.block < 2 * c.L) where = std::string(kindName(e.block / c.L)) + " layer " + std::to_string(e.block % c.L) + ": ";
+    if (e.code == kErrStream)
+        where += "head " + std::to_string(e.index) + ": ";
+    else if (e.code != kErrTableTrailing && c.C() > 0)
+        where += "channel " + std::to_string(e.index % c.C()) + (e.index >= c.C() ? " (anchor table)" : "") + ": ";
+    return where + reason;
+}
+
+// Builds the table store of a level from its shared blob (tables section, Table order), with the
+// same per-thread functions the kernels use. Returns false with a reason.
+inline bool buildSharedStore(const Codec& c, int level, const uint8_t* blob, uint64_t size, std::vector<uint16_t>* store,
+                             std::string* why)
+{
+    std::vector<BlockPlan> blocks;
+    uint64_t elems = 0;
+    levelBlocks(c, level, &blocks, &elems);
+    if (elems >= (uint64_t(1) << 32) || size >= (uint64_t(1) << 32)) {
+        *why = "shared tables too large for the GPU decoder";
+        return false;
+    }
+    store->assign(size_t(elems), 0);
+    const int C = c.C(), roles = c.roles();
+    std::vector<uint32_t> off(size_t(roles) * C);
+    uint32_t pos = 0;
+    for (size_t u = 0; u < blocks.size(); ++u) {
+        const BlockPlan& b = blocks[u];
+        uint32_t end = 0;
+        int32_t bad = 0;
+        ErrorInfo e{};
+        int32_t code = scanBlockTables(blob, pos, uint32_t(size), C, roles, b.alphabet, off.data(), &end, &bad);
+        for (int r = 0; code == kOk && r < roles; ++r)
+            for (int ch = 0; code == kOk && ch < C; ++ch) {
+                bad = r * C + ch;
+                code = buildTable(blob, pos, off[size_t(bad)], uint32_t(size), b.alphabet[r],
+                                  store->data() + b.tableStore[r] + size_t(ch) * (b.alphabet[r] + 1));
+            }
+        if (code != kOk) {
+            setError(&e, code, int32_t(u), bad);
+            *why = "shared tables of level " + std::to_string(level) + ": " + errorMessage(c, e);
+            return false;
+        }
+        pos = end;
+    }
+    if (pos != size) {
+        *why = "shared tables of level " + std::to_string(level) + ": " + std::to_string(size - pos) +
+               " bytes after the last table";
+        return false;
+    }
+    return true;
+}
+
+// Runs the kernels' per-thread code on the host, in the kernels' decomposition and order:
+// the scan kernel (one thread per block), the build kernel (one per table), the decode kernel
+// (one per (block, head), each with its own anchor scratch). `out` is the whole-cache output
+// buffer (Codec::outputElems() elements of the dtype); `shared` holds the table store of every
+// level in table_mode 1. Returns false with a reason for a corrupt payload.
+inline bool emulateDecodeChunk(const Codec& c, int chunk, int level, const uint8_t* data, uint64_t size,
+                               const std::vector<std::vector<uint16_t>>& shared, void* out, std::string* why)
+{
+    ChunkPlan plan;
+    if (!planChunk(c, chunk, level, data, size, &plan, why)) return false;
+    const ChunkGeom& g = plan.geom;
+    const int units = 2 * c.L;
+    if (c.codec != 0) {
+        for (int u = 0; u < units; ++u)
+            for (int h = 0; h < c.H; ++h) decodeBaselineHead(data, g, u, h, out);
+        return true;
+    }
+    const int C = c.C(), roles = c.roles();
+    ErrorInfo err{};
+    std::vector<uint16_t> scratch;
+    const uint16_t* store = nullptr;
+    if (c.tableMode == 1) {
+        store = shared.at(size_t(level - 1)).data();
+    } else {
+        scratch.assign(size_t(plan.storeElems), 0);
+        std::vector<uint32_t> off(size_t(units) * roles * C, 0);
+        for (int u = 0; u < units; ++u) {  // scan kernel: thread u
+            const BlockPlan& b = plan.blocks[size_t(u)];
+            uint32_t end = 0;
+            int32_t bad = 0;
+            int32_t code = scanBlockTables(data, b.tableBegin, b.tableEnd, C, roles, b.alphabet,
+                                           off.data() + size_t(u) * roles * C, &end, &bad);
+            if (code == kOk && end != b.tableEnd) code = kErrTableTrailing;
+            if (code != kOk) setError(&err, code, u, bad);
+        }
+        if (!err.code)
+            for (int u = 0; u < units; ++u)  // build kernel: thread (u, role, channel)
+                for (int i = 0; i < roles * C; ++i) {
+                    const BlockPlan& b = plan.blocks[size_t(u)];
+                    const int r = i / C, ch = i % C;
+                    const int32_t code = buildTable(data, b.tableBegin, off[size_t(u) * roles * C + i], b.tableEnd,
+                                                    b.alphabet[r], scratch.data() + b.tableStore[r] + size_t(ch) * (b.alphabet[r] + 1));
+                    if (code != kOk) setError(&err, code, u, i);
+                }
+        store = scratch.data();
+    }
+    if (!err.code) {
+        std::vector<uint8_t> anchor(size_t(c.D));
+        for (int u = 0; u < units; ++u)  // decode kernel: thread (u, head)
+            for (int h = 0; h < c.H; ++h) {
+                const int32_t code = decodeStream(data, g, plan.blocks[size_t(u)], plan.streams[size_t(u) * c.H + h], u, h,
+                                                  store, anchor.data(), 1, out);
+                if (code != kOk) setError(&err, code, u, h);
+            }
+    }
+    if (err.code) {
+        *why = errorMessage(c, err);
+        return false;
+    }
+    return true;
+}
+
+}  // namespace gpu
+}  // namespace kvscope

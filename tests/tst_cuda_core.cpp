@@ -1,0 +1,363 @@
+// The GPU decoder's per-thread code (cuda/decode_core.h), run on the host in the kernels' own
+// decomposition (cuda/decode_plan.h emulateDecodeChunk: one "thread" per block for the table
+// scan, per table for the build, per (block, head) for the streams), against kvscope::decodeChunk:
+// exact bytes on random and structured KV over every level, chunk size (short last chunks
+// included), quantizer, delta setting, table mode and output dtype; corrupt payloads and tables
+// must fail exactly when the CPU decoder fails, never crash. Needs no GPU and no nvcc: this is
+// the evidence for the kernels' logic on machines without a device (tst_cuda checks the device).
+#include "testmain.h"
+
+#include "codec/chunk_codec.h"
+#include "codec/container.h"
+#include "codec/gpu_decode.h"
+#include "common/half.h"
+#include "decode_plan.h"
+#include "kv/kv_h5.h"
+#include "codec_cases.h"
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+using namespace kvscope;
+
+namespace {
+
+using namespace kvscope_test;
+
+struct Emu {
+    gpu::Codec codec;
+    std::vector<std::vector<uint16_t>> shared;  // table store per level
+};
+
+// Builds the emulator's codec from params through the same C description the CLI uses.
+bool makeEmu(const CodecParams& p, const std::vector<LevelTables>* tables, Emu* e, std::string* why)
+{
+    const auto g = gpuCodec(p, tables);
+    if (!gpu::makeCodec(g->c, &e->codec, why)) return false;
+    e->shared.clear();
+    if (e->codec.tableMode == 1)
+        for (int l = 1; l <= e->codec.levels; ++l) {
+            e->shared.emplace_back();
+            const auto& blob = e->codec.sharedBlobs[size_t(l - 1)];
+            if (!gpu::buildSharedStore(e->codec, l, blob.data(), blob.size(), &e->shared.back(), why)) return false;
+        }
+    return true;
+}
+
+}  // namespace
+
+class TestCudaCore : public QObject {
+    Q_OBJECT
+
+    // Encodes every chunk at every level and decodes chunk c at level (c + shift) % levels + 1 with
+    // both decoders, for every shift: any mix of levels; whole-cache bytes must be equal.
+    void checkParity(const Case& c)
+    {
+        const KvSet kv = makeKv(c);
+        const CodecParams p = makeParams(c, kv);
+        std::vector<LevelTables> tables;
+        if (c.tables == TableMode::Shared) tables = profileTables(p, "test profile");
+        const std::vector<LevelTables>* shared = c.tables == TableMode::Shared ? &tables : nullptr;
+        Emu emu;
+        std::string why;
+        QVERIFY2(makeEmu(p, shared, &emu, &why), why.c_str());
+        std::vector<std::vector<std::vector<uint8_t>>> payloads(size_t(p.numChunks()));
+        for (int ch = 0; ch < p.numChunks(); ++ch)
+            for (int l = 1; l <= p.numLevels(); ++l)
+                payloads[size_t(ch)].push_back(encodeChunk(p, kv, ch, l, shared ? &tables[size_t(l - 1)] : nullptr));
+        for (int shift = 0; shift < p.numLevels(); ++shift) {
+            KvSet cpu(p.shape, p.dtype);
+            std::vector<uint8_t> gpuOut(emu.codec.outputElems() * emu.codec.dtypeBytes(), 0xAB);
+            for (int ch = 0; ch < p.numChunks(); ++ch) {
+                const int level = (ch + shift) % p.numLevels() + 1;
+                const auto& pl = payloads[size_t(ch)][size_t(level - 1)];
+                decodeChunk(p, pl.data(), pl.size(), ch, level, shared ? &tables[size_t(level - 1)] : nullptr, cpu, "cpu");
+                QVERIFY2(gpu::emulateDecodeChunk(emu.codec, ch, level, pl.data(), pl.size(), emu.shared, gpuOut.data(), &why),
+                         why.c_str());
+            }
+            const std::vector<uint8_t> ref = flatten(cpu);
+            QCOMPARE(gpuOut.size(), ref.size());
+            if (std::memcmp(gpuOut.data(), ref.data(), ref.size()) != 0) {
+                size_t i = 0;
+                while (gpuOut[i] == ref[i]) ++i;
+                QFAIL(qPrintable(QString("shift %1: first differing byte %2 of %3").arg(shift).arg(i).arg(ref.size())));
+            }
+            ++m_parityChecks;
+            m_valuesChecked += p.shape.totalValues();
+        }
+    }
+
+    // Decodes `bad` with both decoders: either both refuse, or both accept with equal output.
+    void checkSame(const CodecParams& p, const std::vector<LevelTables>* shared, const Emu& emu, int chunk, int level,
+                   const std::vector<uint8_t>& bad, const QString& what)
+    {
+        KvSet cpu(p.shape, p.dtype);
+        bool cpuOk = true;
+        try {
+            decodeChunk(p, bad.data(), bad.size(), chunk, level, shared ? &(*shared)[size_t(level - 1)] : nullptr, cpu, "cpu");
+        } catch (const Error&) {
+            cpuOk = false;
+        }
+        std::vector<uint8_t> gpuOut(emu.codec.outputElems() * emu.codec.dtypeBytes(), 0);
+        std::string why;
+        const bool gpuOk = gpu::emulateDecodeChunk(emu.codec, chunk, level, bad.data(), bad.size(), emu.shared, gpuOut.data(), &why);
+        if (cpuOk != gpuOk)
+            QFAIL(qPrintable(what + QString(": CPU %1, GPU code %2 (%3)")
+                                        .arg(cpuOk ? "accepts" : "refuses", gpuOk ? "accepts" : "refuses", why.c_str())));
+        if (!gpuOk) {
+            QVERIFY2(!why.empty(), "an error without a reason");
+            ++m_refused;
+            return;
+        }
+        // only this chunk's rows were written by either decoder: compare the whole buffers after
+        // zero-initialising both (cpu KvSet starts zeroed, gpuOut too)
+        size_t diff = 0;
+        if (!sameOutput(gpuOut, flatten(cpu), p.dtype, &diff))
+            QFAIL(qPrintable(what + QString(": both accept, outputs differ at value %1").arg(diff)));
+        ++m_acceptedSame;
+    }
+
+    int m_parityChecks = 0, m_refused = 0, m_acceptedSame = 0;
+    size_t m_valuesChecked = 0;
+
+private slots:
+    void parity_data()
+    {
+        QTest::addColumn<int>("index");
+        const auto cases = parityCases();
+        for (size_t i = 0; i < cases.size(); ++i) QTest::newRow(cases[i].first) << int(i);
+    }
+
+    void parity()
+    {
+        QFETCH(int, index);
+        checkParity(parityCases()[size_t(index)].second);
+    }
+
+    // The committed golden containers decode to their committed bytes through the emulated kernels.
+    void goldenFiles_data()
+    {
+        QTest::addColumn<QString>("name");
+        QTest::addColumn<QList<int>>("levels");
+        QTest::newRow("cachegen-inband") << "cachegen-inband" << QList<int>{1, 2, 3};
+        QTest::newRow("cachegen-shared") << "cachegen-shared" << QList<int>{3, 1, 2};
+        QTest::newRow("int8") << "int8" << QList<int>{1};
+    }
+
+    void goldenFiles()
+    {
+        QFETCH(QString, name);
+        QFETCH(QList<int>, levels);
+        const std::string dir = std::string(KVSCOPE_TEST_DATA) + "/golden/";
+        const auto reader = KvcReader::openFile(dir + name.toStdString() + ".kvc");
+        const CodecParams& p = reader->params();
+        Emu emu;
+        std::string why;
+        const bool shared = p.codec == CodecId::CacheGen && p.profile.tables == TableMode::Shared;
+        QVERIFY2(makeEmu(p, shared ? &reader->sharedTables() : nullptr, &emu, &why), why.c_str());
+        std::vector<uint8_t> out(emu.codec.outputElems() * 2);
+        for (int ch = 0; ch < p.numChunks(); ++ch) {
+            const int level = levels[ch % levels.size()];
+            const auto pl = reader->readChunk(ch, level);
+            QVERIFY2(gpu::emulateDecodeChunk(emu.codec, ch, level, pl.data(), pl.size(), emu.shared, out.data(), &why), why.c_str());
+        }
+        // golden layout: per layer, keys then values; ours: all keys, then all values
+        std::ifstream f(dir + name.toStdString() + ".decoded.f16.bin", std::ios::binary);
+        std::vector<uint8_t> golden((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+        QCOMPARE(golden.size(), out.size());
+        const size_t tensor = out.size() / (2 * size_t(p.shape.numLayers));
+        for (int l = 0; l < p.shape.numLayers; ++l)
+            for (int k = 0; k < 2; ++k)
+                QVERIFY(std::memcmp(out.data() + (size_t(k) * p.shape.numLayers + l) * tensor,
+                                    golden.data() + (2 * size_t(l) + k) * tensor, tensor) == 0);
+    }
+
+    // fp16 and int8 baselines through the same path; kivi and zstd are refused with a reason.
+    void baselines()
+    {
+        Case c;
+        c.shape = {2, 2, 32, 150};
+        const KvSet kv = makeKv(c);
+        for (CodecId id : {CodecId::Fp16, CodecId::Int8}) {
+            CodecParams p;
+            p.codec = id;
+            p.shape = c.shape;
+            p.profile = defaultProfile(2);
+            p.profile.chunkTokens = 64;
+            Emu emu;
+            std::string why;
+            QVERIFY2(makeEmu(p, nullptr, &emu, &why), why.c_str());
+            KvSet cpu(p.shape, p.dtype);
+            std::vector<uint8_t> out(emu.codec.outputElems() * 2);
+            for (int ch = 0; ch < p.numChunks(); ++ch) {
+                const auto pl = encodeChunk(p, kv, ch, 1, nullptr);
+                decodeChunk(p, pl.data(), pl.size(), ch, 1, nullptr, cpu, "cpu");
+                QVERIFY2(gpu::emulateDecodeChunk(emu.codec, ch, 1, pl.data(), pl.size(), emu.shared, out.data(), &why), why.c_str());
+                std::vector<uint8_t> cut(pl.begin(), pl.end() - 1);
+                QVERIFY(!gpu::emulateDecodeChunk(emu.codec, ch, 1, cut.data(), cut.size(), emu.shared, out.data(), &why));
+                QVERIFY2(why.find("layout needs") != std::string::npos, why.c_str());
+            }
+            QVERIFY(out == flatten(cpu));
+        }
+        for (CodecId id : {CodecId::Kivi2, CodecId::Kivi4, CodecId::Zstd}) {
+            CodecParams p;
+            p.codec = id;
+            p.shape = c.shape;
+            p.profile = defaultProfile(2);
+            Emu emu;
+            std::string why;
+            QVERIFY(!makeEmu(p, nullptr, &emu, &why));
+            QVERIFY2(why.find("has no GPU decoder") != std::string::npos, why.c_str());
+        }
+    }
+
+    void corruptPayloads_data()
+    {
+        QTest::addColumn<int>("mode");
+        QTest::newRow("in-band tables, per token, delta") << 0;
+        QTest::newRow("shared tables, per-channel keys, delta") << 1;
+        QTest::newRow("in-band tables, per channel, no delta") << 2;
+    }
+
+    // Truncations, single flipped bytes all over the payload (size lists, tables, scales,
+    // streams) and targeted table damage: the emulated kernels refuse exactly when the CPU
+    // decoder does, and agree on the output when both accept. Run under ASan (asan preset).
+    void corruptPayloads()
+    {
+        QFETCH(int, mode);
+        Case c;
+        c.shape = {2, 2, 16, 100};
+        c.chunkTokens = 64;
+        if (mode == 1) c.keyQ = Quantizer::PerChannel, c.tables = TableMode::Shared;
+        if (mode == 2) c.keyQ = c.valueQ = Quantizer::PerChannel, c.deltaGroup = 0;
+        const KvSet kv = makeKv(c);
+        const CodecParams p = makeParams(c, kv);
+        std::vector<LevelTables> tables;
+        if (c.tables == TableMode::Shared) tables = profileTables(p, "test profile");
+        const std::vector<LevelTables>* shared = c.tables == TableMode::Shared ? &tables : nullptr;
+        Emu emu;
+        std::string why;
+        QVERIFY2(makeEmu(p, shared, &emu, &why), why.c_str());
+        const int chunk = 1, level = 2;  // the short last chunk (36 tokens)
+        const std::vector<uint8_t> good = encodeChunk(p, kv, chunk, level, shared ? &tables[size_t(level - 1)] : nullptr);
+        m_refused = m_acceptedSame = 0;
+        checkSame(p, shared, emu, chunk, level, good, "intact");
+        QCOMPARE(m_acceptedSame, 1);
+        for (size_t cut : {size_t(0), size_t(1), size_t(4), size_t(17), good.size() / 3, good.size() / 2, good.size() - 1}) {
+            std::vector<uint8_t> bad(good.begin(), good.begin() + std::ptrdiff_t(cut));
+            checkSame(p, shared, emu, chunk, level, bad, QString("truncated to %1").arg(cut));
+        }
+        std::vector<uint8_t> longer = good;
+        longer.push_back(0);
+        checkSame(p, shared, emu, chunk, level, longer, "one byte too many");
+        std::mt19937 rng(7);
+        for (int i = 0; i < 600; ++i) {
+            std::vector<uint8_t> bad = good;
+            const size_t at = i < 100 ? size_t(i) % good.size() : rng() % good.size();  // the head densely
+            bad[at] ^= uint8_t(1u << (rng() % 8)) | (i % 3 == 0 ? 0x80 : 0);
+            checkSame(p, shared, emu, chunk, level, bad, QString("byte %1 flipped").arg(at));
+        }
+        for (int i = 0; i < 100; ++i) {  // random garbage of the right size
+            std::vector<uint8_t> bad = good;
+            for (size_t k = 0; k < 8; ++k) bad[rng() % bad.size()] = uint8_t(rng());
+            checkSame(p, shared, emu, chunk, level, bad, QString("garbage %1").arg(i));
+        }
+        qInfo("mode %d: %d corrupt payloads refused by both, %d accepted by both with equal output", mode, m_refused,
+              m_acceptedSame);
+        QVERIFY(m_refused > 100);
+    }
+
+    // Damaged shared tables: the GPU decoder's table build refuses exactly the blobs the CPU
+    // parser refuses.
+    void corruptSharedTables()
+    {
+        Case c;
+        c.shape = {2, 2, 16, 64};
+        c.tables = TableMode::Shared;
+        const KvSet kv = makeKv(c);
+        const CodecParams p = makeParams(c, kv);
+        const std::vector<uint8_t> good = p.profile.levelTables[0];
+        std::mt19937 rng(3);
+        int refused = 0;
+        for (int i = 0; i < 400; ++i) {
+            std::vector<uint8_t> bad = good;
+            if (i == 0) bad.pop_back();
+            else if (i == 1) bad.push_back(0);
+            else if (i == 2) bad[1] = 255;  // hi outside the alphabet
+            else bad[rng() % bad.size()] ^= uint8_t(1u << (rng() % 8));
+            bool cpuOk = true;
+            try {
+                parseLevelTables(p, 1, bad.data(), bad.size(), "blob");
+            } catch (const Error&) {
+                cpuOk = false;
+            }
+            CodecParams q = p;
+            q.profile.tables = TableMode::InBand;  // gpuCodec serialises from LevelTables: feed the blob directly
+            gpu::Codec codec;
+            std::string why;
+            const auto g = gpuCodec(q, nullptr);
+            QVERIFY2(gpu::makeCodec(g->c, &codec, &why), why.c_str());
+            codec.tableMode = 1;
+            std::vector<uint16_t> store;
+            const bool gpuOk = gpu::buildSharedStore(codec, 1, bad.data(), bad.size(), &store, &why);
+            QVERIFY2(cpuOk == gpuOk, qPrintable(QString("case %1: CPU %2, GPU %3 (%4)").arg(i).arg(cpuOk).arg(gpuOk).arg(why.c_str())));
+            if (!gpuOk) {
+                QVERIFY(why.rfind("shared tables of level 1: ", 0) == 0);
+                ++refused;
+            }
+        }
+        QVERIFY(refused > 50);
+    }
+
+    // Optional: a real captured cache (KVSCOPE_REAL_KV=path.h5), first 600 tokens, every level.
+    void realKv()
+    {
+        const QByteArray path = qgetenv("KVSCOPE_REAL_KV");
+        if (path.isEmpty()) QSKIP("set KVSCOPE_REAL_KV to a captured KV file (HDF5) to check parity on real KV");
+        const KvSet full = readKvH5(path.toStdString());
+        KvShape s = full.shape();
+        s.numTokens = std::min(s.numTokens, 600);
+        KvSet kv(s, full.dtype());
+        std::vector<float> row(size_t(s.headDim) * s.numTokens);
+        for (int k = 0; k < 2; ++k)
+            for (int l = 0; l < s.numLayers; ++l)
+                for (int h = 0; h < s.numKvHeads; ++h) {
+                    full.readRows(KvKind(k), l, h, 0, s.numTokens, row.data());
+                    kv.writeRows(KvKind(k), l, h, 0, s.numTokens, row.data());
+                }
+        for (int mode = 0; mode < 2; ++mode) {
+            CodecParams p;
+            p.shape = s;
+            p.dtype = kv.dtype();
+            p.profile = defaultProfile(s.numLayers);
+            if (mode == 1) p.profile.keyQuantizer = Quantizer::PerChannel, calibrateProfile(p, {&kv});
+            std::vector<LevelTables> tables;
+            if (mode == 1) tables = profileTables(p, "real");
+            Emu emu;
+            std::string why;
+            QVERIFY2(makeEmu(p, mode == 1 ? &tables : nullptr, &emu, &why), why.c_str());
+            for (int level = 1; level <= p.numLevels(); ++level) {
+                KvSet cpu(s, kv.dtype());
+                std::vector<uint8_t> out(emu.codec.outputElems() * emu.codec.dtypeBytes());
+                for (int ch = 0; ch < p.numChunks(); ++ch) {
+                    const auto pl = encodeChunk(p, kv, ch, level, mode == 1 ? &tables[size_t(level - 1)] : nullptr);
+                    decodeChunk(p, pl.data(), pl.size(), ch, level, mode == 1 ? &tables[size_t(level - 1)] : nullptr, cpu, "cpu");
+                    QVERIFY2(gpu::emulateDecodeChunk(emu.codec, ch, level, pl.data(), pl.size(), emu.shared, out.data(), &why),
+                             why.c_str());
+                }
+                QVERIFY(out == flatten(cpu));
+                m_valuesChecked += s.totalValues();
+            }
+        }
+    }
+
+    void cleanupTestCase()
+    {
+        qInfo("parity: %d whole-cache decodes, %zu values, all bit-exact", m_parityChecks, m_valuesChecked);
+    }
+};
+
+KVSCOPE_TEST_MAIN(TestCudaCore)
+#include "tst_cuda_core.moc"
