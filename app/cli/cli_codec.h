@@ -20,6 +20,7 @@ struct ProfileOptions {
     int deltaGroup = -1;
     int anchorBins = -1;
     std::string tables, keyQuantizer, valueQuantizer;
+    bool forceProfile = false;
 
     void add(CLI::App* sub)
     {
@@ -31,6 +32,7 @@ struct ProfileOptions {
         sub->add_option("--tables", tables, "inband (per chunk) or shared (calibrated once per file)");
         sub->add_option("--key-quantizer", keyQuantizer, "token (CacheGen) or channel (KIVI-style)");
         sub->add_option("--value-quantizer", valueQuantizer, "token or channel");
+        sub->add_flag("--force-profile", forceProfile, "use a profile tuned for another model");
     }
 
     std::string source() const { return profilePath.empty() ? "default profile" : profilePath; }
@@ -57,6 +59,7 @@ struct ProfileOptions {
         quantizer(keyQuantizer, &pr.keyQuantizer, "--key-quantizer");
         quantizer(valueQuantizer, &pr.valueQuantizer, "--value-quantizer");
         const std::string src = source();
+        checkProfileModel(pr, kv.modelFingerprint, src, forceProfile);
         if (pr.hasCalibratedTables() && (deltaGroup >= 0 || anchorBins >= 0 || !keyQuantizer.empty() || !valueQuantizer.empty()))
             throw inputError(src, "calibrated_tables", "--delta-group, --anchor-bins and the quantizer options change what "
                                                        "the calibrated tables describe: recalibrate instead");

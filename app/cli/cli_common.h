@@ -34,6 +34,8 @@ void addDemoCommand(CLI::App& app, Output& out);
 void addEvalCommand(CLI::App& app, Output& out);
 void addProfileCommand(CLI::App& app, Output& out);
 void addSensitivityCommand(CLI::App& app, Output& out);
+void addSweepCommand(CLI::App& app, Output& out);
+void addTuneCommand(CLI::App& app, Output& out);
 void addInfoCommand(CLI::App& app, Output& out);
 void addTokenizeCommand(CLI::App& app, Output& out);
 void addGenerateCommand(CLI::App& app, Output& out);

@@ -1,6 +1,5 @@
 // `eval` and `demo`: codecs judged by the model's own answers (core/eval).
-#include "cli_codec.h"
-#include "cli_common.h"
+#include "cli_eval.h"
 
 #include "common/file_io.h"
 #include "eval/evaluate.h"
@@ -17,31 +16,6 @@
 namespace kvscope::cli {
 
 namespace {
-
-struct EvalOpts {
-    std::string model, tokenizer, context, continuationFile, question;
-    int answerTokens = 32;
-    int maxContinuation = 256;
-    int threads = 0;
-    bool noText = false, perLayer = false;
-    ProfileOptions profile;
-
-    void add(CLI::App* sub, bool contextRequired)
-    {
-        sub->add_option("--model", model, "model folder, GGUF or llama2.c file (default: the embedded SmolLM2-135M)");
-        sub->add_option("--tokenizer", tokenizer, "tokenizer file (required for llama2.c checkpoints)");
-        auto* c = sub->add_option("--context", context, "a sample id (long_1k, story, ...) or a UTF-8 text file");
-        if (contextRequired) c->required();
-        sub->add_option("--continuation", continuationFile, "held-out text scored for perplexity (default: the sample's)");
-        sub->add_option("--question", question, "question asked after the context (default: the sample's)");
-        sub->add_option("--answer-tokens", answerTokens, "greedy tokens of each answer")->capture_default_str();
-        sub->add_option("--max-continuation", maxContinuation, "continuation tokens scored at most")->capture_default_str();
-        sub->add_option("--threads", threads, "CPU threads (0 = all cores)")->capture_default_str();
-        sub->add_flag("--no-text", noText, "skip the text-recompute row");
-        sub->add_flag("--per-layer", perLayer, "reconstruction error of every layer, K and V");
-        profile.add(sub);
-    }
-};
 
 json rowJson(const EvalRow& r, const Tokenizer& tok, const SampleContext& sample, bool perLayer)
 {
@@ -87,55 +61,13 @@ void printTable(const json& j)
     }
 }
 
-// The model, the captured original cache and its quality reference: what every command here
-// starts from.
-struct Prepared {
-    std::unique_ptr<Model> model;
-    KvSet original;
-    std::unique_ptr<QualityReference> ref;
-    double captureSeconds = 0, refSeconds = 0;
-};
-
-Prepared prepare(const EvalOpts& o, const SampleContext& sample, bool withQuestion)
-{
-    Prepared p;
-    RuntimeOptions ro;
-    ro.threads = o.threads;
-    std::fprintf(stderr, "loading %s\n", resolveModelPath(o.model).c_str());
-    p.model = Model::open(o.model, o.tokenizer, ro);
-    const Model& m = *p.model;
-    EvalTask task;
-    task.context = m.contextTokens(sample.text);
-    if (!sample.continuation.empty()) {
-        task.continuation = m.tokenizer().encode(sample.continuation, false);
-        if (int(task.continuation.size()) > o.maxContinuation) task.continuation.resize(size_t(o.maxContinuation));
-    }
-    if (withQuestion && !sample.question.empty()) task.question = m.questionTokens(sample.question);
-    task.answerTokens = o.answerTokens;
-    task.stopIds = m.stopIds();
-
-    std::fprintf(stderr, "capturing the KV of %zu tokens\n", task.context.size());
-    double t0 = nowSeconds();
-    InferenceSession session(m.runtime());
-    session.append(task.context, nullptr);
-    p.original = session.exportKv();
-    p.original.context = sample.text;
-    p.captureSeconds = nowSeconds() - t0;
-
-    std::fprintf(stderr, "reference pass (continuation of %zu tokens, answer of up to %d)\n", task.continuation.size(),
-                 task.question.empty() ? 0 : o.answerTokens);
-    t0 = nowSeconds();
-    p.ref = std::make_unique<QualityReference>(m.runtime(), task, p.original);
-    p.refSeconds = nowSeconds() - t0;
-    return p;
-}
-
 // Runs the whole evaluation: load, capture, reference, rows. Fills `j` with everything but the
 // command-specific keys.
 json runEval(const EvalOpts& o, const SampleContext& sample, json* timings)
 {
-    const Prepared prep = prepare(o, sample, true);
-    const Model* m = prep.model.get();
+    const std::unique_ptr<Model> model = openEvalModel(o);
+    const PreparedContext prep = prepareContext(*model, o, sample, true);
+    const Model* m = model.get();
     const KvSet& original = prep.original;
     const QualityReference& ref = *prep.ref;
     const std::vector<int32_t>& context = ref.task().context;
@@ -190,11 +122,58 @@ json runEval(const EvalOpts& o, const SampleContext& sample, json* timings)
 
 }  // namespace
 
+std::unique_ptr<Model> openEvalModel(const EvalOpts& o)
+{
+    RuntimeOptions ro;
+    ro.threads = o.threads;
+    std::fprintf(stderr, "loading %s\n", resolveModelPath(o.model).c_str());
+    return Model::open(o.model, o.tokenizer, ro);
+}
+
+PreparedContext prepareContext(const Model& m, const EvalOpts& o, const SampleContext& sample, bool withQuestion)
+{
+    PreparedContext p;
+    EvalTask task;
+    task.context = m.contextTokens(sample.text);
+    if (!sample.continuation.empty()) {
+        task.continuation = m.tokenizer().encode(sample.continuation, false);
+        if (int(task.continuation.size()) > o.maxContinuation) task.continuation.resize(size_t(o.maxContinuation));
+    } else if (o.holdoutTokens > 0) {
+        // No held-out text of its own: the context's last tokens become the continuation.
+        if (int(task.context.size()) < o.holdoutTokens + 16)
+            throw Error(sample.id + ": " + std::to_string(task.context.size()) + " tokens are too few to hold out " +
+                        std::to_string(o.holdoutTokens));
+        task.continuation.assign(task.context.end() - o.holdoutTokens, task.context.end());
+        task.context.resize(task.context.size() - size_t(o.holdoutTokens));
+        p.heldOut = true;
+    }
+    if (withQuestion && !sample.question.empty()) task.question = m.questionTokens(sample.question);
+    task.answerTokens = o.answerTokens;
+    task.stopIds = m.stopIds();
+
+    std::fprintf(stderr, "%s: capturing the KV of %zu tokens\n", sample.id.c_str(), task.context.size());
+    double t0 = nowSeconds();
+    InferenceSession session(m.runtime());
+    session.append(task.context, nullptr);
+    p.original = session.exportKv();
+    p.original.context = sample.text;
+    p.captureSeconds = nowSeconds() - t0;
+
+    std::fprintf(stderr, "%s: reference pass (continuation of %zu tokens, answer of up to %d)\n", sample.id.c_str(),
+                 task.continuation.size(), task.question.empty() ? 0 : o.answerTokens);
+    t0 = nowSeconds();
+    p.ref = std::make_unique<QualityReference>(m.runtime(), task, p.original);
+    p.refSeconds = nowSeconds() - t0;
+    return p;
+}
+
 void addEvalCommand(CLI::App& app, Output& out)
 {
     auto* sub = app.add_subcommand("eval", "Quality of every profile level and baseline on a context");
     auto o = std::make_shared<EvalOpts>();
     o->add(sub, true);
+    sub->add_flag("--no-text", o->noText, "skip the text-recompute row");
+    sub->add_flag("--per-layer", o->perLayer, "reconstruction error of every layer, K and V");
     sub->add_flag("--json", out.asJson, "print one JSON object");
     sub->callback([o, &out] {
         SampleContext sample = loadSampleContext(o->context);
@@ -217,6 +196,8 @@ void addDemoCommand(CLI::App& app, Output& out)
     auto o = std::make_shared<EvalOpts>();
     auto bandwidth = std::make_shared<std::string>("100Mbit");
     o->add(sub, false);
+    sub->add_flag("--no-text", o->noText, "skip the text-recompute row");
+    sub->add_flag("--per-layer", o->perLayer, "reconstruction error of every layer, K and V");
     o->context = "long_1k";
     sub->add_option("--bandwidth", *bandwidth, "link rate for the modelled transfer in the TTFT estimate")->capture_default_str();
     sub->add_flag("--json", out.asJson, "print one JSON object");
@@ -264,7 +245,8 @@ void addSensitivityCommand(CLI::App& app, Output& out)
         SampleContext sample = loadSampleContext(o->context);
         if (!o->continuationFile.empty()) sample.continuation = readSmallFile(o->continuationFile, 64u << 20);
         if (sample.continuation.empty()) throw Error("--context " + o->context + " has no continuation to score (give --continuation)");
-        const Prepared p = prepare(*o, sample, false);
+        const std::unique_ptr<Model> model = openEvalModel(*o);
+        const PreparedContext p = prepareContext(*model, *o, sample, false);
         const double t0 = nowSeconds();
         const std::vector<LayerSensitivity> s =
             measureLayerSensitivity(*p.ref, p.original, o->profile.params(p.original), *bins, [](int done, int total) {
@@ -275,7 +257,7 @@ void addSensitivityCommand(CLI::App& app, Output& out)
         for (const LayerSensitivity& l : s)
             layers.push_back({{"layer", l.layer}, {"key_delta_ppl_pct", l.keyDeltaPplPct}, {"value_delta_ppl_pct", l.valueDeltaPplPct},
                               {"key_kl", l.keyKl}, {"value_kl", l.valueKl}, {"key_rms", l.keyRms}, {"value_rms", l.valueRms}});
-        const json j = {{"model", p.model->spec().name}, {"context", sample.id}, {"num_tokens", p.original.shape().numTokens},
+        const json j = {{"model", model->spec().name}, {"context", sample.id}, {"num_tokens", p.original.shape().numTokens},
                         {"continuation_tokens", p.ref->task().continuation.size()}, {"bins", *bins},
                         {"original_ppl", p.ref->original().ppl}, {"layers", layers}, {"seconds", nowSeconds() - t0}};
         out.emit(j, [](const json& j) {

@@ -28,6 +28,8 @@ int main(int argc, char** argv)
     addEvalCommand(app, out);
     addProfileCommand(app, out);
     addSensitivityCommand(app, out);
+    addSweepCommand(app, out);
+    addTuneCommand(app, out);
     addDemoCommand(app, out);
     addStreamCommand(app, out);
     addServeCommand(app, out);

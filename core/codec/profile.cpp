@@ -22,14 +22,6 @@ namespace {
 // Layer where a CacheGen Mistral-7B group boundary (b of 32 layers) falls for numLayers layers.
 int scaledBoundary(int b, int numLayers) { return int(std::lround(double(b) * numLayers / 32.0)); }
 
-std::vector<int> groupBins(int numLayers, std::initializer_list<std::pair<int, int>> groups /* (start of 32, bins) */)
-{
-    std::vector<int> bins(size_t(numLayers), 0);
-    for (auto [start32, b] : groups)
-        for (int l = scaledBoundary(start32, numLayers); l < numLayers; ++l) bins[size_t(l)] = b;
-    return bins;
-}
-
 const char kBase64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
 std::string toBase64(const std::vector<uint8_t>& in)
@@ -75,17 +67,38 @@ bool fromBase64(const std::string& in, std::vector<uint8_t>* out)
 
 }  // namespace
 
+std::vector<int> cachegenGroupBins(bool keys, const std::vector<int>& groups, int numLayers)
+{
+    const std::vector<int> starts32 = keys ? std::vector<int>{0, 10, 20} : std::vector<int>{0, 2};
+    if (groups.size() != 1 && groups.size() != starts32.size())
+        throw Error(std::string(keys ? "key" : "value") + " bins: expected 1 or " + std::to_string(starts32.size()) +
+                    " layer groups, got " + std::to_string(groups.size()));
+    std::vector<int> bins(size_t(numLayers), groups.front());
+    for (size_t g = 1; g < groups.size(); ++g)
+        for (int l = scaledBoundary(starts32[g], numLayers); l < numLayers; ++l) bins[size_t(l)] = groups[g];
+    return bins;
+}
+
 CodecProfile defaultProfile(int numLayers)
 {
     CodecProfile p;
     p.numLayers = numLayers;
     p.defaultLevel = 2;
-    p.levels.push_back({"level 1", groupBins(numLayers, {{0, 16}, {10, 16}, {20, 12}}),
-                        groupBins(numLayers, {{0, 16}, {2, 12}}), ""});
-    p.levels.push_back({"level 2", groupBins(numLayers, {{0, 32}, {10, 16}}),
-                        groupBins(numLayers, {{0, 32}, {2, 16}}), ""});
-    p.levels.push_back({"level 3", groupBins(numLayers, {{0, 32}}), groupBins(numLayers, {{0, 32}}), ""});
+    auto level = [numLayers](const char* name, std::vector<int> k, std::vector<int> v) {
+        return CodecLevel{name, cachegenGroupBins(true, k, numLayers), cachegenGroupBins(false, v, numLayers), ""};
+    };
+    p.levels.push_back(level("level 1", {16, 16, 12}, {16, 12}));
+    p.levels.push_back(level("level 2", {32, 16, 16}, {32, 16}));
+    p.levels.push_back(level("level 3", {32}, {32}));
     return p;
+}
+
+void checkProfileModel(const CodecProfile& p, const std::string& fingerprint, const std::string& source, bool force)
+{
+    if (force || p.modelFingerprint.empty() || fingerprint.empty() || p.modelFingerprint == fingerprint) return;
+    throw inputError(source, "model_fingerprint",
+                     "the profile was tuned for model " + p.modelFingerprint + ", this cache comes from " + fingerprint +
+                         ": its bins and tables may not suit it (force to use it anyway)");
 }
 
 std::vector<LayerRange> toLayerRanges(const std::vector<int>& bins)
@@ -98,6 +111,23 @@ std::vector<LayerRange> toLayerRanges(const std::vector<int>& bins)
             r.push_back({l, l + 1, bins[size_t(l)]});
     }
     return r;
+}
+
+std::string lmcacheSpecsPython(const std::vector<int>& bins)
+{
+    std::string out = "[";
+    for (const LayerRange& r : toLayerRanges(bins)) {
+        if (out.size() > 1) out += ", ";
+        out += "QuantizationSpec(start_layer=" + std::to_string(r.start) + ", end_layer=" + std::to_string(r.end) +
+               ", bins=" + std::to_string(r.bins) + ")";
+    }
+    return out + "]";
+}
+
+std::string lmcacheConfigPython(const CodecLevel& level)
+{
+    return "CacheGenConfig(nlayers=" + std::to_string(level.keyBins.size()) + ", kspecs=" +
+           lmcacheSpecsPython(level.keyBins) + ", vspecs=" + lmcacheSpecsPython(level.valueBins) + ")";
 }
 
 static bool validBins(int b) { return b >= 4 && b <= 256 && b % 2 == 0; }
@@ -302,21 +332,7 @@ CodecProfile loadProfile(const std::string& path)
 void saveProfile(const CodecProfile& p, const std::string& path)
 {
     validateProfile(p, path);
-    const std::string tmp = path + ".tmp";
-    {
-        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        if (!out) throw inputError(path, "", "cannot create the file");
-        out << profileToJson(p);
-        out.flush();
-        if (!out) {
-            std::remove(tmp.c_str());
-            throw inputError(path, "", "write failed");
-        }
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-        std::remove(tmp.c_str());
-        throw inputError(path, "", "cannot replace the file");
-    }
+    writeFileAtomic(path, profileToJson(p));
 }
 
 }  // namespace kvscope

@@ -72,6 +72,15 @@ struct CodecProfile {
 // depth, V at 2/32) scaled to `numLayers`:
 //   level 1: K 16/16/12, V 16/12;  level 2 (default): K 32/16/16, V 32/16;  level 3: all 32.
 CodecProfile defaultProfile(int numLayers);
+// Bins per layer from bins per CacheGen layer group, the groups scaled to `numLayers`: keys in
+// three groups (split at 10/32 and 20/32 of the depth), values in two (split at 2/32). One value
+// sets every layer. Throws kvscope::Error for another number of groups.
+std::vector<int> cachegenGroupBins(bool keys, const std::vector<int>& groupBins, int numLayers);
+
+// A profile tuned for one model (a non-empty model_fingerprint) refuses caches of another:
+// throws kvscope::Error "source: model_fingerprint: ..." naming both, unless `force`. An empty
+// fingerprint on either side matches anything.
+void checkProfileModel(const CodecProfile& p, const std::string& fingerprint, const std::string& source, bool force);
 
 // Throws kvscope::Error "source: place: reason" for any invalid field.
 void validateProfile(const CodecProfile& p, const std::string& source);
@@ -85,5 +94,10 @@ struct LayerRange {
     int start = 0, end = 0, bins = 0;  // [start, end)
 };
 std::vector<LayerRange> toLayerRanges(const std::vector<int>& binsPerLayer);
+// One level as LMCache Python: "CacheGenConfig(nlayers=N, kspecs=[QuantizationSpec(start_layer=0,
+// end_layer=10, bins=32), ...], vspecs=[...])" (end_layer exclusive). `kvscope-cli profile` and the
+// GUI's codec tuner print this text.
+std::string lmcacheSpecsPython(const std::vector<int>& binsPerLayer);  // "[QuantizationSpec(...), ...]"
+std::string lmcacheConfigPython(const CodecLevel& level);
 
 }  // namespace kvscope

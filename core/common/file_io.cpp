@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <utility>
 
 namespace kvscope {
@@ -97,6 +98,25 @@ int jsonNestingDepth(const char* s, size_t n, int limit)
         }
     }
     return maxDepth;
+}
+
+void writeFileAtomic(const std::string& path, const std::string& text)
+{
+    const std::string tmp = path + ".tmp";
+    {
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        if (!out) throw inputError(path, "", "cannot create the file");
+        out << text;
+        out.flush();
+        if (!out) {
+            std::remove(tmp.c_str());
+            throw inputError(path, "", "write failed");
+        }
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+        std::remove(tmp.c_str());
+        throw inputError(path, "", "cannot replace the file");
+    }
 }
 
 }  // namespace kvscope

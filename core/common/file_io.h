@@ -34,6 +34,10 @@ private:
 // The file's bytes; throws "path: open: ..." or "path: read: file larger than `limit` bytes".
 std::string readSmallFile(const std::string& path, uint64_t limit);
 
+// Writes `text` to path.tmp and renames it over `path`, so a failed write never leaves a half
+// file where the user's was. Throws "path: reason".
+void writeFileAtomic(const std::string& path, const std::string& text);
+
 // Deepest bracket nesting of JSON text `s` (brackets inside strings ignored); stops counting past
 // `limit`. Readers check it before parsing, so a hostile "[[[[..." cannot exhaust the stack of a
 // recursive JSON parser.

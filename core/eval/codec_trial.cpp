@@ -1,8 +1,49 @@
 #include "eval/codec_trial.h"
 
+#include "common/error.h"
+
 #include <chrono>
+#include <cstring>
 
 namespace kvscope {
+
+namespace {
+
+uint32_t readU32(const uint8_t* p)
+{
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return v;  // the format is little-endian, as is every host kvscope builds for
+}
+
+// Adds each block's bytes of one cachegen payload to `blocks` (FORMAT.md "Chunk payloads": the
+// size arrays, then tables, scales and streams block by block).
+void addBlockBytes(const CodecParams& p, const std::vector<uint8_t>& payload, int chunk, std::vector<uint64_t>& blocks)
+{
+    const int L = p.shape.numLayers, H = p.shape.numKvHeads, B = 2 * L;
+    const size_t channels = size_t(p.shape.channels());
+    const size_t n = size_t(p.chunkLength(chunk));
+    const bool inBand = p.profile.tables == TableMode::InBand;
+    const size_t header = 4 * (size_t(inBand ? B : 0) + size_t(B) * size_t(H));
+    if (payload.size() < header) throw Error("chunk " + std::to_string(chunk) + ": payload shorter than its size arrays");
+    blocks.resize(size_t(B), 0);
+    const uint8_t* sizes = payload.data();
+    uint64_t total = 0;
+    for (int b = 0; b < B; ++b) {
+        uint64_t bytes = inBand ? readU32(sizes + 4 * size_t(b)) : 0;
+        for (int h = 0; h < H; ++h) bytes += readU32(sizes + 4 * (size_t(inBand ? B : 0) + size_t(b) * size_t(H) + size_t(h)));
+        const Quantizer q = b < L ? p.profile.keyQuantizer : p.profile.valueQuantizer;
+        bytes += q == Quantizer::PerToken ? 2 * n : 2 * channels * (p.profile.deltaEnabled() ? 2 : 1);
+        bytes += 4 * (size_t(inBand ? 1 : 0) + size_t(H));  // its share of the size arrays
+        blocks[size_t(b)] += bytes;
+        total += bytes;
+    }
+    if (total != payload.size())
+        throw Error("chunk " + std::to_string(chunk) + ": block sizes add up to " + std::to_string(total) + " bytes, the payload has " +
+                    std::to_string(payload.size()));
+}
+
+}  // namespace
 
 CodecTrial runCodecTrial(const KvSet& kv, const CodecParams& params, int level)
 {
@@ -25,6 +66,7 @@ CodecTrial runCodecTrial(const KvSet& kv, const CodecParams& params, int level)
     for (int c = 0; c < params.numChunks(); ++c) {
         payloads.push_back(encodeChunk(params, kv, c, level, shared ? &tables : nullptr));
         t.bytes += payloads.back().size();
+        if (params.codec == CodecId::CacheGen) addBlockBytes(params, payloads.back(), c, t.blockBytes);
     }
     t.bytes += t.tableBytes;
     t.encodeSeconds = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -8,6 +8,7 @@
 #include "kv/kv_set.h"
 
 #include <cstdint>
+#include <vector>
 
 namespace kvscope {
 
@@ -15,6 +16,10 @@ struct CodecTrial {
     uint64_t bytes = 0;        // payloads + per-stream tables
     uint64_t tableBytes = 0;   // of which tables
     double bitsPerValue = 0.0;
+    // cachegen only: bytes of each block of the chunk layout (tables in band, scales, streams),
+    // summed over chunks, in block order (key layers 0..L-1, then value layers); shared tables
+    // are not in it. Empty for baselines.
+    std::vector<uint64_t> blockBytes;
     double encodeSeconds = 0.0;
     double decodeSeconds = 0.0;
     KvSet decoded;             // same shape and dtype as the input, with its tokens and metadata

@@ -25,14 +25,14 @@ QualityReference::QualityReference(const LlamaRuntime& runtime, EvalTask task, c
         throw Error("the original KV holds " + std::to_string(original.shape().numTokens) + " tokens, the context " +
                     std::to_string(task_.context.size()));
     const auto t0 = std::chrono::steady_clock::now();
-    ref_ = run(original, true);
+    ref_ = run(original, true, true);
     original_.nll = ref_.nll;
     original_.ppl = std::exp(ref_.nll);
     original_.answer = ref_.answer;
     original_.scoreSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-QualityReference::Pass QualityReference::run(const KvSet& kv, bool keepDistributions) const
+QualityReference::Pass QualityReference::run(const KvSet& kv, bool keepDistributions, bool withAnswer) const
 {
     Pass pass;
     const int n = int(task_.context.size());
@@ -60,7 +60,7 @@ QualityReference::Pass QualityReference::run(const KvSet& kv, bool keepDistribut
         pass.nll = nll / double(m);
         if (!keepDistributions) pass.logProbs = std::move(logits);
     }
-    if (!task_.question.empty() && task_.answerTokens > 0) {
+    if (withAnswer && !task_.question.empty() && task_.answerTokens > 0) {
         InferenceSession s(*runtime_);
         s.loadKv(kv);
         pass.answer = generate(s, task_.question, task_.answerTokens, SamplingOptions{}, task_.stopIds).tokens;
@@ -68,12 +68,12 @@ QualityReference::Pass QualityReference::run(const KvSet& kv, bool keepDistribut
     return pass;
 }
 
-Quality QualityReference::measure(const KvSet& candidate) const
+Quality QualityReference::measure(const KvSet& candidate, bool withAnswer) const
 {
     const auto t0 = std::chrono::steady_clock::now();
     if (!(candidate.shape() == runtime_->kvShape(int(task_.context.size()))))
         throw Error("the candidate KV cache does not have the original's shape");
-    const Pass p = run(candidate, false);
+    const Pass p = run(candidate, false, withAnswer);
     Quality q;
     q.nll = p.nll;
     q.ppl = std::exp(p.nll);
@@ -92,7 +92,7 @@ Quality QualityReference::measure(const KvSet& candidate) const
         q.kl = kl / double(m);
     }
     q.answer = p.answer;
-    q.tokenAgreement = tokenAgreement(ref_.answer, p.answer);
+    q.tokenAgreement = withAnswer ? tokenAgreement(ref_.answer, p.answer) : 1.0;
     q.scoreSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return q;
 }

@@ -50,8 +50,10 @@ public:
 
     const Quality& original() const { return original_; }
     const EvalTask& task() const { return task_; }
-    // Measures `candidate` (same shape as the original) against the stored reference.
-    Quality measure(const KvSet& candidate) const;
+    // Measures `candidate` (same shape as the original) against the stored reference. Without
+    // the answer (withAnswer false) only the continuation is scored: one pass, no generation;
+    // the answer is then empty and token_agreement is left at 1.
+    Quality measure(const KvSet& candidate, bool withAnswer = true) const;
 
 private:
     struct Pass {
@@ -59,7 +61,7 @@ private:
         double nll = 0.0;
         std::vector<int32_t> answer;
     };
-    Pass run(const KvSet& kv, bool keepDistributions) const;
+    Pass run(const KvSet& kv, bool keepDistributions, bool withAnswer) const;
 
     const LlamaRuntime* runtime_;
     EvalTask task_;

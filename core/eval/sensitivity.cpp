@@ -37,7 +37,7 @@ std::vector<LayerSensitivity> measureLayerSensitivity(const QualityReference& re
         s.valueRms = err.layers[size_t(l)].value.rms;
         for (KvKind kind : {KvKind::Key, KvKind::Value}) {
             std::memcpy(candidate.data(kind, l), quantized.data(kind, l), candidate.tensorBytes());
-            const Quality q = ref.measure(candidate);
+            const Quality q = ref.measure(candidate, false);
             std::memcpy(candidate.data(kind, l), original.data(kind, l), candidate.tensorBytes());
             (kind == KvKind::Key ? s.keyDeltaPplPct : s.valueDeltaPplPct) = q.deltaPplPct;
             (kind == KvKind::Key ? s.keyKl : s.valueKl) = q.kl;

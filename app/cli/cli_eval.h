@@ -1,0 +1,59 @@
+// What the model-quality commands share (eval, demo, sensitivity, sweep, tune): their options,
+// opening the model, and capturing a context's original cache with its quality reference.
+#pragma once
+
+#include "cli_codec.h"
+#include "cli_common.h"
+
+#include "eval/quality.h"
+#include "eval/samples.h"
+#include "model/model.h"
+
+#include <memory>
+#include <string>
+
+namespace kvscope::cli {
+
+struct EvalOpts {
+    std::string model, tokenizer, context, continuationFile, question;
+    int answerTokens = 32;
+    int maxContinuation = 256;
+    int holdoutTokens = 0;  // contexts without a continuation: hold out their last tokens
+    int threads = 0;
+    bool noText = false, perLayer = false;
+    ProfileOptions profile;
+
+    // contextOption false: the command names its contexts some other way (tune's --contexts).
+    void add(CLI::App* sub, bool contextRequired, bool contextOption = true)
+    {
+        sub->add_option("--model", model, "model folder, GGUF or llama2.c file (default: the embedded SmolLM2-135M)");
+        sub->add_option("--tokenizer", tokenizer, "tokenizer file (required for llama2.c checkpoints)");
+        if (contextOption) {
+            auto* c = sub->add_option("--context", context, "a sample id (long_1k, story, ...) or a UTF-8 text file");
+            if (contextRequired) c->required();
+            sub->add_option("--continuation", continuationFile, "held-out text scored for perplexity (default: the sample's)");
+            sub->add_option("--question", question, "question asked after the context (default: the sample's)");
+        }
+        sub->add_option("--answer-tokens", answerTokens, "greedy tokens of each answer")->capture_default_str();
+        sub->add_option("--max-continuation", maxContinuation, "continuation tokens scored at most")->capture_default_str();
+        sub->add_option("--holdout-tokens", holdoutTokens,
+                        "for a context without continuation, score its last N tokens as one (0 = off)")
+            ->capture_default_str();
+        sub->add_option("--threads", threads, "CPU threads (0 = all cores)")->capture_default_str();
+        profile.add(sub);
+    }
+};
+
+// A context's original cache and its quality reference (the reference owns the task).
+struct PreparedContext {
+    KvSet original;
+    std::unique_ptr<QualityReference> ref;
+    bool heldOut = false;  // the continuation is the context's own last tokens
+    double captureSeconds = 0, refSeconds = 0;
+};
+
+std::unique_ptr<Model> openEvalModel(const EvalOpts& o);
+// Tokenizes the sample (ChatML for chat models), captures the cache, runs the reference pass.
+PreparedContext prepareContext(const Model& m, const EvalOpts& o, const SampleContext& sample, bool withQuestion);
+
+}  // namespace kvscope::cli

@@ -1,0 +1,445 @@
+// `sweep` and `tune`: the rate-distortion curve of one context, and per-layer bins tuned under
+// quality budgets over several contexts (core/eval/sweep.h, core/eval/tune.h).
+#include "cli_eval.h"
+
+#include "common/file_io.h"
+#include "eval/evaluate.h"
+#include "eval/sweep.h"
+#include "eval/tune.h"
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+namespace kvscope::cli {
+
+namespace {
+
+std::vector<std::string> splitList(const std::string& text, const char* option)
+{
+    std::vector<std::string> out;
+    std::stringstream ss(text);
+    std::string item;
+    while (std::getline(ss, item, ','))
+        if (!item.empty()) out.push_back(item);
+    if (out.empty()) throw Error(std::string(option) + ": empty list");
+    return out;
+}
+
+std::vector<int> intList(const std::string& text, const char* option)
+{
+    std::vector<int> out;
+    for (const std::string& s : splitList(text, option)) {
+        size_t used = 0;
+        int v = 0;
+        try {
+            v = std::stoi(s, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        if (used != s.size()) throw Error(std::string(option) + ": '" + s + "' is not a number");
+        out.push_back(v);
+    }
+    return out;
+}
+
+std::vector<double> doubleList(const std::string& text, const char* option)
+{
+    std::vector<double> out;
+    for (const std::string& s : splitList(text, option)) {
+        size_t used = 0;
+        double v = 0;
+        try {
+            v = std::stod(s, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        if (used != s.size()) throw Error(std::string(option) + ": '" + s + "' is not a number");
+        out.push_back(v);
+    }
+    return out;
+}
+
+std::vector<Quantizer> quantizerList(const std::string& text, const char* option)
+{
+    std::vector<Quantizer> out;
+    for (const std::string& s : splitList(text, option)) {
+        if (s == "token") out.push_back(Quantizer::PerToken);
+        else if (s == "channel") out.push_back(Quantizer::PerChannel);
+        else throw Error(std::string(option) + ": expected token or channel, got '" + s + "'");
+    }
+    return out;
+}
+
+// The sample's continuation file and question overrides, as eval applies them.
+SampleContext loadContext(const EvalOpts& o, const std::string& id)
+{
+    SampleContext s = loadSampleContext(id);
+    if (!o.continuationFile.empty()) s.continuation = readSmallFile(o.continuationFile, 64u << 20);
+    if (!o.question.empty()) {
+        s.question = o.question;
+        s.answer.clear();
+        s.answerAliases.clear();
+    }
+    return s;
+}
+
+json pointJson(const SweepPoint& p)
+{
+    json j = {{"codec", p.codec},
+              {"key_bins", groupBinsText(p.keyGroups)},
+              {"value_bins", groupBinsText(p.valueGroups)},
+              {"chunk_tokens", p.chunkTokens},
+              {"delta_group", p.deltaGroup},
+              {"key_quantizer", p.codec == "cachegen" ? quantizerName(p.keyQuantizer) : ""},
+              {"value_quantizer", p.codec == "cachegen" ? quantizerName(p.valueQuantizer) : ""},
+              {"bytes", p.bytes},
+              {"bits_per_value", p.bitsPerValue},
+              {"ratio_vs_fp16", p.ratioVsFp16},
+              {"ratio_vs_int8", p.ratioVsInt8},
+              {"delta_ppl_pct", number(p.quality.deltaPplPct)},
+              {"kl", number(p.quality.kl)},
+              {"token_agreement", p.quality.tokenAgreement},
+              {"key_rms", p.keyRms},
+              {"value_rms", p.valueRms},
+              {"pareto", p.pareto}};
+    return j;
+}
+
+// One CSV row per point, the JSON keys as the header, in a fixed column order.
+void writeSweepCsv(const json& points, const std::string& path)
+{
+    static const char* cols[] = {"codec",        "key_bins",     "value_bins",    "chunk_tokens", "delta_group",
+                                 "key_quantizer", "value_quantizer", "bytes",      "bits_per_value", "ratio_vs_fp16",
+                                 "ratio_vs_int8", "delta_ppl_pct", "kl",           "token_agreement", "key_rms",
+                                 "value_rms",     "pareto"};
+    std::string text;
+    for (size_t c = 0; c < std::size(cols); ++c) text += std::string(c ? "," : "") + cols[c];
+    text += "\n";
+    for (const json& p : points) {
+        for (size_t c = 0; c < std::size(cols); ++c) {
+            const json& v = p[cols[c]];
+            std::string cell;
+            if (v.is_string()) cell = v.get<std::string>();
+            else if (v.is_boolean()) cell = v.get<bool>() ? "1" : "0";
+            else if (v.is_null()) cell = "";
+            else {
+                char buf[64];
+                if (v.is_number_integer() || v.is_number_unsigned()) std::snprintf(buf, sizeof buf, "%lld", v.get<long long>());
+                else std::snprintf(buf, sizeof buf, "%.9g", v.get<double>());
+                cell = buf;
+            }
+            text += (c ? "," : "") + cell;
+        }
+        text += "\n";
+    }
+    writeFileAtomic(path, text);
+}
+
+void printSweep(const json& j)
+{
+    std::printf("%s: %d context tokens, %d continuation tokens (original perplexity %.4f)\n",
+                j["context"].get<std::string>().c_str(), j["num_tokens"].get<int>(), j["continuation_tokens"].get<int>(),
+                j["original_ppl"].get<double>());
+    std::printf("%-9s %-9s %-6s %5s %5s %-7s %-7s %8s %7s %9s %10s %6s  %s\n", "codec", "K bins", "V bins", "chunk", "delta",
+                "K quant", "V quant", "bits/val", "x int8", "dPPL %", "KL", "agree", "pareto");
+    for (const json& p : j["points"])
+        std::printf("%-9s %-9s %-6s %5d %5d %-7s %-7s %8.3f %7.2f %9.3f %10.6f %6.3f  %s\n", p["codec"].get<std::string>().c_str(),
+                    p["key_bins"].get<std::string>().c_str(), p["value_bins"].get<std::string>().c_str(),
+                    p["chunk_tokens"].get<int>(), p["delta_group"].get<int>(), p["key_quantizer"].get<std::string>().c_str(),
+                    p["value_quantizer"].get<std::string>().c_str(), p["bits_per_value"].get<double>(),
+                    p["ratio_vs_int8"].get<double>(), p["delta_ppl_pct"].is_null() ? NAN : p["delta_ppl_pct"].get<double>(),
+                    p["kl"].is_null() ? NAN : p["kl"].get<double>(), p["token_agreement"].get<double>(),
+                    p["pareto"].get<bool>() ? "*" : "");
+}
+
+}  // namespace
+
+void addSweepCommand(CLI::App& app, Output& out)
+{
+    auto* sub = app.add_subcommand("sweep", "Rate-distortion grid on one context: bins, chunk, delta, quantizer");
+    struct Opts {
+        EvalOpts eval;
+        std::string keyBins = "6,8,12,16,24,32", valueBins = "6,8,12,16,24,32", chunks = "256", deltas = "10";
+        std::string keyQuantizers = "token", valueQuantizers = "token", csv, jsonOut;
+        bool answers = false, noBaselines = false;
+    };
+    auto o = std::make_shared<Opts>();
+    o->eval.add(sub, true);
+    sub->add_option("--key-bins", o->keyBins, "key bins per point, comma-separated; a point is 16 or K groups 32/16/16")
+        ->capture_default_str();
+    sub->add_option("--value-bins", o->valueBins, "value bins per point; 16 or V groups 32/16")->capture_default_str();
+    sub->add_option("--chunks", o->chunks, "chunk sizes in tokens")->capture_default_str();
+    sub->add_option("--deltas", o->deltas, "delta groups, 0 = delta coding off")->capture_default_str();
+    sub->add_option("--key-quantizers", o->keyQuantizers, "token and/or channel")->capture_default_str();
+    sub->add_option("--value-quantizers", o->valueQuantizers, "token and/or channel")->capture_default_str();
+    sub->add_flag("--answers", o->answers, "also generate the answer of every point (token agreement; slower)");
+    sub->add_flag("--no-baselines", o->noBaselines, "leave out fp16, int8, kivi2, kivi4 and zstd");
+    sub->add_option("--csv", o->csv, "write the points as CSV");
+    sub->add_option("--out", o->jsonOut, "write the result as JSON");
+    sub->add_flag("--json", out.asJson, "print one JSON object");
+    sub->callback([o, &out] {
+        SweepGrid grid;
+        for (const std::string& s : splitList(o->keyBins, "--key-bins")) grid.keyBins.push_back(parseGroupBins(s));
+        for (const std::string& s : splitList(o->valueBins, "--value-bins")) grid.valueBins.push_back(parseGroupBins(s));
+        grid.chunkTokens = intList(o->chunks, "--chunks");
+        grid.deltaGroups = intList(o->deltas, "--deltas");
+        grid.keyQuantizers = quantizerList(o->keyQuantizers, "--key-quantizers");
+        grid.valueQuantizers = quantizerList(o->valueQuantizers, "--value-quantizers");
+        grid.answers = o->answers;
+        if (o->noBaselines) grid.baselines.clear();
+        const SampleContext sample = loadContext(o->eval, o->eval.context);
+        const std::unique_ptr<Model> model = openEvalModel(o->eval);
+        const PreparedContext p = prepareContext(*model, o->eval, sample, o->answers);
+        if (p.ref->task().continuation.empty())
+            throw Error(sample.id + ": no continuation to score (give --continuation or --holdout-tokens)");
+        grid.base = o->eval.profile.params(p.original).profile;
+        std::fprintf(stderr, "sweeping %zu points and %zu baselines\n", grid.points(), grid.baselines.size());
+        const double t0 = nowSeconds();
+        const std::vector<SweepPoint> points = runSweep(*p.ref, p.original, grid, [](int done, int total) {
+            if (done % 10 == 0 || done == total) std::fprintf(stderr, "  %d/%d points\n", done, total);
+            return true;
+        });
+        json arr = json::array();
+        for (const SweepPoint& s : points) arr.push_back(pointJson(s));
+        json j = {{"model", model->spec().name},
+                  {"fingerprint", model->runtime().fingerprint()},
+                  {"context", sample.id},
+                  {"num_tokens", p.original.shape().numTokens},
+                  {"continuation_tokens", int(p.ref->task().continuation.size())},
+                  {"continuation_held_out_from_context", p.heldOut},
+                  {"original_ppl", p.ref->original().ppl},
+                  {"seconds", nowSeconds() - t0},
+                  {"points", arr}};
+        if (!o->csv.empty()) writeSweepCsv(arr, o->csv);
+        if (!o->jsonOut.empty()) writeFileAtomic(o->jsonOut, j.dump(2) + "\n");
+        out.emit(j, printSweep);
+    });
+}
+
+namespace {
+
+// The tuned profile judged on contexts it never saw, next to the default profile and the
+// baselines; `goal` is the smallest tuned level meeting dPPL <= 1 % and agreement >= 0.98 on
+// every held-out context.
+json evaluateHeldOut(const Model& model, const EvalOpts& o, const std::vector<std::string>& ids, const CodecProfile& tuned)
+{
+    json contexts = json::array();
+    const size_t levels = tuned.levels.size();
+    std::vector<bool> meets(levels, true);
+    std::vector<uint64_t> levelBytes(levels, 0);
+    uint64_t int8Total = 0;
+    for (const std::string& id : ids) {
+        const SampleContext sample = loadContext(o, id);
+        const PreparedContext p = prepareContext(model, o, sample, true);
+        if (p.ref->task().continuation.empty())
+            throw Error(id + ": no continuation to score (give --holdout-tokens)");
+        json rows = json::array();
+        auto addRows = [&](const std::vector<EvalRow>& rs, const char* profile) {
+            for (const EvalRow& r : rs)
+                rows.push_back({{"profile", r.codec == "cachegen" ? profile : ""},
+                                {"codec", r.codec},
+                                {"level", r.level},
+                                {"level_name", r.levelName},
+                                {"bytes", r.bytes},
+                                {"bits_per_value", r.bitsPerValue},
+                                {"ratio_vs_int8", r.ratioVsInt8},
+                                {"delta_ppl_pct", number(r.quality.deltaPplPct)},
+                                {"kl", number(r.quality.kl)},
+                                {"token_agreement", r.quality.tokenAgreement},
+                                {"answer", model.tokenizer().decode(r.quality.answer, true)}});
+        };
+        EvalPlan plan;
+        plan.textRecompute = false;
+        plan.cachegen.codec = CodecId::CacheGen;
+        plan.cachegen.shape = p.original.shape();
+        plan.cachegen.dtype = p.original.dtype();
+        plan.cachegen.profile = defaultProfile(p.original.shape().numLayers);
+        plan.cachegen.profile.chunkTokens = tuned.chunkTokens;
+        plan.baselines = {CodecId::Int8, CodecId::Kivi2, CodecId::Kivi4};
+        auto progress = [&](int done, int total) {
+            std::fprintf(stderr, "  %s: %d/%d codecs measured\n", id.c_str(), done, total);
+            return true;
+        };
+        addRows(evaluateCodecs(model.runtime(), *p.ref, p.original, plan, progress), "default");
+        plan.cachegen.profile = tuned;
+        plan.baselines.clear();
+        const std::vector<EvalRow> tunedRows = evaluateCodecs(model.runtime(), *p.ref, p.original, plan, progress);
+        addRows(tunedRows, "tuned");
+        for (size_t l = 0; l < levels; ++l) {
+            const Quality& q = tunedRows[l].quality;
+            meets[l] = meets[l] && q.deltaPplPct <= 1.0 && q.tokenAgreement >= 0.98;
+            levelBytes[l] += tunedRows[l].bytes;
+        }
+        int8Total += int8Bytes(p.original.shape());
+        contexts.push_back({{"context", id},
+                            {"num_tokens", p.original.shape().numTokens},
+                            {"continuation_tokens", int(p.ref->task().continuation.size())},
+                            {"original_answer", model.tokenizer().decode(p.ref->original().answer, true)},
+                            {"rows", rows}});
+    }
+    json goal = {{"criterion", "delta_ppl_pct <= 1 and token_agreement >= 0.98 on every held-out context"}, {"met", false}};
+    for (size_t l = 0; l < levels; ++l)
+        if (meets[l]) {
+            goal = {{"criterion", goal["criterion"]},
+                    {"met", true},
+                    {"level", int(l) + 1},
+                    {"level_name", tuned.levels[l].name},
+                    {"ratio_vs_int8", double(int8Total) / double(levelBytes[l])}};
+            break;
+        }
+    return {{"contexts", contexts}, {"goal", goal}};
+}
+
+void printTune(const json& j)
+{
+    std::printf("tuned on %s (%s)\n", j["tuning_contexts"].dump().c_str(), j["model"].get<std::string>().c_str());
+    std::printf("%5s %-16s %7s %8s %7s %10s %10s %10s %7s\n", "level", "name", "budget", "bits/val", "x int8", "mean dPPL",
+                "max dPPL", "mean KL", "agree");
+    for (const json& l : j["levels"])
+        std::printf("%5d %-16s %7.2f %8.3f %7.2f %10.3f %10.3f %10.6f %7.3f%s\n", l["level"].get<int>(),
+                    l["name"].get<std::string>().c_str(), l["budget_delta_ppl_pct"].get<double>(),
+                    l["bits_per_value"].get<double>(), l["ratio_vs_int8"].get<double>(),
+                    l["mean_delta_ppl_pct"].get<double>(), l["max_delta_ppl_pct"].get<double>(), l["mean_kl"].get<double>(),
+                    l["mean_token_agreement"].get<double>(), l["budget_met"].get<bool>() ? "" : "  (budget missed)");
+    for (const json& l : j["levels"])
+        std::printf("level %d K bins %s\n        V bins %s\n", l["level"].get<int>(), l["key_bins"].dump().c_str(),
+                    l["value_bins"].dump().c_str());
+    if (j.contains("held_out")) {
+        for (const json& c : j["held_out"]["contexts"]) {
+            std::printf("held out: %s, %d tokens\n", c["context"].get<std::string>().c_str(), c["num_tokens"].get<int>());
+            std::printf("  %-8s %-9s %5s %8s %7s %9s %10s %6s\n", "profile", "codec", "level", "bits/val", "x int8", "dPPL %",
+                        "KL", "agree");
+            for (const json& r : c["rows"])
+                std::printf("  %-8s %-9s %5d %8.3f %7.2f %9.3f %10.6f %6.3f\n", r["profile"].get<std::string>().c_str(),
+                            r["codec"].get<std::string>().c_str(), r["level"].get<int>(), r["bits_per_value"].get<double>(),
+                            r["ratio_vs_int8"].get<double>(),
+                            r["delta_ppl_pct"].is_null() ? NAN : r["delta_ppl_pct"].get<double>(),
+                            r["kl"].is_null() ? NAN : r["kl"].get<double>(), r["token_agreement"].get<double>());
+        }
+        const json& g = j["held_out"]["goal"];
+        if (g["met"].get<bool>())
+            std::printf("goal (%s): level %d, %.2fx smaller than int8\n", g["criterion"].get<std::string>().c_str(),
+                        g["level"].get<int>(), g["ratio_vs_int8"].get<double>());
+        else
+            std::printf("goal (%s): no tuned level meets it\n", g["criterion"].get<std::string>().c_str());
+    }
+    if (j.contains("profile_path")) std::printf("profile written to %s\n", j["profile_path"].get<std::string>().c_str());
+}
+
+}  // namespace
+
+void addTuneCommand(CLI::App& app, Output& out)
+{
+    auto* sub = app.add_subcommand("tune", "Per-layer bins under quality budgets over several contexts -> a profile");
+    struct Opts {
+        EvalOpts eval;
+        std::string contexts = "technical_note,story,conversation", budgets = "0.5,1,2,5",
+                    bins = "4,6,8,10,12,16,20,24,32,48,64,96,128", heldOut, profileOut, lmcacheOut;
+        double minAgreement = 0;
+        int probeBins = 8, lambdaSteps = 48;
+    };
+    auto o = std::make_shared<Opts>();
+    o->eval.holdoutTokens = 192;
+    o->eval.answerTokens = 32;
+    o->eval.add(sub, false, false);
+    sub->add_option("--contexts", o->contexts, "tuning contexts: sample ids or text files, comma-separated")
+        ->capture_default_str();
+    sub->add_option("--budgets", o->budgets, "delta_ppl_pct budgets, one level each")->capture_default_str();
+    sub->add_option("--min-agreement", o->minAgreement, "also require this mean token agreement per level (0 = off)")
+        ->capture_default_str();
+    sub->add_option("--bins", o->bins, "bins a layer may take")->capture_default_str();
+    sub->add_option("--probe-bins", o->probeBins, "bins of the per-layer sensitivity probe")->capture_default_str();
+    sub->add_option("--lambda-steps", o->lambdaSteps, "candidate allocations between smallest and best")->capture_default_str();
+    sub->add_option("--eval", o->heldOut, "held-out contexts to judge the tuned profile on, comma-separated");
+    sub->add_option("--out", o->profileOut, "write the tuned profile (JSON)");
+    sub->add_option("--lmcache", o->lmcacheOut, "write each level's LMCache CacheGen QuantizationSpec lists (Python)");
+    sub->add_flag("--json", out.asJson, "print one JSON object");
+    sub->callback([o, &out] {
+        TuneOptions to;
+        to.budgetsPplPct = doubleList(o->budgets, "--budgets");
+        to.binChoices = intList(o->bins, "--bins");
+        to.probeBins = o->probeBins;
+        to.lambdaSteps = o->lambdaSteps;
+        to.minAgreement = o->minAgreement;
+        for (int b : to.binChoices)
+            if (b < 2 || b > 256) throw Error("--bins: " + std::to_string(b) + " is outside 2..256");
+        const std::vector<std::string> ids = splitList(o->contexts, "--contexts");
+        const std::unique_ptr<Model> model = openEvalModel(o->eval);
+        std::vector<PreparedContext> prepared;
+        std::vector<TuneContext> contexts;
+        json names = json::array();
+        for (const std::string& id : ids) {
+            prepared.push_back(prepareContext(*model, o->eval, loadContext(o->eval, id), o->minAgreement > 0));
+            if (prepared.back().ref->task().continuation.empty())
+                throw Error(id + ": no continuation to score (give --holdout-tokens N > 0)");
+            names.push_back(id);
+        }
+        for (size_t i = 0; i < ids.size(); ++i) contexts.push_back({ids[i], prepared[i].ref.get(), &prepared[i].original});
+        to.base = o->eval.profile.params(prepared.front().original).profile;
+        const double t0 = nowSeconds();
+        std::string lastStage;
+        const TuneResult r = tuneProfile(model->runtime().fingerprint(), contexts, to,
+                                         [&](const std::string& stage, int done, int total) {
+                                             if (stage != lastStage || done % 20 == 0 || done == total)
+                                                 std::fprintf(stderr, "  %s %d/%d\n", stage.c_str(), done, total);
+                                             lastStage = stage;
+                                             return true;
+                                         });
+        json levels = json::array();
+        for (size_t l = 0; l < r.levels.size(); ++l) {
+            const TunedLevel& t = r.levels[l];
+            levels.push_back({{"level", int(l) + 1},
+                              {"name", t.level.name},
+                              {"budget_delta_ppl_pct", t.budgetPplPct},
+                              {"budget_met", t.met},
+                              {"bits_per_value", t.bitsPerValue},
+                              {"ratio_vs_int8", t.ratioVsInt8},
+                              {"mean_delta_ppl_pct", t.meanDeltaPplPct},
+                              {"max_delta_ppl_pct", t.maxDeltaPplPct},
+                              {"mean_kl", t.meanKl},
+                              {"mean_token_agreement", t.meanAgreement},
+                              {"key_bins", t.level.keyBins},
+                              {"value_bins", t.level.valueBins}});
+        }
+        json sens = json::array();
+        for (size_t c = 0; c < r.sensitivity.size(); ++c) {
+            json layers = json::array();
+            for (const LayerSensitivity& s : r.sensitivity[c])
+                layers.push_back({{"layer", s.layer}, {"key_kl", s.keyKl}, {"value_kl", s.valueKl},
+                                  {"key_delta_ppl_pct", s.keyDeltaPplPct}, {"value_delta_ppl_pct", s.valueDeltaPplPct}});
+            sens.push_back({{"context", ids[c]}, {"probe_bins", to.probeBins}, {"layers", layers}});
+        }
+        json j = {{"model", model->spec().name},
+                  {"fingerprint", model->runtime().fingerprint()},
+                  {"tuning_contexts", names},
+                  {"budgets_delta_ppl_pct", to.budgetsPplPct},
+                  {"min_agreement", to.minAgreement},
+                  {"measured_candidates", r.measuredCandidates},
+                  {"tune_s", nowSeconds() - t0},
+                  {"default_level", r.profile.defaultLevel},
+                  {"tables", tableModeName(r.profile.tables)},
+                  {"levels", levels},
+                  {"sensitivity", sens}};
+        if (!o->profileOut.empty()) {
+            saveProfile(r.profile, o->profileOut);
+            j["profile_path"] = o->profileOut;
+        }
+        if (!o->lmcacheOut.empty()) {
+            std::string text = "# LMCache CacheGen configuration of each level of the profile tuned by kvscope-cli tune\n";
+            for (size_t l = 0; l < r.profile.levels.size(); ++l)
+                text += "# level " + std::to_string(l + 1) + ": " + r.profile.levels[l].name + "\n" +
+                        lmcacheConfigPython(r.profile.levels[l]) + "\n";
+            writeFileAtomic(o->lmcacheOut, text);
+        }
+        if (!o->heldOut.empty()) {
+            EvalOpts heldOutOpts = o->eval;
+            heldOutOpts.holdoutTokens = o->eval.holdoutTokens;
+            j["held_out"] = evaluateHeldOut(*model, heldOutOpts, splitList(o->heldOut, "--eval"), r.profile);
+        }
+        out.emit(j, printTune);
+    });
+}
+
+}  // namespace kvscope::cli

@@ -1,0 +1,318 @@
+#include "eval/tune.h"
+
+#include "common/error.h"
+#include "eval/codec_trial.h"
+#include "kv/kv_compare.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+namespace kvscope {
+
+namespace {
+
+// One candidate: bins per tensor, tensors in block order (key layers, then value layers).
+using Assignment = std::vector<int>;
+
+CodecLevel levelOf(const Assignment& a, int numLayers, const std::string& name)
+{
+    CodecLevel l;
+    l.name = name;
+    l.keyBins.assign(a.begin(), a.begin() + numLayers);
+    l.valueBins.assign(a.begin() + numLayers, a.end());
+    return l;
+}
+
+// The whole profile around one level, for a trial on `kv` (tables computed from kv itself when
+// the base profile shares tables: quality does not depend on them, and sizes stay comparable).
+CodecParams trialParams(const CodecProfile& base, const KvSet& kv, const CodecLevel& level)
+{
+    CodecParams p;
+    p.codec = CodecId::CacheGen;
+    p.shape = kv.shape();
+    p.dtype = kv.dtype();
+    p.profile = base;
+    p.profile.levels = {level};
+    p.profile.defaultLevel = 1;
+    p.profile.levelTables.clear();
+    p.profile.tableChannels = 0;
+    return p;
+}
+
+struct Measured {
+    uint64_t bytes = 0;
+    double meanDeltaPplPct = 0, maxDeltaPplPct = -INFINITY, meanKl = 0, meanAgreement = 0;
+};
+
+void validate(const std::vector<TuneContext>& contexts, const TuneOptions& o)
+{
+    if (contexts.empty()) throw Error("tune: no tuning contexts");
+    const KvShape& s0 = contexts.front().kv->shape();
+    for (const TuneContext& c : contexts) {
+        if (!c.ref || !c.kv) throw Error("tune: context '" + c.name + "' has no cache or reference");
+        if (c.ref->task().continuation.empty())
+            throw Error("tune: context '" + c.name + "' has no continuation to score (perplexity needs held-out text)");
+        const KvShape& s = c.kv->shape();
+        if (s.numLayers != s0.numLayers || s.numKvHeads != s0.numKvHeads || s.headDim != s0.headDim)
+            throw Error("tune: context '" + c.name + "' comes from a model of another shape than '" + contexts.front().name + "'");
+        if (s.numTokens < o.base.chunkTokens)
+            throw Error("tune: context '" + c.name + "' has " + std::to_string(s.numTokens) +
+                        " tokens, fewer than one chunk of " + std::to_string(o.base.chunkTokens));
+    }
+    if (o.budgetsPplPct.empty()) throw Error("tune: no quality budgets");
+    for (double b : o.budgetsPplPct)
+        if (!(b > 0)) throw Error("tune: budget " + std::to_string(b) + " is not a positive delta_ppl_pct");
+    std::vector<int> bins = o.binChoices;
+    bins.push_back(o.probeBins);
+    for (int b : bins)
+        if (b < 4 || b > 256 || b % 2 != 0)
+            throw Error("tune: bins " + std::to_string(b) + " outside 4..256 or odd (CacheGen bins are even: 2*MAX+2)");
+    if (o.minAgreement < 0 || o.minAgreement > 1) throw Error("tune: minimum agreement must lie in [0, 1]");
+}
+
+}  // namespace
+
+TuneResult tuneProfile(const std::string& modelFingerprint, const std::vector<TuneContext>& contexts,
+                       const TuneOptions& options, const TuneProgress& progress)
+{
+    validate(contexts, options);
+    auto tick = [&](const char* stage, int done, int total) {
+        if (progress && !progress(stage, done, total)) throw Error("cancelled");
+    };
+    const KvShape shape = contexts.front().kv->shape();
+    const int L = shape.numLayers, N = 2 * L;  // tensors
+    const size_t C = contexts.size();
+    CodecProfile base = options.base;
+    base.numLayers = L;
+    base.levelTables.clear();
+    base.tableChannels = 0;
+    std::vector<int> choices = options.binChoices;
+    choices.push_back(options.probeBins);
+    std::sort(choices.begin(), choices.end());
+    choices.erase(std::unique(choices.begin(), choices.end()), choices.end());
+    const size_t B = choices.size();
+    const size_t probe = size_t(std::find(choices.begin(), choices.end(), options.probeBins) - choices.begin());
+
+    TuneResult result;
+
+    // 1. Sensitivity of every tensor at the probe bins, per context.
+    CodecLevel probeLevel = levelOf(Assignment(size_t(N), options.probeBins), L, "probe");
+    for (size_t c = 0; c < C; ++c) {
+        const TuneContext& ctx = contexts[c];
+        result.sensitivity.push_back(measureLayerSensitivity(
+            *ctx.ref, *ctx.kv, trialParams(base, *ctx.kv, probeLevel), options.probeBins,
+            [&](int done, int total) { return !progress || progress("sensitivity", int(c) * total + done, int(C) * total); }));
+    }
+
+    // 2. Bytes and RMS error of every tensor at every bins choice (all layers at b, per context).
+    std::vector<std::vector<double>> bytes(size_t(N), std::vector<double>(B, 0.0));  // summed over contexts
+    std::vector<std::vector<std::vector<double>>> rms(C, bytes);                       // [context][tensor][choice]
+    for (size_t k = 0; k < B; ++k) {
+        for (size_t c = 0; c < C; ++c) {
+            const KvSet& kv = *contexts[c].kv;
+            const CodecTrial t =
+                runCodecTrial(kv, trialParams(base, kv, levelOf(Assignment(size_t(N), choices[k]), L, "uniform")), 1);
+            const KvError e = compareKv(kv, t.decoded);
+            for (int i = 0; i < N; ++i) {
+                bytes[size_t(i)][k] += double(t.blockBytes[size_t(i)]);
+                const LayerError& le = e.layers[size_t(i % L)];
+                rms[c][size_t(i)][k] = i < L ? le.key.rms : le.value.rms;
+            }
+            tick("rates", int(k * C + c + 1), int(B * C));
+        }
+    }
+    // Predicted KL of each tensor at each choice, summed over contexts.
+    std::vector<std::vector<double>> kl(size_t(N), std::vector<double>(B, 0.0));
+    for (size_t c = 0; c < C; ++c)
+        for (int i = 0; i < N; ++i) {
+            const LayerSensitivity& s = result.sensitivity[c][size_t(i % L)];
+            const double klProbe = std::max(i < L ? s.keyKl : s.valueKl, 0.0);
+            const double r0 = rms[c][size_t(i)][probe];
+            for (size_t k = 0; k < B; ++k) {
+                const double ratio = r0 > 0 ? rms[c][size_t(i)][k] / r0 : 0.0;
+                kl[size_t(i)][k] += klProbe * ratio * ratio;
+            }
+        }
+
+    // 3. The chain of Lagrangian allocations, smallest first.
+    std::vector<double> slopes;
+    for (int i = 0; i < N; ++i)
+        for (size_t a = 0; a < B; ++a)
+            for (size_t b = a + 1; b < B; ++b) {
+                const double dBytes = bytes[size_t(i)][b] - bytes[size_t(i)][a];
+                const double dKl = kl[size_t(i)][a] - kl[size_t(i)][b];
+                if (dBytes > 0 && dKl > 0) slopes.push_back(dBytes / dKl);
+            }
+    std::vector<Assignment> chain;
+    auto allocate = [&](double lambda) {
+        Assignment a(static_cast<size_t>(N));
+        for (int i = 0; i < N; ++i) {
+            size_t best = 0;
+            for (size_t k = 1; k < B; ++k)
+                if (bytes[size_t(i)][k] + lambda * kl[size_t(i)][k] < bytes[size_t(i)][best] + lambda * kl[size_t(i)][best]) best = k;
+            a[size_t(i)] = choices[best];
+        }
+        return a;
+    };
+    auto predictedBytes = [&](const Assignment& a) {
+        double sum = 0;
+        for (int i = 0; i < N; ++i)
+            sum += bytes[size_t(i)][size_t(std::find(choices.begin(), choices.end(), a[size_t(i)]) - choices.begin())];
+        return sum;
+    };
+    chain.push_back(allocate(0.0));
+    if (!slopes.empty()) {
+        const double lo = *std::min_element(slopes.begin(), slopes.end()) / 2;
+        const double hi = *std::max_element(slopes.begin(), slopes.end()) * 2;
+        const int steps = std::max(options.lambdaSteps, 2);
+        for (int s = 0; s < steps; ++s) chain.push_back(allocate(lo * std::pow(hi / lo, double(s) / (steps - 1))));
+    }
+    chain.push_back(Assignment(size_t(N), choices.back()));
+    std::stable_sort(chain.begin(), chain.end(),
+                     [&](const Assignment& a, const Assignment& b) { return predictedBytes(a) < predictedBytes(b); });
+    chain.erase(std::unique(chain.begin(), chain.end()), chain.end());
+
+    // 4. Per budget, the smallest chain entry whose measured quality meets it.
+    std::map<size_t, Measured> memo;
+    auto measureAt = [&](size_t idx, bool withAnswer) {
+        Measured m;
+        for (size_t c = 0; c < C; ++c) {
+            const KvSet& kv = *contexts[c].kv;
+            const CodecTrial t = runCodecTrial(kv, trialParams(base, kv, levelOf(chain[idx], L, "candidate")), 1);
+            const Quality q = contexts[c].ref->measure(t.decoded, withAnswer);
+            m.bytes += t.bytes;
+            m.meanDeltaPplPct += q.deltaPplPct / double(C);
+            m.maxDeltaPplPct = std::max(m.maxDeltaPplPct, q.deltaPplPct);
+            m.meanKl += q.kl / double(C);
+            m.meanAgreement += q.tokenAgreement / double(C);
+        }
+        return m;
+    };
+    std::vector<double> budgets = options.budgetsPplPct;
+    std::sort(budgets.begin(), budgets.end(), std::greater<double>());  // loosest first
+    budgets.erase(std::unique(budgets.begin(), budgets.end()), budgets.end());
+    const bool checkAgreement = options.minAgreement > 0;
+    int searched = 0;
+    auto ok = [&](size_t idx, double budget) {
+        auto it = memo.find(idx);
+        if (it == memo.end()) {
+            it = memo.emplace(idx, measureAt(idx, checkAgreement)).first;
+            ++result.measuredCandidates;
+        }
+        tick("search", ++searched, int(budgets.size()) * int(std::ceil(std::log2(double(chain.size()) + 1)) + 1));
+        return it->second.maxDeltaPplPct <= budget && (!checkAgreement || it->second.meanAgreement >= options.minAgreement);
+    };
+    struct Pick {
+        size_t idx;
+        double budget;
+        bool met;
+    };
+    std::vector<Pick> picks;
+    size_t lo = 0;
+    for (double budget : budgets) {
+        const size_t last = chain.size() - 1;
+        if (!ok(last, budget)) {
+            picks.push_back({last, budget, false});
+            lo = last;
+            continue;
+        }
+        size_t hi = last;
+        while (lo < hi) {
+            const size_t mid = (lo + hi) / 2;
+            if (ok(mid, budget)) hi = mid;
+            else lo = mid + 1;
+        }
+        picks.push_back({lo, budget, true});
+    }
+
+    // Levels: one per distinct configuration, smallest first; each keeps the tightest budget it meets.
+    std::vector<Pick> levels;
+    for (const Pick& p : picks) {
+        if (!levels.empty() && levels.back().idx == p.idx) levels.back() = p;
+        else levels.push_back(p);
+    }
+    CodecProfile profile = base;
+    profile.modelFingerprint = modelFingerprint;
+    profile.levels.clear();
+    for (const Pick& p : levels) {
+        char name[64];
+        std::snprintf(name, sizeof name, "dPPL <= %g%%", p.budget);
+        profile.levels.push_back(levelOf(chain[p.idx], L, name));
+    }
+    profile.defaultLevel = int(profile.levels.size());
+    for (size_t i = 0; i < levels.size(); ++i)
+        if (levels[i].met && levels[i].budget <= 1.0) {
+            profile.defaultLevel = int(i) + 1;
+            break;
+        }
+    if (profile.tables == TableMode::Shared) {
+        CodecParams p;
+        p.codec = CodecId::CacheGen;
+        p.shape = shape;
+        p.dtype = contexts.front().kv->dtype();
+        p.profile = profile;
+        std::vector<const KvSet*> caches;
+        for (const TuneContext& c : contexts) caches.push_back(c.kv);
+        calibrateProfile(p, caches);
+        profile = p.profile;
+    }
+    validateProfile(profile, "tuned profile");
+
+    // Final measurement of every level with the profile as shipped (calibrated tables included)
+    // and with answers, so the recorded figures are what a user of the profile gets.
+    uint64_t int8Total = 0, values = 0;
+    for (const TuneContext& c : contexts) {
+        int8Total += int8Bytes(c.kv->shape());
+        values += c.kv->shape().totalValues();
+    }
+    for (size_t l = 0; l < profile.levels.size(); ++l) {
+        TunedLevel t;
+        t.budgetPplPct = levels[l].budget;
+        t.met = levels[l].met;
+        t.maxDeltaPplPct = -INFINITY;
+        t.meanAgreement = 0;
+        nlohmann::json perContext = nlohmann::json::array();
+        for (size_t c = 0; c < C; ++c) {
+            const KvSet& kv = *contexts[c].kv;
+            CodecParams p;
+            p.codec = CodecId::CacheGen;
+            p.shape = kv.shape();
+            p.dtype = kv.dtype();
+            p.profile = profile;
+            const CodecTrial trial = runCodecTrial(kv, p, int(l) + 1);
+            const Quality q = contexts[c].ref->measure(trial.decoded, true);
+            t.bytes += trial.bytes;
+            t.meanDeltaPplPct += q.deltaPplPct / double(C);
+            t.maxDeltaPplPct = std::max(t.maxDeltaPplPct, q.deltaPplPct);
+            t.meanKl += q.kl / double(C);
+            t.meanAgreement += q.tokenAgreement / double(C);
+            perContext.push_back({{"context", contexts[c].name},
+                                  {"bits_per_value", trial.bitsPerValue},
+                                  {"delta_ppl_pct", q.deltaPplPct},
+                                  {"kl", q.kl},
+                                  {"token_agreement", q.tokenAgreement}});
+            tick("final", int(l * C + c + 1), int(profile.levels.size() * C));
+        }
+        t.bitsPerValue = 8.0 * double(t.bytes) / double(values);
+        t.ratioVsInt8 = double(int8Total) / double(t.bytes);
+        const nlohmann::json measured = {{"budget_delta_ppl_pct", t.budgetPplPct},
+                                         {"budget_met", t.met},
+                                         {"bits_per_value", t.bitsPerValue},
+                                         {"ratio_vs_int8", t.ratioVsInt8},
+                                         {"mean_delta_ppl_pct", t.meanDeltaPplPct},
+                                         {"max_delta_ppl_pct", t.maxDeltaPplPct},
+                                         {"mean_kl", t.meanKl},
+                                         {"mean_token_agreement", t.meanAgreement},
+                                         {"contexts", perContext}};
+        profile.levels[l].measuredJson = measured.dump();
+        t.level = profile.levels[l];
+        result.levels.push_back(t);
+    }
+    result.profile = profile;
+    return result;
+}
+
+}  // namespace kvscope
