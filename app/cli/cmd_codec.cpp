@@ -4,6 +4,7 @@
 
 #include "codec/bench.h"
 #include "codec/container.h"
+#include "codec/gpu_decode.h"
 #include "kv/kv_compare.h"
 #include "kv/kv_h5.h"
 
@@ -119,6 +120,40 @@ std::vector<int> parseLevels(const std::string& s)
     return out;
 }
 
+// --device: "cpu" (default), "cuda" or "cuda:N". Returns the CUDA device index, or -1 for the CPU.
+int parseDevice(const std::string& s)
+{
+    if (s == "cpu") return -1;
+    if (s == "cuda") return 0;
+    if (s.rfind("cuda:", 0) == 0) {
+        try {
+            size_t used = 0;
+            const int n = std::stoi(s.substr(5), &used);
+            if (used == s.size() - 5 && n >= 0) return n;
+        } catch (const std::exception&) {
+        }
+    }
+    throw Error("--device: '" + s + "' is not cpu, cuda or cuda:N");
+}
+
+json gpuStatsJson(const GpuDecodeStats& st)
+{
+    const double parts = st.h2dS + st.tableS + st.kernelS;
+    return {{"device", st.device},
+            {"dtype", st.dtype},
+            {"wall_ms", st.wallS * 1e3},
+            {"decode_GBps", st.wallS > 0 ? double(st.outputBytes) / st.wallS / 1e9 : 0.0},
+            {"output_bytes", st.outputBytes},
+            {"h2d_bytes", st.h2dBytes},
+            {"h2d_ms", st.h2dS * 1e3},
+            {"table_kernels_ms", st.tableS * 1e3},
+            {"decode_kernels_ms", st.kernelS * 1e3},
+            {"staging_ms", st.stageS * 1e3},
+            {"copy_share", parts > 0 ? st.h2dS / parts : 0.0},
+            {"kernel_share", parts > 0 ? (st.tableS + st.kernelS) / parts : 0.0},
+            {"batches", st.batches}};
+}
+
 }  // namespace
 
 void addEncodeCommand(CLI::App& app, Output& out)
@@ -193,10 +228,11 @@ void addDecodeCommand(CLI::App& app, Output& out)
 {
     auto* sub = app.add_subcommand("decode", "Decompress a .kvc container into a KV file");
     struct Opts {
-        std::string in, out, source, levels;
+        std::string in, out, source, levels, device = "cpu";
     };
     auto o = std::make_shared<Opts>();
     sub->add_option("kvc", o->in, "container (.kvc)")->required();
+    sub->add_option("--device", o->device, "cpu, cuda or cuda:N (the CUDA decoder; bit-identical output)")->capture_default_str();
     sub->add_option("--out", o->out, "KV file to write (HDF5)")->required();
     sub->add_option("--level", o->levels, "level for every chunk, or one per chunk: 1,3,2,...; default: the file's default");
     sub->add_option("--source", o->source, "original KV file: report the reconstruction error against it");
@@ -209,12 +245,15 @@ void addDecodeCommand(CLI::App& app, Output& out)
             if (l < 1 || l > reader->params().numLevels())
                 throw Error(o->in + ": level " + std::to_string(l) + " does not exist (the file has " +
                             std::to_string(reader->params().numLevels()) + ")");
+        const int device = parseDevice(o->device);
         const double t0 = nowSeconds();
-        const KvSet kv = reader->decodeAll(levels);
+        GpuDecodeStats gpu;
+        const KvSet kv = device < 0 ? reader->decodeAll(levels) : gpuDecodeAll(*reader, levels, device, &gpu);
         const double decodeS = nowSeconds() - t0;
         writeKvH5(kv, o->out);
         json j = {{"file", o->out}, {"decode_s", decodeS}, {"codec", codecName(reader->params().codec)},
-                  {"levels", levels}, {"num_tokens", kv.shape().numTokens}};
+                  {"levels", levels}, {"num_tokens", kv.shape().numTokens}, {"device", o->device}};
+        if (device >= 0) j["gpu"] = gpuStatsJson(gpu);
         if (!o->source.empty()) {
             const KvSet src = readKvH5(o->source);
             if (!(src.shape() == kv.shape())) throw Error(o->source + ": shape differs from the container's");
@@ -239,6 +278,8 @@ void addBenchCommand(CLI::App& app, Output& out)
         ProfileOptions profile;
         int level = 0;
         BenchOptions bench;
+        bool gpuOnly = false;
+        int gpuDevice = 0;
     };
     auto o = std::make_shared<Opts>();
     sub->add_option("--kv", o->kv, "KV file (HDF5)")->required();
@@ -247,12 +288,37 @@ void addBenchCommand(CLI::App& app, Output& out)
     sub->add_option("--repeats", o->bench.repeats, "timed passes, best taken")->capture_default_str();
     sub->add_option("--threads", o->bench.threads, "threads (0 = all cores)")->capture_default_str();
     sub->add_option("--zstd-level", o->bench.zstdLevel, "zstd compression level")->capture_default_str();
+    sub->add_option("--gpu-device", o->gpuDevice, "CUDA device for the GPU decode figures")->capture_default_str();
+    sub->add_flag("--gpu-only", o->gpuOnly, "only the GPU decode figures (skips the CPU and zstd timings)");
     sub->add_flag("--json", out.asJson, "print one JSON object");
     sub->callback([o, &out] {
         const KvSet kv = readKvH5(o->kv);
         const CodecParams p = o->profile.params(kv);
         const int level = o->level ? o->level : (p.codec == CodecId::CacheGen ? p.profile.defaultLevel : 1);
         if (level < 1 || level > p.numLevels()) throw Error("--level " + std::to_string(level) + " does not exist");
+        // GPU decode: chunks in pinned memory -> KV in device memory, checked against the CPU decoder.
+        json gpu;
+        if (!gpuDecodeBuilt()) gpu = "gpu: not built (no nvcc at configure time)";
+        else if (gpuDeviceCount() == 0) gpu = "gpu: no CUDA device";
+        else gpu = gpuStatsJson(benchGpuDecode(kv, p, level, o->gpuDevice, o->bench.repeats));
+        auto printGpu = [](const json& g) {
+            if (g.is_string()) {
+                std::printf("%s\n", g.get<std::string>().c_str());
+                return;
+            }
+            std::printf("gpu %s: decode %.1f GB/s of %s output (%.2f ms for %.3f GB; copies %.2f ms, table kernels %.2f ms, "
+                        "decode kernels %.2f ms: %.0f%% copies, %.0f%% kernels; %d batches)\n",
+                        g["device"].get<std::string>().c_str(), g["decode_GBps"].get<double>(), g["dtype"].get<std::string>().c_str(),
+                        g["wall_ms"].get<double>(), double(g["output_bytes"].get<uint64_t>()) / 1e9, g["h2d_ms"].get<double>(),
+                        g["table_kernels_ms"].get<double>(), g["decode_kernels_ms"].get<double>(),
+                        100 * g["copy_share"].get<double>(), 100 * g["kernel_share"].get<double>(), g["batches"].get<int>());
+        };
+        if (o->gpuOnly) {
+            out.emit({{"kv", o->kv}, {"codec", codecName(p.codec)}, {"level", level},
+                      {"fp16_MB", 2.0 * double(kv.shape().totalValues()) / 1e6}, {"gpu", gpu}},
+                     [printGpu](const json& r) { printGpu(r["gpu"]); });
+            return;
+        }
         const CodecBenchResult ours = benchCodec(kv, p, level, o->bench);
         CodecParams p8 = p;
         p8.codec = CodecId::Int8;
@@ -281,8 +347,9 @@ void addBenchCommand(CLI::App& app, Output& out)
                   {"decode_vs_zstd_decompress", ours.decodeMBps / z.decodeMBps},
                   {"encode_vs_zstd_compress", ours.encodeMBps / z.encodeMBps},
                   {"size_vs_zstd", double(ours.bytes) / double(z.bytes)},
-                  {"results", json::array({row(ours), row(int8), row(z)})}};
-        out.emit(j, [](const json& r) {
+                  {"results", json::array({row(ours), row(int8), row(z)})},
+                  {"gpu", gpu}};
+        out.emit(j, [printGpu](const json& r) {
             std::printf("%-9s %5s %12s %12s %10s\n", "codec", "level", "encode MB/s", "decode MB/s", "bits/value");
             for (const json& x : r["results"])
                 std::printf("%-9s %5d %12.1f %12.1f %10.3f\n", x["codec"].get<std::string>().c_str(), x["level"].get<int>(),
@@ -290,6 +357,7 @@ void addBenchCommand(CLI::App& app, Output& out)
                             x["bits_per_value"].get<double>());
             std::printf("ours vs zstd: decode %.2fx, encode %.2fx, size %.3fx\n", r["decode_vs_zstd_decompress"].get<double>(),
                         r["encode_vs_zstd_compress"].get<double>(), r["size_vs_zstd"].get<double>());
+            printGpu(r["gpu"]);
         });
     });
 }
