@@ -8,7 +8,7 @@ packages=(
   # toolchain
   build-essential cmake ninja-build ccache pkg-config git
   # GUI: Qt 6 widgets and QCustomPlot for the plots
-  qt6-base-dev libqcustomplot-dev libqcustomplot2.1-qt6 libgl-dev
+  qt6-base-dev qt6-svg-dev libqcustomplot-dev libqcustomplot2.1-qt6 libgl-dev
   # KV files (HDF5), lossless baseline and container checks (zstd), profiles (JSON), CLI parsing
   libhdf5-dev zlib1g-dev libzstd-dev nlohmann-json3-dev libcli11-dev
   # model runtime: the forward pass (CPU libtorch) and a fast BLAS for it (~8x the reference BLAS),

@@ -255,7 +255,7 @@ void TestMainWindow::dropOtherFileIsRefused()
 {
     MainWindow window(false);
     QMimeData mime;
-    mime.setUrls({QUrl::fromLocalFile(m_dir.filePath(QStringLiteral("notes.txt")))});
+    mime.setUrls({QUrl::fromLocalFile(m_dir.filePath(QStringLiteral("notes.xyz")))});
     QDragEnterEvent enter(QPoint(10, 10), Qt::CopyAction, &mime, Qt::LeftButton, Qt::NoModifier);
     enter.setAccepted(false);
     QCoreApplication::sendEvent(&window, &enter);

@@ -1,5 +1,7 @@
 #include "layer_stats_view.h"
 
+#include "plot_export.h"
+
 #include <qcustomplot.h>
 
 #include <QApplication>
@@ -581,24 +583,7 @@ void LayerStatsView::copyCsv(Plot which)
 
 bool LayerStatsView::savePlot(Plot which, const QString& path)
 {
-    QCustomPlot* plot = which == Plot::Layers ? m_layerPlot : m_channelPlot;
-    // A hidden or tiny widget would export a postage stamp; give files a readable minimum.
-    const int w = std::max(plot->width(), 800);
-    const int h = std::max(plot->height(), 450);
-    const QString suffix = QFileInfo(path).suffix().toLower();
-    bool ok = false;
-    if (suffix == QLatin1String("png"))
-        ok = plot->savePng(path, w, h);
-    else if (suffix == QLatin1String("jpg") || suffix == QLatin1String("jpeg"))
-        ok = plot->saveJpg(path, w, h);
-    else if (suffix == QLatin1String("pdf"))
-        ok = plot->savePdf(path, w, h, QCP::epNoCosmetic, QStringLiteral("kvscope"));
-    else {
-        m_error = tr("%1: unknown image format '%2' (use .png, .jpg or .pdf)").arg(path, suffix);
-        return false;
-    }
-    if (!ok) m_error = tr("%1: could not write the file").arg(path);
-    return ok;
+    return kvscope::savePlot(which == Plot::Layers ? m_layerPlot : m_channelPlot, path, &m_error);
 }
 
 void LayerStatsView::exportWithDialog(Plot which)
@@ -611,7 +596,7 @@ void LayerStatsView::exportWithDialog(Plot which)
             : QStringLiteral("kv-layer%1-%2").arg(selectedLayer()).arg(kindLabel(selectedKind()));
     const QString path =
         QFileDialog::getSaveFileName(this, tr("Save plot"), QDir(dir).filePath(base + QStringLiteral(".png")),
-                                     tr("PNG image (*.png);;PDF document (*.pdf);;JPEG image (*.jpg)"));
+                                     plotImageFilter());
     if (path.isEmpty()) return;
     settings.setValue(QStringLiteral("export/lastDir"), QFileInfo(path).absolutePath());
     if (!savePlot(which, path)) QToolTip::showText(QCursor::pos(), m_error, this);

@@ -4,10 +4,11 @@
 //   bottom: per channel absmax of one layer and kind (picked with two combo boxes), outlier
 //           channels in red.
 // It only draws: the stats arrive as a plain vector through setStats(), computed on a worker.
-// Right-click a plot to copy its data as CSV or to save it as PNG, JPG or PDF.
+// Right-click a plot to copy its data as CSV or to save it as PNG, JPG, SVG or PDF (plot_export.h).
 #pragma once
 
 #include "kv/kv_stats.h"
+#include "kv_metatypes.h"
 
 #include <QMetaType>
 #include <QString>
@@ -54,7 +55,7 @@ public:
     QString layersCsv() const;
     QString channelsCsv() const;
 
-    // Saves one plot; the format follows the suffix (.png, .jpg/.jpeg, .pdf).
+    // Saves one plot through savePlot() of plot_export.h; the format follows the suffix.
     // @return false (and errorString() says why) for an unknown suffix or a failed write.
     bool savePlot(Plot which, const QString& path);
     QString errorString() const { return m_error; }
@@ -104,6 +105,3 @@ private:
 
 }  // namespace kvscope
 
-// The stats vector crosses from the worker threads that compute it to the UI thread.
-Q_DECLARE_METATYPE(std::vector<kvscope::TensorStats>)
-Q_DECLARE_METATYPE(kvscope::KvKind)

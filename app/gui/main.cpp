@@ -5,9 +5,18 @@
 //                                   model is not installed)
 //   kvscope ... --screenshot PATH   once the view is populated, save the window as PNG and quit
 //                                   (exit 1 when loading fails); used for docs and tests
+//   kvscope ... --screenshot DIR    (a path not ending in .png) the same, then one stream lab run
+//                                   when a captured cache allows it, the tuner's quality, and each
+//                                   view rendered to DIR/*.png (resources/screenshots/ for the README)
 #include "main_window.h"
+#include "stream_lab_view.h"
+#include "stream_session.h"
+#include "tuner_session.h"
+#include "codec_tuner_view.h"
 
 #include "kvscope/config.h"
+
+#include <QElapsedTimer>
 
 #include <QApplication>
 #include <QCommandLineParser>
@@ -47,6 +56,43 @@ void arrangeScreenshot(kvscope::MainWindow& window, const QString& path, bool wa
     });
 }
 
+// DIR mode: after the data is shown, one stream run (when possible), then wait for the tuner's
+// figures (at most kSettleMs), then every view to DIR.
+void arrangeViewScreenshots(kvscope::MainWindow& window, const QString& dir)
+{
+    constexpr qint64 kSettleMs = 120000;
+    auto finish = [&window, dir] {
+        auto clock = std::make_shared<QElapsedTimer>();
+        clock->start();
+        auto* poll = new QTimer(&window);
+        QObject::connect(poll, &QTimer::timeout, &window, [&window, dir, clock, poll] {
+            const bool settled = !window.tunerSession()->canMeasureQuality() || window.tunerView()->hasQuality();
+            if (!settled && clock->elapsed() < kSettleMs) return;
+            poll->stop();
+            const QStringList files = window.saveScreenshots(dir);
+            for (const QString& f : files) std::fprintf(stderr, "kvscope: screenshot %s\n", qPrintable(f));
+            QCoreApplication::exit(files.size() >= 5 ? 0 : 1);
+        });
+        poll->start(200);
+    };
+    QObject::connect(&window, &kvscope::MainWindow::dataShown, &window, [&window, finish] {
+        // Let the tuner's first trial start, then stream once.
+        QTimer::singleShot(500, &window, [&window, finish] {
+            kvscope::StreamSession* s = window.streamSession();
+            if (!s->isReady()) {
+                finish();
+                return;
+            }
+            QObject::connect(s, &kvscope::StreamSession::runFinished, &window, finish, Qt::SingleShotConnection);
+            QObject::connect(s, &kvscope::StreamSession::failed, &window, finish, Qt::SingleShotConnection);
+            window.startStream();
+        });
+    });
+    QObject::connect(&window, &kvscope::MainWindow::errorOccurred, &window, [](const QString& message) {
+        std::fprintf(stderr, "error: %s\n", qPrintable(message));
+    });
+}
+
 }  // namespace
 
 int main(int argc, char** argv)
@@ -70,7 +116,8 @@ int main(int argc, char** argv)
         QStringLiteral("Open the default model and the long_1k sample context, capture its KV and show it."));
     const QCommandLineOption screenshotOption(
         QStringLiteral("screenshot"),
-        QStringLiteral("Once the view is populated, save the window to <path> as PNG and quit."),
+        QStringLiteral("Once the view is populated, save the window to <path> as PNG and quit; when <path> does not "
+                       "end in .png, render each view into that folder instead."),
         QStringLiteral("path"));
     parser.addOption(demoOption);
     parser.addOption(screenshotOption);
@@ -89,7 +136,11 @@ int main(int argc, char** argv)
     if (screenshot) {
         window.setModalErrors(false);
         window.resize(1280, 800);
-        arrangeScreenshot(window, parser.value(screenshotOption), demo || !files.isEmpty());
+        const QString target = parser.value(screenshotOption);
+        if (target.endsWith(QLatin1String(".png"), Qt::CaseInsensitive))
+            arrangeScreenshot(window, target, demo || !files.isEmpty());
+        else
+            arrangeViewScreenshots(window, target);
     }
     window.show();
 

@@ -1,16 +1,27 @@
 #include "main_window.h"
 
+#include "codec_tuner_view.h"
+#include "distributions_view.h"
+#include "distributions_worker.h"
 #include "layer_stats_view.h"
 #include "library_versions.h"
 #include "model_context_view.h"
+#include "stream_lab_view.h"
+#include "stream_session.h"
+#include "tuner_session.h"
 
+#include "codec/profile.h"
 #include "eval/samples.h"
 #include "kvscope/config.h"
 #include "model/model.h"
 
+#include <qcustomplot.h>
+
 #include <QAction>
 #include <QApplication>
+#include <QClipboard>
 #include <QCloseEvent>
+#include <QDir>
 #include <QDockWidget>
 #include <QDragEnterEvent>
 #include <QDropEvent>
@@ -26,6 +37,7 @@
 #include <QProgressBar>
 #include <QPushButton>
 #include <QScrollArea>
+#include <QSaveFile>
 #include <QSettings>
 #include <QStatusBar>
 #include <QUrl>
@@ -132,6 +144,10 @@ MainWindow::MainWindow(bool useSettings, QWidget* parent) : QMainWindow(parent),
     setCentralWidget(m_statsView);
     createSummaryDock();
     createModelDock();
+    createDistributionsDock();
+    createTunerDock();
+    createStreamDock();
+    if (auto* first = findChild<QDockWidget*>(QStringLiteral("distributionsDock"))) first->raise();
     connectSession();
     createStatusBar();
     createActions();
@@ -198,6 +214,37 @@ void MainWindow::createActions()
 
     m_viewMenu = menuBar()->addMenu(tr("&View"));
     for (QDockWidget* dock : findChildren<QDockWidget*>()) m_viewMenu->addAction(dock->toggleViewAction());
+    m_viewMenu->addSeparator();
+    // Ctrl+1..4 bring a view to the front (and show it when it was closed).
+    const struct {
+        const char* dock;
+        const char* label;
+    } fronts[] = {{"modelDock", QT_TR_NOOP("Model && Context")}, {"distributionsDock", QT_TR_NOOP("Distributions")},
+                  {"tunerDock", QT_TR_NOOP("Codec Tuner")}, {"streamDock", QT_TR_NOOP("Stream Lab")}};
+    for (int i = 0; i < 4; ++i) {
+        QDockWidget* dock = findChild<QDockWidget*>(QLatin1String(fronts[i].dock));
+        if (!dock) continue;
+        QAction* a = m_viewMenu->addAction(tr("Go to %1").arg(tr(fronts[i].label)), this, [dock] {
+            dock->show();
+            dock->raise();
+            if (dock->widget()) dock->widget()->setFocus();
+        });
+        a->setShortcut(QKeySequence(Qt::CTRL | Qt::Key(Qt::Key_1 + i)));
+    }
+
+    QMenu* tools = menuBar()->addMenu(tr("&Tools"));
+    tools->addAction(tr("Open Codec &Profile…"), m_tuner, &CodecTunerView::loadProfileRequested)
+        ->setShortcut(QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_P));
+    tools->addAction(tr("Save Codec Profile…"), m_tuner, &CodecTunerView::saveProfileRequested);
+    tools->addAction(tr("Export &LMCache Configuration…"), m_tuner, &CodecTunerView::exportLmcacheRequested);
+    tools->addSeparator();
+    tools->addAction(tr("&Evaluate Levels and Baselines"), m_tuner, &CodecTunerView::evaluateRequested)
+        ->setShortcut(QKeySequence(Qt::CTRL | Qt::Key_E));
+    tools->addSeparator();
+    tools->addAction(tr("&Start Stream Run"), this, &MainWindow::startStream)
+        ->setShortcut(QKeySequence(Qt::CTRL | Qt::Key_T));
+    tools->addAction(tr("St&op Stream Run"), m_streamSession, &StreamSession::stop)
+        ->setShortcut(QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_T));
 
     QMenu* help = menuBar()->addMenu(tr("&Help"));
     help->addAction(tr("&About kvscope"), this, &MainWindow::showAbout)->setMenuRole(QAction::AboutRole);
@@ -257,6 +304,274 @@ void MainWindow::createModelDock()
     connect(m_contextView, &ModelContextView::sampleRequested, this, &MainWindow::openContext);
     connect(m_contextView, &ModelContextView::contextEdited, m_session, &ModelSession::tokenize);
     connect(m_contextView, &ModelContextView::captureRequested, this, &MainWindow::captureContext);
+}
+
+QDockWidget* MainWindow::addViewDock(QWidget* view, const QString& title, const QString& objectName)
+{
+    auto* dock = new QDockWidget(title, this);
+    dock->setObjectName(objectName);  // saveState() keys docks by object name
+    dock->setWidget(view);
+    addDockWidget(Qt::RightDockWidgetArea, dock);
+    // The views share the right area as tabs; the first one added stays at the front.
+    const QList<QDockWidget*> docks = viewDocks();
+    if (docks.size() > 1 && docks.front() != dock) tabifyDockWidget(docks.front(), dock);
+    return dock;
+}
+
+QList<QDockWidget*> MainWindow::viewDocks() const
+{
+    QList<QDockWidget*> out;
+    for (const char* name : {"distributionsDock", "tunerDock", "streamDock"})
+        if (auto* dock = findChild<QDockWidget*>(QLatin1String(name))) out << dock;
+    return out;
+}
+
+void MainWindow::createDistributionsDock()
+{
+    m_distributions = new DistributionsView;
+    m_distributions->setObjectName(QStringLiteral("distributionsView"));
+    m_distWorker = new DistributionsWorker(this);
+    connect(m_distributions, &DistributionsView::selectionChanged, m_distWorker, &DistributionsWorker::requestSelection);
+    connect(m_distributions, &DistributionsView::entropyRequested, m_distWorker, &DistributionsWorker::requestEntropy);
+    connect(m_distWorker, &DistributionsWorker::histogramReady, m_distributions, &DistributionsView::setHistogram);
+    connect(m_distWorker, &DistributionsWorker::tokenMapReady, m_distributions, &DistributionsView::setTokenMap);
+    connect(m_distWorker, &DistributionsWorker::entropyReady, m_distributions, &DistributionsView::setEntropyMap);
+    connect(m_distWorker, &DistributionsWorker::failed, this,
+            [this](const QString& message) { m_phaseLabel->setText(tr("Distributions: %1").arg(message)); });
+    QDockWidget* dock = addViewDock(m_distributions, tr("Distributions"), QStringLiteral("distributionsDock"));
+    resizeDocks({dock}, {640}, Qt::Horizontal);
+}
+
+void MainWindow::createTunerDock()
+{
+    m_tuner = new CodecTunerView;
+    m_tuner->setObjectName(QStringLiteral("codecTunerView"));
+    m_tunerSession = new TunerSession(this);
+    TunerSession* ts = m_tunerSession;
+    connect(m_tuner, &CodecTunerView::settingsChanged, this, [this] {
+        if (!m_tunerSession->hasCache()) return;
+        m_tunerSession->requestTrial(m_tuner->profile(), m_tuner->currentLevel());
+    });
+    connect(ts, &TunerSession::trialReady, m_tuner, &CodecTunerView::setTrial);
+    connect(ts, &TunerSession::qualityReady, m_tuner, &CodecTunerView::setQuality);
+    connect(ts, &TunerSession::sensitivityReady, m_tuner, &CodecTunerView::setSensitivity);
+    connect(ts, &TunerSession::evaluated, m_tuner, &CodecTunerView::setRdPoints);
+    connect(ts, &TunerSession::tuned, this, [this](const CodecProfile& profile, const QString& summary) {
+        m_tuner->setProfile(profile);
+        m_tuner->setStatus(summary);
+        m_streamView->setLevels(int(profile.levels.size()));
+    });
+    connect(ts, &TunerSession::phaseChanged, this, &MainWindow::showTask);
+    connect(ts, &TunerSession::progressChanged, this, [this](int value) { m_progress->setValue(value); });
+    connect(ts, &TunerSession::longTaskDone, this, &MainWindow::endTask);
+    connect(ts, &TunerSession::cancelled, this, [this] { endTask(tr("Codec tuner: cancelled.")); });
+    connect(ts, &TunerSession::failed, this, [this](const QString& message) {
+        m_tuner->setStatus(tr("Error: %1").arg(message));
+        endTask(tr("Codec tuner: %1").arg(message));
+        emit errorOccurred(message);
+    });
+    connect(m_tuner, &CodecTunerView::sensitivityRequested, this,
+            [this](int bins) { m_tunerSession->measureSensitivity(m_tuner->profile(), bins); });
+    connect(m_tuner, &CodecTunerView::evaluateRequested, this, [this] { m_tunerSession->evaluate(m_tuner->profile()); });
+    connect(m_tuner, &CodecTunerView::autoTuneRequested, this, [this] { m_tunerSession->autoTune(m_tuner->profile()); });
+    connect(m_tuner, &CodecTunerView::loadProfileRequested, this, [this] {
+        const QString path = QFileDialog::getOpenFileName(this, tr("Open Codec Profile"), QString(),
+                                                          tr("Profiles (*.json);;All files (*)"));
+        if (!path.isEmpty()) openProfile(path);
+    });
+    connect(m_tuner, &CodecTunerView::saveProfileRequested, this, [this] {
+        const QString path = QFileDialog::getSaveFileName(this, tr("Save Codec Profile"), QStringLiteral("profile.json"),
+                                                          tr("Profiles (*.json)"));
+        if (!path.isEmpty()) saveProfile(path);
+    });
+    connect(m_tuner, &CodecTunerView::exportLmcacheRequested, this, [this] {
+        const QString path = QFileDialog::getSaveFileName(this, tr("Export LMCache CacheGen configuration"),
+                                                          QStringLiteral("cachegen_config.py"), tr("Python (*.py);;Text (*.txt)"));
+        if (!path.isEmpty()) exportLmcache(path);
+    });
+    addViewDock(m_tuner, tr("Codec tuner"), QStringLiteral("tunerDock"));
+}
+
+void MainWindow::createStreamDock()
+{
+    m_streamView = new StreamLabView;
+    m_streamView->setObjectName(QStringLiteral("streamLabView"));
+    m_streamSession = new StreamSession(this);
+    StreamSession* ss = m_streamSession;
+    connect(m_streamView, &StreamLabView::startRequested, this, &MainWindow::startStream);
+    connect(m_streamView, &StreamLabView::stopRequested, ss, &StreamSession::stop);
+    connect(ss, &StreamSession::phaseChanged, this, [this](const QString& text, int maximum) {
+        showTask(text, maximum);
+        m_streamView->setStatus(text);
+    });
+    connect(ss, &StreamSession::runStarted, m_streamView, &StreamLabView::runStarted);
+    connect(ss, &StreamSession::chunkArrived, m_streamView, &StreamLabView::addChunk);
+    connect(ss, &StreamSession::runFinished, this, [this](const StreamRunResult& r) {
+        m_streamView->runFinished(r);
+        endTask(tr("Stream run %1: TTFT %2 s (SLO %3 s %4).")
+                    .arg(r.run)
+                    .arg(r.ttftSeconds, 0, 'f', 3)
+                    .arg(r.sloSeconds, 0, 'f', 2)
+                    .arg(r.sloMet ? tr("met") : tr("missed")));
+    });
+    connect(ss, &StreamSession::failed, this, [this](const QString& message) {
+        m_streamView->runEnded(tr("Error: %1").arg(message));
+        endTask(tr("Stream lab: %1").arg(message));
+        reportError(tr("Stream lab"), message);
+    });
+    connect(ss, &StreamSession::cancelled, this, [this] {
+        m_streamView->runEnded(tr("Stopped; the session is ready for another run."));
+        endTask(tr("Stream lab: stopped."));
+    });
+    addViewDock(m_streamView, tr("Stream lab"), QStringLiteral("streamDock"));
+}
+
+void MainWindow::updateLabSources()
+{
+    const std::shared_ptr<const KvSet> kv = m_loader->kv();
+    const std::shared_ptr<const Model> model = m_session->model();
+    SampleContext sample;
+    if (!m_captureOrigin.isEmpty()) {
+        try {
+            for (const std::string& id : sampleIds())
+                if (QString::fromStdString(id) == m_captureOrigin) sample = loadSampleContext(id);
+        } catch (const std::exception&) {
+            // no samples installed: quality without a continuation
+        }
+    }
+    m_tunerSession->setSource(model, kv, sample);
+    if (kv) {
+        CodecProfile profile = m_tuner->profile();
+        if (profile.levels.empty() || profile.numLayers != kv->shape().numLayers)
+            profile = defaultProfile(kv->shape().numLayers);
+        m_tuner->setProfile(profile);
+        m_streamView->setLevels(int(profile.levels.size()));
+    }
+    m_tuner->setAvailable(bool(kv), m_tunerSession->canMeasureQuality(), m_tunerSession->qualityNote());
+    const bool streamable = kv && model && model->runtime().fingerprint() == kv->modelFingerprint &&
+                            int(kv->tokens.size()) == kv->shape().numTokens;
+    m_streamSession->setSource(streamable ? model : nullptr, kv, QString::fromStdString(sample.question));
+    m_streamView->setReady(streamable, streamable ? tr("Ready: %1 tokens of %2.")
+                                                        .arg(kv->shape().numTokens)
+                                                        .arg(QString::fromStdString(kv->modelName))
+                                                  : tr("Streaming needs a cache captured with the open model."));
+}
+
+void MainWindow::showTask(const QString& text, int maximum)
+{
+    m_phaseLabel->setText(text);
+    m_progress->setRange(0, maximum);
+    m_progress->setValue(0);
+    m_progress->setFormat(maximum > 0 ? QStringLiteral("%v / %m") : QString());
+    m_progress->setVisible(true);
+    m_cancelButton->setVisible(true);
+    m_cancelAction->setEnabled(true);
+}
+
+void MainWindow::endTask(const QString& text)
+{
+    m_phaseLabel->setText(text);
+    if (isLoading() || m_tunerSession->isBusy() || m_streamSession->isRunning()) return;
+    m_progress->setVisible(false);
+    m_cancelButton->setVisible(false);
+    m_cancelAction->setEnabled(false);
+}
+
+void MainWindow::reportError(const QString& title, const QString& message)
+{
+    m_phaseLabel->setText(tr("Error: %1").arg(message));
+    emit errorOccurred(message);
+    if (m_modalErrors) showError(title, message);
+}
+
+void MainWindow::openProfile(const QString& path)
+{
+    try {
+        const CodecProfile p = loadProfile(QFile::encodeName(path).toStdString());
+        const std::shared_ptr<const KvSet> kv = m_loader->kv();
+        if (kv && p.numLayers != kv->shape().numLayers)
+            throw std::runtime_error(QStringLiteral("%1: the profile is for %2 layers; the open cache has %3")
+                                         .arg(path)
+                                         .arg(p.numLayers)
+                                         .arg(kv->shape().numLayers)
+                                         .toStdString());
+        m_tuner->setProfile(p);
+        m_streamView->setLevels(int(p.levels.size()));
+        if (auto* dock = findChild<QDockWidget*>(QStringLiteral("tunerDock"))) dock->raise();
+        m_phaseLabel->setText(tr("Opened the profile %1 (%2 levels).").arg(QFileInfo(path).fileName()).arg(p.levels.size()));
+    } catch (const std::exception& e) {
+        reportError(tr("Could not open the profile"), QString::fromStdString(e.what()));
+    }
+}
+
+void MainWindow::saveProfile(const QString& path)
+{
+    try {
+        kvscope::saveProfile(m_tuner->profile(), QFile::encodeName(path).toStdString());
+        m_phaseLabel->setText(tr("Saved the profile to %1.").arg(path));
+    } catch (const std::exception& e) {
+        reportError(tr("Could not save the profile"), QString::fromStdString(e.what()));
+    }
+}
+
+void MainWindow::exportLmcache(const QString& path)
+{
+    const CodecProfile p = m_tuner->profile();
+    QString text = tr("# LMCache CacheGen configuration, one per level (end_layer exclusive), from kvscope\n");
+    for (size_t i = 0; i < p.levels.size(); ++i)
+        text += QStringLiteral("# level %1: %2\n%3\n")
+                    .arg(i + 1)
+                    .arg(QString::fromStdString(p.levels[i].name), QString::fromStdString(lmcacheConfigPython(p.levels[i])));
+    QSaveFile file(path);
+    if (!file.open(QIODevice::WriteOnly | QIODevice::Text) || file.write(text.toUtf8()) < 0 || !file.commit()) {
+        reportError(tr("Could not export"), tr("%1: %2").arg(path, file.errorString()));
+        return;
+    }
+    QApplication::clipboard()->setText(text);
+    m_phaseLabel->setText(tr("Exported %1 levels to %2 (also copied to the clipboard).").arg(p.levels.size()).arg(path));
+}
+
+void MainWindow::startStream()
+{
+    if (!m_streamSession->isReady() || m_streamSession->isRunning()) return;
+    m_streamSession->start(m_streamView->config(), m_tuner->profile());
+}
+
+QStringList MainWindow::saveScreenshots(const QString& dir)
+{
+    QStringList written;
+    QDir().mkpath(dir);
+    auto replotAll = [](QWidget* root) {
+        for (QCustomPlot* plot : root->findChildren<QCustomPlot*>()) plot->replot(QCustomPlot::rpImmediateRefresh);
+    };
+    auto save = [&written, &dir](const QPixmap& pixmap, const QString& name) {
+        const QString path = QDir(dir).filePath(name);
+        if (pixmap.save(path, "PNG")) written << path;
+    };
+    replotAll(this);
+    save(grab(), QStringLiteral("window.png"));
+    // Each view alone at window size: float its dock, resize, grab, put it back.
+    const QByteArray state = saveState();
+    const struct {
+        const char* dock;
+        const char* file;
+    } views[] = {{"modelDock", "model-context.png"},
+                 {"distributionsDock", "distributions.png"},
+                 {"tunerDock", "codec-tuner.png"},
+                 {"streamDock", "stream-lab.png"}};
+    for (const auto& v : views) {
+        auto* dock = findChild<QDockWidget*>(QLatin1String(v.dock));
+        if (!dock) continue;
+        dock->setFloating(true);
+        dock->resize(1280, 800);
+        dock->show();
+        QApplication::processEvents();
+        replotAll(dock);
+        save(dock->widget()->grab(), QLatin1String(v.file));
+        dock->setFloating(false);
+    }
+    restoreState(state);
+    return written;
 }
 
 void MainWindow::connectSession()
@@ -425,6 +740,7 @@ void MainWindow::captureContext()
     m_pendingTitle = tr("%1 on %2 — kvscope")
                          .arg(origin.isEmpty() ? tr("context") : origin, m_session->modelInfo().name);
     m_synthNote.clear();
+    m_captureOrigin = origin;
     setBusy(true);
     m_session->capture(text);
 }
@@ -443,6 +759,8 @@ void MainWindow::cancelLoad()
     m_demoPending = false;
     m_session->cancel();
     m_loader->cancel();
+    m_tunerSession->cancel();
+    m_streamSession->stop();
 }
 
 void MainWindow::showOpenModelFileDialog()
@@ -546,6 +864,10 @@ void MainWindow::onLoaded(const KvSummary& summary, const std::vector<TensorStat
     m_hasData = true;
     m_statsView->setHeadDim(summary.shape.headDim);
     m_statsView->setStats(stats);
+    m_distWorker->setKv(m_loader->kv());
+    m_distributions->setStats(stats, summary.shape.headDim);
+    if (!summary.source.isEmpty() || summary.synthetic) m_captureOrigin.clear();
+    updateLabSources();
     showSummary(summary, stats);
     setWindowTitle(m_pendingTitle);
     if (!summary.source.isEmpty()) addRecentFile(summary.source);
@@ -650,6 +972,8 @@ void MainWindow::closeEvent(QCloseEvent* event)
 {
     m_session->cancel();
     m_loader->cancel();
+    m_tunerSession->cancel();
+    m_streamSession->stop();
     if (m_useSettings) {
         QSettings settings;
         settings.setValue(QLatin1String(kSettingsGeometry), saveGeometry());
@@ -666,9 +990,11 @@ QString MainWindow::droppedPath(const QMimeData* mime)
         const QString path = url.toLocalFile();
         const QFileInfo info(path);
         const QString suffix = info.suffix().toLower();
-        // KV files, GGUF models and Hugging Face model folders. Text contexts are not taken yet:
-        // tst_mainwindow's dropOtherFileIsRefused uses a .txt as the file kvscope refuses.
-        if (kvFileSuffixes().contains(suffix) || suffix == QLatin1String("gguf") ||
+        // KV files, models (GGUF, Hugging Face folders), codec profiles, text contexts, Mahimahi
+        // traces and .kvc stores.
+        static const QStringList accepted = {QStringLiteral("gguf"), QStringLiteral("json"), QStringLiteral("txt"),
+                                             QStringLiteral("down"), QStringLiteral("up"), QStringLiteral("kvc")};
+        if (kvFileSuffixes().contains(suffix) || accepted.contains(suffix) ||
             (info.isDir() && QFileInfo::exists(info.filePath() + QStringLiteral("/config.json"))))
             return path;
     }
@@ -687,9 +1013,22 @@ void MainWindow::dropEvent(QDropEvent* event)
     event->acceptProposedAction();
     const QFileInfo info(path);
     const QString suffix = info.suffix().toLower();
+    auto raise = [this](const char* dock) {
+        if (auto* d = findChild<QDockWidget*>(QLatin1String(dock))) d->raise();
+    };
     if (info.isDir() || suffix == QLatin1String("gguf"))
         openModel(path);
-    else
+    else if (suffix == QLatin1String("json"))
+        openProfile(path);
+    else if (suffix == QLatin1String("txt"))
+        openContext(path);
+    else if (suffix == QLatin1String("down") || suffix == QLatin1String("up")) {
+        m_streamView->setTracePath(path);
+        raise("streamDock");
+    } else if (suffix == QLatin1String("kvc")) {
+        m_streamView->setStorePath(path);
+        raise("streamDock");
+    } else
         openFile(path);
 }
 

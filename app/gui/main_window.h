@@ -15,6 +15,7 @@
 #include <vector>
 
 class QAction;
+class QDockWidget;
 class QLabel;
 class QMenu;
 class QMimeData;
@@ -23,6 +24,12 @@ class QPushButton;
 
 namespace kvscope {
 
+class CodecTunerView;
+class DistributionsView;
+class DistributionsWorker;
+class StreamLabView;
+class StreamSession;
+class TunerSession;
 class LayerStatsView;
 class ModelContextView;
 
@@ -41,6 +48,14 @@ public:
     KvLoader* loader() const { return m_loader; }
     ModelSession* session() const { return m_session; }
     ModelContextView* contextView() const { return m_contextView; }
+    DistributionsView* distributionsView() const { return m_distributions; }
+    DistributionsWorker* distributionsWorker() const { return m_distWorker; }
+    CodecTunerView* tunerView() const { return m_tuner; }
+    TunerSession* tunerSession() const { return m_tunerSession; }
+    StreamLabView* streamView() const { return m_streamView; }
+    StreamSession* streamSession() const { return m_streamSession; }
+    // The docks of the four views and the summary, by object name (for --screenshot and tests).
+    QList<QDockWidget*> viewDocks() const;
     // A model, capture, KV read or statistics job is running.
     bool isLoading() const;
     bool hasData() const { return m_hasData; }
@@ -67,6 +82,16 @@ public slots:
     // A sample id ("long_1k") or a UTF-8 text file. Errors go to errorOccurred.
     void openContext(const QString& idOrPath);
     void captureContext();
+    // A codec profile (JSON) into the codec tuner; errors go to errorOccurred.
+    void openProfile(const QString& path);
+    void saveProfile(const QString& path);
+    // LMCache's CacheGenConfig text of every level of the tuner's profile.
+    void exportLmcache(const QString& path);
+    // Starts a stream lab run with the view's settings and the tuner's profile.
+    void startStream();
+    // Renders the window with each view in front, plus each view alone, as PNG files into dir.
+    // @return the files written.
+    QStringList saveScreenshots(const QString& dir);
     void saveKv(const QString& path);
     void cancelLoad();
     void showOpenDialog();
@@ -96,6 +121,15 @@ private:
     void createActions();
     void createSummaryDock();
     void createModelDock();
+    void createDistributionsDock();
+    void createTunerDock();
+    void createStreamDock();
+    void updateLabSources();
+    // Status bar for the tuner's and the stream lab's tasks.
+    void showTask(const QString& text, int maximum);
+    void endTask(const QString& text);
+    void reportError(const QString& title, const QString& message);
+    QDockWidget* addViewDock(QWidget* view, const QString& title, const QString& objectName);
     void connectSession();
     void showError(const QString& title, const QString& message);
     void createStatusBar();
@@ -124,6 +158,13 @@ private:
     QAction* m_captureAction = nullptr;
     QAction* m_saveAction = nullptr;
     LayerStatsView* m_statsView = nullptr;
+    DistributionsView* m_distributions = nullptr;
+    DistributionsWorker* m_distWorker = nullptr;
+    CodecTunerView* m_tuner = nullptr;
+    TunerSession* m_tunerSession = nullptr;
+    StreamLabView* m_streamView = nullptr;
+    StreamSession* m_streamSession = nullptr;
+    QString m_captureOrigin;  // the context (sample id or file name) of the capture being shown
     QWidget* m_summaryWidget = nullptr;
     QMenu* m_recentMenu = nullptr;
     QMenu* m_viewMenu = nullptr;

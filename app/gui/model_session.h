@@ -34,6 +34,8 @@ public:
     bool hasModel() const { return bool(m_model); }
     bool isBusy() const { return m_busy; }
     const ModelInfo& modelInfo() const { return m_info; }
+    // The open model, for the tuner and the stream lab (null before one opened).
+    std::shared_ptr<const Model> model() const { return m_model; }
 
     // Tokens per forward during capture: smaller blocks give finer progress and quicker cancel.
     static constexpr int kPrefillBlock = 64;

@@ -402,6 +402,21 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
             logLine("chunk " + std::to_string(i) + ": recomputed from local tokens");
             worker.submit(recomputeJob(i, localTokens));
         }
+        // A copy of the fetch's fields only: the worker may be writing the job's fields now.
+        ChunkEvent fetched;
+        fetched.index = ev.index;
+        fetched.level = ev.level;
+        fetched.local = ev.local;
+        fetched.bytes = ev.bytes;
+        fetched.sentS = ev.sentS;
+        fetched.firstByteS = ev.firstByteS;
+        fetched.arrivedS = ev.arrivedS;
+        fetched.attempts = ev.attempts;
+        fetched.note = ev.note;
+        if (opt.onChunk && !opt.onChunk(fetched)) {
+            worker.drain();  // the jobs hold references into this frame
+            throw Error("stream: cancelled");
+        }
     }
     worker.drain();
     if (pacer) {

@@ -32,6 +32,7 @@
 #include "stream/client.h"
 #include "stream/link.h"
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +53,8 @@ struct TargetHardware {
     bool enabled() const { return prefillTokensPerSecond > 0 || decodeGBps > 0; }
 };
 
+struct ChunkEvent;
+
 struct StreamOptions {
     Policy policy;
     double sloSeconds = 1.0;
@@ -60,6 +63,11 @@ struct StreamOptions {
     double fetchTimeout = 120;   // hard limit on one fetch
     int maxAttempts = 3;
     int qualityTokens = 32;      // greedy tokens generated to compare against the original
+    // Optional, for live views: called on the run's thread once each chunk's fetch is settled,
+    // with the fetch's fields (level, bytes, sent/arrived; job fields 0: its decode may still be
+    // queued). Returning false stops the run: run() lets the queued jobs finish and throws
+    // kvscope::Error "stream: cancelled".
+    std::function<bool(const ChunkEvent&)> onChunk;
 };
 
 struct ChunkEvent {

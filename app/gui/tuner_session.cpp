@@ -1,0 +1,344 @@
+#include "tuner_session.h"
+
+#include "codec/chunk_codec.h"
+#include "eval/codec_trial.h"
+#include "eval/evaluate.h"
+#include "eval/quality.h"
+#include "eval/sensitivity.h"
+#include "eval/tune.h"
+#include "kv/kv_compare.h"
+#include "model/model.h"
+
+#include <QElapsedTimer>
+#include <QMetaObject>
+
+#include <exception>
+#include <new>
+
+namespace kvscope {
+
+namespace {
+
+// Continuation tokens scored for ΔPPL and KL: enough for a stable figure, few enough that one
+// scoring pass stays well under a second on the default model.
+constexpr int kMaxContinuation = 128;
+constexpr int kAnswerTokens = 32;
+
+QString messageOf(std::exception_ptr error)
+{
+    try {
+        std::rethrow_exception(error);
+    } catch (const std::bad_alloc&) {
+        return QObject::tr("codec tuner: not enough memory");
+    } catch (const std::exception& e) {
+        return QString::fromStdString(e.what());
+    } catch (...) {
+        return QObject::tr("codec tuner: unexpected error");
+    }
+}
+
+CodecParams paramsFor(const KvSet& kv, const CodecProfile& profile)
+{
+    CodecParams p;
+    p.codec = CodecId::CacheGen;
+    p.shape = kv.shape();
+    p.dtype = kv.dtype();
+    p.profile = profile;
+    p.profile.numLayers = kv.shape().numLayers;
+    return p;
+}
+
+}  // namespace
+
+struct TunerSession::Shared {
+    std::shared_ptr<const Model> model;
+    std::shared_ptr<const KvSet> kv;
+    EvalTask task;
+    std::mutex mutex;
+    std::unique_ptr<QualityReference> ref;
+
+    // Built on first use by whichever worker needs it first; the others wait for it.
+    const QualityReference& reference()
+    {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!ref) ref = std::make_unique<QualityReference>(model->runtime(), task, *kv);
+        return *ref;
+    }
+    QString decode(const std::vector<int32_t>& tokens) const
+    {
+        return QString::fromStdString(model->tokenizer().decode(tokens, true));
+    }
+};
+
+TunerSession::TunerSession(QObject* parent) : QObject(parent)
+{
+    m_trialPool.setMaxThreadCount(1);
+    m_qualityPool.setMaxThreadCount(1);
+    m_longPool.setMaxThreadCount(1);
+}
+
+TunerSession::~TunerSession()
+{
+    ++m_trialGeneration;
+    ++m_qualityGeneration;
+    if (m_stop) *m_stop = true;
+    m_trialPool.clear();
+    m_qualityPool.clear();
+    m_trialPool.waitForDone();
+    m_qualityPool.waitForDone();
+    m_longPool.waitForDone();
+}
+
+void TunerSession::setSource(std::shared_ptr<const Model> model, std::shared_ptr<const KvSet> kv,
+                             const SampleContext& sample)
+{
+    cancel();
+    ++m_trialGeneration;
+    ++m_qualityGeneration;
+    m_kv = kv;
+    m_shared = std::make_shared<Shared>();
+    m_shared->kv = kv;
+    m_qualityOk = false;
+    if (!kv) {
+        m_qualityNote = tr("No cache.");
+        return;
+    }
+    if (!model || model->runtime().fingerprint() != kv->modelFingerprint) {
+        m_qualityNote = tr("Size and error only: open the model this cache came from to measure quality.");
+        return;
+    }
+    if (int(kv->tokens.size()) != kv->shape().numTokens || kv->tokens.size() < 2) {
+        m_qualityNote = tr("Size and error only: the cache carries no tokens to score quality with.");
+        return;
+    }
+    m_shared->model = model;
+    EvalTask& task = m_shared->task;
+    task.context = kv->tokens;
+    try {
+        if (!sample.continuation.empty()) {
+            task.continuation = model->tokenizer().encode(sample.continuation, false);
+            if (int(task.continuation.size()) > kMaxContinuation) task.continuation.resize(kMaxContinuation);
+        }
+        task.question = model->questionTokens(sample.question.empty() ? "Summarize the text above in one sentence."
+                                                                      : sample.question);
+        task.answerTokens = kAnswerTokens;
+        task.stopIds = model->stopIds();
+    } catch (const std::exception& e) {
+        m_qualityNote = tr("Size and error only: %1").arg(QString::fromStdString(e.what()));
+        return;
+    }
+    m_qualityOk = true;
+    m_qualityNote = task.continuation.empty()
+                        ? tr("Quality: answers compared; no held-out continuation, so no ΔPPL or KL (use a sample "
+                             "context).")
+                        : tr("Quality on %1 continuation tokens and a %2-token answer.")
+                              .arg(task.continuation.size())
+                              .arg(kAnswerTokens);
+}
+
+void TunerSession::requestTrial(const CodecProfile& profile, int level)
+{
+    if (!m_kv) return;
+    const quint64 mine = ++m_trialGeneration;
+    const std::shared_ptr<Shared> shared = m_shared;
+    ++m_trialsInFlight;
+    m_trialPool.clear();  // a queued, not yet started trial is superseded
+    m_trialPool.start([this, mine, shared, profile, level] {
+        TrialFigures t;
+        std::shared_ptr<const KvSet> decoded;
+        QString error;
+        if (m_trialGeneration == mine) {
+            try {
+                const KvSet& kv = *shared->kv;
+                const CodecParams params = paramsFor(kv, profile);
+                validateProfile(params.profile, "codec tuner");
+                CodecTrial trial = runCodecTrial(kv, params, level);
+                const KvError err = compareKv(kv, trial.decoded);
+                const double values = double(kv.shape().totalValues());
+                t.level = level;
+                t.bytes = trial.bytes;
+                t.bitsPerValue = trial.bitsPerValue;
+                t.ratioVsFp16 = values * 2.0 / double(std::max<uint64_t>(1, trial.bytes));
+                t.ratioVsInt8 = double(int8Bytes(kv.shape())) / double(std::max<uint64_t>(1, trial.bytes));
+                t.encodeSeconds = trial.encodeSeconds;
+                t.decodeSeconds = trial.decodeSeconds;
+                t.rms = err.rms;
+                t.layers = err.layers;
+                decoded = std::make_shared<const KvSet>(std::move(trial.decoded));
+            } catch (...) {
+                error = messageOf(std::current_exception());
+            }
+        }
+        QMetaObject::invokeMethod(
+            this,
+            [this, mine, t, decoded, error] {
+                // The count only feeds isTrialRunning(); a superseded trial drops its figures.
+                m_trialsInFlight = m_trialGeneration == mine ? 0 : std::max(0, m_trialsInFlight - 1);
+                if (m_trialGeneration != mine) return;
+                if (!error.isEmpty()) {
+                    emit failed(error);
+                    return;
+                }
+                emit trialReady(t);
+                if (m_qualityOk && decoded) startQuality(decoded, t.level, t.bitsPerValue);
+            },
+            Qt::QueuedConnection);
+    });
+}
+
+void TunerSession::startQuality(std::shared_ptr<const KvSet> decoded, int level, double bits)
+{
+    const quint64 mine = ++m_qualityGeneration;
+    const std::shared_ptr<Shared> shared = m_shared;
+    m_qualityPool.clear();
+    m_qualityPool.start([this, mine, shared, decoded, level, bits] {
+        if (m_qualityGeneration != mine) return;
+        QualityFigures q;
+        QString error;
+        try {
+            const QualityReference& ref = shared->reference();
+            if (m_qualityGeneration != mine) return;
+            const Quality m = ref.measure(*decoded);
+            q.level = level;
+            q.bitsPerValue = bits;
+            q.hasContinuation = !ref.task().continuation.empty();
+            q.deltaPplPct = m.deltaPplPct;
+            q.kl = m.kl;
+            q.tokenAgreement = m.tokenAgreement;
+            q.originalAnswer = shared->decode(ref.original().answer);
+            q.answer = shared->decode(m.answer);
+        } catch (...) {
+            error = messageOf(std::current_exception());
+        }
+        QMetaObject::invokeMethod(
+            this,
+            [this, mine, q, error] {
+                if (m_qualityGeneration != mine) return;
+                if (!error.isEmpty())
+                    emit failed(error);
+                else
+                    emit qualityReady(q);
+            },
+            Qt::QueuedConnection);
+    });
+}
+
+// Runs work(shared, progress) on the long-task pool; progress(done, total) reports and returns
+// false once cancel() was called. work returns a closure delivered on the UI thread.
+template <typename Work>
+void TunerSession::runLong(const QString& title, Work work)
+{
+    if (!m_qualityOk || m_longBusy) return;
+    m_longBusy = true;
+    const quint64 mine = ++m_longGeneration;
+    m_stop = std::make_shared<std::atomic<bool>>(false);
+    const std::shared_ptr<std::atomic<bool>> stop = m_stop;
+    const std::shared_ptr<Shared> shared = m_shared;
+    emit phaseChanged(title, 0);
+    m_longPool.start([this, mine, stop, shared, work, title] {
+        auto progress = [this, mine, stop, title](int done, int total) {
+            QMetaObject::invokeMethod(
+                this,
+                [this, mine, done, total, title] {
+                    if (m_longGeneration != mine) return;
+                    emit phaseChanged(title, total);
+                    emit progressChanged(done);
+                },
+                Qt::QueuedConnection);
+            return !*stop;
+        };
+        std::function<void()> deliver;
+        QString error;
+        QElapsedTimer clock;
+        clock.start();
+        try {
+            deliver = work(*shared, progress);
+        } catch (...) {
+            error = messageOf(std::current_exception());
+        }
+        const double seconds = double(clock.elapsed()) / 1000.0;
+        QMetaObject::invokeMethod(
+            this,
+            [this, mine, deliver, error, title, seconds] {
+                if (m_longGeneration != mine) return;  // cancelled: already reported
+                m_longBusy = false;
+                m_stop.reset();
+                if (!error.isEmpty()) {
+                    emit failed(error);
+                    return;
+                }
+                deliver();
+                emit longTaskDone(tr("%1: done in %2 s.").arg(title).arg(seconds, 0, 'f', 1));
+            },
+            Qt::QueuedConnection);
+    });
+}
+
+void TunerSession::measureSensitivity(const CodecProfile& profile, int bins)
+{
+    runLong(tr("Measuring per-layer sensitivity at %1 bins").arg(bins),
+            [this, profile, bins](Shared& s, const std::function<bool(int, int)>& progress) -> std::function<void()> {
+                const auto result =
+                    measureLayerSensitivity(s.reference(), *s.kv, paramsFor(*s.kv, profile), bins, progress);
+                return [this, result] { emit sensitivityReady(result); };
+            });
+}
+
+void TunerSession::evaluate(const CodecProfile& profile)
+{
+    runLong(tr("Evaluating the levels and the baselines"),
+            [this, profile](Shared& s, const std::function<bool(int, int)>& progress) -> std::function<void()> {
+                EvalPlan plan;
+                plan.cachegen = paramsFor(*s.kv, profile);
+                plan.textRecompute = false;  // exact by construction; its cost is a prefill, not a size
+                const std::vector<EvalRow> rows =
+                    evaluateCodecs(s.model->runtime(), s.reference(), *s.kv, plan, progress);
+                std::vector<RdPoint> points;
+                for (const EvalRow& r : rows) {
+                    RdPoint p;
+                    p.codec = QString::fromStdString(r.codec);
+                    p.label = r.codec == "cachegen" ? QString::fromStdString(r.levelName) : p.codec;
+                    p.bitsPerValue = r.bitsPerValue;
+                    p.deltaPplPct = r.quality.deltaPplPct;
+                    points.push_back(p);
+                }
+                return [this, points] { emit evaluated(points); };
+            });
+}
+
+void TunerSession::autoTune(const CodecProfile& profile)
+{
+    runLong(tr("Auto-tuning bins per layer"),
+            [this, profile](Shared& s, const std::function<bool(int, int)>& progress) -> std::function<void()> {
+                const QualityReference& ref = s.reference();
+                if (ref.task().continuation.empty())
+                    throw std::runtime_error("auto-tune needs a context with a held-out continuation (a sample context)");
+                TuneOptions options;
+                options.base = profile;
+                options.base.numLayers = s.kv->shape().numLayers;
+                const TuneResult r =
+                    tuneProfile(s.kv->modelFingerprint, {TuneContext{"context", &ref, s.kv.get()}}, options,
+                                [&progress](const std::string&, int done, int total) { return progress(done, total); });
+                QString summary;
+                for (const TunedLevel& l : r.levels)
+                    summary += tr("budget %1 %: %2 bits/value, ΔPPL %3 %%4\n")
+                                   .arg(l.budgetPplPct)
+                                   .arg(l.bitsPerValue, 0, 'f', 3)
+                                   .arg(l.maxDeltaPplPct, 0, 'f', 3)
+                                   .arg(l.met ? QString() : tr(" (budget missed)"));
+                const CodecProfile result = r.profile;
+                return [this, result, summary] { emit tuned(result, summary.trimmed()); };
+            });
+}
+
+void TunerSession::cancel()
+{
+    if (!m_longBusy) return;
+    if (m_stop) *m_stop = true;
+    ++m_longGeneration;
+    m_longBusy = false;
+    m_stop.reset();
+    emit cancelled();
+}
+
+}  // namespace kvscope

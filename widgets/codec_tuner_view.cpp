@@ -1,0 +1,384 @@
+#include "codec_tuner_view.h"
+
+#include "bins_table_model.h"
+#include "plot_export.h"
+
+#include <qcustomplot.h>
+
+#include <QComboBox>
+#include <QFormLayout>
+#include <QGroupBox>
+#include <QHBoxLayout>
+#include <QHeaderView>
+#include <QItemSelectionModel>
+#include <QLabel>
+#include <QLocale>
+#include <QPlainTextEdit>
+#include <QPushButton>
+#include <QSpinBox>
+#include <QSplitter>
+#include <QTableView>
+#include <QTimer>
+#include <QVBoxLayout>
+
+#include <set>
+
+namespace kvscope {
+
+namespace {
+
+const char* const kFigureKeys[] = {"bits", "bytes", "fp16", "int8", "dppl", "kl", "agreement"};
+
+QSpinBox* spin(const QString& name, int lo, int hi, int step, int value)
+{
+    auto* s = new QSpinBox;
+    s->setObjectName(name);
+    s->setRange(lo, hi);
+    s->setSingleStep(step);
+    s->setValue(value);
+    return s;
+}
+
+QComboBox* quantizerCombo(const QString& name)
+{
+    auto* c = new QComboBox;
+    c->setObjectName(name);
+    c->addItem(QObject::tr("per token (CacheGen)"), int(Quantizer::PerToken));
+    c->addItem(QObject::tr("per channel (KIVI)"), int(Quantizer::PerChannel));
+    return c;
+}
+
+}  // namespace
+
+CodecTunerView::CodecTunerView(QWidget* parent) : QWidget(parent)
+{
+    m_debounce = new QTimer(this);
+    m_debounce->setSingleShot(true);
+    m_debounce->setInterval(kDebounceMs);
+    connect(m_debounce, &QTimer::timeout, this, &CodecTunerView::settingsChanged);
+
+    // Settings of the whole profile.
+    m_levelCombo = new QComboBox;
+    m_levelCombo->setObjectName(QStringLiteral("tunerLevel"));
+    m_chunk = spin(QStringLiteral("tunerChunk"), 16, 8192, 16, 256);
+    m_chunk->setSuffix(tr(" tokens"));
+    m_delta = spin(QStringLiteral("tunerDelta"), 0, 256, 1, 10);
+    m_delta->setSpecialValueText(tr("off"));
+    m_delta->setToolTip(tr("Tokens per anchor group; deltas against the anchor (0 or 1: no delta coding)"));
+    m_keyQuant = quantizerCombo(QStringLiteral("tunerKeyQuantizer"));
+    m_valueQuant = quantizerCombo(QStringLiteral("tunerValueQuantizer"));
+    auto* settings = new QFormLayout;
+    settings->addRow(tr("Level:"), m_levelCombo);
+    settings->addRow(tr("Chunk size:"), m_chunk);
+    settings->addRow(tr("Delta group:"), m_delta);
+    settings->addRow(tr("K quantizer:"), m_keyQuant);
+    settings->addRow(tr("V quantizer:"), m_valueQuant);
+
+    // Bins per layer, with group editing.
+    m_model = new BinsTableModel(this);
+    m_table = new QTableView;
+    m_table->setObjectName(QStringLiteral("binsTable"));
+    m_table->setModel(m_model);
+    m_table->setSelectionBehavior(QAbstractItemView::SelectRows);
+    m_table->setSelectionMode(QAbstractItemView::ExtendedSelection);
+    m_table->verticalHeader()->hide();
+    m_table->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
+    m_setBins = spin(QStringLiteral("tunerSetBins"), 4, 256, 2, 16);
+    auto* setK = new QPushButton(tr("Set K"));
+    auto* setV = new QPushButton(tr("Set V"));
+    auto* setBoth = new QPushButton(tr("Set both"));
+    setBoth->setObjectName(QStringLiteral("tunerSetBoth"));
+    auto* group = new QHBoxLayout;
+    group->addWidget(new QLabel(tr("Selected layers:")));
+    group->addWidget(m_setBins);
+    group->addWidget(setK);
+    group->addWidget(setV);
+    group->addWidget(setBoth);
+    group->addStretch(1);
+    connect(setK, &QPushButton::clicked, this, [this] { setBinsOnSelection(true, false, m_setBins->value()); });
+    connect(setV, &QPushButton::clicked, this, [this] { setBinsOnSelection(false, true, m_setBins->value()); });
+    connect(setBoth, &QPushButton::clicked, this, [this] { setBinsOnSelection(true, true, m_setBins->value()); });
+
+    // Measurements and files.
+    m_sensBins = spin(QStringLiteral("tunerSensBins"), 4, 256, 2, 8);
+    m_sensBins->setPrefix(tr("at "));
+    m_sensBins->setSuffix(tr(" bins"));
+    m_sensButton = new QPushButton(tr("Measure sensitivity"));
+    m_sensButton->setObjectName(QStringLiteral("tunerSensitivity"));
+    m_sensButton->setToolTip(tr("Quantize one layer's K or V at a time and score the continuation"));
+    m_evalButton = new QPushButton(tr("Evaluate levels && baselines"));
+    m_evalButton->setObjectName(QStringLiteral("tunerEvaluate"));
+    m_tuneButton = new QPushButton(tr("Auto-tune…"));
+    m_tuneButton->setObjectName(QStringLiteral("tunerAutoTune"));
+    m_tuneButton->setToolTip(tr("Search bins per layer under ΔPPL budgets of 0.5, 1, 2 and 5 % (one level each)"));
+    auto* load = new QPushButton(tr("Load…"));
+    auto* save = new QPushButton(tr("Save…"));
+    auto* lmcache = new QPushButton(tr("Export LMCache…"));
+    connect(m_sensButton, &QPushButton::clicked, this, [this] { emit sensitivityRequested(m_sensBins->value() & ~1); });
+    connect(m_evalButton, &QPushButton::clicked, this, &CodecTunerView::evaluateRequested);
+    connect(m_tuneButton, &QPushButton::clicked, this, &CodecTunerView::autoTuneRequested);
+    connect(load, &QPushButton::clicked, this, &CodecTunerView::loadProfileRequested);
+    connect(save, &QPushButton::clicked, this, &CodecTunerView::saveProfileRequested);
+    connect(lmcache, &QPushButton::clicked, this, &CodecTunerView::exportLmcacheRequested);
+    auto* actions = new QGridLayout;
+    actions->addWidget(m_sensButton, 0, 0);
+    actions->addWidget(m_sensBins, 0, 1);
+    actions->addWidget(m_evalButton, 0, 2);
+    actions->addWidget(m_tuneButton, 0, 3);
+    actions->addWidget(load, 1, 0);
+    actions->addWidget(save, 1, 1);
+    actions->addWidget(lmcache, 1, 2);
+
+    auto* left = new QWidget;
+    auto* ll = new QVBoxLayout(left);
+    ll->setContentsMargins(0, 0, 0, 0);
+    ll->addLayout(settings);
+    ll->addWidget(m_table, 1);
+    ll->addLayout(group);
+    ll->addLayout(actions);
+
+    // Figures.
+    m_figures = new QGroupBox(tr("Edited level"));
+    auto* figures = new QFormLayout(m_figures);
+    const char* const labels[] = {"Bits per value:", "Size:", "Ratio vs fp16:", "Ratio vs int8:", "ΔPPL:", "KL:",
+                                  "Token agreement:"};
+    for (int i = 0; i < 7; ++i) {
+        auto* value = new QLabel(QStringLiteral("–"));
+        value->setObjectName(QStringLiteral("figure_") + QLatin1String(kFigureKeys[i]));
+        value->setTextInteractionFlags(Qt::TextSelectableByMouse);
+        figures->addRow(tr(labels[i]), value);
+    }
+    m_status = new QLabel;
+    m_status->setObjectName(QStringLiteral("tunerStatus"));
+    m_status->setWordWrap(true);
+    m_originalAnswer = new QPlainTextEdit;
+    m_originalAnswer->setObjectName(QStringLiteral("tunerOriginalAnswer"));
+    m_answer = new QPlainTextEdit;
+    m_answer->setObjectName(QStringLiteral("tunerAnswer"));
+    for (QPlainTextEdit* e : {m_originalAnswer, m_answer}) {
+        e->setReadOnly(true);
+        e->setMaximumHeight(90);
+    }
+    auto* answers = new QGridLayout;
+    answers->addWidget(new QLabel(tr("Answer from the original KV")), 0, 0);
+    answers->addWidget(new QLabel(tr("Answer from this level")), 0, 1);
+    answers->addWidget(m_originalAnswer, 1, 0);
+    answers->addWidget(m_answer, 1, 1);
+
+    m_rdPlot = new QCustomPlot;
+    m_rdPlot->setObjectName(QStringLiteral("rdPlot"));
+    m_rdPlot->setMinimumSize(300, 220);
+    m_rdPlot->xAxis->setLabel(tr("bits per value"));
+    m_rdPlot->yAxis->setLabel(tr("ΔPPL %"));
+    m_rdPlot->legend->setVisible(true);
+    m_rdPlot->legend->setFont(QFont(font().family(), 8));
+    m_rdPlot->setInteractions(QCP::iRangeDrag | QCP::iRangeZoom);
+    const struct {
+        const char* name;
+        QColor colour;
+        QCPScatterStyle::ScatterShape shape;
+        bool line;
+    } series[] = {{"baselines", QColor(90, 90, 90), QCPScatterStyle::ssSquare, false},
+                  {"profile levels", QColor(40, 90, 200), QCPScatterStyle::ssDisc, true},
+                  {"edited level", QColor(220, 50, 30), QCPScatterStyle::ssStar, false}};
+    for (const auto& s : series) {
+        QCPGraph* g = m_rdPlot->addGraph();
+        g->setName(tr(s.name));
+        g->setPen(QPen(s.colour, 1.5));
+        g->setLineStyle(s.line ? QCPGraph::lsLine : QCPGraph::lsNone);
+        g->setScatterStyle(QCPScatterStyle(s.shape, s.colour, s.colour, s.shape == QCPScatterStyle::ssStar ? 14 : 7));
+    }
+    installPlotMenu(m_rdPlot, QStringLiteral("rate-distortion"));
+
+    auto* right = new QWidget;
+    auto* rl = new QVBoxLayout(right);
+    rl->setContentsMargins(0, 0, 0, 0);
+    rl->addWidget(m_figures);
+    rl->addWidget(m_status);
+    rl->addLayout(answers);
+    rl->addWidget(m_rdPlot, 1);
+
+    auto* split = new QSplitter(Qt::Horizontal);
+    split->addWidget(left);
+    split->addWidget(right);
+    split->setStretchFactor(0, 1);
+    split->setStretchFactor(1, 1);
+    auto* layout = new QVBoxLayout(this);
+    layout->addWidget(split);
+
+    connect(m_model, &BinsTableModel::binsEdited, this, &CodecTunerView::edited);
+    for (QSpinBox* s : {m_chunk, m_delta}) connect(s, &QSpinBox::valueChanged, this, &CodecTunerView::edited);
+    for (QComboBox* c : {m_keyQuant, m_valueQuant})
+        connect(c, &QComboBox::currentIndexChanged, this, &CodecTunerView::edited);
+    connect(m_levelCombo, &QComboBox::currentIndexChanged, this, [this](int index) {
+        if (m_loading || index < 0) return;
+        storeLevel();
+        m_level = index;
+        showLevel();
+        edited();
+    });
+    setAvailable(false, false, tr("Capture a context or open a KV file to try codec settings on it."));
+}
+
+CodecTunerView::~CodecTunerView() = default;
+
+void CodecTunerView::edited()
+{
+    if (m_loading) return;
+    m_debounce->start();
+}
+
+void CodecTunerView::storeLevel()
+{
+    if (m_level < 0 || m_level >= int(m_profile.levels.size())) return;
+    m_profile.levels[size_t(m_level)].keyBins = m_model->keyBins();
+    m_profile.levels[size_t(m_level)].valueBins = m_model->valueBins();
+}
+
+void CodecTunerView::showLevel()
+{
+    if (m_level < 0 || m_level >= int(m_profile.levels.size())) return;
+    const CodecLevel& l = m_profile.levels[size_t(m_level)];
+    m_model->setBins(l.keyBins, l.valueBins);
+}
+
+CodecProfile CodecTunerView::profile() const
+{
+    CodecProfile p = m_profile;
+    if (m_level >= 0 && m_level < int(p.levels.size())) {
+        p.levels[size_t(m_level)].keyBins = m_model->keyBins();
+        p.levels[size_t(m_level)].valueBins = m_model->valueBins();
+    }
+    p.chunkTokens = m_chunk->value();
+    p.deltaGroup = m_delta->value();
+    p.keyQuantizer = Quantizer(m_keyQuant->currentData().toInt());
+    p.valueQuantizer = Quantizer(m_valueQuant->currentData().toInt());
+    return p;
+}
+
+int CodecTunerView::currentLevel() const { return m_level + 1; }
+
+void CodecTunerView::setProfile(const CodecProfile& profile)
+{
+    m_loading = true;
+    m_profile = profile;
+    m_level = std::clamp(profile.defaultLevel - 1, 0, std::max(0, int(profile.levels.size()) - 1));
+    m_levelCombo->clear();
+    for (size_t i = 0; i < profile.levels.size(); ++i)
+        m_levelCombo->addItem(QStringLiteral("%1: %2").arg(i + 1).arg(QString::fromStdString(profile.levels[i].name)));
+    m_levelCombo->setCurrentIndex(m_level);
+    m_chunk->setValue(profile.chunkTokens);
+    m_delta->setValue(profile.deltaGroup);
+    m_keyQuant->setCurrentIndex(profile.keyQuantizer == Quantizer::PerToken ? 0 : 1);
+    m_valueQuant->setCurrentIndex(profile.valueQuantizer == Quantizer::PerToken ? 0 : 1);
+    showLevel();
+    m_hasTrial = m_hasQuality = false;
+    m_loading = false;
+    edited();
+}
+
+void CodecTunerView::setAvailable(bool cache, bool quality, const QString& note)
+{
+    setEnabled(true);
+    m_sensButton->setEnabled(quality);
+    m_evalButton->setEnabled(quality);
+    m_tuneButton->setEnabled(quality);
+    m_table->setEnabled(cache);
+    setStatus(note);
+}
+
+void CodecTunerView::setBinsOnSelection(bool keys, bool values, int bins)
+{
+    std::set<int> rows;
+    for (const QModelIndex& i : m_table->selectionModel()->selectedIndexes()) rows.insert(i.row());
+    if (rows.empty()) {
+        setStatus(tr("Select the layers to change first (click, Shift+click, Ctrl+click in the table)."));
+        return;
+    }
+    if (!m_model->setBinsForLayers(std::vector<int>(rows.begin(), rows.end()), keys, values, bins))
+        setStatus(tr("Bins must be an even number from 4 to 256."));
+}
+
+QString CodecTunerView::figure(const QString& key) const
+{
+    const auto* label = m_figures->findChild<QLabel*>(QStringLiteral("figure_") + key);
+    return label ? label->text() : QString();
+}
+
+void CodecTunerView::setTrial(const TrialFigures& t)
+{
+    m_trial = t;
+    m_hasTrial = true;
+    auto set = [this](const char* key, const QString& text) {
+        if (auto* l = m_figures->findChild<QLabel*>(QStringLiteral("figure_") + QLatin1String(key))) l->setText(text);
+    };
+    set("bits", QString::number(t.bitsPerValue, 'f', 3));
+    set("bytes", QStringLiteral("%1 (%2 bytes)").arg(QLocale::c().formattedDataSize(qint64(t.bytes))).arg(t.bytes));
+    set("fp16", QStringLiteral("%1×").arg(t.ratioVsFp16, 0, 'f', 2));
+    set("int8", QStringLiteral("%1×").arg(t.ratioVsInt8, 0, 'f', 2));
+    m_figures->setTitle(tr("Level %1 (encode %2 s, decode %3 s, RMS error %4)")
+                            .arg(t.level)
+                            .arg(t.encodeSeconds, 0, 'f', 2)
+                            .arg(t.decodeSeconds, 0, 'f', 2)
+                            .arg(t.rms, 0, 'g', 3));
+    m_model->setErrors(t.layers);
+    updateRdPlot();
+}
+
+void CodecTunerView::setQuality(const QualityFigures& q)
+{
+    m_quality = q;
+    m_hasQuality = true;
+    auto set = [this](const char* key, const QString& text) {
+        if (auto* l = m_figures->findChild<QLabel*>(QStringLiteral("figure_") + QLatin1String(key))) l->setText(text);
+    };
+    set("dppl", q.hasContinuation ? QStringLiteral("%1 %").arg(q.deltaPplPct, 0, 'f', 3) : tr("no continuation"));
+    set("kl", q.hasContinuation ? QString::number(q.kl, 'g', 4) : tr("no continuation"));
+    set("agreement", QString::number(q.tokenAgreement, 'f', 3));
+    m_originalAnswer->setPlainText(q.originalAnswer);
+    m_answer->setPlainText(q.answer);
+    updateRdPlot();
+}
+
+void CodecTunerView::setSensitivity(const std::vector<LayerSensitivity>& sensitivity)
+{
+    m_model->setSensitivity(sensitivity);
+}
+
+void CodecTunerView::setRdPoints(const std::vector<RdPoint>& points)
+{
+    m_rd = points;
+    updateRdPlot();
+}
+
+void CodecTunerView::setStatus(const QString& text) { m_status->setText(text); }
+
+void CodecTunerView::updateRdPlot()
+{
+    m_rdPlot->clearItems();
+    QVector<double> bx, by, lx, ly;
+    for (const RdPoint& p : m_rd) {
+        const bool level = p.codec == QLatin1String("cachegen");
+        (level ? lx : bx) << p.bitsPerValue;
+        (level ? ly : by) << p.deltaPplPct;
+        auto* text = new QCPItemText(m_rdPlot);
+        text->position->setCoords(p.bitsPerValue, p.deltaPplPct);
+        text->setPositionAlignment(Qt::AlignLeft | Qt::AlignBottom);
+        text->setText(QStringLiteral(" ") + p.label);
+        text->setFont(QFont(font().family(), 7));
+    }
+    m_rdPlot->graph(0)->setData(bx, by);
+    m_rdPlot->graph(1)->setData(lx, ly, true);
+    QVector<double> cx, cy;
+    if (m_hasQuality && m_quality.hasContinuation) {
+        cx << m_quality.bitsPerValue;
+        cy << m_quality.deltaPplPct;
+    }
+    m_rdPlot->graph(2)->setData(cx, cy);
+    m_rdPlot->rescaleAxes();
+    m_rdPlot->xAxis->scaleRange(1.15);
+    m_rdPlot->yAxis->scaleRange(1.2);
+    m_rdPlot->replot();
+}
+
+}  // namespace kvscope

@@ -1,0 +1,141 @@
+// CodecTunerView: edit a CacheGen codec profile and see what it costs and what it breaks.
+//   left:   chunk size, delta group, quantizers, the level being edited, and its bins per layer
+//           for K and V (BinsTableModel; select rows, type bins, Set K / Set V / Set both);
+//   right:  live size of the edited level (bits/value, bytes, ratios vs fp16 and int8), its
+//           quality (ΔPPL, KL, token agreement, the two answers side by side) and a
+//           rate-distortion plot with the current point, the profile's levels and the baselines.
+// Edits emit settingsChanged() once the user pauses (kDebounceMs); the app's TunerSession runs
+// the trial and the quality measurement on workers and hands the figures back as value structs.
+#pragma once
+
+#include "codec/profile.h"
+#include "eval/sensitivity.h"
+#include "kv/kv_compare.h"
+#include "kv_metatypes.h"
+
+#include <QMetaType>
+#include <QString>
+#include <QWidget>
+
+#include <vector>
+
+class QComboBox;
+class QGroupBox;
+class QCustomPlot;
+class QLabel;
+class QPlainTextEdit;
+class QPushButton;
+class QSpinBox;
+class QTableView;
+class QTimer;
+
+namespace kvscope {
+
+class BinsTableModel;
+
+struct TrialFigures {  // one level of the edited profile, encoded and decoded once
+    int level = 1;
+    quint64 bytes = 0;
+    double bitsPerValue = 0, ratioVsFp16 = 0, ratioVsInt8 = 0;
+    double encodeSeconds = 0, decodeSeconds = 0;
+    double rms = 0;
+    std::vector<LayerError> layers;
+};
+
+struct QualityFigures {
+    int level = 1;
+    double bitsPerValue = 0;      // of the trial measured
+    bool hasContinuation = false; // ΔPPL and KL need one
+    double deltaPplPct = 0, kl = 0, tokenAgreement = 1;
+    QString originalAnswer, answer;
+};
+
+struct RdPoint {  // one row of evaluateCodecs
+    QString codec;   // "cachegen", "int8", ...
+    QString label;   // "level 2", "int8", ...
+    double bitsPerValue = 0, deltaPplPct = 0;
+};
+
+class CodecTunerView : public QWidget {
+    Q_OBJECT
+public:
+    static constexpr int kDebounceMs = 250;
+
+    explicit CodecTunerView(QWidget* parent = nullptr);
+    ~CodecTunerView() override;
+
+    // The profile as edited now (the edited level's bins taken from the table).
+    CodecProfile profile() const;
+    int currentLevel() const;  // 1-based
+    BinsTableModel* binsModel() const { return m_model; }
+    QTableView* binsTable() const { return m_table; }
+    QCustomPlot* rdPlot() const { return m_rdPlot; }
+    QSpinBox* chunkSpin() const { return m_chunk; }
+    QSpinBox* deltaSpin() const { return m_delta; }
+    QSpinBox* binsSpin() const { return m_setBins; }
+    const TrialFigures& trial() const { return m_trial; }
+    bool hasTrial() const { return m_hasTrial; }
+    const QualityFigures& quality() const { return m_quality; }
+    bool hasQuality() const { return m_hasQuality; }
+    // Text of a figure label: bits, bytes, fp16, int8, dppl, kl, agreement.
+    QString figure(const QString& key) const;
+
+public slots:
+    // Shows a profile (its default level selected) for a cache of profile.numLayers layers.
+    void setProfile(const kvscope::CodecProfile& profile);
+    void setAvailable(bool cache, bool quality, const QString& note);
+    // Sets bins on the selected rows (K, V or both). Returns through binsEdited.
+    void setBinsOnSelection(bool keys, bool values, int bins);
+    void setTrial(const kvscope::TrialFigures& trial);
+    void setQuality(const kvscope::QualityFigures& quality);
+    void setSensitivity(const std::vector<kvscope::LayerSensitivity>& sensitivity);
+    void setRdPoints(const std::vector<kvscope::RdPoint>& points);
+    void setStatus(const QString& text);
+
+signals:
+    void settingsChanged();  // debounced
+    void sensitivityRequested(int bins);
+    void evaluateRequested();
+    void autoTuneRequested();
+    void loadProfileRequested();
+    void saveProfileRequested();
+    void exportLmcacheRequested();
+
+private:
+    void edited();       // restarts the debounce timer
+    void storeLevel();   // table -> m_profile.levels[current]
+    void showLevel();    // m_profile.levels[current] -> table
+    void updateRdPlot();
+
+    CodecProfile m_profile;
+    int m_level = 0;  // 0-based, edited level
+    TrialFigures m_trial;
+    QualityFigures m_quality;
+    bool m_hasTrial = false, m_hasQuality = false;
+    std::vector<RdPoint> m_rd;
+    bool m_loading = false;
+
+    BinsTableModel* m_model = nullptr;
+    QTableView* m_table = nullptr;
+    QComboBox* m_levelCombo = nullptr;
+    QSpinBox* m_chunk = nullptr;
+    QSpinBox* m_delta = nullptr;
+    QComboBox* m_keyQuant = nullptr;
+    QComboBox* m_valueQuant = nullptr;
+    QSpinBox* m_setBins = nullptr;
+    QSpinBox* m_sensBins = nullptr;
+    QPushButton* m_sensButton = nullptr;
+    QPushButton* m_evalButton = nullptr;
+    QPushButton* m_tuneButton = nullptr;
+    QLabel* m_status = nullptr;
+    QGroupBox* m_figures = nullptr;
+    QPlainTextEdit* m_originalAnswer = nullptr;
+    QPlainTextEdit* m_answer = nullptr;
+    QCustomPlot* m_rdPlot = nullptr;
+    QTimer* m_debounce = nullptr;
+};
+
+}  // namespace kvscope
+
+Q_DECLARE_METATYPE(kvscope::TrialFigures)
+Q_DECLARE_METATYPE(kvscope::QualityFigures)
