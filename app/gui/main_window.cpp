@@ -310,7 +310,12 @@ QDockWidget* MainWindow::addViewDock(QWidget* view, const QString& title, const 
 {
     auto* dock = new QDockWidget(title, this);
     dock->setObjectName(objectName);  // saveState() keys docks by object name
-    dock->setWidget(view);
+    // In a scroll area, so the views' minimum sizes never force the window wider than the screen.
+    auto* scroll = new QScrollArea;
+    scroll->setWidget(view);
+    scroll->setWidgetResizable(true);
+    scroll->setFrameShape(QFrame::NoFrame);
+    dock->setWidget(scroll);
     addDockWidget(Qt::RightDockWidgetArea, dock);
     // The views share the right area as tabs; the first one added stays at the front.
     const QList<QDockWidget*> docks = viewDocks();
@@ -567,7 +572,7 @@ QStringList MainWindow::saveScreenshots(const QString& dir)
         dock->show();
         QApplication::processEvents();
         replotAll(dock);
-        save(dock->widget()->grab(), QLatin1String(v.file));
+        save(dock->grab(), QLatin1String(v.file));
         dock->setFloating(false);
     }
     restoreState(state);
