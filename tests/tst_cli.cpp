@@ -268,6 +268,101 @@ private slots:
         }
     }
 
+    // sweep and tune on aidreams260K with text contexts whose last tokens are held out: files
+    // a plot and a serving stack can read, the tuned profile bound to this model, clear refusals.
+    void sweepAndTune()
+    {
+        const QString dir = KVSCOPE_SOURCE_DIR "/../shared/models/aidreams260K";
+        if (!QFile::exists(dir + "/aidreams260K.bin")) QSKIP("../shared/models/aidreams260K is absent (test data)");
+        const QStringList model = {"--model", dir + "/aidreams260K.bin", "--tokenizer", dir + "/tok512.bin"};
+        auto write = [&](const QString& name, const QByteArray& text) {
+            QFile f(path(name));
+            QVERIFY(f.open(QIODevice::WriteOnly));
+            f.write(text);
+        };
+        write("a.txt", "I dreamed of a river that ran through the quiet town. The nodes hummed softly as the light "
+                       "faded, and every window held a small lamp. A child counted the boats, one by one, until the "
+                       "night was deep and the water was still. Then the bells rang out over the hills.");
+        write("b.txt", "The network woke before dawn. Signals moved like birds between the towers, and each tower "
+                       "kept a record of what it heard. By noon the records filled a library, and by night the "
+                       "library began to dream of the sea, of salt and wind and long grey waves.");
+
+        Run r = cli(QStringList{"sweep"} + model +
+                    QStringList{"--context", path("a.txt"), "--holdout-tokens", "24", "--chunk-tokens", "16", "--key-bins",
+                                "8,32", "--value-bins", "8", "--deltas", "0", "--csv", path("s.csv"), "--out", path("s.json"),
+                                "--json"});
+        QVERIFY2(r.exitCode == 0, r.err.constData());
+        QVERIFY(isSingleJsonObject(r.out));
+        QCOMPARE(r.json()["points"].toArray().size(), 2 + 5);
+        QCOMPARE(r.json()["continuation_tokens"].toInt(), 24);
+        QFile csv(path("s.csv"));
+        QVERIFY(csv.open(QIODevice::ReadOnly));
+        const QList<QByteArray> lines = csv.readAll().trimmed().split('\n');
+        QCOMPARE(lines.size(), 1 + 7);
+        QVERIFY(lines[0].startsWith("codec,key_bins,value_bins,chunk_tokens,"));
+        QVERIFY2(lines[1].startsWith("cachegen,8,8,16,0,token,token,"), lines[1].constData());
+        QVERIFY(QFile::exists(path("s.json")));
+
+        r = cli(QStringList{"tune"} + model +
+                QStringList{"--contexts", path("a.txt") + "," + path("b.txt"), "--holdout-tokens", "24", "--chunk-tokens", "16",
+                            "--delta-group", "0", "--tables", "shared", "--bins", "16,64,256", "--budgets", "5,1",
+                            "--answer-tokens", "8", "--out", path("tuned.json"), "--lmcache", path("tuned.py"), "--json"});
+        QVERIFY2(r.exitCode == 0, r.err.constData());
+        QVERIFY(isSingleJsonObject(r.out));
+        const QJsonObject t = r.json();
+        const QJsonArray levels = t["levels"].toArray();
+        QVERIFY(!levels.isEmpty());
+        for (const auto& v : levels) {
+            const QJsonObject l = v.toObject();
+            QVERIFY(l["budget_met"].toBool());
+            QVERIFY(l["max_delta_ppl_pct"].toDouble() <= l["budget_delta_ppl_pct"].toDouble());
+        }
+        QFile tuned(path("tuned.json"));
+        QVERIFY(tuned.open(QIODevice::ReadOnly));
+        const QJsonObject profile = QJsonDocument::fromJson(tuned.readAll()).object();
+        QCOMPARE(profile["model_fingerprint"].toString(), t["fingerprint"].toString());
+        QVERIFY(profile.contains("calibrated_tables"));
+        QFile py(path("tuned.py"));
+        QVERIFY(py.open(QIODevice::ReadOnly));
+        QVERIFY(py.readAll().contains("QuantizationSpec(start_layer=0"));
+
+        // The tuned profile works on this model and is refused for another one unless forced.
+        r = cli(QStringList{"eval"} + model +
+                QStringList{"--context", path("b.txt"), "--holdout-tokens", "24", "--profile", path("tuned.json"),
+                            "--answer-tokens", "4", "--no-text", "--json"});
+        QVERIFY2(r.exitCode == 0, r.err.constData());
+        QJsonObject foreign = profile;
+        foreign["model_fingerprint"] = "0123456789abcdef";
+        write("foreign.json", QJsonDocument(foreign).toJson());
+        const QStringList evalForeign = QStringList{"eval"} + model +
+                                        QStringList{"--context", path("b.txt"), "--holdout-tokens", "24", "--profile",
+                                                    path("foreign.json"), "--answer-tokens", "4", "--no-text", "--json"};
+        r = cli(evalForeign);
+        QVERIFY(r.exitCode != 0);
+        QVERIFY2(r.err.contains("foreign.json: model_fingerprint: the profile was tuned for model 0123456789abcdef, this cache "
+                                "comes from " + t["fingerprint"].toString().toUtf8()),
+                 r.err.constData());
+        r = cli(evalForeign + QStringList{"--force-profile"});
+        QVERIFY2(r.exitCode == 0, r.err.constData());
+
+        // Bad input: one error line naming the reason.
+        const QStringList base = QStringList{"tune"} + model + QStringList{"--contexts", path("a.txt"), "--json"};
+        const QList<QPair<QStringList, QByteArray>> bad = {
+            {base + QStringList{"--holdout-tokens", "24", "--bins", "8,300"}, "--bins: 300 is outside 2..256"},
+            {base + QStringList{"--holdout-tokens", "24", "--chunk-tokens", "512"}, "fewer than one chunk of 512"},
+            {base + QStringList{"--holdout-tokens", "0", "--chunk-tokens", "16"}, "no continuation to score"},
+            {base + QStringList{"--holdout-tokens", "24", "--chunk-tokens", "16", "--budgets", "-1"},
+             "is not a positive delta_ppl_pct"},
+        };
+        for (const auto& [args, expect] : bad) {
+            r = cli(args);
+            QVERIFY(r.exitCode != 0);
+            QVERIFY(r.out.isEmpty());
+            const QByteArray last = r.err.trimmed().split('\n').last();
+            QVERIFY2(last.startsWith("error: ") && last.contains(expect), r.err.constData());
+        }
+    }
+
     // capture -> encode -> decode -> generate on the embedded default model and the 1K sample:
     // the lossless rows are exact, the lossy ones stay within bounds a user would accept.
     void demoRunsEndToEnd()

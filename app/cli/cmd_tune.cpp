@@ -161,7 +161,7 @@ void addSweepCommand(CLI::App& app, Output& out)
     auto* sub = app.add_subcommand("sweep", "Rate-distortion grid on one context: bins, chunk, delta, quantizer");
     struct Opts {
         EvalOpts eval;
-        std::string keyBins = "6,8,12,16,24,32", valueBins = "6,8,12,16,24,32", chunks = "256", deltas = "10";
+        std::string keyBins = "6,8,12,16,24,32", valueBins = "6,8,12,16,24,32", chunks, deltas;
         std::string keyQuantizers = "token", valueQuantizers = "token", csv, jsonOut;
         bool answers = false, noBaselines = false;
     };
@@ -170,8 +170,8 @@ void addSweepCommand(CLI::App& app, Output& out)
     sub->add_option("--key-bins", o->keyBins, "key bins per point, comma-separated; a point is 16 or K groups 32/16/16")
         ->capture_default_str();
     sub->add_option("--value-bins", o->valueBins, "value bins per point; 16 or V groups 32/16")->capture_default_str();
-    sub->add_option("--chunks", o->chunks, "chunk sizes in tokens")->capture_default_str();
-    sub->add_option("--deltas", o->deltas, "delta groups, 0 = delta coding off")->capture_default_str();
+    sub->add_option("--chunks", o->chunks, "chunk sizes in tokens (default: the profile's)");
+    sub->add_option("--deltas", o->deltas, "delta groups, 0 = delta coding off (default: the profile's)");
     sub->add_option("--key-quantizers", o->keyQuantizers, "token and/or channel")->capture_default_str();
     sub->add_option("--value-quantizers", o->valueQuantizers, "token and/or channel")->capture_default_str();
     sub->add_flag("--answers", o->answers, "also generate the answer of every point (token agreement; slower)");
@@ -183,8 +183,6 @@ void addSweepCommand(CLI::App& app, Output& out)
         SweepGrid grid;
         for (const std::string& s : splitList(o->keyBins, "--key-bins")) grid.keyBins.push_back(parseGroupBins(s));
         for (const std::string& s : splitList(o->valueBins, "--value-bins")) grid.valueBins.push_back(parseGroupBins(s));
-        grid.chunkTokens = intList(o->chunks, "--chunks");
-        grid.deltaGroups = intList(o->deltas, "--deltas");
         grid.keyQuantizers = quantizerList(o->keyQuantizers, "--key-quantizers");
         grid.valueQuantizers = quantizerList(o->valueQuantizers, "--value-quantizers");
         grid.answers = o->answers;
@@ -195,6 +193,8 @@ void addSweepCommand(CLI::App& app, Output& out)
         if (p.ref->task().continuation.empty())
             throw Error(sample.id + ": no continuation to score (give --continuation or --holdout-tokens)");
         grid.base = o->eval.profile.params(p.original).profile;
+        grid.chunkTokens = o->chunks.empty() ? std::vector<int>{grid.base.chunkTokens} : intList(o->chunks, "--chunks");
+        grid.deltaGroups = o->deltas.empty() ? std::vector<int>{grid.base.deltaGroup} : intList(o->deltas, "--deltas");
         std::fprintf(stderr, "sweeping %zu points and %zu baselines\n", grid.points(), grid.baselines.size());
         const double t0 = nowSeconds();
         const std::vector<SweepPoint> points = runSweep(*p.ref, p.original, grid, [](int done, int total) {
