@@ -94,9 +94,9 @@ int main(int argc, char** argv)
                argInt(argc, argv, "--tokens", 8192)};
     const int repeats = argInt(argc, argv, "--repeats", 3);
     std::string bench = "null";
+    const KvSet kv = makeSyntheticKv(s);
     for (int shared = 0; shared < 2; ++shared) {
         try {
-            const KvSet kv = makeSyntheticKv(s);
             CodecParams p;
             p.shape = s.shape;
             p.profile = defaultProfile(s.shape.numLayers);
