@@ -27,14 +27,16 @@ std::vector<std::string> splitList(const std::string& text, const char* option)
     return out;
 }
 
-std::vector<int> intList(const std::string& text, const char* option)
+// Comma-separated numbers, each parsed whole by `parse` (std::stoi, std::stod).
+template <typename T, typename Parse>
+std::vector<T> numberList(const std::string& text, const char* option, Parse parse)
 {
-    std::vector<int> out;
+    std::vector<T> out;
     for (const std::string& s : splitList(text, option)) {
         size_t used = 0;
-        int v = 0;
+        T v{};
         try {
-            v = std::stoi(s, &used);
+            v = parse(s, &used);
         } catch (const std::exception&) {
             used = 0;
         }
@@ -44,21 +46,14 @@ std::vector<int> intList(const std::string& text, const char* option)
     return out;
 }
 
+std::vector<int> intList(const std::string& text, const char* option)
+{
+    return numberList<int>(text, option, [](const std::string& s, size_t* used) { return std::stoi(s, used); });
+}
+
 std::vector<double> doubleList(const std::string& text, const char* option)
 {
-    std::vector<double> out;
-    for (const std::string& s : splitList(text, option)) {
-        size_t used = 0;
-        double v = 0;
-        try {
-            v = std::stod(s, &used);
-        } catch (const std::exception&) {
-            used = 0;
-        }
-        if (used != s.size()) throw Error(std::string(option) + ": '" + s + "' is not a number");
-        out.push_back(v);
-    }
-    return out;
+    return numberList<double>(text, option, [](const std::string& s, size_t* used) { return std::stod(s, used); });
 }
 
 std::vector<Quantizer> quantizerList(const std::string& text, const char* option)
@@ -389,19 +384,13 @@ void addTuneCommand(CLI::App& app, Output& out)
                                          });
         json levels = json::array();
         for (size_t l = 0; l < r.levels.size(); ++l) {
-            const TunedLevel& t = r.levels[l];
-            levels.push_back({{"level", int(l) + 1},
-                              {"name", t.level.name},
-                              {"budget_delta_ppl_pct", t.budgetPplPct},
-                              {"budget_met", t.met},
-                              {"bits_per_value", t.bitsPerValue},
-                              {"ratio_vs_int8", t.ratioVsInt8},
-                              {"mean_delta_ppl_pct", t.meanDeltaPplPct},
-                              {"max_delta_ppl_pct", t.maxDeltaPplPct},
-                              {"mean_kl", t.meanKl},
-                              {"mean_token_agreement", t.meanAgreement},
-                              {"key_bins", t.level.keyBins},
-                              {"value_bins", t.level.valueBins}});
+            // The figures the profile records for the level, plus its place and bins.
+            json level = json::parse(r.levels[l].level.measuredJson);
+            level.update({{"level", int(l) + 1},
+                          {"name", r.levels[l].level.name},
+                          {"key_bins", r.levels[l].level.keyBins},
+                          {"value_bins", r.levels[l].level.valueBins}});
+            levels.push_back(level);
         }
         json sens = json::array();
         for (size_t c = 0; c < r.sensitivity.size(); ++c) {

@@ -42,9 +42,19 @@ CodecParams trialParams(const CodecProfile& base, const KvSet& kv, const CodecLe
     return p;
 }
 
+// Size and quality of one configuration summed over the tuning contexts.
 struct Measured {
     uint64_t bytes = 0;
     double meanDeltaPplPct = 0, maxDeltaPplPct = -INFINITY, meanKl = 0, meanAgreement = 0;
+
+    void add(uint64_t trialBytes, const Quality& q, size_t contexts)
+    {
+        bytes += trialBytes;
+        meanDeltaPplPct += q.deltaPplPct / double(contexts);
+        maxDeltaPplPct = std::max(maxDeltaPplPct, q.deltaPplPct);
+        meanKl += q.kl / double(contexts);
+        meanAgreement += q.tokenAgreement / double(contexts);
+    }
 };
 
 void validate(const std::vector<TuneContext>& contexts, const TuneOptions& o)
@@ -182,12 +192,7 @@ TuneResult tuneProfile(const std::string& modelFingerprint, const std::vector<Tu
         for (size_t c = 0; c < C; ++c) {
             const KvSet& kv = *contexts[c].kv;
             const CodecTrial t = runCodecTrial(kv, trialParams(base, kv, levelOf(chain[idx], L, "candidate")), 1);
-            const Quality q = contexts[c].ref->measure(t.decoded, withAnswer);
-            m.bytes += t.bytes;
-            m.meanDeltaPplPct += q.deltaPplPct / double(C);
-            m.maxDeltaPplPct = std::max(m.maxDeltaPplPct, q.deltaPplPct);
-            m.meanKl += q.kl / double(C);
-            m.meanAgreement += q.tokenAgreement / double(C);
+            m.add(t.bytes, contexts[c].ref->measure(t.decoded, withAnswer), C);
         }
         return m;
     };
@@ -272,8 +277,7 @@ TuneResult tuneProfile(const std::string& modelFingerprint, const std::vector<Tu
         TunedLevel t;
         t.budgetPplPct = levels[l].budget;
         t.met = levels[l].met;
-        t.maxDeltaPplPct = -INFINITY;
-        t.meanAgreement = 0;
+        Measured m;
         nlohmann::json perContext = nlohmann::json::array();
         for (size_t c = 0; c < C; ++c) {
             const KvSet& kv = *contexts[c].kv;
@@ -284,11 +288,7 @@ TuneResult tuneProfile(const std::string& modelFingerprint, const std::vector<Tu
             p.profile = profile;
             const CodecTrial trial = runCodecTrial(kv, p, int(l) + 1);
             const Quality q = contexts[c].ref->measure(trial.decoded, true);
-            t.bytes += trial.bytes;
-            t.meanDeltaPplPct += q.deltaPplPct / double(C);
-            t.maxDeltaPplPct = std::max(t.maxDeltaPplPct, q.deltaPplPct);
-            t.meanKl += q.kl / double(C);
-            t.meanAgreement += q.tokenAgreement / double(C);
+            m.add(trial.bytes, q, C);
             perContext.push_back({{"context", contexts[c].name},
                                   {"bits_per_value", trial.bitsPerValue},
                                   {"delta_ppl_pct", q.deltaPplPct},
@@ -296,6 +296,11 @@ TuneResult tuneProfile(const std::string& modelFingerprint, const std::vector<Tu
                                   {"token_agreement", q.tokenAgreement}});
             tick("final", int(l * C + c + 1), int(profile.levels.size() * C));
         }
+        t.bytes = m.bytes;
+        t.meanDeltaPplPct = m.meanDeltaPplPct;
+        t.maxDeltaPplPct = m.maxDeltaPplPct;
+        t.meanKl = m.meanKl;
+        t.meanAgreement = m.meanAgreement;
         t.bitsPerValue = 8.0 * double(t.bytes) / double(values);
         t.ratioVsInt8 = double(int8Total) / double(t.bytes);
         const nlohmann::json measured = {{"budget_delta_ppl_pct", t.budgetPplPct},
