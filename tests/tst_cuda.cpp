@@ -12,6 +12,7 @@
 #include "kv/kv_h5.h"
 #include "kvscope_cuda.h"
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -155,7 +156,7 @@ private slots:
     {
         for (const char* name : {"cachegen-inband", "cachegen-shared", "int8"}) {
             const auto reader = KvcReader::openFile(std::string(KVSCOPE_TEST_DATA) + "/golden/" + name + ".kvc");
-            const std::vector<int> levels{2};
+            const std::vector<int> levels{std::min(2, reader->params().numLevels())};
             const KvSet cpu = reader->decodeAll(levels);
             GpuDecodeStats st;
             const KvSet gpu = gpuDecodeAll(*reader, levels, 0, &st);
