@@ -383,25 +383,17 @@ void addProfileCommand(CLI::App& app, Output& out)
         const CodecProfile p = o->path.empty() ? defaultProfile(o->layers) : loadProfile(o->path);
         // LMCache's CacheGen configuration: per level, QuantizationSpec(start_layer, end_layer,
         // bins) lists for keys (kspecs) and values (vspecs), end_layer exclusive.
-        auto specs = [](const std::vector<int>& bins, std::string* python) {
+        auto specs = [](const std::vector<int>& bins) {
             json a = json::array();
-            *python = "[";
-            for (const LayerRange& r : toLayerRanges(bins)) {
+            for (const LayerRange& r : toLayerRanges(bins))
                 a.push_back({{"start_layer", r.start}, {"end_layer", r.end}, {"bins", r.bins}});
-                *python += std::string(python->size() > 1 ? ", " : "") + "QuantizationSpec(start_layer=" + std::to_string(r.start) +
-                           ", end_layer=" + std::to_string(r.end) + ", bins=" + std::to_string(r.bins) + ")";
-            }
-            *python += "]";
             return a;
         };
         json levels = json::array();
         for (size_t i = 0; i < p.levels.size(); ++i) {
             const CodecLevel& l = p.levels[i];
-            std::string kpy, vpy;
-            json k = specs(l.keyBins, &kpy), v = specs(l.valueBins, &vpy);
-            levels.push_back({{"level", int(i) + 1}, {"name", l.name}, {"kspecs", k}, {"vspecs", v},
-                              {"lmcache_python", "CacheGenConfig(nlayers=" + std::to_string(l.keyBins.size()) + ", kspecs=" + kpy +
-                                                     ", vspecs=" + vpy + ")"}});
+            levels.push_back({{"level", int(i) + 1}, {"name", l.name}, {"kspecs", specs(l.keyBins)},
+                              {"vspecs", specs(l.valueBins)}, {"lmcache_python", lmcacheConfigPython(l)}});
         }
         const json j = {{"profile", o->path.empty() ? "default" : o->path},
                         {"num_layers", int(p.levels.front().keyBins.size())},
