@@ -10,6 +10,15 @@ if(TARGET kvscope-cli)
   install(TARGETS kvscope-cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT kvscope)
 endif()
 
+# The sample contexts, traces and tuned profiles: `demo`, `eval --context long_1k` and the app's
+# --demo find them here (KVSCOPE_SAMPLES_INSTALL_DIR) when the source tree is not around.
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/samples/contexts ${PROJECT_SOURCE_DIR}/samples/traces
+                  ${PROJECT_SOURCE_DIR}/samples/profiles
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/kvscope/samples COMPONENT kvscope
+        PATTERN "build_contexts.py" EXCLUDE PATTERN "make_traces.py" EXCLUDE)
+install(FILES ${PROJECT_SOURCE_DIR}/samples/README.md DESTINATION ${CMAKE_INSTALL_DATADIR}/kvscope/samples
+        COMPONENT kvscope)
+
 if(TARGET kvscope)
   install(TARGETS kvscope RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT kvscope)
   # XDG locations: launcher, AppStream metadata, and the icon (scalable plus a 256 px rendition
