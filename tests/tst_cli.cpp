@@ -315,7 +315,8 @@ private slots:
         for (const auto& v : levels) {
             const QJsonObject l = v.toObject();
             QVERIFY(l["budget_met"].toBool());
-            QVERIFY(l["max_delta_ppl_pct"].toDouble() <= l["budget_delta_ppl_pct"].toDouble());
+            QCOMPARE(l["budget_metric"].toString(), QString("delta_ppl_pct"));
+            QVERIFY(l["max_delta_ppl_pct"].toDouble() <= l["budget"].toDouble());
         }
         QFile tuned(path("tuned.json"));
         QVERIFY(tuned.open(QIODevice::ReadOnly));
@@ -351,6 +352,7 @@ private slots:
             {base + QStringList{"--holdout-tokens", "24", "--bins", "8,300"}, "--bins: 300 is outside 2..256"},
             {base + QStringList{"--holdout-tokens", "24", "--chunk-tokens", "512"}, "fewer than one chunk of 512"},
             {base + QStringList{"--holdout-tokens", "0", "--chunk-tokens", "16"}, "no continuation to score"},
+            {base + QStringList{"--holdout-tokens", "24", "--budget-metric", "ppl"}, "--budget-metric: expected dppl or kl"},
             {base + QStringList{"--holdout-tokens", "24", "--chunk-tokens", "16", "--budgets", "-1"},
              "is not a positive delta_ppl_pct"},
         };

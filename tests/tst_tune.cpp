@@ -155,7 +155,7 @@ private slots:
         o.base = baseProfile(m_a.kv.shape().numLayers);
         o.base.tables = TableMode::Shared;
         o.base.deltaGroup = 0;  // at 256 bins this is then exactly the int8 baseline (0.04 % here)
-        o.budgetsPplPct = {1.0, 5.0};
+        o.budgets = {1.0, 5.0};
         o.binChoices = {8, 16, 32, 64, 128, 256};  // this toy model needs int8-like bins for 1 %
         o.probeBins = 8;
         o.lambdaSteps = 16;
@@ -179,19 +179,20 @@ private slots:
         for (size_t l = 0; l < r.levels.size(); ++l) {
             const TunedLevel& t = r.levels[l];
             qInfo("level %zu (budget %.1f%%, %s): %.3f bits/value, %.2fx vs int8, max dPPL %.3f%%, KL %.5f, agreement %.3f",
-                  l + 1, t.budgetPplPct, t.met ? "met" : "missed", t.bitsPerValue, t.ratioVsInt8, t.maxDeltaPplPct,
+                  l + 1, t.budget, t.met ? "met" : "missed", t.bitsPerValue, t.ratioVsInt8, t.maxDeltaPplPct,
                   t.meanKl, t.meanAgreement);
             QCOMPARE(int(t.level.keyBins.size()), m_a.kv.shape().numLayers);
             if (l > 0) QVERIFY(t.bytes >= r.levels[l - 1].bytes);
             QVERIFY(t.met);
-            QVERIFY2(t.maxDeltaPplPct <= t.budgetPplPct, std::to_string(t.maxDeltaPplPct).c_str());
+            QVERIFY2(t.maxDeltaPplPct <= t.budget, std::to_string(t.maxDeltaPplPct).c_str());
             const nlohmann::json m = nlohmann::json::parse(p.levels[l].measuredJson);
-            QCOMPARE(m["budget_delta_ppl_pct"].get<double>(), t.budgetPplPct);
+            QCOMPARE(m["budget_metric"].get<std::string>(), std::string("delta_ppl_pct"));
+            QCOMPARE(m["budget"].get<double>(), t.budget);
             QCOMPARE(m["bits_per_value"].get<double>(), t.bitsPerValue);
             QCOMPARE(int(m["contexts"].size()), 2);
         }
         // The last level answers to the tightest budget.
-        QCOMPARE(r.levels.back().budgetPplPct, 1.0);
+        QCOMPARE(r.levels.back().budget, 1.0);
 
         // Round trip through JSON keeps bins, tables and measurements.
         const CodecProfile back = profileFromJson(profileToJson(p), "tuned.json");
@@ -212,6 +213,28 @@ private slots:
         }
         checkProfileModel(p, "0123abcd", "tuned.json", true);
         checkProfileModel(p, m_rt->fingerprint(), "tuned.json", false);
+    }
+
+    // KL budgets: every level's worst-context KL is within its budget, and the levels say so.
+    void klBudgets()
+    {
+        TuneOptions o;
+        o.base = baseProfile(m_a.kv.shape().numLayers);
+        o.base.deltaGroup = 0;
+        o.metric = TuneMetric::Kl;
+        o.budgets = {0.05, 0.01};
+        o.binChoices = {8, 16, 32, 64, 128, 256};
+        o.lambdaSteps = 16;
+        const TuneResult r = tuneProfile(m_rt->fingerprint(), {{"a", m_a.ref.get(), &m_a.kv}}, o);
+        QVERIFY(!r.levels.empty());
+        for (const TunedLevel& t : r.levels) {
+            qInfo("%s: %.3f bits/value, KL %.5f", t.level.name.c_str(), t.bitsPerValue, t.maxKl);
+            QVERIFY(t.met);
+            QVERIFY2(t.maxKl <= t.budget, std::to_string(t.maxKl).c_str());
+            QVERIFY2(t.level.name.rfind("KL <= ", 0) == 0, t.level.name.c_str());
+            QCOMPARE(nlohmann::json::parse(t.level.measuredJson)["budget_metric"].get<std::string>(), std::string("kl"));
+        }
+        QCOMPARE(r.levels.back().budget, 0.01);
     }
 
     void badTuningInput()
@@ -235,7 +258,7 @@ private slots:
         odd.binChoices = {7};
         refused(ok, odd, "bins 7 outside 4..256 or odd");
         TuneOptions budget = o;
-        budget.budgetsPplPct = {0};
+        budget.budgets = {0};
         refused(ok, budget, "not a positive delta_ppl_pct");
         TuneOptions longChunk = o;
         longChunk.base.chunkTokens = 256;

@@ -290,11 +290,11 @@ json evaluateHeldOut(const Model& model, const EvalOpts& o, const std::vector<st
 void printTune(const json& j)
 {
     std::printf("tuned on %s (%s)\n", j["tuning_contexts"].dump().c_str(), j["model"].get<std::string>().c_str());
-    std::printf("%5s %-16s %7s %8s %7s %10s %10s %10s %7s\n", "level", "name", "budget", "bits/val", "x int8", "mean dPPL",
+    std::printf("%5s %-16s %8s %8s %7s %10s %10s %10s %7s\n", "level", "name", "budget", "bits/val", "x int8", "mean dPPL",
                 "max dPPL", "mean KL", "agree");
     for (const json& l : j["levels"])
-        std::printf("%5d %-16s %7.2f %8.3f %7.2f %10.3f %10.3f %10.6f %7.3f%s\n", l["level"].get<int>(),
-                    l["name"].get<std::string>().c_str(), l["budget_delta_ppl_pct"].get<double>(),
+        std::printf("%5d %-16s %8.4g %8.3f %7.2f %10.3f %10.3f %10.6f %7.3f%s\n", l["level"].get<int>(),
+                    l["name"].get<std::string>().c_str(), l["budget"].get<double>(),
                     l["bits_per_value"].get<double>(), l["ratio_vs_int8"].get<double>(),
                     l["mean_delta_ppl_pct"].get<double>(), l["max_delta_ppl_pct"].get<double>(), l["mean_kl"].get<double>(),
                     l["mean_token_agreement"].get<double>(), l["budget_met"].get<bool>() ? "" : "  (budget missed)");
@@ -332,6 +332,7 @@ void addTuneCommand(CLI::App& app, Output& out)
         EvalOpts eval;
         std::string contexts = "technical_note,story,conversation", budgets = "0.5,1,2,5",
                     bins = "4,6,8,10,12,16,20,24,32,48,64,96,128", heldOut, profileOut, lmcacheOut;
+        std::string metric = "dppl";
         double minAgreement = 0;
         int probeBins = 8, lambdaSteps = 48;
     };
@@ -341,7 +342,10 @@ void addTuneCommand(CLI::App& app, Output& out)
     o->eval.add(sub, false, false);
     sub->add_option("--contexts", o->contexts, "tuning contexts: sample ids or text files, comma-separated")
         ->capture_default_str();
-    sub->add_option("--budgets", o->budgets, "delta_ppl_pct budgets, one level each")->capture_default_str();
+    sub->add_option("--budgets", o->budgets, "quality budgets, one level each (delta PPL % or KL, see --budget-metric)")
+        ->capture_default_str();
+    sub->add_option("--budget-metric", o->metric, "what the budgets bound on the worst tuning context: dppl or kl")
+        ->capture_default_str();
     sub->add_option("--min-agreement", o->minAgreement, "also require this mean token agreement per level (0 = off)")
         ->capture_default_str();
     sub->add_option("--bins", o->bins, "bins a layer may take")->capture_default_str();
@@ -353,7 +357,9 @@ void addTuneCommand(CLI::App& app, Output& out)
     sub->add_flag("--json", out.asJson, "print one JSON object");
     sub->callback([o, &out] {
         TuneOptions to;
-        to.budgetsPplPct = doubleList(o->budgets, "--budgets");
+        if (o->metric == "kl") to.metric = TuneMetric::Kl;
+        else if (o->metric != "dppl") throw Error("--budget-metric: expected dppl or kl, got '" + o->metric + "'");
+        to.budgets = doubleList(o->budgets, "--budgets");
         to.binChoices = intList(o->bins, "--bins");
         to.probeBins = o->probeBins;
         to.lambdaSteps = o->lambdaSteps;
@@ -403,7 +409,8 @@ void addTuneCommand(CLI::App& app, Output& out)
         json j = {{"model", model->spec().name},
                   {"fingerprint", model->runtime().fingerprint()},
                   {"tuning_contexts", names},
-                  {"budgets_delta_ppl_pct", to.budgetsPplPct},
+                  {"budget_metric", tuneMetricName(to.metric)},
+                  {"budgets", to.budgets},
                   {"min_agreement", to.minAgreement},
                   {"measured_candidates", r.measuredCandidates},
                   {"tune_s", nowSeconds() - t0},

@@ -322,7 +322,7 @@ void TunerSession::autoTune(const CodecProfile& profile)
                 QString summary;
                 for (const TunedLevel& l : r.levels)
                     summary += tr("budget %1 %: %2 bits/value, ΔPPL %3 %%4\n")
-                                   .arg(l.budgetPplPct)
+                                   .arg(l.budget)
                                    .arg(l.bitsPerValue, 0, 'f', 3)
                                    .arg(l.maxDeltaPplPct, 0, 'f', 3)
                                    .arg(l.met ? QString() : tr(" (budget missed)"));

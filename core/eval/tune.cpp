@@ -45,7 +45,7 @@ CodecParams trialParams(const CodecProfile& base, const KvSet& kv, const CodecLe
 // Size and quality of one configuration summed over the tuning contexts.
 struct Measured {
     uint64_t bytes = 0;
-    double meanDeltaPplPct = 0, maxDeltaPplPct = -INFINITY, meanKl = 0, meanAgreement = 0;
+    double meanDeltaPplPct = 0, maxDeltaPplPct = -INFINITY, meanKl = 0, maxKl = 0, meanAgreement = 0;
 
     void add(uint64_t trialBytes, const Quality& q, size_t contexts)
     {
@@ -53,6 +53,7 @@ struct Measured {
         meanDeltaPplPct += q.deltaPplPct / double(contexts);
         maxDeltaPplPct = std::max(maxDeltaPplPct, q.deltaPplPct);
         meanKl += q.kl / double(contexts);
+        maxKl = std::max(maxKl, q.kl);
         meanAgreement += q.tokenAgreement / double(contexts);
     }
 };
@@ -72,9 +73,9 @@ void validate(const std::vector<TuneContext>& contexts, const TuneOptions& o)
             throw Error("tune: context '" + c.name + "' has " + std::to_string(s.numTokens) +
                         " tokens, fewer than one chunk of " + std::to_string(o.base.chunkTokens));
     }
-    if (o.budgetsPplPct.empty()) throw Error("tune: no quality budgets");
-    for (double b : o.budgetsPplPct)
-        if (!(b > 0)) throw Error("tune: budget " + std::to_string(b) + " is not a positive delta_ppl_pct");
+    if (o.budgets.empty()) throw Error("tune: no quality budgets");
+    for (double b : o.budgets)
+        if (!(b > 0)) throw Error("tune: budget " + std::to_string(b) + " is not a positive " + tuneMetricName(o.metric));
     std::vector<int> bins = o.binChoices;
     bins.push_back(o.probeBins);
     for (int b : bins)
@@ -84,6 +85,8 @@ void validate(const std::vector<TuneContext>& contexts, const TuneOptions& o)
 }
 
 }  // namespace
+
+const char* tuneMetricName(TuneMetric m) { return m == TuneMetric::Kl ? "kl" : "delta_ppl_pct"; }
 
 TuneResult tuneProfile(const std::string& modelFingerprint, const std::vector<TuneContext>& contexts,
                        const TuneOptions& options, const TuneProgress& progress)
@@ -196,7 +199,7 @@ TuneResult tuneProfile(const std::string& modelFingerprint, const std::vector<Tu
         }
         return m;
     };
-    std::vector<double> budgets = options.budgetsPplPct;
+    std::vector<double> budgets = options.budgets;
     std::sort(budgets.begin(), budgets.end(), std::greater<double>());  // loosest first
     budgets.erase(std::unique(budgets.begin(), budgets.end()), budgets.end());
     const bool checkAgreement = options.minAgreement > 0;
@@ -208,7 +211,8 @@ TuneResult tuneProfile(const std::string& modelFingerprint, const std::vector<Tu
             ++result.measuredCandidates;
         }
         tick("search", ++searched, int(budgets.size()) * int(std::ceil(std::log2(double(chain.size()) + 1)) + 1));
-        return it->second.maxDeltaPplPct <= budget && (!checkAgreement || it->second.meanAgreement >= options.minAgreement);
+        const double worst = options.metric == TuneMetric::Kl ? it->second.maxKl : it->second.maxDeltaPplPct;
+        return worst <= budget && (!checkAgreement || it->second.meanAgreement >= options.minAgreement);
     };
     struct Pick {
         size_t idx;
@@ -244,12 +248,13 @@ TuneResult tuneProfile(const std::string& modelFingerprint, const std::vector<Tu
     profile.levels.clear();
     for (const Pick& p : levels) {
         char name[64];
-        std::snprintf(name, sizeof name, "dPPL <= %g%%", p.budget);
+        if (options.metric == TuneMetric::Kl) std::snprintf(name, sizeof name, "KL <= %g", p.budget);
+        else std::snprintf(name, sizeof name, "dPPL <= %g%%", p.budget);
         profile.levels.push_back(levelOf(chain[p.idx], L, name));
     }
     profile.defaultLevel = int(profile.levels.size());
     for (size_t i = 0; i < levels.size(); ++i)
-        if (levels[i].met && levels[i].budget <= 1.0) {
+        if (levels[i].met && levels[i].budget <= (options.metric == TuneMetric::Kl ? 0.01 : 1.0)) {
             profile.defaultLevel = int(i) + 1;
             break;
         }
@@ -275,7 +280,7 @@ TuneResult tuneProfile(const std::string& modelFingerprint, const std::vector<Tu
     }
     for (size_t l = 0; l < profile.levels.size(); ++l) {
         TunedLevel t;
-        t.budgetPplPct = levels[l].budget;
+        t.budget = levels[l].budget;
         t.met = levels[l].met;
         Measured m;
         nlohmann::json perContext = nlohmann::json::array();
@@ -300,16 +305,19 @@ TuneResult tuneProfile(const std::string& modelFingerprint, const std::vector<Tu
         t.meanDeltaPplPct = m.meanDeltaPplPct;
         t.maxDeltaPplPct = m.maxDeltaPplPct;
         t.meanKl = m.meanKl;
+        t.maxKl = m.maxKl;
         t.meanAgreement = m.meanAgreement;
         t.bitsPerValue = 8.0 * double(t.bytes) / double(values);
         t.ratioVsInt8 = double(int8Total) / double(t.bytes);
-        const nlohmann::json measured = {{"budget_delta_ppl_pct", t.budgetPplPct},
+        const nlohmann::json measured = {{"budget_metric", tuneMetricName(options.metric)},
+                                         {"budget", t.budget},
                                          {"budget_met", t.met},
                                          {"bits_per_value", t.bitsPerValue},
                                          {"ratio_vs_int8", t.ratioVsInt8},
                                          {"mean_delta_ppl_pct", t.meanDeltaPplPct},
                                          {"max_delta_ppl_pct", t.maxDeltaPplPct},
                                          {"mean_kl", t.meanKl},
+                                         {"max_kl", t.maxKl},
                                          {"mean_token_agreement", t.meanAgreement},
                                          {"contexts", perContext}};
         profile.levels[l].measuredJson = measured.dump();

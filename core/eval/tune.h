@@ -14,7 +14,8 @@
 //     configurations from smallest to best.
 //  4. Verification: for each budget, a binary search along that chain measures real configurations
 //     (encode, decode, score every context) and keeps the smallest one whose worst-context
-//     delta_ppl_pct (and, when asked, mean token agreement) meets the budget. The model only orders
+//     delta_ppl_pct, or worst-context KL (`metric`), and, when asked, mean token agreement, meets
+//     the budget. The model only orders
 //     candidates; every level's reported size and quality are measured.
 // Levels come out ordered from smallest (loosest budget) to best, as profiles expect. With
 // TableMode::Shared the final levels carry tables calibrated on all tuning caches.
@@ -36,9 +37,16 @@ struct TuneContext {
     const KvSet* kv = nullptr;              // the original cache of ref's context
 };
 
+// What a budget bounds, on the worst tuning context. delta_ppl_pct is what users quote, but below
+// about 0.5 % it is within the noise of a few hundred scored tokens; KL (nats per token) keeps
+// ordering configurations there.
+enum class TuneMetric { DeltaPplPct, Kl };
+const char* tuneMetricName(TuneMetric m);  // "delta_ppl_pct" | "kl"
+
 struct TuneOptions {
     CodecProfile base;  // chunking, delta coding, quantizers, table mode; its levels are ignored
-    std::vector<double> budgetsPplPct = {0.5, 1.0, 2.0, 5.0};
+    TuneMetric metric = TuneMetric::DeltaPplPct;
+    std::vector<double> budgets = {0.5, 1.0, 2.0, 5.0};  // in `metric`'s unit, one level each
     double minAgreement = 0.0;  // also require mean token agreement >= this (0: not checked)
     std::vector<int> binChoices = {4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128};
     int probeBins = 8;
@@ -46,13 +54,13 @@ struct TuneOptions {
 };
 
 struct TunedLevel {
-    double budgetPplPct = 0.0;
+    double budget = 0.0;            // in the options' metric
     bool met = false;               // false: even the best candidate missed the budget
     CodecLevel level;               // bins per layer, measuredJson filled
     uint64_t bytes = 0;             // summed over the tuning contexts
     double bitsPerValue = 0.0;      // over all tuning contexts' values
     double ratioVsInt8 = 0.0;
-    double meanDeltaPplPct = 0.0, maxDeltaPplPct = 0.0, meanKl = 0.0, meanAgreement = 1.0;
+    double meanDeltaPplPct = 0.0, maxDeltaPplPct = 0.0, meanKl = 0.0, maxKl = 0.0, meanAgreement = 1.0;
 };
 
 struct TuneResult {
