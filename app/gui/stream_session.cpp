@@ -47,6 +47,22 @@ LinkSchedule scheduleFor(const StreamConfig& c)
     return LinkSchedule::parse(c.rate.toStdString(), "link rate");
 }
 
+// One chunk's timeline as the plots take it (the job and decode times are known only at the end).
+StreamChunkPoint chunkPoint(const ChunkEvent& e)
+{
+    StreamChunkPoint c;
+    c.index = e.index;
+    c.level = e.level;
+    c.local = e.local;
+    c.bytes = e.bytes;
+    c.sentS = e.sentS;
+    c.firstByteS = e.firstByteS;
+    c.arrivedS = e.arrivedS;
+    c.jobStartS = e.jobStartS;
+    c.decodedS = e.decodedS;
+    return c;
+}
+
 LinkSeries availableSeries(const LinkSchedule& s, double seconds)
 {
     LinkSeries out;
@@ -169,14 +185,7 @@ void StreamSession::start(const StreamConfig& config, const CodecProfile& profil
             options.policy = parsePolicy(config.policy.toStdString());
             options.sloSeconds = config.sloSeconds;
             options.onChunk = [post, stop, this](const ChunkEvent& e) {
-                StreamChunkPoint c;
-                c.index = e.index;
-                c.level = e.level;
-                c.local = e.local;
-                c.bytes = e.bytes;
-                c.sentS = e.sentS;
-                c.firstByteS = e.firstByteS;
-                c.arrivedS = e.arrivedS;
+                const StreamChunkPoint c = chunkPoint(e);
                 post([this, c] { emit chunkArrived(c); });
                 return !*stop;
             };
@@ -195,19 +204,7 @@ void StreamSession::start(const StreamConfig& config, const CodecProfile& profil
             out.sloMet = r.sloMet;
             const TtftPart* parts[6] = {&r.transfer, &r.decode, &r.recompute, &r.kvLoad, &r.prefill, &r.firstToken};
             for (int i = 0; i < 6; ++i) out.parts[i] = parts[i]->seconds;
-            for (const ChunkEvent& e : r.chunks) {
-                StreamChunkPoint c;
-                c.index = e.index;
-                c.level = e.level;
-                c.local = e.local;
-                c.bytes = e.bytes;
-                c.sentS = e.sentS;
-                c.firstByteS = e.firstByteS;
-                c.arrivedS = e.arrivedS;
-                c.jobStartS = e.jobStartS;
-                c.decodedS = e.decodedS;
-                out.chunks.push_back(c);
-            }
+            for (const ChunkEvent& e : r.chunks) out.chunks.push_back(chunkPoint(e));
             out.deliveredBytes = r.deliveredBytes;
             out.capacityBytes = r.capacityBytes;
             out.tokenAgreement = r.tokenAgreement;
