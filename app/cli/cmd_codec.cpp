@@ -5,6 +5,7 @@
 #include "codec/bench.h"
 #include "codec/container.h"
 #include "codec/gpu_decode.h"
+#include "eval/codec_trial.h"
 #include "kv/kv_compare.h"
 #include "kv/kv_h5.h"
 
@@ -16,10 +17,11 @@ namespace kvscope::cli {
 
 json sizeJson(uint64_t bytes, const KvShape& s)
 {
+    const SizeFigures size = sizeFigures(bytes, s);
     return {{"bytes", bytes},
-            {"bits_per_value", 8.0 * double(bytes) / double(s.totalValues())},
-            {"ratio_vs_fp16", 2.0 * double(s.totalValues()) / double(bytes)},
-            {"ratio_vs_int8", double(int8Bytes(s)) / double(bytes)}};
+            {"bits_per_value", size.bitsPerValue},
+            {"ratio_vs_fp16", size.ratioVsFp16},
+            {"ratio_vs_int8", size.ratioVsInt8}};
 }
 
 json errorJson(const KvError& e, bool perLayer)

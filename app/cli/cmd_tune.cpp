@@ -430,9 +430,7 @@ void addTuneCommand(CLI::App& app, Output& out)
             writeFileAtomic(o->lmcacheOut, text);
         }
         if (!o->heldOut.empty()) {
-            EvalOpts heldOutOpts = o->eval;
-            heldOutOpts.holdoutTokens = o->eval.holdoutTokens;
-            j["held_out"] = evaluateHeldOut(*model, heldOutOpts, splitList(o->heldOut, "--eval"), r.profile);
+            j["held_out"] = evaluateHeldOut(*model, o->eval, splitList(o->heldOut, "--eval"), r.profile);
         }
         out.emit(j, printTune);
     });

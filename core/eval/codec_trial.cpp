@@ -45,6 +45,12 @@ void addBlockBytes(const CodecParams& p, const std::vector<uint8_t>& payload, in
 
 }  // namespace
 
+SizeFigures sizeFigures(uint64_t bytes, const KvShape& shape)
+{
+    const double values = double(shape.totalValues());
+    return {8.0 * double(bytes) / values, 2.0 * values / double(bytes), double(int8Bytes(shape)) / double(bytes)};
+}
+
 CodecTrial runCodecTrial(const KvSet& kv, const CodecParams& params, int level)
 {
     using Clock = std::chrono::steady_clock;
@@ -81,7 +87,7 @@ CodecTrial runCodecTrial(const KvSet& kv, const CodecParams& params, int level)
     t.decoded.context = kv.context;
     t.decoded.modelName = kv.modelName;
     t.decoded.modelFingerprint = kv.modelFingerprint;
-    t.bitsPerValue = 8.0 * double(t.bytes) / double(kv.shape().totalValues());
+    t.bitsPerValue = sizeFigures(t.bytes, kv.shape()).bitsPerValue;
     return t;
 }
 

@@ -25,6 +25,13 @@ struct CodecTrial {
     KvSet decoded;             // same shape and dtype as the input, with its tokens and metadata
 };
 
+// What every size column reports for `bytes` of a cache of this shape: bits per value and the
+// ratios against fp16 and against the int8 baseline (int8Bytes).
+struct SizeFigures {
+    double bitsPerValue = 0.0, ratioVsFp16 = 0.0, ratioVsInt8 = 0.0;
+};
+SizeFigures sizeFigures(uint64_t bytes, const KvShape& shape);
+
 // `level` is 1-based (baselines have one level). Throws kvscope::Error from the codec.
 CodecTrial runCodecTrial(const KvSet& kv, const CodecParams& params, int level);
 

@@ -25,14 +25,14 @@ std::vector<EvalRow> evaluateCodecs(const LlamaRuntime& runtime, const QualityRe
                                     const EvalPlan& plan, const EvalProgress& progress)
 {
     const KvShape& shape = original.shape();
-    const double fp16Bytes = 2.0 * double(shape.totalValues());
-    const double int8 = double(int8Bytes(shape));
     const int levels = plan.levels ? plan.cachegen.numLevels() : 0;
     const int planned = (plan.textRecompute ? 1 : 0) + int(plan.baselines.size()) + levels;
     std::vector<EvalRow> rows;
     auto finish = [&](EvalRow r, const KvSet& decoded) {
-        r.ratioVsFp16 = fp16Bytes / double(r.bytes);
-        r.ratioVsInt8 = int8 / double(r.bytes);
+        const SizeFigures size = sizeFigures(r.bytes, shape);
+        r.bitsPerValue = size.bitsPerValue;
+        r.ratioVsFp16 = size.ratioVsFp16;
+        r.ratioVsInt8 = size.ratioVsInt8;
         r.quality = ref.measure(decoded);
         r.error = compareKv(original, decoded);
         r.exact = sameBytes(original, decoded);
@@ -45,7 +45,6 @@ std::vector<EvalRow> evaluateCodecs(const LlamaRuntime& runtime, const QualityRe
         EvalRow r;
         r.codec = "text";
         r.bytes = 4 * uint64_t(ref.task().context.size());
-        r.bitsPerValue = 8.0 * double(r.bytes) / double(shape.totalValues());
         const auto t0 = std::chrono::steady_clock::now();
         InferenceSession s(runtime);
         s.append(ref.task().context, nullptr);
@@ -60,7 +59,6 @@ std::vector<EvalRow> evaluateCodecs(const LlamaRuntime& runtime, const QualityRe
         EvalRow r;
         r.codec = codecName(id);
         r.bytes = t.bytes;
-        r.bitsPerValue = t.bitsPerValue;
         r.encodeSeconds = t.encodeSeconds;
         r.decodeSeconds = t.decodeSeconds;
         finish(std::move(r), t.decoded);
@@ -72,7 +70,6 @@ std::vector<EvalRow> evaluateCodecs(const LlamaRuntime& runtime, const QualityRe
         r.level = l;
         r.levelName = plan.cachegen.profile.levels[size_t(l - 1)].name;
         r.bytes = t.bytes;
-        r.bitsPerValue = t.bitsPerValue;
         r.encodeSeconds = t.encodeSeconds;
         r.decodeSeconds = t.decodeSeconds;
         finish(std::move(r), t.decoded);

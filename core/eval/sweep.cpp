@@ -28,9 +28,10 @@ SweepPoint measurePoint(const QualityReference& ref, const KvSet& original, cons
     SweepPoint s;
     s.codec = codecName(p.codec);
     s.bytes = t.bytes;
-    s.bitsPerValue = t.bitsPerValue;
-    s.ratioVsFp16 = double(2 * original.shape().totalValues()) / double(t.bytes);
-    s.ratioVsInt8 = double(int8Bytes(original.shape())) / double(t.bytes);
+    const SizeFigures size = sizeFigures(t.bytes, original.shape());
+    s.bitsPerValue = size.bitsPerValue;
+    s.ratioVsFp16 = size.ratioVsFp16;
+    s.ratioVsInt8 = size.ratioVsInt8;
     s.keyRms = overallRms(e, KvKind::Key);
     s.valueRms = overallRms(e, KvKind::Value);
     s.quality = ref.measure(t.decoded, answers);
