@@ -1,5 +1,5 @@
 // rANS coder (core/codec/rans.h) and its probability tables (core/codec/prob_table.h):
-// 4-way interleaved round trips laid out exactly like chunk_codec.cpp's head streams, a scalar
+// 4-way interleaved round trips laid out exactly like entropy_stage.cpp's head streams, a scalar
 // reference coder written here from the math, the entropy bound, and table parsing of bad bytes.
 #include "testmain.h"
 
@@ -59,7 +59,7 @@ std::vector<uint32_t> countSymbols(const std::vector<uint8_t>& s, int alphabet)
     return c;
 }
 
-// The 4-way interleave of chunk_codec.cpp's encodeHeadStream: symbol i by state i % 4, symbols
+// The 4-way interleave of entropy_stage.cpp's encodeHeadStream: symbol i by state i % 4, symbols
 // visited last to first, states flushed 3..0 so the decoder reads way 0 first.
 std::vector<uint8_t> encodeInterleaved(const std::vector<uint8_t>& sym, const ProbTable& t)
 {

@@ -68,7 +68,7 @@ inline const FreqDivider& freqDivider()
 }
 
 // Encodes one symbol with frequency `freq` and cumulative start `start`: the plain reference
-// (hardware divide, a renormalisation loop); chunk_codec.cpp's encoder is the unrolled, branch-free
+// (hardware divide, a renormalisation loop); entropy_stage.cpp's encoder is the unrolled, branch-free
 // form of the same arithmetic and must produce the same bytes.
 inline void encPut(uint32_t* x, RansWriter& w, uint32_t start, uint32_t freq)
 {
@@ -119,7 +119,7 @@ inline uint32_t decSlot(uint32_t x) { return x & (kProbScale - 1); }
 // Advances the state past a symbol (start, freq) and renormalises. A valid state is >= 2^11 after
 // the update, so it takes k = (x < 2^23) + (x < 2^15) bytes; reading exactly k (never "until
 // x >= L") keeps a corrupt stream (say, all zeros) from looping forever, and matches the
-// unrolled fast path in chunk_codec.cpp byte for byte on any input.
+// unrolled fast path in entropy_stage.cpp byte for byte on any input.
 inline void decAdvance(uint32_t* x, RansReader& r, uint32_t start, uint32_t freq)
 {
     uint32_t s = freq * (*x >> kProbBits) + (*x & (kProbScale - 1)) - start;
