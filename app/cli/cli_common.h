@@ -44,6 +44,13 @@ void addBenchModelCommand(CLI::App& app, Output& out);  // after addBenchCommand
 void addStreamCommand(CLI::App& app, Output& out);
 void addServeCommand(CLI::App& app, Output& out);
 void addPushCommand(CLI::App& app, Output& out);
+void addVerifyCommand(CLI::App& app, Output& out);
+
+// Thrown by a command that has already reported its errors on stderr and only needs the process to
+// exit with `code` (kvscope-cli verify: one error line per damaged place, then status 1).
+struct ExitStatus {
+    int code = 1;
+};
 
 // Seconds since an arbitrary epoch, for timings.
 double nowSeconds();

@@ -34,6 +34,7 @@ int main(int argc, char** argv)
     addStreamCommand(app, out);
     addServeCommand(app, out);
     addPushCommand(app, out);
+    addVerifyCommand(app, out);
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {
@@ -45,6 +46,8 @@ int main(int argc, char** argv)
     } catch (const CLI::ParseError& e) {
         std::cerr << "error: " << e.what() << " (see --help)" << std::endl;
         return 2;
+    } catch (const ExitStatus& e) {
+        return e.code;
     } catch (const kvscope::Error& e) {
         std::cerr << "error: " << e.what() << std::endl;
         return 1;
