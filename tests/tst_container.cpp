@@ -404,8 +404,8 @@ std::string firstError(const std::function<std::unique_ptr<KvcReader>()>& open)
     }
 }
 
-// firstError on a worker thread: a reader that never returns (a hang is a bug too: DESIGN.md, "Bad
-// input") fails the row after `seconds` instead of stalling the whole suite. The stuck thread is
+// firstError on a worker thread: a reader that never returns (a hang on bad input is a bug like a
+// crash) fails the row after `seconds` instead of stalling the whole suite. The stuck thread is
 // left behind, detached, and ends with the process.
 std::string firstErrorWithin(std::function<std::unique_ptr<KvcReader>()> open, int seconds, bool* hung)
 {

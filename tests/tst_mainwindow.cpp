@@ -36,7 +36,7 @@ namespace {
 
 constexpr int kLoadTimeoutMs = 60000;
 
-// Large enough that loading takes a noticeable time on the 2-core CI machine (~130 MB fp16).
+// Large enough (~130 MB fp16) that loading lasts long enough to cancel it halfway.
 kvscope::SyntheticSpec largeSpec()
 {
     kvscope::SyntheticSpec spec;
@@ -409,7 +409,7 @@ void TestMainWindow::screenshotOption()
     env.insert(QStringLiteral("QT_QPA_PLATFORM"), QStringLiteral("offscreen"));
     process.setProcessEnvironment(env);
     process.start(QStringLiteral(KVSCOPE_GUI_EXE), arguments);
-    // --demo captures the default model's KV first: minutes on a busy 2-core machine.
+    // --demo captures the default model's KV first: minutes on a loaded 2-core machine.
     QVERIFY(process.waitForFinished(10 * kLoadTimeoutMs));
     const QString err = QString::fromLocal8Bit(process.readAllStandardError());
     QCOMPARE(process.exitStatus(), QProcess::NormalExit);

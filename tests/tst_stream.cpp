@@ -1,4 +1,4 @@
-// The streaming lab on real sockets (core/stream, issue 6): pacing accuracy through the chunk
+// The streaming lab on real sockets (core/stream): pacing accuracy through the chunk
 // server at 1 Mbit/s..1 Gbit/s and on a real cellular trace, byte-exact chunk round trips from a
 // .kvc and from Redis, bad frames and idle peers, injected faults, and `kvscope-cli stream` on the
 // default model (its JSON contract, and adaptive meeting an easy SLO).
@@ -107,7 +107,7 @@ int freePort()
 // Checks one paced reply against the schedule, from the instant the server began sending (the
 // pacer's busy period; the store lookup before it is not the link's business): bytes never arrive
 // ahead of the capacity, and never fall more than 5% behind it after the first 100 ms (scheduler
-// jitter of a few ms on a loaded 2-core machine exceeds 5% of 50 ms); the whole
+// jitter of a few ms on a loaded machine exceeds 5% of 50 ms); the whole
 // reply takes the ideal time within 5%. Prints the row of the README's table.
 void checkPacing(const char* label, const LinkPacer& pacer, const Reply& rep, const ArrivalLog& log)
 {

@@ -1,6 +1,6 @@
 // Link shaping math (core/stream/link.h): rate parsing, step schedules, Mahimahi trace semantics
 // (1500 bytes per opportunity, looping with the last timestamp as period), the inverse
-// timeForBytes, and the pacer's exactness on the real clock without sockets (issue 6).
+// timeForBytes, and the pacer's exactness on the real clock without sockets.
 #include "testmain.h"
 
 #include "common/error.h"

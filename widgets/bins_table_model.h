@@ -4,7 +4,7 @@
 // K RMS error | V RMS error. Bins are even numbers in [4, 256] (profile.h); other edits are refused.
 #pragma once
 
-#include "eval/sensitivity.h"
+#include "eval/layer_sensitivity.h"
 #include "kv/kv_compare.h"
 
 #include <QAbstractTableModel>

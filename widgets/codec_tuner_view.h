@@ -9,7 +9,7 @@
 #pragma once
 
 #include "codec/profile.h"
-#include "eval/sensitivity.h"
+#include "eval/layer_sensitivity.h"
 #include "kv/kv_compare.h"
 #include "kv_metatypes.h"
 

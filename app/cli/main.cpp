@@ -1,5 +1,6 @@
-// kvscope-cli: see DESIGN.md "Command-line contract". Exit 0 on success; on failure one line
-// "error: ..." on stderr and a non-zero status (1 for bad input, 2 for bad usage).
+// kvscope-cli: one subcommand per task (README.md "Command line"); with --json each prints exactly
+// one JSON object on stdout. Exit 0 on success; on failure one line "error: ..." on stderr and a
+// non-zero status (1 for bad input, 2 for bad usage).
 #include "cli_common.h"
 
 #include "common/error.h"

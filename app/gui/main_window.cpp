@@ -12,6 +12,7 @@
 
 #include "codec/profile.h"
 #include "eval/samples.h"
+#include "kv/kv_h5.h"
 #include "kvscope/config.h"
 #include "model/model.h"
 
@@ -850,7 +851,7 @@ void MainWindow::showAbout()
            "<p>Qt %2 (built with %3)<br>libtorch %4%5<br>HDF5 %6<br>CUDA decode library: %7</p>")
             .arg(QStringLiteral(KVSCOPE_VERSION), QString::fromLatin1(qVersion()), QStringLiteral(QT_VERSION_STR),
                  torch.isEmpty() ? tr("(version unknown)") : torch, runtime,
-                 QString::fromStdString(hdf5Version()),
+                 QString::fromStdString(hdf5LibraryVersion()),
                  KVSCOPE_HAVE_CUDA_BUILD ? tr("built") : tr("not built")));
 }
 

@@ -1,5 +1,5 @@
 // Quality of a (decoded) KV cache against the original, measured by what a user notices: the
-// model's answers and its confidence on held-out text. DESIGN.md "eval/".
+// model's answers and its confidence on held-out text.
 //
 // READ ME FIRST
 //  - One QualityReference per (model, context, continuation, question): its constructor runs the

@@ -1,5 +1,5 @@
 // How much quantizing one layer alone hurts: the input to per-layer bin choices (CacheGen §5.1
-// sets bins per layer group by this kind of measurement; issue 5's tuner per layer).
+// sets bins per layer group by this kind of measurement; eval/tune.h builds its distortion model on it).
 //
 // Method: quantize the whole cache once with `bins` bins in every layer (the profile's other
 // settings: quantizer, delta coding, chunking), then for each layer and for K and V separately
@@ -8,19 +8,13 @@
 #pragma once
 
 #include "codec/chunk_codec.h"
+#include "eval/layer_sensitivity.h"
 #include "eval/quality.h"
 
 #include <functional>
 #include <vector>
 
 namespace kvscope {
-
-struct LayerSensitivity {
-    int layer = 0;
-    double keyDeltaPplPct = 0.0, valueDeltaPplPct = 0.0;
-    double keyKl = 0.0, valueKl = 0.0;
-    double keyRms = 0.0, valueRms = 0.0;  // reconstruction RMS error of that tensor
-};
 
 // `ref` must have a continuation. Progress: (passes done, passes planned); false cancels.
 std::vector<LayerSensitivity> measureLayerSensitivity(const QualityReference& ref, const KvSet& original,

@@ -1,5 +1,5 @@
 // Auto-tuning of a CacheGen profile for one model: per-layer bins (K and V apart) that minimise
-// size under quality budgets, one profile level per budget (issue 5, `kvscope-cli tune`).
+// size under quality budgets, one profile level per budget (`kvscope-cli tune`).
 //
 // READ ME FIRST — the method, in four steps over several tuning contexts:
 //  1. Sensitivity: each layer's K and V is quantized alone at `probeBins` and scored

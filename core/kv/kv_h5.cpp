@@ -773,4 +773,11 @@ KvSet readKvH5(const std::string& path)
     return kv;
 }
 
+std::string hdf5LibraryVersion()
+{
+    unsigned major = 0, minor = 0, release = 0;
+    if (H5get_libversion(&major, &minor, &release) < 0) return std::string();
+    return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
+}
+
 }  // namespace kvscope

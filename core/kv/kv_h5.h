@@ -1,4 +1,4 @@
-// KV files: HDF5 readable with plain h5py (see DESIGN.md "Data conventions").
+// KV files: a KvSet (kv/kv_set.h) in HDF5 that plain h5py reads:
 //   /            attrs format="kvscope-kv", version, model_name, model_fingerprint, num_layers,
 //                      num_kv_heads, head_dim, num_tokens, dtype ("float16"|"bfloat16"|"float32")
 //   /tokens      int32 (num_tokens)
@@ -46,5 +46,8 @@ struct KvFileInfo {
 KvFileInfo readKvH5Info(const std::string& path);
 
 constexpr int kKvFileVersion = 1;
+
+// The version of the HDF5 library linked, "1.10.8" (H5get_libversion); "" when it cannot tell.
+std::string hdf5LibraryVersion();
 
 }  // namespace kvscope

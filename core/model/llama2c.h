@@ -28,8 +28,8 @@
 // that is checked, so a hostile header cannot make the reader allocate beyond the file's size.
 //
 // RoPE layout: llama2.c rotates interleaved pairs (2i, 2i+1) of each head. kvscope keeps every
-// model's keys in the Hugging Face rotate_half layout, pairs (i, i + hs/2) (see DESIGN.md "Data
-// conventions"), so by default the rows of wq and wk are permuted at load time within each head
+// model's keys in the Hugging Face rotate_half layout, pairs (i, i + hs/2) (kv/kv_set.h), so by
+// default the rows of wq and wk are permuted at load time within each head
 // (permuteInterleavedToRotateHalf). The attention scores are unchanged (q and k get the same
 // permutation); only the channel order of q and k differs.
 #pragma once

