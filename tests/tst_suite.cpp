@@ -12,6 +12,7 @@
 #include "eval/codec_trial.h"
 #include "eval/stats.h"
 #include "eval/suite.h"
+#include "model/llama_runtime.h"
 #include "model/model.h"
 
 #include <QTemporaryDir>
@@ -148,6 +149,7 @@ private slots:
         if (!modelPresent()) QSKIP("the default model is not in the cache (installer/setup.sh fetches it)");
         QVERIFY(m_cache.isValid());
         RuntimeOptions ro;
+        ro.threads = 1;  // small passes: a second thread mostly spins on a busy machine
         m_model = Model::open("", "", ro);
         SuiteOptions so;
         so.cacheDir = m_cache.path().toStdString();
@@ -162,6 +164,38 @@ private slots:
             QVERIFY(it.continuation.size() > 80);
             QCOMPARE(it.questions.size(), size_t(10));
             QCOMPARE(it.questions.front().options.size(), size_t(4));
+        }
+    }
+
+    // The one-pass option scorer (InferenceSession::appendBranches) gives the logits that running
+    // each option alone after the question gives, within float round-off (the GEMMs have other
+    // shapes, so sums run in another order: ~3e-3 on logits of magnitude ~20; a wrong mask or
+    // position would differ by whole units).
+    void branchesEqualSeparateRuns()
+    {
+        if (!m_ref) QSKIP("needs the default model");
+        const SuitePreparedItem& it = m_ref->items().front();
+        const SuitePreparedItem::Question& q = it.questions.front();
+        InferenceSession s(m_model->runtime());
+        s.loadKv(it.original);
+        std::vector<std::vector<int32_t>> branches;
+        for (const auto& o : q.options) branches.push_back(o);  // whole options: every token has logits
+        std::vector<float> last;
+        std::vector<std::vector<float>> logits;
+        s.appendBranches(q.prompt, branches, &last, &logits);
+        QCOMPARE(s.position(), int(it.context.size() + q.prompt.size()));
+        const size_t V = last.size();
+        for (size_t b = 0; b < branches.size(); ++b) {
+            InferenceSession one(m_model->runtime());
+            one.loadKv(it.original);
+            std::vector<float> qLast, all;
+            one.append(q.prompt, &qLast);
+            one.append(branches[b], nullptr, &all);
+            QCOMPARE(logits[b].size(), all.size());
+            double worst = 0;
+            for (size_t i = 0; i < all.size(); ++i) worst = std::max(worst, double(std::fabs(all[i] - logits[b][i])));
+            for (size_t i = 0; i < V; ++i) worst = std::max(worst, double(std::fabs(qLast[i] - last[i])));
+            QVERIFY2(worst < 2e-2, qPrintable(QString("branch %1: max logit difference %2").arg(b).arg(worst)));
         }
     }
 
