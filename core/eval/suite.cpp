@@ -40,22 +40,19 @@ double secondsSince(std::chrono::steady_clock::time_point t0)
 
 // ---- parsing -------------------------------------------------------------------------------
 
-const json& member(const json& obj, const char* key, const std::string& file, const std::string& place, bool* present)
+const json& member(const json& obj, const char* key, bool* present)
 {
     static const json none;
     auto it = obj.find(key);
     *present = it != obj.end();
-    if (!*present) return none;
-    (void)file;
-    (void)place;
-    return *it;
+    return *present ? *it : none;
 }
 
 std::string text(const json& obj, const char* key, const std::string& file, const std::string& place, bool required,
                  bool allowEmpty = false)
 {
     bool present = false;
-    const json& v = member(obj, key, file, place, &present);
+    const json& v = member(obj, key, &present);
     const std::string where = place + (place.empty() ? "" : ".") + key;
     if (!present) {
         if (required) throw inputError(file, where, "missing");
@@ -148,7 +145,7 @@ Suite parseSuite(const std::string& textIn, const std::string& file)
     s.source = file;
     s.name = text(j, "name", file, "", true);
     bool present = false;
-    const json& items = member(j, "items", file, "", &present);
+    const json& items = member(j, "items", &present);
     if (!present) throw inputError(file, "items", "missing");
     if (!items.is_array()) throw inputError(file, "items", std::string("expected an array, got ") + items.type_name());
     if (items.empty()) throw inputError(file, "items", "empty");
@@ -164,7 +161,7 @@ Suite parseSuite(const std::string& textIn, const std::string& file)
         if (!ids.insert(item.id).second) throw inputError(file, place + ".id", "duplicate id '" + item.id + "'");
         item.context = text(it, "context", file, place, true);
         item.continuation = text(it, "continuation", file, place, false, true);
-        const json& qs = member(it, "questions", file, place, &present);
+        const json& qs = member(it, "questions", &present);
         if (!present) throw inputError(file, place + ".questions", "missing");
         if (!qs.is_array()) throw inputError(file, place + ".questions", std::string("expected an array, got ") + qs.type_name());
         if (qs.size() > kMaxQuestions) throw inputError(file, place + ".questions", "more than 4096 questions");
@@ -177,7 +174,7 @@ Suite parseSuite(const std::string& textIn, const std::string& file)
             sq.question = text(q, "question", file, qp, true);
             sq.answer = text(q, "answer", file, qp, true);
             sq.kind = text(q, "kind", file, qp, false, true);
-            const json& ch = member(q, "choices", file, qp, &present);
+            const json& ch = member(q, "choices", &present);
             if (present) {
                 if (!ch.is_array()) throw inputError(file, qp + ".choices", std::string("expected an array, got ") + ch.type_name());
                 if (ch.size() > kMaxOptions) throw inputError(file, qp + ".choices", "more than 64 choices");
