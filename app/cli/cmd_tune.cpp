@@ -316,6 +316,12 @@ void printTune(const json& j)
         const json& h = j["held_out"];
         std::printf("judged on the held-out items %s (%d questions)\n", h["split"]["eval"].dump().c_str(), h["questions"].get<int>());
         printSuiteRows(h["results"]);
+        const json& g = h["goal"];
+        if (g["met"].get<bool>())
+            std::printf("goal (%s): tuned level %d, %.2fx smaller than int8\n", g["criterion"].get<std::string>().c_str(),
+                        g["level"].get<int>(), g["ratio_vs_int8"].get<double>());
+        else
+            std::printf("goal (%s): no tuned level meets it\n", g["criterion"].get<std::string>().c_str());
     } else if (j.contains("held_out")) {
         for (const json& c : j["held_out"]["contexts"]) {
             std::printf("held out: %s, %d tokens\n", c["context"].get<std::string>().c_str(), c["num_tokens"].get<int>());
