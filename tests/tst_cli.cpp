@@ -406,6 +406,60 @@ private slots:
         }
     }
 
+    // eval --suite on the mini suite: the contract's keys on every row and at the top, fp16 exact,
+    // and the iso-quality flag as the bar says.
+    void evalSuiteJson()
+    {
+        if (!QFile::exists(QDir::homePath() + "/.cache/kvscope/models/SmolLM2-135M-Instruct.Q4_1.gguf") &&
+            qEnvironmentVariableIsEmpty("KVSCOPE_MODEL"))
+            QSKIP("the default model is not in the cache (installer/fetch_model.sh fetches it)");
+        const Run r = cli({"eval", "--suite", KVSCOPE_SOURCE_DIR "/samples/suites/mini.json", "--baselines", "int8,kivi2",
+                           "--levels", "none", "--threads", "1", "--suite-cache", path("suite-cache"), "--json"});
+        QVERIFY2(r.exitCode == 0, r.err.constData());
+        QVERIFY(isSingleJsonObject(r.out));
+        const QJsonObject j = r.json();
+        QCOMPARE(j["suite"].toString(), QString("mini"));
+        QCOMPARE(j["questions"].toInt(), 20);
+        const QJsonArray rows = j["results"].toArray();
+        QCOMPARE(rows.size(), 3);  // fp16 (always: it is the bar), int8, kivi2
+        for (const auto& v : rows) {
+            const QJsonObject o = v.toObject();
+            for (const char* key : {"codec", "level", "bits_per_value", "ratio_vs_int8", "delta_ppl_pct", "kl", "token_agreement",
+                                    "accuracy", "accuracy_ci", "exact_match", "answer_logprob_delta", "mcnemar_p",
+                                    "meets_iso_quality"})
+                QVERIFY2(o.contains(key), key);
+            QCOMPARE(o["accuracy_ci"].toArray().size(), 2);
+            QVERIFY(o["accuracy_ci"].toArray()[0].toDouble() <= o["accuracy"].toDouble());
+            QVERIFY(o["accuracy"].toDouble() <= o["accuracy_ci"].toArray()[1].toDouble());
+        }
+        const QJsonObject fp16 = rows[0].toObject(), int8 = rows[1].toObject(), kivi2 = rows[2].toObject();
+        QCOMPARE(fp16["codec"].toString(), QString("fp16"));
+        QCOMPARE(fp16["delta_ppl_pct"].toDouble(), 0.0);
+        QCOMPARE(fp16["mcnemar_p"].toDouble(), 1.0);
+        QVERIFY(fp16["meets_iso_quality"].toBool());
+        QVERIFY(int8["meets_iso_quality"].toBool());
+        QCOMPARE(int8["ratio_vs_int8"].toDouble(), 1.0);
+        QVERIFY(kivi2["delta_ppl_pct"].toDouble() > 5.0);  // 2-bit keys and values hurt this model
+        QVERIFY(!kivi2["meets_iso_quality"].toBool());
+        QCOMPARE(j["reference_cache"].toObject()["prefills"].toInt(), 2);
+        // A second run reads the reference and the prefill KV from the cache.
+        const Run again = cli({"eval", "--suite", KVSCOPE_SOURCE_DIR "/samples/suites/mini.json", "--baselines", "none",
+                               "--levels", "none", "--threads", "1", "--suite-cache", path("suite-cache"), "--json"});
+        QVERIFY2(again.exitCode == 0, again.err.constData());
+        QCOMPARE(again.json()["reference_cache"].toObject()["prefills"].toInt(), 0);
+        QCOMPARE(again.json()["reference_cache"].toObject()["reference_passes"].toInt(), 0);
+        QCOMPARE(again.json()["fp16"].toObject()["accuracy"].toDouble(), fp16["accuracy"].toDouble());
+        // Errors stay one line naming the file and the place.
+        const QString bad = path("bad_suite.json");
+        QFile f(bad);
+        QVERIFY(f.open(QIODevice::WriteOnly));
+        f.write(R"({"name": "x", "items": [{"id": "a", "context": "c", "questions": [{"question": "q"}]}]})");
+        f.close();
+        const Run e = cli({"eval", "--suite", bad, "--json"});
+        QVERIFY(e.exitCode != 0);
+        QVERIFY2(e.err.contains("bad_suite.json: items[0].questions[0].answer: missing"), e.err.constData());
+    }
+
     // capture -> encode -> decode -> generate on the embedded default model and the 1K sample:
     // the lossless rows are exact, the lossy ones stay within bounds a user would accept.
     void demoRunsEndToEnd()

@@ -7,6 +7,8 @@
 
 #include "eval/quality.h"
 #include "eval/samples.h"
+#include "eval/suite.h"
+#include "eval/sweep.h"
 #include "model/model.h"
 
 #include <memory>
@@ -55,5 +57,36 @@ struct PreparedContext {
 std::unique_ptr<Model> openEvalModel(const EvalOpts& o);
 // Tokenizes the sample (ChatML for chat models), captures the cache, runs the reference pass.
 PreparedContext prepareContext(const Model& m, const EvalOpts& o, const SampleContext& sample, bool withQuestion);
+
+// Options of the commands that take a quality suite (eval, tune, sweep).
+struct SuiteCliOpts {
+    std::string suite, items, split = "all", baselines = "fp16,int8,kivi2,kivi4", levels = "all", cacheDir;
+    bool noCache = false;
+    // evalOptions: also --baselines and --levels (eval only).
+    void add(CLI::App* sub, bool evalOptions);
+    // The suite file with --items or --split applied.
+    Suite load() const;
+    SuiteOptions options(const EvalOpts& o) const;
+};
+
+// Progress lines with the stage's ETA on stderr.
+SuiteProgress suiteProgress();
+// A suite row's JSON: the eval row keys plus accuracy, accuracy_ci, exact_match,
+// answer_logprob_delta, mcnemar_p, intervals and meets_iso_quality (against fp16).
+json suiteResultJson(const SuiteResult& q, const SuiteResult& fp16);
+json suiteRowJson(const SuiteCodecRow& r, const SuiteResult& fp16);
+void printSuiteRows(const json& rows);
+// `eval --suite`: fp16, the baselines and the levels of --codec on the suite.
+json runSuiteEval(const EvalOpts& o, const SuiteCliOpts& so);
+// `tune --suite`: the tuned profile's levels next to fp16, int8, KIVI-2/4 and the default profile's
+// default level, judged on the suite's eval half; `goal` is the smallest tuned level meeting the
+// iso-quality bar there.
+json judgeTunedOnSuite(const Model& model, const EvalOpts& o, const SuiteCliOpts& so, const Suite& suite,
+                       const CodecProfile& tuned);
+// `sweep --suite`: every grid point on the tune half; the smallest point meeting the bar there is
+// judged again on the eval half next to the baselines. Empty chunk/delta axes take the profile's.
+json sweepSuite(const EvalOpts& o, const SuiteCliOpts& so, SweepGrid grid);
+void printSuiteSweep(const json& j);
+void emitSuiteEval(const json& j, Output& out);
 
 }  // namespace kvscope::cli

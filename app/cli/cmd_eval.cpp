@@ -169,13 +169,20 @@ PreparedContext prepareContext(const Model& m, const EvalOpts& o, const SampleCo
 
 void addEvalCommand(CLI::App& app, Output& out)
 {
-    auto* sub = app.add_subcommand("eval", "Quality of every profile level and baseline on a context");
+    auto* sub = app.add_subcommand("eval", "Quality of every profile level and baseline on a context or a suite");
     auto o = std::make_shared<EvalOpts>();
-    o->add(sub, true);
+    auto so = std::make_shared<SuiteCliOpts>();
+    o->add(sub, false);
+    so->add(sub, true);
     sub->add_flag("--no-text", o->noText, "skip the text-recompute row");
     sub->add_flag("--per-layer", o->perLayer, "reconstruction error of every layer, K and V");
     sub->add_flag("--json", out.asJson, "print one JSON object");
-    sub->callback([o, &out] {
+    sub->callback([o, so, &out] {
+        if (o->context.empty() == so->suite.empty()) throw Error("eval: give --context FILE or --suite SUITE.json (one of them)");
+        if (!so->suite.empty()) {
+            emitSuiteEval(runSuiteEval(*o, *so), out);
+            return;
+        }
         SampleContext sample = loadSampleContext(o->context);
         if (!o->continuationFile.empty()) sample.continuation = readSmallFile(o->continuationFile, 64u << 20);
         if (!o->question.empty()) {

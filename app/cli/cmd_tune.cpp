@@ -161,7 +161,9 @@ void addSweepCommand(CLI::App& app, Output& out)
         bool answers = false, noBaselines = false;
     };
     auto o = std::make_shared<Opts>();
-    o->eval.add(sub, true);
+    auto so = std::make_shared<SuiteCliOpts>();
+    o->eval.add(sub, false);
+    so->add(sub, false);
     sub->add_option("--key-bins", o->keyBins, "key bins per point, comma-separated; a point is 16 or K groups 32/16/16")
         ->capture_default_str();
     sub->add_option("--value-bins", o->valueBins, "value bins per point; 16 or V groups 32/16")->capture_default_str();
@@ -174,7 +176,8 @@ void addSweepCommand(CLI::App& app, Output& out)
     sub->add_option("--csv", o->csv, "write the points as CSV");
     sub->add_option("--out", o->jsonOut, "write the result as JSON");
     sub->add_flag("--json", out.asJson, "print one JSON object");
-    sub->callback([o, &out] {
+    sub->callback([o, so, &out] {
+        if (o->eval.context.empty() == so->suite.empty()) throw Error("sweep: give --context FILE or --suite SUITE.json (one of them)");
         SweepGrid grid;
         for (const std::string& s : splitList(o->keyBins, "--key-bins")) grid.keyBins.push_back(parseGroupBins(s));
         for (const std::string& s : splitList(o->valueBins, "--value-bins")) grid.valueBins.push_back(parseGroupBins(s));
@@ -182,6 +185,14 @@ void addSweepCommand(CLI::App& app, Output& out)
         grid.valueQuantizers = quantizerList(o->valueQuantizers, "--value-quantizers");
         grid.answers = o->answers;
         if (o->noBaselines) grid.baselines.clear();
+        if (!so->suite.empty()) {
+            grid.chunkTokens = o->chunks.empty() ? std::vector<int>{} : intList(o->chunks, "--chunks");
+            grid.deltaGroups = o->deltas.empty() ? std::vector<int>{} : intList(o->deltas, "--deltas");
+            json j = sweepSuite(o->eval, *so, grid);
+            if (!o->jsonOut.empty()) writeFileAtomic(o->jsonOut, j.dump(2) + "\n");
+            out.emit(j, printSuiteSweep);
+            return;
+        }
         const SampleContext sample = loadContext(o->eval, o->eval.context);
         const std::unique_ptr<Model> model = openEvalModel(o->eval);
         const PreparedContext p = prepareContext(*model, o->eval, sample, o->answers);
@@ -301,7 +312,17 @@ void printTune(const json& j)
     for (const json& l : j["levels"])
         std::printf("level %d K bins %s\n        V bins %s\n", l["level"].get<int>(), l["key_bins"].dump().c_str(),
                     l["value_bins"].dump().c_str());
-    if (j.contains("held_out")) {
+    if (j.contains("held_out") && j["held_out"].contains("results")) {
+        const json& h = j["held_out"];
+        std::printf("judged on the held-out items %s (%d questions)\n", h["split"]["eval"].dump().c_str(), h["questions"].get<int>());
+        printSuiteRows(h["results"]);
+        const json& g = h["goal"];
+        if (g["met"].get<bool>())
+            std::printf("goal (%s): tuned level %d, %.2fx smaller than int8\n", g["criterion"].get<std::string>().c_str(),
+                        g["level"].get<int>(), g["ratio_vs_int8"].get<double>());
+        else
+            std::printf("goal (%s): no tuned level meets it\n", g["criterion"].get<std::string>().c_str());
+    } else if (j.contains("held_out")) {
         for (const json& c : j["held_out"]["contexts"]) {
             std::printf("held out: %s, %d tokens\n", c["context"].get<std::string>().c_str(), c["num_tokens"].get<int>());
             std::printf("  %-8s %-9s %5s %8s %7s %9s %10s %6s\n", "profile", "codec", "level", "bits/val", "x int8", "dPPL %",
@@ -339,7 +360,9 @@ void addTuneCommand(CLI::App& app, Output& out)
     auto o = std::make_shared<Opts>();
     o->eval.holdoutTokens = 192;
     o->eval.answerTokens = 32;
+    auto so = std::make_shared<SuiteCliOpts>();
     o->eval.add(sub, false, false);
+    so->add(sub, false);
     sub->add_option("--contexts", o->contexts, "tuning contexts: sample ids or text files, comma-separated")
         ->capture_default_str();
     sub->add_option("--budgets", o->budgets, "quality budgets, one level each (delta PPL % or KL, see --budget-metric)")
@@ -355,7 +378,7 @@ void addTuneCommand(CLI::App& app, Output& out)
     sub->add_option("--out", o->profileOut, "write the tuned profile (JSON)");
     sub->add_option("--lmcache", o->lmcacheOut, "write each level's LMCache CacheGen QuantizationSpec lists (Python)");
     sub->add_flag("--json", out.asJson, "print one JSON object");
-    sub->callback([o, &out] {
+    sub->callback([o, so, &out] {
         TuneOptions to;
         if (o->metric == "kl") to.metric = TuneMetric::Kl;
         else if (o->metric != "dppl") throw Error("--budget-metric: expected dppl or kl, got '" + o->metric + "'");
@@ -366,16 +389,39 @@ void addTuneCommand(CLI::App& app, Output& out)
         to.minAgreement = o->minAgreement;
         for (int b : to.binChoices)
             if (b < 2 || b > 256) throw Error("--bins: " + std::to_string(b) + " is outside 2..256");
-        const std::vector<std::string> ids = splitList(o->contexts, "--contexts");
+        std::vector<std::string> ids;
         const std::unique_ptr<Model> model = openEvalModel(o->eval);
         std::vector<PreparedContext> prepared;
         std::vector<TuneContext> contexts;
         json names = json::array();
-        for (const std::string& id : ids) {
-            prepared.push_back(prepareContext(*model, o->eval, loadContext(o->eval, id), o->minAgreement > 0));
-            if (prepared.back().ref->task().continuation.empty())
-                throw Error(id + ": no continuation to score (give --holdout-tokens N > 0)");
-            names.push_back(id);
+        // --suite: tune on the suite's tune half (each item's context and continuation), judge on
+        // the other half; the items never overlap.
+        std::unique_ptr<SuiteReference> tuneRef;
+        Suite suite;
+        if (!so->suite.empty()) {
+            if (!so->items.empty() || so->split != "all") throw Error("tune --suite: the split is fixed (even items tune, odd items judge)");
+            suite = loadSuite(so->suite);
+            tuneRef = std::make_unique<SuiteReference>(*model, selectSplit(suite, SuiteSplit::Tune), so->options(o->eval), suiteProgress());
+            for (const SuitePreparedItem& it : tuneRef->items()) {
+                if (it.continuation.empty()) throw Error(so->suite + ": item " + it.id + " has no continuation to tune on");
+                EvalTask task;
+                task.context = it.context;
+                task.continuation = it.continuation;
+                PreparedContext p;
+                p.original = it.original;
+                p.ref = std::make_unique<QualityReference>(model->runtime(), task, p.original);
+                prepared.push_back(std::move(p));
+                ids.push_back(it.id);
+                names.push_back(it.id);
+            }
+        } else {
+            ids = splitList(o->contexts, "--contexts");
+            for (const std::string& id : ids) {
+                prepared.push_back(prepareContext(*model, o->eval, loadContext(o->eval, id), o->minAgreement > 0));
+                if (prepared.back().ref->task().continuation.empty())
+                    throw Error(id + ": no continuation to score (give --holdout-tokens N > 0)");
+                names.push_back(id);
+            }
         }
         for (size_t i = 0; i < ids.size(); ++i) contexts.push_back({ids[i], prepared[i].ref.get(), &prepared[i].original});
         to.base = o->eval.profile.params(prepared.front().original).profile;
@@ -429,7 +475,10 @@ void addTuneCommand(CLI::App& app, Output& out)
                         lmcacheConfigPython(r.profile.levels[l]) + "\n";
             writeFileAtomic(o->lmcacheOut, text);
         }
-        if (!o->heldOut.empty()) {
+        if (!so->suite.empty()) {
+            if (!o->heldOut.empty()) throw Error("tune --suite judges on the suite's eval half: leave out --eval");
+            j["held_out"] = judgeTunedOnSuite(*model, o->eval, *so, suite, r.profile);
+        } else if (!o->heldOut.empty()) {
             j["held_out"] = evaluateHeldOut(*model, o->eval, splitList(o->heldOut, "--eval"), r.profile);
         }
         out.emit(j, printTune);

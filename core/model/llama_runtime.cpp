@@ -203,6 +203,12 @@ struct InferenceSession::State {
         }
         capacity = cap;
     }
+
+    // One forward over T tokens written to cache slots [length, length + T): `pos` (T, 1) are
+    // their RoPE positions, `mask` (T, length + T) says which slots each one sees. Returns the
+    // final hidden states (T, hidden) before the last norm; length is left to the caller.
+    torch::Tensor forwardBlock(const LlamaRuntime::Impl& d, const int32_t* tokens, int T, const torch::Tensor& pos,
+                               const torch::Tensor& mask);
 };
 
 InferenceSession::InferenceSession(const LlamaRuntime& runtime) : runtime_(&runtime), s_(std::make_unique<State>()) {}
@@ -266,22 +272,67 @@ KvSet InferenceSession::exportKv() const
     return kv;
 }
 
+namespace {
+
+void checkTokens(const ModelConfig& c, const std::vector<int32_t>& tokens)
+{
+    for (int32_t t : tokens)
+        if (t < 0 || t >= c.vocabSize)
+            throw Error("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(c.vocabSize) + ")");
+}
+
+}  // namespace
+
+torch::Tensor InferenceSession::State::forwardBlock(const LlamaRuntime::Impl& d, const int32_t* tokens, int T,
+                                                   const torch::Tensor& pos, const torch::Tensor& mask)
+{
+    State* s_ = this;
+    const ModelConfig& c = d.spec.config;
+    const int H = c.numHeads, KH = c.numKvHeads, hd = c.headDim, groups = H / KH;
+    const double scale = 1.0 / std::sqrt(double(hd));
+    const int P = s_->length;
+    const int S = P + T;
+    const torch::Tensor ids = torch::from_blob(const_cast<int32_t*>(tokens), {T}, torch::kInt32).to(torch::kLong);
+    torch::Tensor x = d.embed.index_select(0, ids);  // (T, hidden)
+    const torch::Tensor angles = pos * d.invFreq.unsqueeze(0);  // (T, hd/2)
+    const torch::Tensor cos = torch::cat({angles.cos(), angles.cos()}, -1).unsqueeze(0);  // (1, T, hd)
+    const torch::Tensor sin = torch::cat({angles.sin(), angles.sin()}, -1).unsqueeze(0);
+    for (size_t l = 0; l < d.layers.size(); ++l) {
+        const Layer& L = d.layers[l];
+        const torch::Tensor h = rmsNorm(x, L.inNorm, c.rmsNormEps);
+        torch::Tensor q = d.linear(h, L.wq, L.bq).view({T, H, hd}).transpose(0, 1);   // (H, T, hd)
+        torch::Tensor k = d.linear(h, L.wk, L.bk).view({T, KH, hd}).transpose(0, 1);  // (KH, T, hd)
+        torch::Tensor v = d.linear(h, L.wv, L.bv).view({T, KH, hd}).transpose(0, 1);
+        q = q * cos + rotateHalf(q) * sin;
+        k = k * cos + rotateHalf(k) * sin;
+        // The cache holds what a serving stack would store: K/V rounded to kvDtype.
+        s_->keys[l].narrow(1, P, T).copy_(k.to(d.kvType));
+        s_->values[l].narrow(1, P, T).copy_(v.to(d.kvType));
+        const torch::Tensor K = s_->keys[l].narrow(1, 0, S).unsqueeze(1);    // (KH, 1, S, hd)
+        const torch::Tensor V = s_->values[l].narrow(1, 0, S).unsqueeze(1);  // (KH, 1, S, hd)
+        const torch::Tensor qg = q.reshape({KH, groups, T, hd});
+        const torch::Tensor scores = torch::matmul(qg, K.transpose(-1, -2)) * scale + mask;  // (KH, g, T, S)
+        const torch::Tensor probs = torch::softmax(scores, -1);
+        const torch::Tensor o = torch::matmul(probs, V).reshape({H, T, hd}).transpose(0, 1).reshape({T, H * hd});
+        x = x + d.linear(o, L.wo);
+        const torch::Tensor h2 = rmsNorm(x, L.postNorm, c.rmsNormEps);
+        x = x + d.linear(F::silu(d.linear(h2, L.wGate)) * d.linear(h2, L.wUp), L.wDown);
+    }
+    return x;
+}
+
 void InferenceSession::append(const std::vector<int32_t>& tokens, std::vector<float>* lastLogits,
                               std::vector<float>* allLogits, const ProgressFn& progress)
 {
     const LlamaRuntime::Impl& d = runtime_->impl();
     const ModelConfig& c = d.spec.config;
     if (tokens.empty()) throw Error("no tokens to run");
-    for (int32_t t : tokens)
-        if (t < 0 || t >= c.vocabSize)
-            throw Error("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(c.vocabSize) + ")");
+    checkTokens(c, tokens);
     if (size_t(s_->length) + tokens.size() > size_t(KvLimits::maxTokens))
         throw Error("context longer than " + std::to_string(KvLimits::maxTokens) + " tokens");
 
     c10::InferenceMode guard;
     const int total = int(tokens.size());
-    const int H = c.numHeads, KH = c.numKvHeads, hd = c.headDim, groups = H / KH;
-    const double scale = 1.0 / std::sqrt(double(hd));
     if (allLogits) allLogits->assign(size_t(total) * size_t(c.vocabSize), 0.0f);
     s_->reserve(d, s_->length + total);
 
@@ -289,14 +340,7 @@ void InferenceSession::append(const std::vector<int32_t>& tokens, std::vector<fl
         const int T = std::min(d.options.prefillBlock, total - start);
         const int P = s_->length;  // position of the block's first token
         const int S = P + T;       // keys visible to the block's last token
-        const torch::Tensor ids = torch::from_blob(const_cast<int32_t*>(tokens.data() + start), {T}, torch::kInt32).to(torch::kLong);
-        torch::Tensor x = d.embed.index_select(0, ids);  // (T, hidden)
-
         const torch::Tensor pos = torch::arange(P, S, torch::kFloat32).unsqueeze(1);
-        const torch::Tensor angles = pos * d.invFreq.unsqueeze(0);  // (T, hd/2)
-        const torch::Tensor cos = torch::cat({angles.cos(), angles.cos()}, -1).unsqueeze(0);  // (1, T, hd)
-        const torch::Tensor sin = torch::cat({angles.sin(), angles.sin()}, -1).unsqueeze(0);
-
         // Additive mask (T, S): query i (position P+i) sees key j when j <= P+i, and with a
         // sliding window w also j > P+i-w.
         const torch::Tensor qpos = torch::arange(P, S, torch::kLong).unsqueeze(1);
@@ -304,28 +348,7 @@ void InferenceSession::append(const std::vector<int32_t>& tokens, std::vector<fl
         torch::Tensor allowed = kpos <= qpos;
         if (c.slidingWindow > 0) allowed = allowed & (kpos > qpos - c.slidingWindow);
         const torch::Tensor mask = torch::zeros({T, S}).masked_fill(allowed.logical_not(), -INFINITY);
-
-        for (size_t l = 0; l < d.layers.size(); ++l) {
-            const Layer& L = d.layers[l];
-            const torch::Tensor h = rmsNorm(x, L.inNorm, c.rmsNormEps);
-            torch::Tensor q = d.linear(h, L.wq, L.bq).view({T, H, hd}).transpose(0, 1);   // (H, T, hd)
-            torch::Tensor k = d.linear(h, L.wk, L.bk).view({T, KH, hd}).transpose(0, 1);  // (KH, T, hd)
-            torch::Tensor v = d.linear(h, L.wv, L.bv).view({T, KH, hd}).transpose(0, 1);
-            q = q * cos + rotateHalf(q) * sin;
-            k = k * cos + rotateHalf(k) * sin;
-            // The cache holds what a serving stack would store: K/V rounded to kvDtype.
-            s_->keys[l].narrow(1, P, T).copy_(k.to(d.kvType));
-            s_->values[l].narrow(1, P, T).copy_(v.to(d.kvType));
-            const torch::Tensor K = s_->keys[l].narrow(1, 0, S).unsqueeze(1);    // (KH, 1, S, hd)
-            const torch::Tensor V = s_->values[l].narrow(1, 0, S).unsqueeze(1);  // (KH, 1, S, hd)
-            const torch::Tensor qg = q.reshape({KH, groups, T, hd});
-            const torch::Tensor scores = torch::matmul(qg, K.transpose(-1, -2)) * scale + mask;  // (KH, g, T, S)
-            const torch::Tensor probs = torch::softmax(scores, -1);
-            const torch::Tensor o = torch::matmul(probs, V).reshape({H, T, hd}).transpose(0, 1).reshape({T, H * hd});
-            x = x + d.linear(o, L.wo);
-            const torch::Tensor h2 = rmsNorm(x, L.postNorm, c.rmsNormEps);
-            x = x + d.linear(F::silu(d.linear(h2, L.wGate)) * d.linear(h2, L.wUp), L.wDown);
-        }
+        const torch::Tensor x = s_->forwardBlock(d, tokens.data() + start, T, pos, mask);
         s_->length = S;
         s_->tokens.insert(s_->tokens.end(), tokens.begin() + start, tokens.begin() + start + T);
 
@@ -342,6 +365,70 @@ void InferenceSession::append(const std::vector<int32_t>& tokens, std::vector<fl
             }
         }
         if (progress && !progress(start + T, total)) throw Error("cancelled");
+    }
+}
+
+void InferenceSession::appendBranches(const std::vector<int32_t>& trunk, const std::vector<std::vector<int32_t>>& branches,
+                                      std::vector<float>* trunkLastLogits, std::vector<std::vector<float>>* branchLogits)
+{
+    const LlamaRuntime::Impl& d = runtime_->impl();
+    const ModelConfig& c = d.spec.config;
+    if (trunk.empty()) throw Error("no tokens to run");
+    std::vector<int32_t> all = trunk;
+    std::vector<int> branchStart;
+    for (const auto& b : branches) {
+        branchStart.push_back(int(all.size()));
+        all.insert(all.end(), b.begin(), b.end());
+    }
+    checkTokens(c, all);
+    const int P0 = s_->length, NT = int(trunk.size()), T = int(all.size());
+    if (size_t(P0) + size_t(T) > size_t(KvLimits::maxTokens))
+        throw Error("context longer than " + std::to_string(KvLimits::maxTokens) + " tokens");
+
+    c10::InferenceMode guard;
+    s_->reserve(d, P0 + T);
+    // Positions: the trunk continues the cache; every branch starts right after the trunk.
+    std::vector<float> posv(static_cast<size_t>(T));
+    for (int i = 0; i < NT; ++i) posv[size_t(i)] = float(P0 + i);
+    for (size_t b = 0; b < branches.size(); ++b)
+        for (size_t o = 0; o < branches[b].size(); ++o) posv[size_t(branchStart[b]) + o] = float(P0 + NT + int(o));
+    // Mask (T, P0 + T): trunk token i sees slots j <= P0 + i; branch token (b, o) sees the
+    // context and the trunk (j < P0 + NT) and its own branch's slots up to itself.
+    torch::Tensor allowed = torch::zeros({T, P0 + T}, torch::kBool);
+    auto a = allowed.accessor<bool, 2>();
+    for (int i = 0; i < NT; ++i)
+        for (int j = 0; j <= P0 + i; ++j) a[i][j] = true;
+    for (size_t b = 0; b < branches.size(); ++b)
+        for (size_t o = 0; o < branches[b].size(); ++o) {
+            const int i = branchStart[b] + int(o);
+            for (int j = 0; j < P0 + NT; ++j) a[i][j] = true;
+            for (int j = P0 + branchStart[b]; j <= P0 + i; ++j) a[i][j] = true;
+        }
+    if (c.slidingWindow > 0)  // slot j < P0 + NT holds position j; a branch slot holds its own position
+        for (int i = 0; i < T; ++i)
+            for (int j = 0; j < P0 + T; ++j) {
+                const float keyPos = j < P0 + NT ? float(j) : posv[size_t(j - P0)];
+                if (a[i][j] && keyPos <= posv[size_t(i)] - float(c.slidingWindow)) a[i][j] = false;
+            }
+    const torch::Tensor mask = torch::zeros({T, P0 + T}).masked_fill(allowed.logical_not(), -INFINITY);
+    const torch::Tensor pos = torch::from_blob(posv.data(), {T, 1}, torch::kFloat32).clone();
+    const torch::Tensor x = s_->forwardBlock(d, all.data(), T, pos, mask);
+    // Keep the trunk; the branches' slots are scratch, overwritten by the next append.
+    s_->length = P0 + NT;
+    s_->tokens.insert(s_->tokens.end(), trunk.begin(), trunk.end());
+    std::vector<int64_t> rowsWanted = {NT - 1};
+    for (int i = NT; i < T; ++i) rowsWanted.push_back(i);
+    const torch::Tensor sel = torch::from_blob(rowsWanted.data(), {int64_t(rowsWanted.size())}, torch::kLong).clone();
+    const torch::Tensor logits = d.linear(rmsNorm(x.index_select(0, sel), d.norm, c.rmsNormEps), d.lmHead).contiguous();
+    const float* p = logits.data_ptr<float>();
+    const size_t V = size_t(c.vocabSize);
+    if (trunkLastLogits) trunkLastLogits->assign(p, p + V);
+    if (branchLogits) {
+        branchLogits->assign(branches.size(), {});
+        for (size_t b = 0; b < branches.size(); ++b) {
+            const float* first = p + V * size_t(1 + branchStart[b] - NT);
+            (*branchLogits)[b].assign(first, first + V * branches[b].size());
+        }
     }
 }
 

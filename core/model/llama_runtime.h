@@ -83,6 +83,16 @@ public:
     void append(const std::vector<int32_t>& tokens, std::vector<float>* lastLogits,
                 std::vector<float>* allLogits = nullptr, const ProgressFn& progress = {});
 
+    // Appends `trunk` (kept in the cache, like append), then runs every branch after the trunk
+    // in the same forward pass, each as if it were the only one (a block-diagonal mask; branch b's
+    // token o sits at position trunk end + o). The branches are not kept: the cache ends after
+    // the trunk. trunkLastLogits (vocab): the trunk's last token; branchLogits[b] (tokens x vocab):
+    // every token of branch b. Branches may be empty. What a multiple-choice scorer needs in one
+    // pass: the question as the trunk, each option (less its last token) as a branch.
+    // Throws like append.
+    void appendBranches(const std::vector<int32_t>& trunk, const std::vector<std::vector<int32_t>>& branches,
+                        std::vector<float>* trunkLastLogits, std::vector<std::vector<float>>* branchLogits);
+
 private:
     struct State;
     const LlamaRuntime* runtime_;

@@ -1,0 +1,768 @@
+#include "eval/suite.h"
+
+#include "common/error.h"
+#include "common/file_io.h"
+#include "eval/codec_trial.h"
+#include "kv/kv_h5.h"
+#include "model/generate.h"
+#include "model/model.h"
+
+#include <nlohmann/json.hpp>
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <set>
+
+namespace kvscope {
+
+using json = nlohmann::json;
+
+namespace {
+
+// Bump when anything that changes a cached reference changes: prompt layout, scoring, greedy rule.
+constexpr int kScoringVersion = 2;
+constexpr uint64_t kMaxSuiteBytes = 64u << 20;
+constexpr size_t kMaxItems = 4096, kMaxQuestions = 4096, kMaxOptions = 64;
+
+double secondsSince(std::chrono::steady_clock::time_point t0)
+{
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// ---- parsing -------------------------------------------------------------------------------
+
+const json& member(const json& obj, const char* key, bool* present)
+{
+    static const json none;
+    auto it = obj.find(key);
+    *present = it != obj.end();
+    return *present ? *it : none;
+}
+
+std::string text(const json& obj, const char* key, const std::string& file, const std::string& place, bool required,
+                 bool allowEmpty = false)
+{
+    bool present = false;
+    const json& v = member(obj, key, &present);
+    const std::string where = place + (place.empty() ? "" : ".") + key;
+    if (!present) {
+        if (required) throw inputError(file, where, "missing");
+        return {};
+    }
+    if (!v.is_string()) throw inputError(file, where, std::string("expected a string, got ") + v.type_name());
+    std::string s = v.get<std::string>();
+    if (!allowEmpty && s.find_first_not_of(" \t\r\n") == std::string::npos) throw inputError(file, where, "empty");
+    return s;
+}
+
+void onlyKeys(const json& obj, std::initializer_list<const char*> keys, const std::string& file, const std::string& place)
+{
+    for (auto it = obj.begin(); it != obj.end(); ++it) {
+        bool known = false;
+        for (const char* k : keys) known = known || it.key() == k;
+        if (!known) throw inputError(file, place + (place.empty() ? "" : ".") + it.key(), "unknown key");
+    }
+}
+
+uint64_t fnv1a(uint64_t h, const std::string& s)
+{
+    // Length first, so ("ab", "c") and ("a", "bc") hash differently.
+    const uint64_t n = s.size();
+    for (int i = 0; i < 8; ++i) h = (h ^ ((n >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+    for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+    return h;
+}
+
+// 128-bit hex digest of a list of strings (two FNV-1a lanes): a cache key, not a security claim.
+std::string digest(const std::vector<std::string>& parts)
+{
+    uint64_t a = 0xcbf29ce484222325ull, b = 0x84222325cbf29ce4ull;
+    for (const std::string& p : parts) {
+        a = fnv1a(a, p);
+        b = fnv1a(b, p + "\x01");
+    }
+    char buf[33];
+    std::snprintf(buf, sizeof buf, "%016llx%016llx", (unsigned long long)a, (unsigned long long)b);
+    return buf;
+}
+
+std::string tokensText(const std::vector<int32_t>& t)
+{
+    std::string s(t.size() * 4, '\0');
+    if (!t.empty()) std::memcpy(&s[0], t.data(), s.size());
+    return s;
+}
+
+// The options of a question as scored: its choices (distinct, in order) plus the answer when
+// absent; without choices, the item's distinct answers in order.
+std::vector<std::string> optionsOf(const SuiteItem& item, const SuiteQuestion& q, int* gold)
+{
+    std::vector<std::string> opts;
+    auto add = [&](const std::string& s) {
+        if (std::find(opts.begin(), opts.end(), s) == opts.end()) opts.push_back(s);
+    };
+    if (q.choices.empty())
+        for (const SuiteQuestion& o : item.questions) add(o.answer);
+    else
+        for (const std::string& c : q.choices) add(c);
+    add(q.answer);
+    *gold = int(std::find(opts.begin(), opts.end(), q.answer) - opts.begin());
+    return opts;
+}
+
+}  // namespace
+
+size_t Suite::questionCount() const
+{
+    size_t n = 0;
+    for (const SuiteItem& i : items) n += i.questions.size();
+    return n;
+}
+
+Suite parseSuite(const std::string& textIn, const std::string& file)
+{
+    if (textIn.size() > kMaxSuiteBytes) throw inputError(file, "", "larger than 64 MiB");
+    if (jsonNestingDepth(textIn.data(), textIn.size(), 16) > 8) throw inputError(file, "", "nested deeper than a suite is");
+    json j;
+    try {
+        j = json::parse(textIn);
+    } catch (const json::exception& e) {
+        std::string what = e.what();
+        throw inputError(file, "json", what.substr(what.find(']') == std::string::npos ? 0 : what.find(']') + 2));
+    }
+    if (!j.is_object()) throw inputError(file, "", std::string("expected an object, got ") + j.type_name());
+    onlyKeys(j, {"name", "items"}, file, "");
+    Suite s;
+    s.source = file;
+    s.name = text(j, "name", file, "", true);
+    bool present = false;
+    const json& items = member(j, "items", &present);
+    if (!present) throw inputError(file, "items", "missing");
+    if (!items.is_array()) throw inputError(file, "items", std::string("expected an array, got ") + items.type_name());
+    if (items.empty()) throw inputError(file, "items", "empty");
+    if (items.size() > kMaxItems) throw inputError(file, "items", "more than 4096 items");
+    std::set<std::string> ids;
+    for (size_t i = 0; i < items.size(); ++i) {
+        const std::string place = "items[" + std::to_string(i) + "]";
+        const json& it = items[i];
+        if (!it.is_object()) throw inputError(file, place, std::string("expected an object, got ") + it.type_name());
+        onlyKeys(it, {"id", "context", "continuation", "questions"}, file, place);
+        SuiteItem item;
+        item.id = text(it, "id", file, place, true);
+        if (!ids.insert(item.id).second) throw inputError(file, place + ".id", "duplicate id '" + item.id + "'");
+        item.context = text(it, "context", file, place, true);
+        item.continuation = text(it, "continuation", file, place, false, true);
+        const json& qs = member(it, "questions", &present);
+        if (!present) throw inputError(file, place + ".questions", "missing");
+        if (!qs.is_array()) throw inputError(file, place + ".questions", std::string("expected an array, got ") + qs.type_name());
+        if (qs.size() > kMaxQuestions) throw inputError(file, place + ".questions", "more than 4096 questions");
+        for (size_t k = 0; k < qs.size(); ++k) {
+            const std::string qp = place + ".questions[" + std::to_string(k) + "]";
+            const json& q = qs[k];
+            if (!q.is_object()) throw inputError(file, qp, std::string("expected an object, got ") + q.type_name());
+            onlyKeys(q, {"question", "answer", "choices", "kind"}, file, qp);
+            SuiteQuestion sq;
+            sq.question = text(q, "question", file, qp, true);
+            sq.answer = text(q, "answer", file, qp, true);
+            sq.kind = text(q, "kind", file, qp, false, true);
+            const json& ch = member(q, "choices", &present);
+            if (present) {
+                if (!ch.is_array()) throw inputError(file, qp + ".choices", std::string("expected an array, got ") + ch.type_name());
+                if (ch.size() > kMaxOptions) throw inputError(file, qp + ".choices", "more than 64 choices");
+                for (size_t c = 0; c < ch.size(); ++c) {
+                    const std::string cp = qp + ".choices[" + std::to_string(c) + "]";
+                    if (!ch[c].is_string()) throw inputError(file, cp, std::string("expected a string, got ") + ch[c].type_name());
+                    if (ch[c].get<std::string>().find_first_not_of(" \t\r\n") == std::string::npos)
+                        throw inputError(file, cp, "empty");
+                    sq.choices.push_back(ch[c].get<std::string>());
+                }
+                if (sq.choices.empty()) throw inputError(file, qp + ".choices", "empty (leave the key out for the default)");
+            }
+            item.questions.push_back(std::move(sq));
+        }
+        for (size_t k = 0; k < item.questions.size(); ++k) {
+            int gold = 0;
+            const size_t n = optionsOf(item, item.questions[k], &gold).size();
+            const std::string qp = place + ".questions[" + std::to_string(k) + "]";
+            if (n < 2)
+                throw inputError(file, qp + (item.questions[k].choices.empty() ? ".answer" : ".choices"),
+                                 "fewer than 2 distinct options (give choices, or more questions in the item)");
+            if (n > kMaxOptions) throw inputError(file, qp, "more than 64 options (give choices)");
+        }
+        s.items.push_back(std::move(item));
+    }
+    return s;
+}
+
+Suite loadSuite(const std::string& path)
+{
+    return parseSuite(readSmallFile(path, kMaxSuiteBytes), path);
+}
+
+SuiteSplit parseSuiteSplit(const std::string& s)
+{
+    if (s == "all") return SuiteSplit::All;
+    if (s == "tune") return SuiteSplit::Tune;
+    if (s == "eval") return SuiteSplit::Eval;
+    throw Error("--split: expected all, tune or eval, got '" + s + "'");
+}
+
+const char* suiteSplitName(SuiteSplit s)
+{
+    return s == SuiteSplit::Tune ? "tune" : s == SuiteSplit::Eval ? "eval" : "all";
+}
+
+Suite selectSplit(const Suite& suite, SuiteSplit split)
+{
+    if (split == SuiteSplit::All) return suite;
+    if (suite.items.size() < 2) throw inputError(suite.source, "items", "a split needs at least 2 items");
+    Suite out = suite;
+    out.items.clear();
+    for (size_t i = 0; i < suite.items.size(); ++i)
+        if ((i % 2 == 0) == (split == SuiteSplit::Tune)) out.items.push_back(suite.items[i]);
+    return out;
+}
+
+Suite selectItems(const Suite& suite, const std::vector<std::string>& ids)
+{
+    for (const std::string& id : ids)
+        if (std::none_of(suite.items.begin(), suite.items.end(), [&](const SuiteItem& i) { return i.id == id; }))
+            throw inputError(suite.source, "items", "no item with id '" + id + "'");
+    Suite out = suite;
+    out.items.clear();
+    for (const SuiteItem& i : suite.items)
+        if (std::find(ids.begin(), ids.end(), i.id) != ids.end()) out.items.push_back(i);
+    return out;
+}
+
+// ---- answers ---------------------------------------------------------------------------------
+
+std::string normalizeAnswer(const std::string& s, bool keepTrailing)
+{
+    std::string out;
+    for (unsigned char c : s) {
+        if (c < 0x80 && (std::ispunct(c) || std::isspace(c))) {
+            if (!out.empty() && out.back() != ' ') out += ' ';
+        } else {
+            out += char(c < 0x80 ? std::tolower(c) : c);
+        }
+    }
+    if (!keepTrailing && !out.empty() && out.back() == ' ') out.pop_back();
+    return out;
+}
+
+bool answerExactMatch(const std::string& generated, const std::string& answer)
+{
+    const std::string g = normalizeAnswer(generated), a = normalizeAnswer(answer);
+    return !a.empty() && (g == a || g.compare(0, a.size() + 1, a + " ") == 0);
+}
+
+// ---- scoring ---------------------------------------------------------------------------------
+
+namespace {
+
+// Scores one item from `kv`. With refLogProbs null this is the reference pass: the continuation's
+// log-probs go to keepLogProbs and its arg-max to keepArgmax. Otherwise the KL and the agreement
+// are measured against them.
+ItemScore scoreItem(const Model& model, const SuitePreparedItem& item, const KvSet& kv, const float* refLogProbs,
+                    const std::vector<int32_t>* refArgmax, std::vector<float>* keepLogProbs, std::vector<int32_t>* keepArgmax)
+{
+    const LlamaRuntime& rt = model.runtime();
+    const Tokenizer& tok = model.tokenizer();
+    if (!(kv.shape() == rt.kvShape(int(item.context.size()))))
+        throw Error(item.id + ": the candidate KV cache does not have the original's shape");
+    ItemScore sc;
+    InferenceSession s(rt);
+    s.loadKv(kv);
+    const int n = int(item.context.size());
+    const size_t m = item.continuation.size();
+    std::vector<double> row;
+    if (m > 0) {
+        s.truncate(n - 1);
+        std::vector<int32_t> input = {item.context.back()};
+        input.insert(input.end(), item.continuation.begin(), item.continuation.end() - 1);
+        std::vector<float> logits;
+        s.append(input, nullptr, &logits);
+        const size_t vocab = logits.size() / m;
+        if (keepLogProbs) keepLogProbs->resize(m * vocab);
+        for (size_t i = 0; i < m; ++i) {
+            const float* lg = logits.data() + i * vocab;
+            logSoftmax(lg, vocab, row);
+            sc.nllSum -= row[size_t(item.continuation[i])];
+            const int32_t top = argmax(lg, vocab);
+            if (keepLogProbs) {
+                for (size_t v = 0; v < vocab; ++v) (*keepLogProbs)[i * vocab + v] = float(row[v]);
+                keepArgmax->push_back(top);
+            } else {
+                const float* r = refLogProbs + i * vocab;
+                double sum = 0.0;
+                for (size_t v = 0; v < vocab; ++v) sum += std::exp(double(r[v])) * (double(r[v]) - double(float(row[v])));
+                sc.klSum += std::max(0.0, sum);
+                sc.agree += top == (*refArgmax)[i] ? 1 : 0;
+            }
+        }
+        sc.tokens = int(m);
+        if (keepLogProbs) sc.agree = int(m);
+    }
+    const std::vector<int32_t> stops = model.stopIds();
+    for (const SuitePreparedItem::Question& q : item.questions) {
+        QuestionScore qs;
+        // One pass: the question, then every option (less its last token) as a branch after it.
+        s.truncate(n);
+        std::vector<std::vector<int32_t>> branches;
+        for (const std::vector<int32_t>& t : q.options) branches.emplace_back(t.begin(), t.end() - 1);
+        std::vector<float> last;
+        std::vector<std::vector<float>> branchLogits;
+        s.appendBranches(q.prompt, branches, &last, &branchLogits);
+        const int P = s.position();
+        const size_t vocab = last.size();
+        std::vector<double> lp0;
+        logSoftmax(last.data(), vocab, lp0);
+        std::vector<int32_t> goldArgmax;  // arg-max after gold tokens 0..j
+        for (size_t o = 0; o < q.options.size(); ++o) {
+            const std::vector<int32_t>& t = q.options[o];
+            double ll = lp0[size_t(t[0])];
+            if (t.size() > 1) {
+                const std::vector<float>& all = branchLogits[o];
+                for (size_t j = 1; j < t.size(); ++j) {
+                    const float* lg = all.data() + (j - 1) * vocab;
+                    ll += logSoftmaxAt(lg, vocab, t[j]);
+                    if (int(o) == q.gold) goldArgmax.push_back(argmax(lg, vocab));
+                }
+            }
+            qs.optionLogLik.push_back(ll);
+            qs.optionTokens.push_back(int(t.size()));
+        }
+        for (size_t o = 0; o < q.options.size(); ++o) {
+            if (qs.predicted < 0 || qs.optionLogLik[o] > qs.optionLogLik[size_t(qs.predicted)]) qs.predicted = int(o);
+            const double norm = qs.optionLogLik[o] / qs.optionTokens[o];
+            if (qs.predictedNorm < 0 ||
+                norm > qs.optionLogLik[size_t(qs.predictedNorm)] / qs.optionTokens[size_t(qs.predictedNorm)])
+                qs.predictedNorm = int(o);
+        }
+        // Greedy answer: follows the gold option's logits while it agrees with them (they are
+        // already computed), then generates one token at a time; stops once the match is decided.
+        const std::vector<int32_t>& gold = q.options[size_t(q.gold)];
+        const std::string a = normalizeAnswer(q.answer);
+        int32_t next = argmax(last.data(), vocab);
+        bool onGold = true, synced = false;
+        for (;;) {
+            qs.greedy.push_back(next);
+            const bool stop = std::find(stops.begin(), stops.end(), next) != stops.end();
+            const std::string generated = tok.decode(qs.greedy, true);
+            const std::string g = normalizeAnswer(generated, true);
+            if (g.compare(0, a.size() + 1, a + " ") == 0) {
+                qs.exactMatch = true;
+                break;
+            }
+            const bool compatible = a.compare(0, g.size(), g) == 0 || (g.compare(0, a.size(), a) == 0 && g.size() == a.size());
+            if (!compatible || stop || int(qs.greedy.size()) >= q.maxAnswerTokens) {
+                qs.exactMatch = answerExactMatch(generated, q.answer);
+                break;
+            }
+            const size_t j = qs.greedy.size() - 1;
+            onGold = onGold && j + 1 < gold.size() && qs.greedy[j] == gold[j];
+            if (onGold) {
+                next = goldArgmax[j];
+                continue;
+            }
+            std::vector<float> lg;
+            if (!synced) {
+                s.truncate(P);
+                s.append(qs.greedy, &lg);
+                synced = true;
+            } else {
+                s.append({qs.greedy.back()}, &lg);
+            }
+            next = argmax(lg.data(), lg.size());
+        }
+        sc.questions.push_back(std::move(qs));
+    }
+    return sc;
+}
+
+std::string defaultCacheDir()
+{
+    const char* xdg = std::getenv("XDG_CACHE_HOME");
+    std::string base = xdg && *xdg ? xdg : "";
+    if (base.empty()) {
+        const char* home = std::getenv("HOME");
+        base = std::string(home && *home ? home : ".") + "/.cache";
+    }
+    return base + "/kvscope/suite-ref";
+}
+
+void makeDirs(const std::string& dir)
+{
+    std::string path;
+    for (size_t i = 0; i <= dir.size(); ++i) {
+        if (i == dir.size() || (dir[i] == '/' && i > 0)) {
+            path = dir.substr(0, i);
+            struct stat st;
+            if (::stat(path.c_str(), &st) == 0) {
+                if (!S_ISDIR(st.st_mode)) throw inputError(path, "", "not a directory (suite cache)");
+            } else if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+                throw inputError(path, "", std::string("cannot create the suite cache directory: ") + std::strerror(errno));
+            }
+        }
+    }
+}
+
+bool fileExists(const std::string& p)
+{
+    struct stat st;
+    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+json scoresJson(const ItemScore& sc)
+{
+    json qs = json::array();
+    for (const QuestionScore& q : sc.questions)
+        qs.push_back({{"ll", q.optionLogLik},
+                      {"tokens", q.optionTokens},
+                      {"predicted", q.predicted},
+                      {"predicted_norm", q.predictedNorm},
+                      {"greedy", q.greedy},
+                      {"exact_match", q.exactMatch}});
+    return {{"nll_sum", sc.nllSum}, {"tokens", sc.tokens}, {"questions", qs}};
+}
+
+// Reads a cached reference; throws kvscope::Error (with the file) when it does not match `item`.
+void readReference(const std::string& jsonPath, const std::string& binPath, const std::string& key, SuitePreparedItem& item,
+                   size_t vocab)
+{
+    const std::string text = readSmallFile(jsonPath, 64u << 20);
+    json j;
+    try {
+        j = json::parse(text);
+    } catch (const json::exception&) {
+        throw inputError(jsonPath, "json", "not valid JSON");
+    }
+    try {
+        if (j.value("format", "") != "kvscope-suite-ref" || j.value("key", "") != key)
+            throw inputError(jsonPath, "format", "not this item's reference");
+        ItemScore sc;
+        sc.nllSum = j.at("nll_sum").get<double>();
+        sc.tokens = j.at("tokens").get<int>();
+        if (sc.tokens != int(item.continuation.size())) throw inputError(jsonPath, "tokens", "continuation length differs");
+        sc.agree = sc.tokens;
+        const json& qs = j.at("questions");
+        if (qs.size() != item.questions.size()) throw inputError(jsonPath, "questions", "count differs");
+        for (size_t k = 0; k < qs.size(); ++k) {
+            QuestionScore q;
+            q.optionLogLik = qs[k].at("ll").get<std::vector<double>>();
+            q.optionTokens = qs[k].at("tokens").get<std::vector<int>>();
+            q.predicted = qs[k].at("predicted").get<int>();
+            q.predictedNorm = qs[k].at("predicted_norm").get<int>();
+            q.greedy = qs[k].at("greedy").get<std::vector<int32_t>>();
+            q.exactMatch = qs[k].at("exact_match").get<bool>();
+            const size_t opts = item.questions[k].options.size();
+            if (q.optionLogLik.size() != opts || q.optionTokens.size() != opts || q.predicted < 0 || size_t(q.predicted) >= opts ||
+                q.predictedNorm < 0 || size_t(q.predictedNorm) >= opts)
+                throw inputError(jsonPath, "questions[" + std::to_string(k) + "]", "does not match the question");
+            sc.questions.push_back(std::move(q));
+        }
+        item.referenceArgmax = j.at("argmax").get<std::vector<int32_t>>();
+        if (item.referenceArgmax.size() != item.continuation.size()) throw inputError(jsonPath, "argmax", "length differs");
+        item.reference = std::move(sc);
+    } catch (const json::exception& e) {
+        throw inputError(jsonPath, "", std::string("malformed: ") + e.what());
+    }
+    const size_t want = item.continuation.size() * vocab;
+    if (want == 0) {
+        item.referenceLogProbs.clear();
+        return;
+    }
+    const std::string bin = readSmallFile(binPath, uint64_t(want) * 4 + 1);
+    if (bin.size() != want * 4) throw inputError(binPath, "", "size differs from the continuation's log-probs");
+    item.referenceLogProbs.resize(want);
+    std::memcpy(item.referenceLogProbs.data(), bin.data(), bin.size());
+}
+
+}  // namespace
+
+// ---- the reference -----------------------------------------------------------------------------
+
+SuiteReference::SuiteReference(const Model& model, Suite suite, const SuiteOptions& options, const SuiteProgress& progress)
+    : model_(&model), suite_(std::move(suite)), options_(options)
+{
+    const auto t0 = std::chrono::steady_clock::now();
+    const LlamaRuntime& rt = model.runtime();
+    const Tokenizer& tok = model.tokenizer();
+    const size_t vocab = size_t(model.spec().config.vocabSize);
+    const std::string dir = options_.cacheDir.empty() ? defaultCacheDir() : options_.cacheDir;
+    if (options_.useCache) makeDirs(dir);
+    const std::string runtimeKey = rt.fingerprint() + "|" + rt.describe() + "|block " + std::to_string(rt.options().prefillBlock);
+
+    std::vector<std::string> itemKeys;
+    for (const SuiteItem& si : suite_.items) {
+        SuitePreparedItem it;
+        it.id = si.id;
+        it.context = model.contextTokens(si.context);
+        if (it.context.size() < 2) throw inputError(suite_.source, "items." + si.id + ".context", "fewer than 2 tokens");
+        if (!si.continuation.empty()) {
+            it.continuation = tok.encode(si.continuation, false);
+            if (int(it.continuation.size()) > options_.maxContinuation) it.continuation.resize(size_t(std::max(0, options_.maxContinuation)));
+        }
+        std::vector<std::string> keyParts = {"kvscope-suite-ref", std::to_string(kScoringVersion), runtimeKey,
+                                             tokensText(it.context), tokensText(it.continuation)};
+        for (const SuiteQuestion& sq : si.questions) {
+            SuitePreparedItem::Question q;
+            q.prompt = tok.encode("\n\n" + sq.question, false);
+            const bool spaced = !sq.question.empty() && std::isspace((unsigned char)sq.question.back());
+            const std::vector<std::string> opts = optionsOf(si, sq, &q.gold);
+            for (const std::string& o : opts) {
+                q.options.push_back(tok.encode((spaced ? "" : " ") + o, false));
+                if (q.options.back().empty()) throw inputError(suite_.source, "items." + si.id, "option '" + o + "' has no tokens");
+            }
+            q.answer = sq.answer;
+            q.kind = sq.kind;
+            q.maxAnswerTokens = int(q.options[size_t(q.gold)].size()) + 2;
+            keyParts.push_back(tokensText(q.prompt));
+            for (const auto& o : q.options) keyParts.push_back(tokensText(o));
+            keyParts.push_back(std::to_string(q.gold) + "|" + sq.answer);
+            it.questions.push_back(std::move(q));
+        }
+        itemKeys.push_back(digest(keyParts));
+        items_.push_back(std::move(it));
+    }
+    key_ = digest(itemKeys);
+
+    const int total = int(items_.size());
+    for (int i = 0; i < total; ++i) {
+        SuitePreparedItem& it = items_[size_t(i)];
+        const std::string kvKey = digest({"kvscope-suite-kv", runtimeKey, tokensText(it.context)});
+        const std::string kvPath = dir + "/" + kvKey + ".kv.h5";
+        const std::string refJson = dir + "/" + itemKeys[size_t(i)] + ".ref.json";
+        const std::string refBin = dir + "/" + itemKeys[size_t(i)] + ".ref.bin";
+        bool haveKv = false;
+        if (options_.useCache && fileExists(kvPath)) {
+            try {
+                it.original = readKvH5(kvPath);
+                haveKv = it.original.shape() == rt.kvShape(int(it.context.size())) && it.original.tokens == it.context &&
+                         it.original.modelFingerprint == rt.fingerprint();
+                if (!haveKv) std::fprintf(stderr, "warning: %s: not this item's KV; recomputing\n", kvPath.c_str());
+            } catch (const Error& e) {
+                std::fprintf(stderr, "warning: %s; recomputing\n", e.what());
+            }
+        }
+        if (!haveKv) {
+            InferenceSession s(rt);
+            s.append(it.context, nullptr, nullptr, [&](int done, int all) {
+                return !progress || progress("prefill " + it.id, done, all);
+            });
+            it.original = s.exportKv();
+            ++prefills_;
+            if (options_.useCache) writeKvH5(it.original, kvPath);
+        }
+        it.original.context = suite_.items[size_t(i)].context;
+
+        bool haveRef = false;
+        if (options_.useCache && haveKv && fileExists(refJson)) {
+            try {
+                readReference(refJson, refBin, itemKeys[size_t(i)], it, vocab);
+                haveRef = true;
+            } catch (const Error& e) {
+                std::fprintf(stderr, "warning: %s; recomputing\n", e.what());
+            }
+        }
+        if (!haveRef) {
+            it.referenceArgmax.clear();
+            it.reference = scoreItem(model, it, it.original, nullptr, nullptr, &it.referenceLogProbs, &it.referenceArgmax);
+            ++referencePasses_;
+            if (options_.useCache) {
+                std::string bin(it.referenceLogProbs.size() * 4, '\0');
+                if (!bin.empty()) std::memcpy(&bin[0], it.referenceLogProbs.data(), bin.size());
+                writeFileAtomic(refBin, bin);
+                json j = scoresJson(it.reference);
+                j["format"] = "kvscope-suite-ref";
+                j["version"] = kScoringVersion;
+                j["key"] = itemKeys[size_t(i)];
+                j["item"] = it.id;
+                j["runtime"] = runtimeKey;
+                j["argmax"] = it.referenceArgmax;
+                writeFileAtomic(refJson, j.dump() + "\n");
+            }
+        }
+        if (progress && !progress("reference", i + 1, total)) throw Error("cancelled");
+    }
+    prepareSeconds_ = secondsSince(t0);
+}
+
+SuiteReference::~SuiteReference() = default;
+
+// ---- candidates --------------------------------------------------------------------------------
+
+namespace {
+
+bool sameBytes(const KvSet& a, const KvSet& b)
+{
+    if (!(a.shape() == b.shape()) || a.dtype() != b.dtype()) return false;
+    for (int l = 0; l < a.shape().numLayers; ++l)
+        for (KvKind k : {KvKind::Key, KvKind::Value})
+            if (std::memcmp(a.data(k, l), b.data(k, l), a.tensorBytes()) != 0) return false;
+    return true;
+}
+
+}  // namespace
+
+SuiteResult summarizeSuite(const SuiteReference& ref, std::vector<ItemScore> scores, const SuiteEvalOptions& options)
+{
+    const auto& items = ref.items();
+    KVSCOPE_ASSERT(scores.size() == items.size());
+    SuiteResult r;
+    r.items = int(items.size());
+    std::vector<double> lpDelta;
+    int sameGreedy = 0;
+    double nllSum = 0, refNllSum = 0, klSum = 0;
+    int agree = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
+        const SuitePreparedItem& it = items[i];
+        const ItemScore& c = scores[i];
+        nllSum += c.nllSum;
+        refNllSum += it.reference.nllSum;
+        klSum += c.klSum;
+        agree += c.agree;
+        r.continuationTokens += c.tokens;
+        for (size_t k = 0; k < it.questions.size(); ++k) {
+            const int gold = it.questions[k].gold;
+            const QuestionScore& cq = c.questions[k];
+            const QuestionScore& rq = it.reference.questions[k];
+            const bool right = cq.predicted == gold, refRight = rq.predicted == gold;
+            ++r.questions;
+            r.correct += right;
+            r.correctNorm += cq.predictedNorm == gold;
+            r.exactMatches += cq.exactMatch;
+            r.mcnemarB += refRight && !right;
+            r.mcnemarC += !refRight && right;
+            lpDelta.push_back(cq.optionLogLik[size_t(gold)] - rq.optionLogLik[size_t(gold)]);
+            sameGreedy += cq.greedy == rq.greedy;
+            SuiteResult::Kind& kind = r.kinds[it.questions[k].kind];
+            ++kind.questions;
+            kind.correct += right;
+            kind.fp16Correct += refRight;
+            kind.exactMatches += cq.exactMatch;
+        }
+    }
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    if (r.questions > 0) {
+        r.accuracy = double(r.correct) / r.questions;
+        r.accuracyNorm = double(r.correctNorm) / r.questions;
+        r.exactMatch = double(r.exactMatches) / r.questions;
+        r.answerAgreement = double(sameGreedy) / r.questions;
+        double s = 0;
+        for (double d : lpDelta) s += d;
+        r.answerLogprobDelta = s / double(lpDelta.size());
+        r.answerLogprobDeltaCi = bootstrapMean(lpDelta, options.bootstrapResamples, options.seed);
+    } else {
+        r.accuracy = r.accuracyNorm = r.exactMatch = r.answerLogprobDelta = nan;
+    }
+    r.accuracyCi = wilsonInterval(uint64_t(r.correct), uint64_t(r.questions));
+    r.exactMatchCi = wilsonInterval(uint64_t(r.exactMatches), uint64_t(r.questions));
+    r.mcnemarP = mcnemarExactP(uint64_t(r.mcnemarB), uint64_t(r.mcnemarC));
+    if (r.continuationTokens > 0) {
+        const double T = r.continuationTokens;
+        r.nll = nllSum / T;
+        r.ppl = std::exp(r.nll);
+        r.deltaPplPct = 100.0 * (r.ppl / std::exp(refNllSum / T) - 1.0);
+        r.kl = klSum / T;
+        r.tokenAgreement = double(agree) / T;
+        // Items are the independent units: resample them, pool within each resample.
+        auto pooled = [&](bool kl) {
+            return [&, kl](const std::vector<size_t>& units) {
+                double a = 0, b = 0, t = 0;
+                for (size_t u : units) {
+                    a += kl ? scores[u].klSum : scores[u].nllSum;
+                    b += items[u].reference.nllSum;
+                    t += scores[u].tokens;
+                }
+                if (t == 0) return nan;
+                return kl ? a / t : 100.0 * (std::exp((a - b) / t) - 1.0);
+            };
+        };
+        r.deltaPplPctCi = bootstrapInterval(items.size(), pooled(false), options.bootstrapResamples, options.seed);
+        r.klCi = bootstrapInterval(items.size(), pooled(true), options.bootstrapResamples, options.seed);
+    } else {
+        r.nll = r.ppl = r.kl = nan;
+        r.deltaPplPctCi = r.klCi = {nan, nan};
+    }
+    r.perItem = std::move(scores);
+    return r;
+}
+
+SuiteResult evaluateSuite(const SuiteReference& ref, const SuiteCandidate& candidate, const SuiteEvalOptions& options,
+                          const SuiteProgress& progress)
+{
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto& items = ref.items();
+    std::vector<ItemScore> scores;
+    bool allExact = true;
+    for (size_t i = 0; i < items.size(); ++i) {
+        const SuitePreparedItem& it = items[i];
+        const KvSet kv = candidate(it.original, int(i));
+        if (!(kv.shape() == it.original.shape()))
+            throw Error(it.id + ": the candidate KV cache does not have the original's shape");
+        const bool exact = sameBytes(kv, it.original);
+        allExact = allExact && exact;
+        if (exact && options.reuseExact) {
+            scores.push_back(it.reference);
+        } else {
+            scores.push_back(scoreItem(ref.model(), it, kv, it.referenceLogProbs.data(), &it.referenceArgmax, nullptr, nullptr));
+        }
+        if (progress && !progress("score", int(i) + 1, int(items.size()))) throw Error("cancelled");
+    }
+    SuiteResult r = summarizeSuite(ref, std::move(scores), options);
+    r.exact = allExact;
+    r.seconds = secondsSince(t0);
+    return r;
+}
+
+SuiteCodecRow evaluateSuiteCodec(const SuiteReference& ref, const CodecParams& params, int level, const SuiteEvalOptions& options,
+                                 const SuiteProgress& progress)
+{
+    SuiteCodecRow row;
+    row.codec = codecName(params.codec);
+    row.level = level;
+    if ((params.codec == CodecId::CacheGen || params.numLevels() > 1) && level >= 1 && size_t(level) <= params.profile.levels.size())
+        row.levelName = params.profile.levels[size_t(level - 1)].name;
+    uint64_t values = 0, int8Total = 0;
+    row.quality = evaluateSuite(
+        ref,
+        [&](const KvSet& original, int) {
+            CodecParams p = params;
+            p.shape = original.shape();
+            p.dtype = original.dtype();
+            CodecTrial t = runCodecTrial(original, p, level);
+            row.bytes += t.bytes;
+            row.encodeSeconds += t.encodeSeconds;
+            row.decodeSeconds += t.decodeSeconds;
+            values += original.shape().totalValues();
+            int8Total += int8Bytes(original.shape());
+            return std::move(t.decoded);
+        },
+        options, progress);
+    if (row.bytes > 0) {
+        row.bitsPerValue = 8.0 * double(row.bytes) / double(values);
+        row.ratioVsFp16 = 2.0 * double(values) / double(row.bytes);
+        row.ratioVsInt8 = double(int8Total) / double(row.bytes);
+    }
+    return row;
+}
+
+bool meetsIsoQuality(const SuiteResult& row, const SuiteResult& fp16Row)
+{
+    const bool ppl = !(row.deltaPplPct > kIsoMaxDeltaPplPct);  // NaN (no continuation) does not fail it
+    const bool acc = fp16Row.questions == 0 || row.accuracy >= fp16Row.accuracy - kIsoMaxAccuracyDrop - 1e-12;
+    return ppl && acc;
+}
+
+}  // namespace kvscope

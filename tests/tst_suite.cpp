@@ -1,0 +1,302 @@
+// The quality suite (core/eval/suite.h, stats.h). What a user relies on:
+//  - a suite file is read as DESIGN.md writes it, and a bad one is refused with a one-line error
+//    naming the file and the place (items[0].questions[1].answer: ...);
+//  - the intervals and the paired test give the textbook numbers;
+//  - on the real default model and the mini suite: the fp16 cache scored as a candidate equals
+//    the reference exactly (same accuracy, McNemar p = 1, every delta 0); a heavily damaged cache
+//    scores measurably lower; the disk cache makes a second run do no prefill and no reference
+//    pass, with the same reference numbers.
+#include "testmain.h"
+
+#include "codec/profile.h"
+#include "eval/codec_trial.h"
+#include "eval/stats.h"
+#include "eval/suite.h"
+#include "model/llama_runtime.h"
+#include "model/model.h"
+
+#include <QTemporaryDir>
+
+#include <cmath>
+#include <fstream>
+#include <memory>
+
+using namespace kvscope;
+
+namespace {
+
+const std::string kMini = KVSCOPE_SOURCE_DIR "/samples/suites/mini.json";
+
+bool modelPresent()
+{
+    std::ifstream f(defaultModelPath());
+    return f.good();
+}
+
+const char* kGood = R"({"name": "t", "items": [
+  {"id": "a", "context": "The cat is black. The dog is white.", "continuation": " The end.",
+   "questions": [{"question": "The cat is", "answer": "black"},
+                 {"question": "The dog is", "answer": "white", "choices": ["grey", "white", "brown"], "kind": "cloze"}]},
+  {"id": "b", "context": "Two.", "questions": []}]})";
+
+}  // namespace
+
+class TestSuite : public QObject {
+    Q_OBJECT
+    QTemporaryDir m_cache;
+    std::unique_ptr<Model> m_model;
+    std::unique_ptr<SuiteReference> m_ref;
+
+private slots:
+    void parsesTheContract()
+    {
+        const Suite s = parseSuite(kGood, "good.json");
+        QCOMPARE(s.name, std::string("t"));
+        QCOMPARE(s.items.size(), size_t(2));
+        QCOMPARE(s.questionCount(), size_t(2));
+        QCOMPARE(s.items[0].continuation, std::string(" The end."));
+        QVERIFY(s.items[0].questions[0].choices.empty());  // default: the item's other answers
+        QCOMPARE(s.items[0].questions[1].choices.size(), size_t(3));
+        QCOMPARE(s.items[0].questions[1].kind, std::string("cloze"));
+        QCOMPARE(s.items[1].continuation, std::string());
+        // Splits: even items tune, odd items judge, never the same.
+        QCOMPARE(selectSplit(s, SuiteSplit::Tune).items.front().id, std::string("a"));
+        QCOMPARE(selectSplit(s, SuiteSplit::Eval).items.front().id, std::string("b"));
+        QCOMPARE(selectItems(s, {"b"}).items.size(), size_t(1));
+        kvscope_test::expectError("good.json", [&] { selectItems(s, {"zz"}); }, "items: no item with id 'zz'");
+    }
+
+    void refusesBadSuites_data()
+    {
+        QTest::addColumn<QString>("text");
+        QTest::addColumn<QString>("needle");
+        QTest::newRow("not json") << "{\"name\": " << "json: ";
+        QTest::newRow("array") << "[]" << "expected an object, got array";
+        QTest::newRow("no items") << R"({"name": "x"})" << "items: missing";
+        QTest::newRow("empty items") << R"({"name": "x", "items": []})" << "items: empty";
+        QTest::newRow("unknown key") << R"({"name": "x", "items": [], "extra": 1})" << "extra: unknown key";
+        QTest::newRow("no context") << R"({"name": "x", "items": [{"id": "a", "questions": []}]})"
+                                    << "items[0].context: missing";
+        QTest::newRow("number id") << R"({"name": "x", "items": [{"id": 3, "context": "c", "questions": []}]})"
+                                   << "items[0].id: expected a string, got number";
+        QTest::newRow("duplicate id")
+            << R"({"name": "x", "items": [{"id": "a", "context": "c", "questions": []}, {"id": "a", "context": "d", "questions": []}]})"
+            << "items[1].id: duplicate id 'a'";
+        QTest::newRow("empty answer")
+            << R"({"name": "x", "items": [{"id": "a", "context": "c", "questions": [{"question": "q", "answer": "y"}, {"question": "q", "answer": " "}]}]})"
+            << "items[0].questions[1].answer: empty";
+        QTest::newRow("typo key")
+            << R"({"name": "x", "items": [{"id": "a", "context": "c", "questions": [{"question": "q", "answer": "y", "choice": ["z"]}]}]})"
+            << "items[0].questions[0].choice: unknown key";
+        QTest::newRow("one option")
+            << R"({"name": "x", "items": [{"id": "a", "context": "c", "questions": [{"question": "q", "answer": "y"}]}]})"
+            << "items[0].questions[0].answer: fewer than 2 distinct options";
+        QTest::newRow("choice not string")
+            << R"({"name": "x", "items": [{"id": "a", "context": "c", "questions": [{"question": "q", "answer": "y", "choices": ["z", 4]}]}]})"
+            << "items[0].questions[0].choices[1]: expected a string, got number";
+        QTest::newRow("deep") << QString(40, '[') << "nested deeper";
+    }
+    void refusesBadSuites()
+    {
+        QFETCH(QString, text);
+        QFETCH(QString, needle);
+        kvscope_test::expectError("bad.json", [&] { parseSuite(text.toStdString(), "bad.json"); }, needle.toStdString());
+    }
+
+    void normalisesAnswers()
+    {
+        QCOMPARE(normalizeAnswer("  Halvard  PENN."), std::string("halvard penn"));
+        QCOMPARE(normalizeAnswer("St. John's", false), std::string("st john s"));
+        QCOMPARE(normalizeAnswer("Penn, ", true), std::string("penn "));
+        QVERIFY(answerExactMatch(" Halvard Penn. He was", "Halvard Penn"));
+        QVERIFY(answerExactMatch("halvard penn", "Halvard Penn"));
+        QVERIFY(!answerExactMatch(" Halvard Pennant", "Halvard Penn"));
+        QVERIFY(!answerExactMatch(" Halvard", "Halvard Penn"));
+    }
+
+    // Hand-computed: Wilson 7/10 at z = 1.96 is [0.3968, 0.8922] (centre (0.7 + z^2/20) / (1 + z^2/10));
+    // McNemar with b = 1, c = 5: 2 (1 + 6) / 64; the bootstrap of {0, 1} spans [0, 1].
+    void statistics()
+    {
+        const Interval w = wilsonInterval(7, 10);
+        QVERIFY(std::fabs(w.low - 0.39677) < 1e-4);
+        QVERIFY(std::fabs(w.high - 0.89222) < 1e-4);
+        const Interval z = wilsonInterval(0, 20);
+        QCOMPARE(z.low, 0.0);
+        QVERIFY(std::fabs(z.high - 0.16113) < 1e-4);  // z^2 / (n + z^2)
+        QCOMPARE(wilsonInterval(0, 0).high, 1.0);
+        QCOMPARE(mcnemarExactP(0, 0), 1.0);
+        QVERIFY(std::fabs(mcnemarExactP(1, 5) - 14.0 / 64.0) < 1e-12);
+        QVERIFY(std::fabs(mcnemarExactP(6, 0) - 2.0 / 64.0) < 1e-12);
+        QCOMPARE(mcnemarExactP(3, 3), 1.0);
+        QVERIFY(std::fabs(mcnemarExactP(10, 30) - 0.0022) < 2e-4);  // 2 P[Bin(40, 1/2) <= 10] = 0.00222
+        const Interval b = bootstrapMean({0.0, 1.0});
+        QCOMPARE(b.low, 0.0);
+        QCOMPARE(b.high, 1.0);
+        const Interval c = bootstrapMean({2.5, 2.5, 2.5});
+        QCOMPARE(c.low, 2.5);
+        QCOMPARE(c.high, 2.5);
+        // Mean 3 of 1..5, standard error sqrt(2 / 5) = 0.632: about 3 -/+ 1.24.
+        const Interval m = bootstrapMean({1, 2, 3, 4, 5}, 4000);
+        QVERIFY2(std::fabs(m.low - 1.8) < 0.25 && std::fabs(m.high - 4.2) < 0.25, qPrintable(QString("%1 %2").arg(m.low).arg(m.high)));
+        const Interval again = bootstrapMean({1, 2, 3, 4, 5}, 4000);
+        QCOMPARE(again.low, m.low);  // fixed seed: the same every run
+        QCOMPARE(again.high, m.high);
+    }
+
+    void referenceFromTheModel()
+    {
+        if (!modelPresent()) QSKIP("the default model is not in the cache (installer/setup.sh fetches it)");
+        QVERIFY(m_cache.isValid());
+        RuntimeOptions ro;
+        ro.threads = 1;  // small passes: a second thread mostly spins on a busy machine
+        m_model = Model::open("", "", ro);
+        SuiteOptions so;
+        so.cacheDir = m_cache.path().toStdString();
+        const Suite suite = loadSuite(kMini);
+        QCOMPARE(suite.items.size(), size_t(2));
+        QCOMPARE(suite.questionCount(), size_t(20));
+        m_ref = std::make_unique<SuiteReference>(*m_model, suite, so);
+        QCOMPARE(m_ref->prefills(), 2);
+        QCOMPARE(m_ref->referencePasses(), 2);
+        for (const SuitePreparedItem& it : m_ref->items()) {
+            QVERIFY(it.context.size() > 400);
+            QVERIFY(it.continuation.size() > 80);
+            QCOMPARE(it.questions.size(), size_t(10));
+            QCOMPARE(it.questions.front().options.size(), size_t(4));
+        }
+    }
+
+    // The one-pass option scorer (InferenceSession::appendBranches) gives the logits that running
+    // each option alone after the question gives, within float round-off (the GEMMs have other
+    // shapes, so sums run in another order: ~3e-3 on logits of magnitude ~20; a wrong mask or
+    // position would differ by whole units).
+    void branchesEqualSeparateRuns()
+    {
+        if (!m_ref) QSKIP("needs the default model");
+        const SuitePreparedItem& it = m_ref->items().front();
+        const SuitePreparedItem::Question& q = it.questions.front();
+        InferenceSession s(m_model->runtime());
+        s.loadKv(it.original);
+        std::vector<std::vector<int32_t>> branches;
+        for (const auto& o : q.options) branches.push_back(o);  // whole options: every token has logits
+        std::vector<float> last;
+        std::vector<std::vector<float>> logits;
+        s.appendBranches(q.prompt, branches, &last, &logits);
+        QCOMPARE(s.position(), int(it.context.size() + q.prompt.size()));
+        const size_t V = last.size();
+        for (size_t b = 0; b < branches.size(); ++b) {
+            InferenceSession one(m_model->runtime());
+            one.loadKv(it.original);
+            std::vector<float> qLast, all;
+            one.append(q.prompt, &qLast);
+            one.append(branches[b], nullptr, &all);
+            QCOMPARE(logits[b].size(), all.size());
+            double worst = 0;
+            for (size_t i = 0; i < all.size(); ++i) worst = std::max(worst, double(std::fabs(all[i] - logits[b][i])));
+            for (size_t i = 0; i < V; ++i) worst = std::max(worst, double(std::fabs(qLast[i] - last[i])));
+            QVERIFY2(worst < 2e-2, qPrintable(QString("branch %1: max logit difference %2").arg(b).arg(worst)));
+        }
+    }
+
+    // fp16 is bit-exact: scored again (not reused), it must reproduce the reference exactly.
+    void fp16EqualsTheReference()
+    {
+        if (!m_ref) QSKIP("needs the default model");
+        SuiteEvalOptions eo;
+        eo.reuseExact = false;
+        const SuiteResult self = summarizeSuite(*m_ref, [&] {
+            std::vector<ItemScore> s;
+            for (const SuitePreparedItem& it : m_ref->items()) s.push_back(it.reference);
+            return s;
+        }());
+        CodecParams p;
+        p.codec = CodecId::Fp16;
+        p.profile = defaultProfile(m_model->spec().config.numLayers);
+        const SuiteCodecRow r = evaluateSuiteCodec(*m_ref, p, 1, eo);
+        QVERIFY(r.quality.exact);
+        QCOMPARE(r.quality.questions, 20);
+        QCOMPARE(r.quality.correct, self.correct);
+        QCOMPARE(r.quality.exactMatches, self.exactMatches);
+        QCOMPARE(r.quality.mcnemarB + r.quality.mcnemarC, 0);
+        QCOMPARE(r.quality.mcnemarP, 1.0);
+        QCOMPARE(r.quality.deltaPplPct, 0.0);
+        QCOMPARE(r.quality.kl, 0.0);
+        QCOMPARE(r.quality.answerLogprobDelta, 0.0);
+        QCOMPARE(r.quality.tokenAgreement, 1.0);
+        QCOMPARE(r.quality.answerAgreement, 1.0);
+        QVERIFY(meetsIsoQuality(r.quality, self));
+        QCOMPARE(r.ratioVsFp16, 1.0);
+        // The model must be well above chance (25% with 4 options) for the suite to mean anything.
+        qInfo("fp16 on the mini suite: accuracy %.3f, exact match %.3f, ppl %.3f", self.accuracy, self.exactMatch, self.ppl);
+        QVERIFY(self.accuracy >= 0.4);
+    }
+
+    // A 4-bin CacheGen cache (every layer, K and V) breaks the model: lower accuracy, a lower gold
+    // log-likelihood, a large perplexity change, and it fails the iso-quality bar.
+    void damagedCacheScoresLower()
+    {
+        if (!m_ref) QSKIP("needs the default model");
+        CodecParams p;
+        p.codec = CodecId::CacheGen;
+        p.profile = defaultProfile(m_model->spec().config.numLayers);
+        for (auto& lv : p.profile.levels) {
+            std::fill(lv.keyBins.begin(), lv.keyBins.end(), 4);
+            std::fill(lv.valueBins.begin(), lv.valueBins.end(), 4);
+        }
+        const SuiteCodecRow bad = evaluateSuiteCodec(*m_ref, p, 1);
+        CodecParams f = p;
+        f.codec = CodecId::Fp16;
+        const SuiteCodecRow fp16 = evaluateSuiteCodec(*m_ref, f, 1);
+        CodecParams k = p;
+        k.codec = CodecId::Int8;
+        const SuiteCodecRow int8 = evaluateSuiteCodec(*m_ref, k, 1);
+        qInfo("4-bin cachegen: accuracy %.3f (fp16 %.3f), dLL %.3f, dPPL %.2f%%, KL %.4f, McNemar p %.3f", bad.quality.accuracy,
+              fp16.quality.accuracy, bad.quality.answerLogprobDelta, bad.quality.deltaPplPct, bad.quality.kl, bad.quality.mcnemarP);
+        qInfo("int8: accuracy %.3f, dLL %.4f, dPPL %.3f%%, KL %.5f", int8.quality.accuracy, int8.quality.answerLogprobDelta,
+              int8.quality.deltaPplPct, int8.quality.kl);
+        QVERIFY(bad.quality.answerLogprobDelta < -0.3);
+        QVERIFY(bad.quality.answerLogprobDeltaCi.high < 0);
+        QVERIFY(bad.quality.deltaPplPct > 10.0);
+        QVERIFY(bad.quality.kl > 0.05);
+        QVERIFY(bad.quality.tokenAgreement < 0.95);
+        QVERIFY(bad.quality.accuracy < fp16.quality.accuracy);
+        QVERIFY(!meetsIsoQuality(bad.quality, fp16.quality));
+        // int8 is close: far smaller deltas than the damaged cache.
+        QVERIFY(std::fabs(int8.quality.answerLogprobDelta) < 0.05);
+        QVERIFY(std::fabs(int8.quality.deltaPplPct) < 1.0);
+        QVERIFY(int8.quality.kl < bad.quality.kl / 20);
+        QVERIFY(bad.bitsPerValue < int8.bitsPerValue);
+    }
+
+    // A second reference over the same items reads everything from the disk cache.
+    void diskCacheIsReused()
+    {
+        if (!m_ref) QSKIP("needs the default model");
+        SuiteOptions so;
+        so.cacheDir = m_cache.path().toStdString();
+        const SuiteReference again(*m_model, loadSuite(kMini), so);
+        QCOMPARE(again.prefills(), 0);
+        QCOMPARE(again.referencePasses(), 0);
+        QCOMPARE(again.key(), m_ref->key());
+        QVERIFY2(again.prepareSeconds() < m_ref->prepareSeconds() / 3,
+                 qPrintable(QString("%1 s vs %2 s").arg(again.prepareSeconds()).arg(m_ref->prepareSeconds())));
+        for (size_t i = 0; i < again.items().size(); ++i) {
+            const SuitePreparedItem& a = again.items()[i];
+            const SuitePreparedItem& b = m_ref->items()[i];
+            QCOMPARE(a.reference.nllSum, b.reference.nllSum);
+            QCOMPARE(a.referenceLogProbs, b.referenceLogProbs);
+            for (size_t q = 0; q < a.questions.size(); ++q) {
+                QCOMPARE(a.reference.questions[q].optionLogLik, b.reference.questions[q].optionLogLik);
+                QCOMPARE(a.reference.questions[q].greedy, b.reference.questions[q].greedy);
+            }
+        }
+        // One item alone reuses that item's files too.
+        const SuiteReference one(*m_model, selectItems(loadSuite(kMini), {m_ref->items()[1].id}), so);
+        QCOMPARE(one.prefills(), 0);
+        QCOMPARE(one.referencePasses(), 0);
+    }
+};
+
+KVSCOPE_TEST_MAIN(TestSuite)
+#include "tst_suite.moc"
