@@ -85,6 +85,16 @@ torch::Tensor rotateHalf(const torch::Tensor& x)
     return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
+// Codec statistics, nothing the forward pass uses: adds sum over positions and over the query
+// heads of each KV group of q^2 (q after RoPE, (H, T, hd)) to acc (kv_heads, hd). A transform codec
+// weights key errors by it (KvSet::querySq).
+void accumulateQuerySq(torch::Tensor& acc, const torch::Tensor& q, int kvHeads)
+{
+    const torch::Tensor s = q.pow(2).sum(1).reshape({kvHeads, -1, q.size(2)}).sum(1);  // (KH, hd)
+    if (acc.defined()) acc.add_(s);
+    else acc = s.clone();
+}
+
 }  // namespace
 
 struct LlamaRuntime::Impl {
@@ -187,6 +197,10 @@ struct InferenceSession::State {
     int length = 0;
     int capacity = 0;
     std::vector<int32_t> tokens;
+    // Codec statistics (see accumulateQuerySq): per layer (kv_heads, head_dim) sums of q^2, and
+    // how many query positions they cover.
+    std::vector<torch::Tensor> querySq;
+    int64_t queryCount = 0;
 
     void reserve(const LlamaRuntime::Impl& d, int needed)
     {
@@ -263,7 +277,33 @@ KvSet InferenceSession::exportKv() const
     kv.tokens = s_->tokens;
     kv.modelName = d.spec.name;
     kv.modelFingerprint = d.fingerprint;
+    exportCodecStatistics(kv);
     return kv;
+}
+
+// The RoPE table, the mean query second moments and the o_proj weight matrices of each KV group:
+// what a transform codec needs to undo RoPE and weight errors by what attention sees.
+void InferenceSession::exportCodecStatistics(KvSet& kv) const
+{
+    const LlamaRuntime::Impl& d = runtime_->impl();
+    const ModelConfig& c = d.spec.config;
+    const torch::Tensor inv = d.invFreq.contiguous();
+    kv.ropeInvFreq.assign(inv.data_ptr<float>(), inv.data_ptr<float>() + inv.numel());
+    kv.ropePosition0 = 0;
+    const int KH = c.numKvHeads, hd = c.headDim, groups = c.numHeads / c.numKvHeads;
+    kv.querySq.clear();
+    if (s_->queryCount > 0 && s_->querySq.size() == d.layers.size())
+        for (const torch::Tensor& acc : s_->querySq) {
+            const torch::Tensor m = (acc / double(s_->queryCount)).contiguous();
+            kv.querySq.emplace_back(m.data_ptr<float>(), m.data_ptr<float>() + m.numel());
+        }
+    kv.valueWeight.clear();
+    for (const Layer& L : d.layers) {
+        // wo (hidden, H * hd): head h's columns; M_g = sum_h W_h^T W_h over the group's heads.
+        const torch::Tensor wo = L.wo.to(torch::kFloat32).reshape({L.wo.size(0), KH, groups, hd});
+        const torch::Tensor m = torch::einsum("nkgi,nkgj->kij", {wo, wo}).contiguous();  // (KH, hd, hd)
+        kv.valueWeight.emplace_back(m.data_ptr<float>(), m.data_ptr<float>() + m.numel());
+    }
 }
 
 void InferenceSession::append(const std::vector<int32_t>& tokens, std::vector<float>* lastLogits,
@@ -313,6 +353,8 @@ void InferenceSession::append(const std::vector<int32_t>& tokens, std::vector<fl
             torch::Tensor v = d.linear(h, L.wv, L.bv).view({T, KH, hd}).transpose(0, 1);
             q = q * cos + rotateHalf(q) * sin;
             k = k * cos + rotateHalf(k) * sin;
+            if (s_->querySq.size() < d.layers.size()) s_->querySq.resize(d.layers.size());
+            accumulateQuerySq(s_->querySq[l], q, KH);
             // The cache holds what a serving stack would store: K/V rounded to kvDtype.
             s_->keys[l].narrow(1, P, T).copy_(k.to(d.kvType));
             s_->values[l].narrow(1, P, T).copy_(v.to(d.kvType));
@@ -327,6 +369,7 @@ void InferenceSession::append(const std::vector<int32_t>& tokens, std::vector<fl
             x = x + d.linear(F::silu(d.linear(h2, L.wGate)) * d.linear(h2, L.wUp), L.wDown);
         }
         s_->length = S;
+        s_->queryCount += T;
         s_->tokens.insert(s_->tokens.end(), tokens.begin() + start, tokens.begin() + start + T);
 
         const bool lastBlock = start + T == total;
