@@ -11,6 +11,7 @@
 #include "codec/transform.h"
 #include "common/crc32.h"
 #include "common/error.h"
+#include "common/half.h"
 #include "eval/codec_trial.h"
 #include "kv/kv_compare.h"
 #include "model/model.h"
@@ -90,6 +91,19 @@ void calibrate(CodecParams& p, const std::vector<const KvSet*>& calib)
 double maxAbsDiff(const KvSet& a, const KvSet& b)
 {
     return compareKv(a, b).maxAbs;
+}
+
+// Largest |value| of a cache: fp16 sinks round within 2^-11 of it.
+double maxAbs(const KvSet& a)
+{
+    double m = 0;
+    const KvShape& s = a.shape();
+    for (int l = 0; l < s.numLayers; ++l)
+        for (KvKind k : {KvKind::Key, KvKind::Value})
+            for (int h = 0; h < s.numKvHeads; ++h)
+                for (int t = 0; t < s.numTokens; ++t)
+                    for (int d = 0; d < s.headDim; ++d) m = std::max(m, double(std::fabs(a.at(k, l, h, t, d))));
+    return m;
 }
 
 // Sum over every value of the attention-weighted squared error of keys (querySq per channel).
@@ -242,7 +256,7 @@ private slots:
         calibrate(p, {&calib});
         const CodecTrial t = runCodecTrial(kv, p, 1);
         const double err = maxAbsDiff(kv, t.decoded);
-        QVERIFY2(err < 2e-3, std::to_string(err).c_str());
+        QVERIFY2(err < 1e-3 * maxAbs(kv), std::to_string(err).c_str());
         // Sinks are stored as fp16: token 0 reproduces exactly up to fp16 rounding.
         QVERIFY(std::fabs(t.decoded.at(KvKind::Key, 0, 0, 0, 0) - kv.at(KvKind::Key, 0, 0, 0, 0)) <=
                 std::fabs(kv.at(KvKind::Key, 0, 0, 0, 0)) * 1e-3f);
@@ -297,12 +311,12 @@ private slots:
         const CodecTrial coarse = runCodecTrial(kv, p, 1), fine = runCodecTrial(kv, p, 2);
         QVERIFY(coarse.bytes < fine.bytes);
         const double e = maxAbsDiff(kv, fine.decoded);
-        QVERIFY2(e < 5e-3, std::to_string(e).c_str());
+        QVERIFY2(e < 1e-3 * maxAbs(kv), (std::to_string(e) + " of " + std::to_string(maxAbs(kv))).c_str());
         if (change == "uncalibrated") QVERIFY(coarse.tableBytes > 0);  // its statistics travel with the cache
         else QCOMPARE(coarse.tableBytes, uint64_t(0));
         if (change == "recent") {  // the last tokens are fp16 copies
             const int T = kv.shape().numTokens;
-            QCOMPARE(coarse.decoded.at(KvKind::Value, 2, 1, T - 1, 5), kv.at(KvKind::Value, 2, 1, T - 1, 5));
+            QCOMPARE(coarse.decoded.at(KvKind::Value, 2, 1, T - 1, 5), halfToFloat(floatToHalf(kv.at(KvKind::Value, 2, 1, T - 1, 5))));
         }
     }
 
@@ -338,9 +352,11 @@ private slots:
 
     void goldenDecode()
     {
-        const KvSet calib = syntheticCache(51), kv = syntheticCache(52, 200, DType::F16);
+        // Calibrated on the cache itself (synthetic caches of other seeds put their outlier
+        // channels elsewhere, which a real model does not).
+        const KvSet kv = syntheticCache(52, 200, DType::F16);
         CodecParams p = transformParams(kv, TransformSettings{}, {0.05});
-        calibrate(p, {&calib});
+        calibrate(p, {&kv});
         prepareTransform(p, kv, "profile");
         if (std::getenv("KVSCOPE_REGEN_GOLDEN")) {
             writeKvc(kv, p, kGolden.toStdString());
@@ -355,7 +371,8 @@ private slots:
         const uint32_t want = f.readAll().trimmed().toUInt();
         const KvSet d = KvcReader::openFile(kGolden.toStdString())->decodeAll({1});
         QCOMPARE(decodedCrc(d), want);
-        QVERIFY(maxAbsDiff(kv, d) < 1.0);
+        const KvError e = compareKv(kv, d);  // a coarse level: close, not exact
+        QVERIFY2(e.rms < 0.1 * maxAbs(kv), std::to_string(e.rms).c_str());
     }
 
     void badInput()

@@ -256,9 +256,9 @@ void calibrateTransformCommand(CodecProfile pr, const std::vector<const KvSet*>&
     out.emit({{"file", path}, {"codec", "transform"}, {"caches", caches.size()}, {"model_bytes", pr.transformModel.size()},
               {"basis", basisName(m.settings.basis)}, {"levels", levels}, {"seconds", nowSeconds() - t0}},
              [](const json& r) {
-                 std::printf("wrote %s: transform model of %llu bytes (%s) from %zu caches\n", r["file"].get<std::string>().c_str(),
+                 std::printf("wrote %s: transform model of %llu bytes (%s) from %d caches\n", r["file"].get<std::string>().c_str(),
                              (unsigned long long)r["model_bytes"].get<uint64_t>(), r["basis"].get<std::string>().c_str(),
-                             r["caches"].size());
+                             r["caches"].get<int>());
                  for (const json& l : r["levels"])
                      std::printf("  level %d (%s): %.1f%% of key and %.1f%% of value components coded\n", l["level"].get<int>(),
                                  l["name"].get<std::string>().c_str(), 100 * l["key_coded_fraction"].get<double>(),
