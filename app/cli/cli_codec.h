@@ -8,6 +8,7 @@
 #include "kv/kv_compare.h"
 #include "kv/kv_set.h"
 
+#include <memory>
 #include <string>
 
 namespace kvscope::cli {
@@ -25,7 +26,7 @@ struct ProfileOptions {
     void add(CLI::App* sub)
     {
         sub->add_option("--profile", profilePath, "codec profile (JSON); default: CacheGen's three levels");
-        sub->add_option("--codec", codec, "cachegen, fp16, int8, kivi2, kivi4 or zstd")->capture_default_str();
+        sub->add_option("--codec", codec, "cachegen, fp16, int8, kivi2, kivi4, zstd or transform")->capture_default_str();
         sub->add_option("--chunk-tokens", chunkTokens, "tokens per chunk (16..8192), overrides the profile");
         sub->add_option("--delta-group", deltaGroup, "tokens per anchor group, 0 = no delta coding");
         sub->add_option("--anchor-bins", anchorBins, "bins for anchor tokens, 0 = the layer's bins");
@@ -36,6 +37,15 @@ struct ProfileOptions {
     }
 
     std::string source() const { return profilePath.empty() ? "default profile" : profilePath; }
+
+    // The profile as loaded (or the default for kv's layers), before any override or preparation.
+    std::unique_ptr<CodecProfile> loadedProfile(const KvSet& kv) const
+    {
+        auto p = std::make_unique<CodecProfile>(profilePath.empty() ? defaultProfile(kv.shape().numLayers)
+                                                                    : loadProfile(profilePath));
+        checkProfileModel(*p, kv.modelFingerprint, source(), forceProfile);
+        return p;
+    }
 
     CodecParams params(const KvSet& kv) const
     {
@@ -63,10 +73,12 @@ struct ProfileOptions {
         if (pr.hasCalibratedTables() && (deltaGroup >= 0 || anchorBins >= 0 || !keyQuantizer.empty() || !valueQuantizer.empty()))
             throw inputError(src, "calibrated_tables", "--delta-group, --anchor-bins and the quantizer options change what "
                                                        "the calibrated tables describe: recalibrate instead");
+        if (p.codec == CodecId::Transform && !pr.hasTransform()) pr.transformLevels = defaultTransformLevels();
         validateProfile(pr, src);
         if (int(pr.levels.front().keyBins.size()) != kv.shape().numLayers)
             throw inputError(src, "levels", "bins cover " + std::to_string(pr.levels.front().keyBins.size()) +
                                                 " layers, the KV cache has " + std::to_string(kv.shape().numLayers));
+        if (p.codec == CodecId::Transform) prepareTransform(p, kv, src);
         return p;
     }
 };

@@ -22,7 +22,7 @@ struct EvalOpts {
     int maxContinuation = 256;
     int holdoutTokens = 0;  // contexts without a continuation: hold out their last tokens
     int threads = 0;
-    bool noText = false, perLayer = false;
+    bool noText = false, perLayer = false, onlyTransform = false;
     ProfileOptions profile;
 
     // contextOption false: the command names its contexts some other way (tune's --contexts).

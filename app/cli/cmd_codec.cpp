@@ -69,7 +69,7 @@ json encodeReport(const KvSet& kv, const CodecParams& p, const std::string& path
         }
         levels.push_back(j);
     }
-    const int def = p.codec == CodecId::CacheGen ? p.profile.defaultLevel : 1;
+    const int def = p.defaultLevel();
     json j = levels[size_t(def - 1)];
     j.erase("level");
     j["file"] = path;
@@ -80,6 +80,18 @@ json encodeReport(const KvSet& kv, const CodecParams& p, const std::string& path
     j["num_chunks"] = p.numChunks();
     j["chunk_tokens"] = p.profile.chunkTokens;
     j["levels"] = levels;
+    if (p.codec == CodecId::Transform) {
+        // The model travels in the file; a calibrated one is per-model data (not in "bytes").
+        const size_t side = transformSideBytes(*p.transform);
+        j["transform_model_bytes"] = transformModelBytes(*p.transform);
+        j["model_from"] = p.transform->fittedOnCache ? "cache" : "profile";
+        for (json& l : j["levels"]) {
+            l.update(sizeJson(l["chunk_bytes"].get<uint64_t>() + side, p.shape));
+            l["side_bytes"] = side;
+        }
+        json& first = j["levels"][size_t(def - 1)];
+        for (const char* k : {"bytes", "bits_per_value", "ratio_vs_fp16", "ratio_vs_int8"}) j[k] = first[k];
+    }
     if (p.codec == CodecId::CacheGen) {
         j["delta_group"] = p.profile.deltaGroup;
         j["tables"] = tableModeName(p.profile.tables);
@@ -180,12 +192,88 @@ void addEncodeCommand(CLI::App& app, Output& out)
     });
 }
 
+namespace {
+
+std::vector<double> parseThetas(const std::string& s, const char* opt)
+{
+    std::vector<double> out;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        try {
+            size_t used = 0;
+            const double v = std::stod(item, &used);
+            if (used != item.size() || !(v > 0) || v > 1e6) throw std::invalid_argument(item);
+            out.push_back(v);
+        } catch (const std::exception&) {
+            throw Error(std::string(opt) + ": '" + item + "' is not a positive number");
+        }
+    }
+    if (out.empty() || out.size() > 64) throw Error(std::string(opt) + ": give 1 to 64 numbers");
+    return out;
+}
+
+// calibrate --codec transform: fits the transform model for the profile's switches and levels
+// (or --thetas) and stores it in the profile.
+void calibrateTransformCommand(CodecProfile pr, const std::vector<const KvSet*>& caches, const std::string& thetas,
+                               const std::string& valueThetas, const std::string& path, Output& out)
+{
+    const double t0 = nowSeconds();
+    if (!thetas.empty()) {
+        const std::vector<double> k = parseThetas(thetas, "--thetas");
+        const std::vector<double> v = valueThetas.empty() ? k : parseThetas(valueThetas, "--value-thetas");
+        if (v.size() != k.size()) throw Error("--value-thetas: give as many numbers as --thetas");
+        pr.transformLevels.clear();
+        for (size_t i = 0; i < k.size(); ++i) {
+            TransformLevel l;
+            char name[64];
+            std::snprintf(name, sizeof name, "t %g/%g", k[i], v[i]);
+            l.name = name;
+            l.keyTheta = k[i];
+            l.valueTheta = v[i];
+            pr.transformLevels.push_back(l);
+        }
+        pr.transformDefaultLevel = std::min<int>(pr.transformDefaultLevel, int(k.size()));
+    } else if (!pr.hasTransform()) {
+        pr.transformLevels = defaultTransformLevels();
+    }
+    pr.transformDefaultLevel = std::max(1, std::min<int>(pr.transformDefaultLevel, int(pr.transformLevels.size())));
+    const TransformModel m = fitTransform(pr.transform, pr.transformLevels, caches);
+    pr.transformModel.clear();
+    serializeTransformModel(m, pr.transformModel);
+    if (pr.modelFingerprint.empty()) pr.modelFingerprint = caches.front()->modelFingerprint;
+    pr.numLayers = caches.front()->shape().numLayers;
+    saveProfile(pr, path);
+    json levels = json::array();
+    for (int l = 1; l <= m.numLevels(); ++l) {
+        int coded[2] = {0, 0};
+        for (int layer = 0; layer < m.numLayers; ++layer)
+            for (KvKind k : {KvKind::Key, KvKind::Value}) coded[int(k)] += m.codedComponents(l, k, layer);
+        const double all = double(m.numLayers) * m.channels();
+        levels.push_back({{"level", l}, {"name", pr.transformLevels[size_t(l - 1)].name},
+                          {"key_coded_fraction", coded[0] / all}, {"value_coded_fraction", coded[1] / all}});
+    }
+    out.emit({{"file", path}, {"codec", "transform"}, {"caches", caches.size()}, {"model_bytes", pr.transformModel.size()},
+              {"basis", basisName(m.settings.basis)}, {"levels", levels}, {"seconds", nowSeconds() - t0}},
+             [](const json& r) {
+                 std::printf("wrote %s: transform model of %llu bytes (%s) from %d caches\n", r["file"].get<std::string>().c_str(),
+                             (unsigned long long)r["model_bytes"].get<uint64_t>(), r["basis"].get<std::string>().c_str(),
+                             r["caches"].get<int>());
+                 for (const json& l : r["levels"])
+                     std::printf("  level %d (%s): %.1f%% of key and %.1f%% of value components coded\n", l["level"].get<int>(),
+                                 l["name"].get<std::string>().c_str(), 100 * l["key_coded_fraction"].get<double>(),
+                                 100 * l["value_coded_fraction"].get<double>());
+             });
+}
+
+}  // namespace
+
 void addCalibrateCommand(CLI::App& app, Output& out)
 {
     auto* sub = app.add_subcommand("calibrate", "Calibrate shared probability tables on KV files and store them in a profile");
     struct Opts {
         std::vector<std::string> inputs;
-        std::string out;
+        std::string out, thetas, valueThetas;
         ProfileOptions profile;
     };
     auto o = std::make_shared<Opts>();
@@ -193,8 +281,12 @@ void addCalibrateCommand(CLI::App& app, Output& out)
     sub->add_option("--out", o->out, "profile to write (JSON)")->required();
     o->profile.add(sub);
     sub->add_flag("--json", out.asJson, "print one JSON object");
+    sub->add_option("--thetas", o->thetas,
+                    "transform: relative water levels t, one level each, coarsest first (default 0.3,0.1,0.03,0.01,0.003)");
+    sub->add_option("--value-thetas", o->valueThetas, "transform: t for values per level (default: --thetas)");
     sub->callback([o, &out] {
-        if (o->profile.codec != "cachegen") throw Error("--codec: only cachegen uses probability tables");
+        if (o->profile.codec != "cachegen" && o->profile.codec != "transform")
+            throw Error("--codec: only cachegen and transform calibrate");
         std::vector<KvSet> caches;
         for (const std::string& path : o->inputs) {
             caches.push_back(readKvH5(path));
@@ -205,11 +297,16 @@ void addCalibrateCommand(CLI::App& app, Output& out)
                             " channels, but " + o->inputs.front() + " has " + std::to_string(a.numLayers) + " x " +
                             std::to_string(a.channels()));
         }
+        std::vector<const KvSet*> ptrs;
+        for (const KvSet& kv : caches) ptrs.push_back(&kv);
+        if (o->profile.codec == "transform") {
+            calibrateTransformCommand(*o->profile.loadedProfile(caches.front()), ptrs, o->thetas, o->valueThetas,
+                                      o->out, out);
+            return;
+        }
         ProfileOptions po = o->profile;
         po.tables.clear();
         CodecParams p = po.params(caches.front());
-        std::vector<const KvSet*> ptrs;
-        for (const KvSet& kv : caches) ptrs.push_back(&kv);
         const double t0 = nowSeconds();
         calibrateProfile(p, ptrs);
         if (p.profile.modelFingerprint.empty()) p.profile.modelFingerprint = caches.front().modelFingerprint;
@@ -296,7 +393,7 @@ void addBenchCommand(CLI::App& app, Output& out)
     sub->callback([o, &out] {
         const KvSet kv = readKvH5(o->kv);
         const CodecParams p = o->profile.params(kv);
-        const int level = o->level ? o->level : (p.codec == CodecId::CacheGen ? p.profile.defaultLevel : 1);
+        const int level = o->level ? o->level : p.defaultLevel();
         if (level < 1 || level > p.numLevels()) throw Error("--level " + std::to_string(level) + " does not exist");
         // GPU decode: chunks in pinned memory -> KV in device memory, checked against the CPU decoder.
         json gpu;

@@ -76,9 +76,23 @@ json runEval(const EvalOpts& o, const SampleContext& sample, json* timings)
     const double captureSeconds = prep.captureSeconds, refSeconds = prep.refSeconds;
 
     EvalPlan plan;
-    plan.cachegen = o.profile.params(original);
-    plan.cachegen.codec = CodecId::CacheGen;
+    ProfileOptions cachegen = o.profile;
+    cachegen.codec = "cachegen";
+    plan.cachegen = cachegen.params(original);
     plan.textRecompute = !o.noText;
+    // A profile with transform settings adds the transform codec's levels (prepared on this cache).
+    {
+        const std::unique_ptr<CodecProfile> pr = o.profile.loadedProfile(original);
+        if (pr->hasTransform() || o.profile.codec == "transform") {
+            ProfileOptions po = o.profile;
+            po.codec = "transform";
+            plan.transform = po.params(original);
+        }
+    }
+    if (o.onlyTransform) {
+        plan.baselines.clear();
+        plan.levels = false;
+    }
     const double t0 = nowSeconds();
     const std::vector<EvalRow> rows = evaluateCodecs(m->runtime(), ref, original, plan, [](int done, int total) {
         std::fprintf(stderr, "  %d/%d codecs measured\n", done, total);
@@ -175,6 +189,8 @@ void addEvalCommand(CLI::App& app, Output& out)
     o->add(sub, false);
     so->add(sub, true);
     sub->add_flag("--no-text", o->noText, "skip the text-recompute row");
+    sub->add_flag("--only-transform", o->onlyTransform,
+                  "only the transform codec's levels (no baselines, no CacheGen levels); with --no-text, no other row");
     sub->add_flag("--per-layer", o->perLayer, "reconstruction error of every layer, K and V");
     sub->add_flag("--json", out.asJson, "print one JSON object");
     sub->callback([o, so, &out] {

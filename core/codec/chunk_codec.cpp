@@ -12,6 +12,7 @@ std::vector<uint8_t> encodeChunk(const CodecParams& p, const KvSet& kv, int chun
 {
     KVSCOPE_ASSERT(kv.shape() == p.shape);
     KVSCOPE_ASSERT(chunk >= 0 && chunk < p.numChunks() && level >= 1 && level <= p.numLevels());
+    if (p.codec == CodecId::Transform) return detail::encodeTransformChunk(p, kv, chunk, level);
     if (p.codec != CodecId::CacheGen) return detail::encodeBaselineChunk(p, kv, chunk);
     return detail::encodeCacheGenChunk(p, kv, chunk, level, shared);
 }
@@ -21,6 +22,7 @@ void decodeChunk(const CodecParams& p, const uint8_t* data, size_t size, int chu
 {
     KVSCOPE_ASSERT(out.shape() == p.shape);
     KVSCOPE_ASSERT(chunk >= 0 && chunk < p.numChunks() && level >= 1 && level <= p.numLevels());
+    if (p.codec == CodecId::Transform) return detail::decodeTransformChunk(p, data, size, chunk, level, out, where);
     if (p.codec != CodecId::CacheGen) return detail::decodeBaselineChunk(p, data, size, chunk, out, where);
     detail::decodeCacheGenChunk(p, data, size, chunk, level, shared, out, where);
 }

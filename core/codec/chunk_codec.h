@@ -8,8 +8,10 @@
 #include "codec/prob_table.h"
 #include "codec/profile.h"
 #include "codec/quantize.h"
+#include "codec/transform.h"
 #include "kv/kv_set.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -18,7 +20,7 @@
 
 namespace kvscope {
 
-enum class CodecId : uint8_t { CacheGen = 0, Fp16 = 1, Int8 = 2, Kivi2 = 3, Kivi4 = 4, Zstd = 5 };
+enum class CodecId : uint8_t { CacheGen = 0, Fp16 = 1, Int8 = 2, Kivi2 = 3, Kivi4 = 4, Zstd = 5, Transform = 6 };
 const char* codecName(CodecId c);                      // "cachegen", "fp16", ...
 bool parseCodecName(const std::string& s, CodecId* out);
 
@@ -34,9 +36,23 @@ struct CodecParams {
     KvShape shape;               // of the whole cache
     DType dtype = DType::F16;    // of the source cache, and of decoded output
     CodecProfile profile;        // CacheGen settings; for baselines only chunkTokens matters
+    // The transform codec's model (transform.h): set by prepareTransform before encoding, or by
+    // the container reader from the transform section. Null for every other codec.
+    std::shared_ptr<const TransformModel> transform;
 
     int numChunks() const { return (shape.numTokens + profile.chunkTokens - 1) / profile.chunkTokens; }
-    int numLevels() const { return codec == CodecId::CacheGen ? int(profile.levels.size()) : 1; }
+    int numLevels() const
+    {
+        if (codec == CodecId::CacheGen) return int(profile.levels.size());
+        if (codec == CodecId::Transform) return transform ? transform->numLevels() : int(profile.transformLevels.size());
+        return 1;
+    }
+    int defaultLevel() const
+    {
+        if (codec == CodecId::CacheGen) return profile.defaultLevel;
+        if (codec == CodecId::Transform) return std::min(std::max(1, profile.transformDefaultLevel), numLevels());
+        return 1;
+    }
     int chunkStart(int chunk) const { return chunk * profile.chunkTokens; }
     int chunkLength(int chunk) const;
     int binsFor(KvKind kind, int layer, int level) const;  // level is 1-based

@@ -7,6 +7,9 @@
 //   level_tables.cpp   probability tables per level: counting, calibration, (de)serialisation
 //   entropy_stage.cpp  one rANS stream per (kind, layer, head), decoding fused with dequantization
 //   baselines.cpp      fp16, int8, KIVI-2/4 and zstd payloads
+//   transform.cpp      the transform codec's model: fit, serialisation (math in transform.h)
+//   transform_chunk.cpp the transform codec's chunk payload
+//   symbol_stream.cpp  rANS coding of a symbol matrix with one table per column
 //   chunk_codec.cpp    encodeChunk / decodeChunk: the dispatch by codec
 #pragma once
 
@@ -155,5 +158,12 @@ inline size_t blockValues(const CodecParams& p, int n) { return size_t(p.shape.n
 std::vector<uint8_t> encodeBaselineChunk(const CodecParams& p, const KvSet& kv, int chunk);
 void decodeBaselineChunk(const CodecParams& p, const uint8_t* data, size_t size, int chunk, KvSet& out,
                          const std::string& where);
+
+// ---------------------------------------------------------------------------------------------
+// Transform codec (transform_chunk.cpp); p.transform must be set.
+
+std::vector<uint8_t> encodeTransformChunk(const CodecParams& p, const KvSet& kv, int chunk, int level);
+void decodeTransformChunk(const CodecParams& p, const uint8_t* data, size_t size, int chunk, int level, KvSet& out,
+                          const std::string& where);
 
 }  // namespace kvscope::detail

@@ -14,6 +14,7 @@ const char* codecName(CodecId c)
     case CodecId::Kivi2: return "kivi2";
     case CodecId::Kivi4: return "kivi4";
     case CodecId::Zstd: return "zstd";
+    case CodecId::Transform: return "transform";
     }
     return "unknown";
 }
@@ -21,7 +22,7 @@ const char* codecName(CodecId c)
 bool parseCodecName(const std::string& s, CodecId* out)
 {
     for (CodecId c : {CodecId::CacheGen, CodecId::Fp16, CodecId::Int8, CodecId::Kivi2, CodecId::Kivi4,
-                      CodecId::Zstd})
+                      CodecId::Zstd, CodecId::Transform})
         if (s == codecName(c)) {
             *out = c;
             return true;

@@ -1,6 +1,7 @@
 #include "codec/container.h"
 
 #include "codec/quantize.h"
+#include "codec/transform.h"
 #include "common/crc32.h"
 #include "common/error.h"
 
@@ -121,6 +122,8 @@ KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const std::string
                              "bins cover " + std::to_string(p.profile.levels.front().keyBins.size()) +
                                  " layers, the KV cache has " + std::to_string(p.shape.numLayers));
     }
+    if (p.codec == CodecId::Transform && !p.transform)
+        throw inputError(path, "transform section", "the transform codec needs its model (prepareTransform)");
     const int chunks = p.numChunks(), levels = p.numLevels();
     const bool shared = p.codec == CodecId::CacheGen && p.profile.tables == TableMode::Shared;
     const double work = double(chunks) * levels * (shared && !calibrated ? 2 : 1);
@@ -192,6 +195,16 @@ KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const std::string
         file.pwriteAll(sections[s].b.data(), sections[s].b.size(), offset);
         offset += sections[s].b.size();
     }
+    // Version 1.1: the transform codec's model, referenced from the header's reserved bytes.
+    SectionRef transformRef;
+    if (p.codec == CodecId::Transform) {
+        std::vector<uint8_t> t;
+        serializeTransformModel(*p.transform, t);
+        if (t.size() > UINT32_MAX) throw inputError(path, "transform section", "section over 4 GiB");
+        transformRef = {offset, uint32_t(t.size()), crc32(t.data(), t.size())};
+        file.pwriteAll(t.data(), t.size(), offset);
+        offset += t.size();
+    }
 
     ByteWriter h;
     h.bytes(kMagic, 8);
@@ -213,13 +226,16 @@ KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const std::string
     h.u32(uint32_t(levels));
     h.u32(uint32_t(p.profile.deltaGroup));
     h.u32(uint32_t(p.profile.anchorBins));
-    h.u32(uint32_t(p.codec == CodecId::CacheGen ? p.profile.defaultLevel : 1));
+    h.u32(uint32_t(p.defaultLevel()));
     h.u64(offset);  // file size
     for (const SectionRef& r : refs) {
         h.u64(r.offset);
         h.u32(r.size);
         h.u32(r.crc);
     }
+    h.u64(transformRef.offset);  // offset 136: the transform section (zeros for other codecs)
+    h.u32(transformRef.size);
+    h.u32(transformRef.crc);
     while (h.b.size() < kKvcHeaderSize - 4) h.u8(0);
     h.u32(crc32(h.b.data(), h.b.size()));
     KVSCOPE_ASSERT(h.b.size() == kKvcHeaderSize);
@@ -294,7 +310,7 @@ void KvcReader::parse()
     if (std::memcmp(hb.data(), kMagic, 8) != 0) throw Error(where("header") + ": not a kvscope .kvc file (bad magic)");
     ByteReader h{hb.data() + 8, hb.data() + hb.size(), where("header")};
     const uint16_t major = h.u16(), minor = h.u16();
-    (void)minor;  // minor versions only add optional fields
+    // minor versions only add fields in reserved space (1.1: the transform section)
     if (major != kKvcVersionMajor)
         throw Error(where("header") + ": format version " + std::to_string(major) + " is not supported (this build reads " +
                     std::to_string(kKvcVersionMajor) + ")");
@@ -305,7 +321,7 @@ void KvcReader::parse()
     CodecParams& p = m_params;
     const uint8_t codec = h.u8(), dtype = h.u8(), kq = h.u8(), vq = h.u8(), tm = h.u8();
     h.take(3);
-    if (codec > uint8_t(CodecId::Zstd)) throw Error(where("header") + ": unknown codec id " + std::to_string(codec));
+    if (codec > uint8_t(CodecId::Transform)) throw Error(where("header") + ": unknown codec id " + std::to_string(codec));
     if (dtype > uint8_t(DType::F32)) throw Error(where("header") + ": unknown dtype id " + std::to_string(dtype));
     if (kq > 1 || vq > 1) throw Error(where("header") + ": unknown quantizer id");
     if (tm > 1) throw Error(where("header") + ": unknown table mode " + std::to_string(tm));
@@ -334,7 +350,7 @@ void KvcReader::parse()
     if (chunks != p.numChunks())
         throw Error(where("header") + ": num_chunks " + std::to_string(chunks) + " does not match " +
                     std::to_string(p.shape.numTokens) + " tokens in chunks of " + std::to_string(p.profile.chunkTokens));
-    if (levels < 1 || levels > 64 || (p.codec != CodecId::CacheGen && levels != 1))
+    if (levels < 1 || levels > 64 || (p.codec != CodecId::CacheGen && p.codec != CodecId::Transform && levels != 1))
         throw Error(where("header") + ": num_levels " + std::to_string(levels) + " is invalid for this codec");
     const uint64_t declaredSize = h.u64();
     if (declaredSize != m_fileSize)
@@ -356,6 +372,28 @@ void KvcReader::parse()
 
     m_sectionsStart = m_fileSize;
     for (int s = 0; s < kNumSections; ++s) m_sectionsStart = std::min<uint64_t>(m_sectionsStart, refs[s].offset);
+    if (p.codec == CodecId::Transform) {
+        SectionRef t;
+        t.offset = h.u64();
+        t.size = h.u32();
+        t.crc = h.u32();
+        if (minor < 1) throw Error(where("header") + ": the transform codec needs format version 1.1 or later");
+        if (t.offset < kKvcHeaderSize || t.offset > m_fileSize || t.size > m_fileSize - t.offset || t.size == 0)
+            throw Error(where("transform section") + ": lies outside the file");
+        std::vector<uint8_t> tb(t.size);
+        readAt(t.offset, t.size, tb.data(), "transform section");
+        if (crc32(tb.data(), tb.size()) != t.crc) throw Error(where("transform section") + ": CRC mismatch");
+        TransformModel m = parseTransformModel(tb.data(), tb.size(), p.shape, where("transform section"));
+        if (m.numLevels() != levels)
+            throw Error(where("transform section") + ": holds " + std::to_string(m.numLevels()) + " levels, the header says " +
+                        std::to_string(levels));
+        if (p.profile.defaultLevel < 1 || p.profile.defaultLevel > levels)
+            throw Error(where("header") + ": default_level " + std::to_string(p.profile.defaultLevel) + " names no level");
+        p.profile.transform = m.settings;
+        p.profile.transformDefaultLevel = p.profile.defaultLevel;
+        p.transform = std::make_shared<const TransformModel>(std::move(m));
+        m_sectionsStart = std::min<uint64_t>(m_sectionsStart, t.offset);
+    }
 
     // Levels: bins per (level, kind, layer).
     const size_t L = size_t(p.shape.numLayers);
@@ -376,7 +414,7 @@ void KvcReader::parse()
         } catch (const Error& e) {
             throw Error(std::string(e.what()));
         }
-    } else {
+    } else if (p.codec != CodecId::Transform) {
         p.profile.defaultLevel = 1;
     }
 

@@ -14,7 +14,7 @@
 namespace kvscope {
 
 constexpr uint16_t kKvcVersionMajor = 1;
-constexpr uint16_t kKvcVersionMinor = 0;
+constexpr uint16_t kKvcVersionMinor = 1;  // 1.1 added the transform section
 constexpr size_t kKvcHeaderSize = 160;
 
 // Called with the fraction done in [0, 1]; returning false cancels (the operation throws

@@ -146,6 +146,26 @@ void validateProfile(const CodecProfile& p, const std::string& src)
         throw inputError(src, "default_level", std::to_string(p.defaultLevel) + " names no level");
     if (p.hasCalibratedTables() && (p.levelTables.size() != p.levels.size() || p.tableChannels < 1))
         throw inputError(src, "calibrated_tables", "need one table blob per level and a channel count");
+    if (p.hasTransform()) {
+        const TransformSettings& s = p.transform;
+        if (s.sinkTokens < 0 || s.sinkTokens > 4096)
+            throw inputError(src, "transform.sink_tokens", std::to_string(s.sinkTokens) + " is outside 0..4096");
+        if (s.recentTokens < 0 || s.recentTokens > 65536)
+            throw inputError(src, "transform.recent_tokens", std::to_string(s.recentTokens) + " is outside 0..65536");
+        if (p.transformLevels.size() > 64) throw inputError(src, "transform.levels", "more than 64 levels");
+        if (p.transformDefaultLevel < 1 || p.transformDefaultLevel > int(p.transformLevels.size()))
+            throw inputError(src, "transform.default_level", std::to_string(p.transformDefaultLevel) + " names no level");
+        for (size_t i = 0; i < p.transformLevels.size(); ++i) {
+            const TransformLevel& l = p.transformLevels[i];
+            const std::string place = "transform.levels[" + std::to_string(i) + "]";
+            if (!(l.keyTheta > 0) || !(l.valueTheta > 0) || !std::isfinite(l.keyTheta) || !std::isfinite(l.valueTheta))
+                throw inputError(src, place, "key_theta and value_theta must be positive");
+            for (const auto* sc : {&l.keyLayerScale, &l.valueLayerScale})
+                if (!sc->empty() && p.numLayers > 0 && int(sc->size()) != p.numLayers)
+                    throw inputError(src, place, "layer scales cover " + std::to_string(sc->size()) +
+                                                     " layers, profile has " + std::to_string(p.numLayers));
+        }
+    }
     for (size_t i = 0; i < p.levels.size(); ++i) {
         const CodecLevel& l = p.levels[i];
         const std::string place = "levels[" + std::to_string(i) + "]";
@@ -220,6 +240,86 @@ std::vector<int> getBins(const json& j, const char* key, int numLayers, const st
     return bins;
 }
 
+bool getBool(const json& j, const char* key, bool fallback, const std::string& src, const std::string& place)
+{
+    if (!j.contains(key)) return fallback;
+    if (!j.at(key).is_boolean()) throw inputError(src, place + "." + key, "must be true or false");
+    return j.at(key).get<bool>();
+}
+
+double getPositive(const json& j, const char* key, const std::string& src, const std::string& place)
+{
+    if (!j.contains(key) || !j.at(key).is_number()) throw inputError(src, place + "." + key, "missing or not a number");
+    const double v = j.at(key).get<double>();
+    if (!(v > 0) || !std::isfinite(v) || v > 1e6) throw inputError(src, place + "." + key, "must be a positive number up to 1e6");
+    return v;
+}
+
+std::vector<double> getScales(const json& j, const char* key, const std::string& src, const std::string& place)
+{
+    std::vector<double> out;
+    if (!j.contains(key)) return out;
+    const json& a = j.at(key);
+    const std::string w = place + "." + key;
+    if (!a.is_array() || a.size() > 4096) throw inputError(src, w, "must be an array of numbers (one per layer)");
+    for (size_t i = 0; i < a.size(); ++i) {
+        if (!a[i].is_number()) throw inputError(src, w + "[" + std::to_string(i) + "]", "must be a number");
+        const double v = a[i].get<double>();
+        if (!(v > 0) || !std::isfinite(v) || v > 1e6)
+            throw inputError(src, w + "[" + std::to_string(i) + "]", "must be a positive number up to 1e6");
+        out.push_back(v);
+    }
+    return out;
+}
+
+void parseTransformJson(const json& t, CodecProfile& p, const std::string& src)
+{
+    if (!t.is_object()) throw inputError(src, "transform", "must be an object");
+    TransformSettings& s = p.transform;
+    auto choice = [&](const char* key, const char* fallback, std::initializer_list<const char*> names) {
+        const std::string v = getString(t, key, fallback, src);
+        int i = 0;
+        std::string all;
+        for (const char* n : names) {
+            if (v == n) return i;
+            all += (i ? ", " : "") + std::string(n);
+            ++i;
+        }
+        throw inputError(src, std::string("transform.") + key, "unknown value '" + v + "' (" + all + ")");
+    };
+    s.ropeUndo = getBool(t, "rope_undo", true, src, "transform");
+    s.basis = TransformBasis(choice("basis", "pca", {"none", "hadamard", "pca"}));
+    s.acrossHeads = getBool(t, "across_heads", true, src, "transform");
+    s.weighting = TransformWeighting(choice("weighting", "attention", {"mse", "attention"}));
+    s.allocation = TransformAllocation(choice("allocation", "waterfill", {"uniform", "waterfill"}));
+    s.entropy = TransformEntropy(choice("entropy", "rans", {"fixed", "rans"}));
+    s.sinkTokens = getInt(t, "sink_tokens", 4, src);
+    s.recentTokens = getInt(t, "recent_tokens", 0, src);
+    p.transformDefaultLevel = getInt(t, "default_level", 1, src);
+    if (!t.contains("levels") || !t.at("levels").is_array() || t.at("levels").empty() || t.at("levels").size() > 64)
+        throw inputError(src, "transform.levels", "must be an array of 1 to 64 levels");
+    const json& levels = t.at("levels");
+    for (size_t i = 0; i < levels.size(); ++i) {
+        const std::string place = "transform.levels[" + std::to_string(i) + "]";
+        if (!levels[i].is_object()) throw inputError(src, place, "must be an object");
+        TransformLevel l;
+        l.name = getString(levels[i], "name", "level " + std::to_string(i + 1), src);
+        l.keyTheta = getPositive(levels[i], "key_theta", src, place);
+        l.valueTheta = getPositive(levels[i], "value_theta", src, place);
+        l.keyLayerScale = getScales(levels[i], "key_layer_scale", src, place);
+        l.valueLayerScale = getScales(levels[i], "value_layer_scale", src, place);
+        if (levels[i].contains("measured")) {
+            if (!levels[i].at("measured").is_object()) throw inputError(src, place + ".measured", "must be an object");
+            l.measuredJson = levels[i].at("measured").dump();
+        }
+        p.transformLevels.push_back(std::move(l));
+    }
+    if (t.contains("model")) {
+        if (!t.at("model").is_string() || !fromBase64(t.at("model").get<std::string>(), &p.transformModel))
+            throw inputError(src, "transform.model", "not valid base64");
+    }
+}
+
 }  // namespace
 
 CodecProfile profileFromJson(const std::string& text, const std::string& src)
@@ -282,6 +382,10 @@ CodecProfile profileFromJson(const std::string& text, const std::string& src)
             p.levelTables.push_back(std::move(blob));
         }
     }
+    if (j.contains("transform")) {
+        if (version < 2) throw inputError(src, "transform", "needs profile version 2");
+        parseTransformJson(j.at("transform"), p, src);
+    }
     validateProfile(p, src);
     return p;
 }
@@ -316,6 +420,30 @@ std::string profileToJson(const CodecProfile& p)
         levels.push_back(jl);
     }
     j["levels"] = levels;
+    if (p.hasTransform()) {
+        const TransformSettings& s = p.transform;
+        json t;
+        t["rope_undo"] = s.ropeUndo;
+        t["basis"] = basisName(s.basis);
+        t["across_heads"] = s.acrossHeads;
+        t["weighting"] = weightingName(s.weighting);
+        t["allocation"] = allocationName(s.allocation);
+        t["entropy"] = entropyName(s.entropy);
+        t["sink_tokens"] = s.sinkTokens;
+        t["recent_tokens"] = s.recentTokens;
+        t["default_level"] = p.transformDefaultLevel;
+        json tl = json::array();
+        for (const TransformLevel& l : p.transformLevels) {
+            json jl = {{"name", l.name}, {"key_theta", l.keyTheta}, {"value_theta", l.valueTheta}};
+            if (!l.keyLayerScale.empty()) jl["key_layer_scale"] = l.keyLayerScale;
+            if (!l.valueLayerScale.empty()) jl["value_layer_scale"] = l.valueLayerScale;
+            if (!l.measuredJson.empty()) jl["measured"] = json::parse(l.measuredJson);
+            tl.push_back(jl);
+        }
+        t["levels"] = tl;
+        if (!p.transformModel.empty()) t["model"] = toBase64(p.transformModel);
+        j["transform"] = t;
+    }
     if (p.hasCalibratedTables()) {
         json blobs = json::array();
         for (const auto& b : p.levelTables) blobs.push_back(toBase64(b));

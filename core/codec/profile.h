@@ -16,8 +16,17 @@
 //                 "value_bins": ...,
 //                 "measured": { ... free-form figures ... } }, ... ],
 //   "calibrated_tables": { "channels": 192, "levels": ["<base64>", ...] }       (optional)
+//   "transform": { "rope_undo": true, "basis": "pca", "across_heads": true,      (version 2, optional:
+//                  "weighting": "attention", "allocation": "waterfill",            the transform codec)
+//                  "entropy": "rans", "sink_tokens": 4, "recent_tokens": 0,
+//                  "default_level": 1,
+//                  "levels": [ {"name": "t 0.01", "key_theta": 0.01, "value_theta": 0.01,
+//                               "key_layer_scale": [...], "value_layer_scale": [...], "measured": {...}} ],
+//                  "model": "<base64 of the transform section, FORMAT.md>" }        (calibrated, optional)
 // }
 #pragma once
+
+#include "codec/transform.h"
 
 #include <cstdint>
 #include <string>
@@ -45,7 +54,7 @@ struct CodecLevel {
 };
 
 struct CodecProfile {
-    static constexpr int kVersion = 1;
+    static constexpr int kVersion = 2;  // 2 added "transform"; version 1 files still load
     std::string modelFingerprint;
     int numLayers = 0;
     int chunkTokens = 256;   // 16..8192
@@ -63,6 +72,14 @@ struct CodecProfile {
     int tableChannels = 0;
     std::vector<std::vector<uint8_t>> levelTables;
     bool hasCalibratedTables() const { return !levelTables.empty(); }
+
+    // The transform codec (transform.h): its switches, levels and calibrated model (serialised
+    // transform section, empty when not calibrated). transformLevels empty = no transform settings.
+    TransformSettings transform;
+    std::vector<TransformLevel> transformLevels;
+    int transformDefaultLevel = 1;
+    std::vector<uint8_t> transformModel;
+    bool hasTransform() const { return !transformLevels.empty(); }
 
     int anchorBinsFor(int layerBins) const { return anchorBins > 0 ? anchorBins : layerBins; }
     bool deltaEnabled() const { return deltaGroup >= 2; }

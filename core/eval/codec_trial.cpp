@@ -1,5 +1,6 @@
 #include "eval/codec_trial.h"
 
+#include "codec/transform.h"
 #include "common/error.h"
 
 #include <chrono>
@@ -51,10 +52,18 @@ SizeFigures sizeFigures(uint64_t bytes, const KvShape& shape)
     return {8.0 * double(bytes) / values, 2.0 * values / double(bytes), double(int8Bytes(shape)) / double(bytes)};
 }
 
-CodecTrial runCodecTrial(const KvSet& kv, const CodecParams& params, int level)
+CodecTrial runCodecTrial(const KvSet& kv, const CodecParams& paramsIn, int level)
 {
     using Clock = std::chrono::steady_clock;
     CodecTrial t;
+    CodecParams prepared;
+    if (paramsIn.codec == CodecId::Transform && !paramsIn.transform) {
+        prepared = paramsIn;
+        prepareTransform(prepared, kv, "profile");
+    }
+    const CodecParams& params = prepared.transform ? prepared : paramsIn;
+    // A transform model fitted on this cache travels with it: its statistics count.
+    if (params.codec == CodecId::Transform) t.tableBytes = transformSideBytes(*params.transform);
     const bool shared = params.codec == CodecId::CacheGen && params.profile.tables == TableMode::Shared;
     LevelTables tables;
     auto t0 = Clock::now();

@@ -32,7 +32,9 @@ struct SizeFigures {
 };
 SizeFigures sizeFigures(uint64_t bytes, const KvShape& shape);
 
-// `level` is 1-based (baselines have one level). Throws kvscope::Error from the codec.
+// `level` is 1-based (baselines have one level). Throws kvscope::Error from the codec. A transform
+// codec without params.transform is prepared here (prepareTransform); a model fitted on kv itself
+// adds its side bytes to tableBytes and bytes.
 CodecTrial runCodecTrial(const KvSet& kv, const CodecParams& params, int level);
 
 }  // namespace kvscope

@@ -26,7 +26,8 @@ std::vector<EvalRow> evaluateCodecs(const LlamaRuntime& runtime, const QualityRe
 {
     const KvShape& shape = original.shape();
     const int levels = plan.levels ? plan.cachegen.numLevels() : 0;
-    const int planned = (plan.textRecompute ? 1 : 0) + int(plan.baselines.size()) + levels;
+    const int transformLevels = plan.transform.codec == CodecId::Transform ? plan.transform.numLevels() : 0;
+    const int planned = (plan.textRecompute ? 1 : 0) + int(plan.baselines.size()) + levels + transformLevels;
     std::vector<EvalRow> rows;
     auto finish = [&](EvalRow r, const KvSet& decoded) {
         const SizeFigures size = sizeFigures(r.bytes, shape);
@@ -69,6 +70,18 @@ std::vector<EvalRow> evaluateCodecs(const LlamaRuntime& runtime, const QualityRe
         r.codec = codecName(CodecId::CacheGen);
         r.level = l;
         r.levelName = plan.cachegen.profile.levels[size_t(l - 1)].name;
+        r.bytes = t.bytes;
+        r.encodeSeconds = t.encodeSeconds;
+        r.decodeSeconds = t.decodeSeconds;
+        finish(std::move(r), t.decoded);
+    }
+    for (int l = 1; l <= transformLevels; ++l) {
+        const CodecTrial t = runCodecTrial(original, plan.transform, l);
+        EvalRow r;
+        r.codec = codecName(CodecId::Transform);
+        r.level = l;
+        const auto& names = plan.transform.profile.transformLevels;
+        r.levelName = size_t(l) <= names.size() ? names[size_t(l - 1)].name : "level " + std::to_string(l);
         r.bytes = t.bytes;
         r.encodeSeconds = t.encodeSeconds;
         r.decodeSeconds = t.decodeSeconds;

@@ -32,12 +32,15 @@ struct EvalPlan {
     bool levels = true;    // every level of the profile
     std::vector<CodecId> baselines = {CodecId::Fp16, CodecId::Int8, CodecId::Kivi2, CodecId::Kivi4, CodecId::Zstd};
     bool textRecompute = true;  // prefill the context again: must reproduce the original exactly
+    // Transform codec levels (rows "transform"), evaluated after the CacheGen levels when
+    // transform.codec is CodecId::Transform.
+    CodecParams transform;
 };
 
 // Called after each row with (rows done, rows planned); returning false cancels (throws Error).
 using EvalProgress = std::function<bool(int, int)>;
 
-// Rows in order: text (when planned), the baselines, then the levels.
+// Rows in order: text (when planned), the baselines, then the levels, then the transform levels.
 std::vector<EvalRow> evaluateCodecs(const LlamaRuntime& runtime, const QualityReference& ref, const KvSet& original,
                                     const EvalPlan& plan, const EvalProgress& progress = {});
 

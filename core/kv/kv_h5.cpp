@@ -8,6 +8,7 @@
 #include <hdf5.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -397,6 +398,43 @@ void writeTensor(const Failer& f, hid_t group, const std::string& groupName, con
     if (kv.dtype() == DType::BF16) writeStringAttr(f, ds.get(), "dtype", "bfloat16", place + ": ");
 }
 
+// A small float32 dataset of the given dims (the optional codec statistics and RoPE table).
+void writeF32Dataset(const Failer& f, hid_t loc, const char* name, const std::vector<float>& v,
+                     const std::vector<hsize_t>& dims, const std::string& place)
+{
+    Hid space = f.check(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose, place,
+                        "cannot create dataspace");
+    Hid ds = f.check(H5Dcreate2(loc, name, H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT,
+                                H5P_DEFAULT),
+                     H5Dclose, place, "cannot create dataset");
+    f.check(H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), place,
+            "cannot write");
+}
+
+bool linkExists(const Failer& f, hid_t loc, const std::string& name, const std::string& place);
+
+// Reads an optional float32 dataset that must hold exactly `count` finite values; returns an empty
+// vector when it is absent.
+std::vector<float> readOptionalF32(const Failer& f, hid_t loc, const char* name, size_t count,
+                                   const std::string& place)
+{
+    std::vector<float> v;
+    if (!linkExists(f, loc, name, place)) return v;
+    Hid ds = f.check(H5Dopen2(loc, name, H5P_DEFAULT), H5Dclose, place, "cannot open as a dataset");
+    Hid type = f.check(H5Dget_type(ds.get()), H5Tclose, place, "cannot read type");
+    if (H5Tget_class(type.get()) != H5T_FLOAT) f.fail(place, "element type is not floating point");
+    Hid space = f.check(H5Dget_space(ds.get()), H5Sclose, place, "cannot read dataspace");
+    const hssize_t n = H5Sget_simple_extent_npoints(space.get());
+    if (n < 0 || size_t(n) != count)
+        f.fail(place, "holds " + std::to_string(n) + " values, expected " + std::to_string(count));
+    v.resize(count);
+    f.check(H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), place,
+            "cannot read");
+    for (float x : v)
+        if (!std::isfinite(x)) f.fail(place, "holds a value that is not finite");
+    return v;
+}
+
 void writeFile(const KvSet& kv, const std::string& tmpPath, const H5WriteOptions& opt,
                const Failer& f)
 {
@@ -448,6 +486,18 @@ void writeFile(const KvSet& kv, const std::string& tmpPath, const H5WriteOptions
                             H5Gclose, "/layers/" + name, "cannot create group");
             writeTensor(f, g.get(), name, kv, KvKind::Key, l, opt);
             writeTensor(f, g.get(), name, kv, KvKind::Value, l, opt);
+            const hsize_t H = hsize_t(sh.numKvHeads), D = hsize_t(sh.headDim);
+            if (size_t(l) < kv.querySq.size() && !kv.querySq[size_t(l)].empty())
+                writeF32Dataset(f, g.get(), "query_sq", kv.querySq[size_t(l)], {H, D},
+                                "/layers/" + name + "/query_sq");
+            if (size_t(l) < kv.valueWeight.size() && !kv.valueWeight[size_t(l)].empty())
+                writeF32Dataset(f, g.get(), "value_weight", kv.valueWeight[size_t(l)], {H, D, D},
+                                "/layers/" + name + "/value_weight");
+        }
+        if (kv.hasRope()) {
+            writeF32Dataset(f, root, "rope_inv_freq", kv.ropeInvFreq, {hsize_t(kv.ropeInvFreq.size())},
+                            "/rope_inv_freq");
+            writeIntAttr(f, root, "rope_position0", kv.ropePosition0);
         }
     }
     // Buffered metadata and chunks reach the disk here; a full disk shows up as a failed close.
@@ -770,6 +820,35 @@ KvSet readKvH5(const std::string& path)
     kv.modelName = info.modelName;
     kv.modelFingerprint = info.modelFingerprint;
     kv.context = std::move(context);
+
+    // Optional codec side data: RoPE parameters and attention statistics.
+    const size_t H = size_t(info.shape.numKvHeads), D = size_t(info.shape.headDim);
+    kv.ropeInvFreq = readOptionalF32(f, root, "rope_inv_freq", D / 2, "/rope_inv_freq");
+    if (kv.hasRope()) {
+        const int64_t p0 = hasAttr(f, root, "rope_position0", "attribute rope_position0")
+                               ? readIntAttr(f, root, "rope_position0")
+                               : 0;
+        if (p0 < 0 || p0 > int64_t(1) << 30) f.fail("attribute rope_position0", std::to_string(p0) + " is out of range");
+        kv.ropePosition0 = int(p0);
+    }
+    bool anyQ = false, anyV = false;
+    std::vector<std::vector<float>> q(size_t(info.shape.numLayers)), w(size_t(info.shape.numLayers));
+    for (int l = 0; l < info.shape.numLayers; ++l) {
+        const std::string group = layerGroupName(l, info.shape.numLayers);
+        Hid g = f.check(H5Gopen2(root, ("layers/" + group).c_str(), H5P_DEFAULT), H5Gclose, "/layers/" + group,
+                        "cannot open group");
+        q[size_t(l)] = readOptionalF32(f, g.get(), "query_sq", H * D, "/layers/" + group + "/query_sq");
+        w[size_t(l)] = readOptionalF32(f, g.get(), "value_weight", H * D * D, "/layers/" + group + "/value_weight");
+        anyQ = anyQ || !q[size_t(l)].empty();
+        anyV = anyV || !w[size_t(l)].empty();
+    }
+    for (int l = 0; l < info.shape.numLayers; ++l) {
+        const std::string group = layerGroupName(l, info.shape.numLayers);
+        if (anyQ && q[size_t(l)].empty()) f.fail("/layers/" + group + "/query_sq", "missing while other layers have it");
+        if (anyV && w[size_t(l)].empty()) f.fail("/layers/" + group + "/value_weight", "missing while other layers have it");
+    }
+    if (anyQ) kv.querySq = std::move(q);
+    if (anyV) kv.valueWeight = std::move(w);
     return kv;
 }
 

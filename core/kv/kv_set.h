@@ -88,6 +88,23 @@ public:
     std::vector<int32_t> tokens;  // (num_tokens), may be empty for synthetic caches
     std::string context;          // UTF-8
 
+    // RoPE the keys carry, for codecs that undo it (empty when unknown, e.g. synthetic caches or
+    // files written before it was recorded): key pair (i, i + head_dim/2) of token t is rotated by
+    // the angle (ropePosition0 + t) * ropeInvFreq[i], scaling (linear, llama3, ...) already applied.
+    std::vector<float> ropeInvFreq;  // (head_dim / 2)
+    int ropePosition0 = 0;           // position of token 0
+
+    // Attention statistics a codec can weight its errors by (empty when not captured).
+    // querySq[l][h * head_dim + d]: mean over the prefill's queries of sum over the query heads of
+    // KV group h of q[d]^2 (after RoPE), so E[(q.(k - k^))^2] = sum_d querySq * (k - k^)_d^2 when
+    // errors are uncorrelated across d.
+    std::vector<std::vector<float>> querySq;      // per layer (kv_heads * head_dim)
+    // valueWeight[l][(h * head_dim + i) * head_dim + j]: M_h = sum over the query heads of group h
+    // of W_o,head^T W_o,head (head_dim x head_dim), so the o_proj output error of a value error e
+    // is e^T M_h e (summed with the attention weights).
+    std::vector<std::vector<float>> valueWeight;  // per layer (kv_heads, head_dim, head_dim)
+    bool hasRope() const { return !ropeInvFreq.empty(); }
+
 private:
     size_t offset(int head, int token, int d) const
     {

@@ -85,6 +85,16 @@ torch::Tensor rotateHalf(const torch::Tensor& x)
     return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
+// Codec statistics, nothing the forward pass uses: adds sum over positions and over the query
+// heads of each KV group of q^2 (q after RoPE, (H, T, hd)) to acc (kv_heads, hd). A transform codec
+// weights key errors by it (KvSet::querySq).
+void accumulateQuerySq(torch::Tensor& acc, const torch::Tensor& q, int kvHeads)
+{
+    const torch::Tensor s = q.pow(2).sum(1).reshape({kvHeads, -1, q.size(2)}).sum(1);  // (KH, hd)
+    if (acc.defined()) acc.add_(s);
+    else acc = s.clone();
+}
+
 }  // namespace
 
 struct LlamaRuntime::Impl {
@@ -187,6 +197,10 @@ struct InferenceSession::State {
     int length = 0;
     int capacity = 0;
     std::vector<int32_t> tokens;
+    // Codec statistics (see accumulateQuerySq): per layer (kv_heads, head_dim) sums of q^2, and
+    // how many query positions they cover.
+    std::vector<torch::Tensor> querySq;
+    int64_t queryCount = 0;
 
     void reserve(const LlamaRuntime::Impl& d, int needed)
     {
@@ -206,9 +220,10 @@ struct InferenceSession::State {
 
     // One forward over T tokens written to cache slots [length, length + T): `pos` (T, 1) are
     // their RoPE positions, `mask` (T, length + T) says which slots each one sees. Returns the
-    // final hidden states (T, hidden) before the last norm; length is left to the caller.
+    // final hidden states (T, hidden) before the last norm; length is left to the caller. With
+    // recordQueries the queries' second moments are added to querySq (the caller counts them).
     torch::Tensor forwardBlock(const LlamaRuntime::Impl& d, const int32_t* tokens, int T, const torch::Tensor& pos,
-                               const torch::Tensor& mask);
+                               const torch::Tensor& mask, bool recordQueries);
 };
 
 InferenceSession::InferenceSession(const LlamaRuntime& runtime) : runtime_(&runtime), s_(std::make_unique<State>()) {}
@@ -269,6 +284,7 @@ KvSet InferenceSession::exportKv() const
     kv.tokens = s_->tokens;
     kv.modelName = d.spec.name;
     kv.modelFingerprint = d.fingerprint;
+    exportCodecStatistics(kv);
     return kv;
 }
 
@@ -284,7 +300,8 @@ void checkTokens(const ModelConfig& c, const std::vector<int32_t>& tokens)
 }  // namespace
 
 torch::Tensor InferenceSession::State::forwardBlock(const LlamaRuntime::Impl& d, const int32_t* tokens, int T,
-                                                   const torch::Tensor& pos, const torch::Tensor& mask)
+                                                   const torch::Tensor& pos, const torch::Tensor& mask,
+                                                   bool recordQueries)
 {
     State* s_ = this;
     const ModelConfig& c = d.spec.config;
@@ -305,6 +322,10 @@ torch::Tensor InferenceSession::State::forwardBlock(const LlamaRuntime::Impl& d,
         torch::Tensor v = d.linear(h, L.wv, L.bv).view({T, KH, hd}).transpose(0, 1);
         q = q * cos + rotateHalf(q) * sin;
         k = k * cos + rotateHalf(k) * sin;
+        if (recordQueries) {
+            if (s_->querySq.size() < d.layers.size()) s_->querySq.resize(d.layers.size());
+            accumulateQuerySq(s_->querySq[l], q, KH);
+        }
         // The cache holds what a serving stack would store: K/V rounded to kvDtype.
         s_->keys[l].narrow(1, P, T).copy_(k.to(d.kvType));
         s_->values[l].narrow(1, P, T).copy_(v.to(d.kvType));
@@ -319,6 +340,31 @@ torch::Tensor InferenceSession::State::forwardBlock(const LlamaRuntime::Impl& d,
         x = x + d.linear(F::silu(d.linear(h2, L.wGate)) * d.linear(h2, L.wUp), L.wDown);
     }
     return x;
+}
+
+// The RoPE table, the mean query second moments and the o_proj weight matrices of each KV group:
+// what a transform codec needs to undo RoPE and weight errors by what attention sees.
+void InferenceSession::exportCodecStatistics(KvSet& kv) const
+{
+    const LlamaRuntime::Impl& d = runtime_->impl();
+    const ModelConfig& c = d.spec.config;
+    const torch::Tensor inv = d.invFreq.contiguous();
+    kv.ropeInvFreq.assign(inv.data_ptr<float>(), inv.data_ptr<float>() + inv.numel());
+    kv.ropePosition0 = 0;
+    const int KH = c.numKvHeads, hd = c.headDim, groups = c.numHeads / c.numKvHeads;
+    kv.querySq.clear();
+    if (s_->queryCount > 0 && s_->querySq.size() == d.layers.size())
+        for (const torch::Tensor& acc : s_->querySq) {
+            const torch::Tensor m = (acc / double(s_->queryCount)).contiguous();
+            kv.querySq.emplace_back(m.data_ptr<float>(), m.data_ptr<float>() + m.numel());
+        }
+    kv.valueWeight.clear();
+    for (const Layer& L : d.layers) {
+        // wo (hidden, H * hd): head h's columns; M_g = sum_h W_h^T W_h over the group's heads.
+        const torch::Tensor wo = L.wo.to(torch::kFloat32).reshape({L.wo.size(0), KH, groups, hd});
+        const torch::Tensor m = torch::einsum("nkgi,nkgj->kij", {wo, wo}).contiguous();  // (KH, hd, hd)
+        kv.valueWeight.emplace_back(m.data_ptr<float>(), m.data_ptr<float>() + m.numel());
+    }
 }
 
 void InferenceSession::append(const std::vector<int32_t>& tokens, std::vector<float>* lastLogits,
@@ -348,8 +394,9 @@ void InferenceSession::append(const std::vector<int32_t>& tokens, std::vector<fl
         torch::Tensor allowed = kpos <= qpos;
         if (c.slidingWindow > 0) allowed = allowed & (kpos > qpos - c.slidingWindow);
         const torch::Tensor mask = torch::zeros({T, S}).masked_fill(allowed.logical_not(), -INFINITY);
-        const torch::Tensor x = s_->forwardBlock(d, tokens.data() + start, T, pos, mask);
+        const torch::Tensor x = s_->forwardBlock(d, tokens.data() + start, T, pos, mask, true);
         s_->length = S;
+        s_->queryCount += T;
         s_->tokens.insert(s_->tokens.end(), tokens.begin() + start, tokens.begin() + start + T);
 
         const bool lastBlock = start + T == total;
@@ -412,7 +459,7 @@ void InferenceSession::appendBranches(const std::vector<int32_t>& trunk, const s
             }
     const torch::Tensor mask = torch::zeros({T, P0 + T}).masked_fill(allowed.logical_not(), -INFINITY);
     const torch::Tensor pos = torch::from_blob(posv.data(), {T, 1}, torch::kFloat32).clone();
-    const torch::Tensor x = s_->forwardBlock(d, all.data(), T, pos, mask);
+    const torch::Tensor x = s_->forwardBlock(d, all.data(), T, pos, mask, false);
     // Keep the trunk; the branches' slots are scratch, overwritten by the next append.
     s_->length = P0 + NT;
     s_->tokens.insert(s_->tokens.end(), trunk.begin(), trunk.end());

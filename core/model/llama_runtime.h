@@ -70,7 +70,8 @@ public:
     // Replaces the cache with `kv` (any dtype; values are rounded to the runtime's kvDtype).
     // Throws kvscope::Error when its shape does not match the model.
     void loadKv(const KvSet& kv);
-    // The cache as a KvSet in the runtime's kvDtype, with tokens, model name and fingerprint.
+    // The cache as a KvSet in the runtime's kvDtype, with tokens, model name and fingerprint, the
+    // RoPE table, and (after a prefill) the codec statistics querySq and valueWeight.
     KvSet exportKv() const;
     int position() const;          // tokens in the cache
     const std::vector<int32_t>& tokens() const;
@@ -94,6 +95,7 @@ public:
                         std::vector<float>* trunkLastLogits, std::vector<std::vector<float>>* branchLogits);
 
 private:
+    void exportCodecStatistics(KvSet& kv) const;
     struct State;
     const LlamaRuntime* runtime_;
     std::unique_ptr<State> s_;

@@ -1,0 +1,182 @@
+// The transform codec (`--codec transform`): keys with RoPE undone, a calibrated linear transform
+// per (kind, layer), bits allocated by reverse water-filling on attention-weighted variances,
+// uniform quantization and per-component rANS tables. Every stage is a switch in the profile
+// (TransformSettings) so that each can be ablated.
+//
+// READ ME FIRST: the math, in the order the encoder applies it to one (kind, layer) block.
+//
+// 1. RoPE undo (keys, rope_undo). The cache holds keys after RoPE in the rotate_half layout: for
+//    pair i (dims i and i + D/2) of token t at position p = position0 + t, with a = p * inv_freq[i]
+//    (computed in double), y_i = x_i cos a - x_{i+D/2} sin a and y_{i+D/2} = x_{i+D/2} cos a +
+//    x_i sin a. The encoder applies the inverse rotation (angle -a), the decoder re-applies it to
+//    its float32 reconstruction. inv_freq (D/2 floats, scaling already applied) and position0 come
+//    from the cache (KvSet::ropeInvFreq) and travel in the container.
+//
+// 2. Weighting. The error that matters is not |x - x^|^2 but what attention sees:
+//    - keys: the score error q . (k - k^). With RoPE undone the query is rotated against the key by
+//      the relative angle, and averaged over relative positions a pair's cross terms vanish, so
+//      E[(q.e)^2] = sum_d w_d e_d^2 with w_i = w_{i+D/2} = (E q_i^2 + E q_{i+D/2}^2) / 2 summed over
+//      the query heads of the GQA group (KvSet::querySq, captured during prefill). Without RoPE
+//      undo, w_d = E q_d^2 (the diagonal of the query second moments).
+//    - values: the output error goes through o_proj: |W_o (e)|^2 = e^T M_g e per KV head g, with
+//      M_g = sum_{h in g} W_o,h^T W_o,h (D x D, KvSet::valueWeight, computed from the weights at
+//      capture). W = block-diag(M_g).
+//    - weighting "mse": W = I.
+//    The codec works in the weighted domain x' = W^{1/2} (x - mean), where squared error is the
+//    weighted error; W^{1/2} is the symmetric square root (Jacobi eigendecomposition).
+//
+// 3. Transform. basis "pca": the eigenvectors of the covariance of x' over the calibration tokens
+//    (across all heads, C = H*D dims, or one D x D block per head when across_heads is false),
+//    sorted by eigenvalue; "hadamard": a randomized Hadamard rotation per head (signs seeded by
+//    kind, layer and head; D a power of two), used when no calibration exists; "none": identity.
+//    Component j of a token is z_j = (B W^{1/2} (x - mean))_j; its variance is lambda_j. The
+//    decoder computes x^ = mean + A z^ with A = W^{-1/2} B^T, stored as float32 (C x C); the
+//    encoder uses the exact inverse of the stored A, so encoder and decoder agree to rounding.
+//
+// 4. Bit allocation (reverse water-filling). At water level theta, the components with
+//    lambda_j > theta are coded, all with the same uniform step Delta = sqrt(12 theta) (the
+//    high-rate optimum for entropy-coded uniform quantizers: each coded component then has error
+//    ~Delta^2/12 = theta); the others take 0 bits, are not coded and reconstruct as the mean.
+//    theta = t_kind * layer_scale[l] * lambda_bar_kind, where lambda_bar_kind is the mean of
+//    lambda over every layer and component of that kind (so t is dimensionless) and t, layer_scale
+//    are the level's settings. allocation "uniform" instead codes every component at the same rate:
+//    Delta_j = sqrt(12 theta lambda_j / lambda_bar_block) (same mean error, equal bits).
+//
+// 5. Quantization and coding. q_j = rint(z_j / Delta_j), symbol = clamp(q_j, -M_j, M_j) + M_j with
+//    M_j = clamp(ceil(6 sigma_j / Delta_j), 1, 127) (alphabet <= 255). The edge symbols 0 and 2 M_j
+//    are escapes: their exact q travels as a zigzag LEB128 varint in the block's escape list, so no
+//    value is ever clipped. entropy "rans": one symbol_stream.h stream per block, component j coded
+//    with its calibrated table (counts on the calibration caches; parametric Laplace when the
+//    statistics come from the cache itself); entropy "fixed": ceil(log2(2 M_j + 1)) bits per
+//    symbol, packed LSB first (the TurboQuant-like baseline: hadamard + uniform + fixed).
+//
+// 6. Sinks and recent tokens: the first sink_tokens and the last recent_tokens tokens of the cache
+//    are stored as fp16, untouched (attention sinks carry outsized norms; recent tokens matter most).
+//
+// Where the side information lives: a TransformModel (means, A, steps, tables per level) is fitted
+// by `kvscope-cli calibrate --codec transform` on calibration caches and stored in the profile;
+// the container carries the model it was encoded with (transform section, FORMAT.md) so every
+// .kvc decodes by itself. Sizes in eval count the model only when it was fitted on the cache being
+// coded (no calibration); a calibrated model is per-model data, like calibrated CacheGen tables.
+#pragma once
+
+#include "kv/kv_set.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+struct CodecParams;
+
+enum class TransformBasis : uint8_t { None = 0, Hadamard = 1, Pca = 2 };
+enum class TransformWeighting : uint8_t { Mse = 0, Attention = 1 };
+enum class TransformAllocation : uint8_t { Uniform = 0, Waterfill = 1 };
+enum class TransformEntropy : uint8_t { Fixed = 0, Rans = 1 };
+
+const char* basisName(TransformBasis b);             // "none" | "hadamard" | "pca"
+const char* weightingName(TransformWeighting w);     // "mse" | "attention"
+const char* allocationName(TransformAllocation a);   // "uniform" | "waterfill"
+const char* entropyName(TransformEntropy e);         // "fixed" | "rans"
+
+// The switches of the transform codec ("transform" object of a profile).
+struct TransformSettings {
+    bool ropeUndo = true;
+    TransformBasis basis = TransformBasis::Pca;
+    bool acrossHeads = true;
+    TransformWeighting weighting = TransformWeighting::Attention;
+    TransformAllocation allocation = TransformAllocation::Waterfill;
+    TransformEntropy entropy = TransformEntropy::Rans;
+    int sinkTokens = 4;    // 0..4096
+    int recentTokens = 0;  // 0..65536
+    bool operator==(const TransformSettings& o) const;
+};
+
+// One level: relative water levels per kind and a factor per layer (see READ ME FIRST, 4).
+struct TransformLevel {
+    std::string name;
+    double keyTheta = 0.01, valueTheta = 0.01;   // t_kind, > 0
+    std::vector<double> keyLayerScale;           // (num_layers), empty = all 1
+    std::vector<double> valueLayerScale;
+    std::string measuredJson;                    // opaque JSON object text, kept on round trips
+};
+
+// Per (kind, layer): mean, decode matrix (stored as fp16 values, held here as the floats they
+// round to) and component variances.
+struct TransformBlock {
+    std::vector<float> mean;      // (C)
+    std::vector<float> decode;    // A: (C, C) row-major, x_c = mean_c + sum_j A[c][j] z_j
+    std::vector<float> variance;  // lambda_j (C), in the weighted domain
+    std::vector<float> encode;    // A^{-1} (C, C), computed by prepareTransform (not serialised)
+};
+
+// Per (level, kind, layer): the quantizer of each component and its coding tables.
+struct TransformLevelBlock {
+    std::vector<float> step;     // (C) Delta_j, 0 = not coded
+    std::vector<uint8_t> maxQ;   // (C) M_j, 0 when not coded
+    std::vector<std::vector<uint16_t>> freq;  // per coded component (ascending j): 2 M_j + 1 frequencies (rans)
+};
+
+// The levels a profile without "transform.levels" gets: t = 0.3, 0.1, 0.03, 0.01, 0.003 for both
+// kinds (smallest first).
+std::vector<TransformLevel> defaultTransformLevels();
+
+// Everything a decoder needs besides the chunk payloads (the container's transform section).
+struct TransformModel {
+    TransformSettings settings;
+    int numLayers = 0, heads = 0, headDim = 0;
+    std::vector<float> ropeInvFreq;  // (D/2) when settings.ropeUndo
+    int ropePosition0 = 0;
+    std::vector<TransformBlock> blocks;                  // [kind * L + layer]
+    std::vector<double> keyTheta, valueTheta;            // (levels) t per level, for reports
+    std::vector<std::vector<TransformLevelBlock>> levels;  // [level - 1][kind * L + layer]
+    bool fittedOnCache = false;  // statistics from the cache being coded (its bytes count as side information)
+
+    int channels() const { return heads * headDim; }
+    int numLevels() const { return int(levels.size()); }
+    const TransformBlock& block(KvKind k, int layer) const { return blocks[size_t(k) * numLayers + layer]; }
+    const TransformLevelBlock& levelBlock(int level, KvKind k, int layer) const
+    {
+        return levels[size_t(level - 1)][size_t(k) * numLayers + layer];
+    }
+    // Coded components of (level, kind, layer).
+    int codedComponents(int level, KvKind k, int layer) const;
+};
+
+// Binary form (FORMAT.md "Transform section"); parse validates every field against the shape and
+// throws kvscope::Error "where: reason".
+void serializeTransformModel(const TransformModel& m, std::vector<uint8_t>& out);
+TransformModel parseTransformModel(const uint8_t* data, size_t size, const KvShape& shape, const std::string& where);
+
+// Fits a model on calibration caches (same layers, heads and head_dim) for the given levels:
+// means, weights, basis, variances, steps and (rans) tables from the caches' symbol counts.
+// Throws kvscope::Error when a switch needs what a cache lacks (RoPE parameters for rope_undo,
+// query_sq / value_weight for attention weighting, a power-of-two head_dim for hadamard).
+TransformModel fitTransform(const TransformSettings& s, const std::vector<TransformLevel>& levels,
+                            const std::vector<const KvSet*>& caches);
+
+// The model an encoder uses for `kv`: the profile's calibrated model (its RoPE set to kv's), or
+// one fitted on kv itself (basis pca falls back to hadamard, tables parametric) when the profile
+// has none. Stores it in p.transform. Throws kvscope::Error naming `source` on any mismatch.
+void prepareTransform(CodecParams& p, const KvSet& kv, const std::string& source);
+
+// Bytes of the model's serialised form.
+size_t transformModelBytes(const TransformModel& m);
+// What a model fitted on the cache itself adds to that cache's size: everything but the decode
+// matrices, which a hadamard or identity basis derives from the seed and the model's weights.
+// 0 for calibrated models (per-model data, like calibrated tables).
+size_t transformSideBytes(const TransformModel& m);
+
+// Linear algebra used by the fit (exposed for tests). Symmetric eigendecomposition by cyclic
+// Jacobi rotations: a (n x n, row-major, symmetric) -> eigenvalues descending in values,
+// eigenvectors as the ROWS of vectors (n x n), orthonormal.
+void symmetricEigen(const std::vector<double>& a, int n, std::vector<double>& values, std::vector<double>& vectors);
+// Inverse of a (n x n) by Gauss-Jordan with partial pivoting; throws kvscope::Error when singular.
+std::vector<double> invertMatrix(const std::vector<double>& a, int n, const std::string& what);
+// Applies (inverse = true: undoes) RoPE to one (tokens, head_dim) row block of tokens at positions
+// position0 + t0 + t, in place.
+void applyRope(float* rows, int tokens, int headDim, const float* invFreq, int position0, int t0, bool inverse);
+
+}  // namespace kvscope

@@ -1,0 +1,467 @@
+// The transform codec (core/codec/transform.h): RoPE undo/redo, the Jacobi eigen-solver, the fit,
+// water-filling, chunk and container round trips, the golden file, and one-line errors on bad
+// input. On a real SmolLM2 capture when the default model is installed.
+//
+// Regenerate the golden file (only when the transform format changes on purpose):
+//   KVSCOPE_REGEN_GOLDEN=1 ./tst_transform
+#include "testmain.h"
+
+#include "codec/container.h"
+#include "codec/symbol_stream.h"
+#include "codec/transform.h"
+#include "common/crc32.h"
+#include "common/error.h"
+#include "common/half.h"
+#include "eval/codec_trial.h"
+#include "kv/kv_compare.h"
+#include "model/model.h"
+
+#include <QFile>
+#include <QTemporaryDir>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+
+using namespace kvscope;
+
+namespace {
+
+const QString kGolden = QStringLiteral(KVSCOPE_TEST_DATA "/golden/transform_synthetic.kvc");
+const QString kGoldenCrc = QStringLiteral(KVSCOPE_TEST_DATA "/golden/transform_synthetic.decoded_crc");
+
+// A float32 synthetic cache with the side data the transform codec uses: a RoPE table, query
+// second moments and o_proj matrices (random, deterministic).
+KvSet syntheticCache(uint64_t seed, int tokens = 300, DType dtype = DType::F32)
+{
+    SyntheticSpec spec;
+    spec.shape = KvShape{3, 2, 16, tokens};
+    spec.dtype = dtype;
+    spec.seed = seed;
+    KvSet kv = makeSyntheticKv(spec);
+    const int L = 3, H = 2, D = 16;
+    for (int i = 0; i < D / 2; ++i) kv.ropeInvFreq.push_back(float(1.0 / std::pow(10000.0, 2.0 * i / D)));
+    std::mt19937 rng(7);  // the same model statistics for every seed, as for one model
+    std::uniform_real_distribution<float> u(0.1f, 2.0f);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    for (int l = 0; l < L; ++l) {
+        std::vector<float> q(size_t(H) * D), w(size_t(H) * D * D, 0.0f);
+        for (float& x : q) x = u(rng);
+        for (int h = 0; h < H; ++h) {
+            std::vector<float> a(size_t(D) * D);
+            for (float& x : a) x = g(rng);
+            for (int i = 0; i < D; ++i)
+                for (int j = 0; j < D; ++j) {
+                    float s = 0;
+                    for (int k = 0; k < D; ++k) s += a[size_t(k) * D + i] * a[size_t(k) * D + j];
+                    w[(size_t(h) * D + i) * D + j] = s / D;
+                }
+        }
+        kv.querySq.push_back(q);
+        kv.valueWeight.push_back(w);
+    }
+    return kv;
+}
+
+CodecParams transformParams(const KvSet& kv, const TransformSettings& s, const std::vector<double>& thetas)
+{
+    CodecParams p;
+    p.codec = CodecId::Transform;
+    p.shape = kv.shape();
+    p.dtype = kv.dtype();
+    p.profile = defaultProfile(kv.shape().numLayers);
+    p.profile.chunkTokens = 128;
+    p.profile.transform = s;
+    for (double t : thetas) {
+        TransformLevel l;
+        l.name = "t " + std::to_string(t);
+        l.keyTheta = l.valueTheta = t;
+        p.profile.transformLevels.push_back(l);
+    }
+    return p;
+}
+
+// Calibrates on `calib` and stores the model in the profile, like `calibrate --codec transform`.
+void calibrate(CodecParams& p, const std::vector<const KvSet*>& calib)
+{
+    const TransformModel m = fitTransform(p.profile.transform, p.profile.transformLevels, calib);
+    serializeTransformModel(m, p.profile.transformModel);
+}
+
+double maxAbsDiff(const KvSet& a, const KvSet& b)
+{
+    return compareKv(a, b).maxAbs;
+}
+
+// Largest |value| of a cache: fp16 sinks round within 2^-11 of it.
+double maxAbs(const KvSet& a)
+{
+    double m = 0;
+    const KvShape& s = a.shape();
+    for (int l = 0; l < s.numLayers; ++l)
+        for (KvKind k : {KvKind::Key, KvKind::Value})
+            for (int h = 0; h < s.numKvHeads; ++h)
+                for (int t = 0; t < s.numTokens; ++t)
+                    for (int d = 0; d < s.headDim; ++d) m = std::max(m, double(std::fabs(a.at(k, l, h, t, d))));
+    return m;
+}
+
+// Sum over every value of the attention-weighted squared error of keys (querySq per channel).
+double keyMse(const KvSet& a, const KvSet& b)
+{
+    double e = 0;
+    size_t n = 0;
+    const KvShape& s = a.shape();
+    for (int l = 0; l < s.numLayers; ++l)
+        for (int h = 0; h < s.numKvHeads; ++h)
+            for (int t = 0; t < s.numTokens; ++t)
+                for (int d = 0; d < s.headDim; ++d, ++n) {
+                    const double x = a.at(KvKind::Key, l, h, t, d) - b.at(KvKind::Key, l, h, t, d);
+                    const double y = a.at(KvKind::Value, l, h, t, d) - b.at(KvKind::Value, l, h, t, d);
+                    e += x * x + y * y;
+                }
+    return e / double(n);
+}
+
+std::vector<uint8_t> readAll(const QString& path)
+{
+    QFile f(path);
+    if (!f.open(QIODevice::ReadOnly)) return {};
+    const QByteArray b = f.readAll();
+    return std::vector<uint8_t>(b.begin(), b.end());
+}
+
+uint32_t decodedCrc(const KvSet& kv)
+{
+    uint32_t crc = 0;
+    std::vector<uint8_t> all;
+    for (int l = 0; l < kv.shape().numLayers; ++l)
+        for (KvKind k : {KvKind::Key, KvKind::Value})
+            all.insert(all.end(), kv.data(k, l), kv.data(k, l) + kv.tensorBytes());
+    crc = crc32(all.data(), all.size());
+    return crc;
+}
+
+}  // namespace
+
+class TestTransform : public QObject {
+    Q_OBJECT
+
+private slots:
+    void ropeRoundTrip()
+    {
+        const int D = 64, T = 50;
+        std::vector<float> inv(D / 2);
+        for (int i = 0; i < D / 2; ++i) inv[size_t(i)] = float(1.0 / std::pow(100000.0, 2.0 * i / D));
+        std::mt19937 rng(1);
+        std::normal_distribution<float> g(0.0f, 3.0f);
+        std::vector<float> x(size_t(T) * D);
+        for (float& v : x) v = g(rng);
+        std::vector<float> y = x;
+        applyRope(y.data(), T, D, inv.data(), 1000, 20, false);
+        // The rotate_half convention: y_i = x_i cos a - x_{i+D/2} sin a, a = pos * inv_freq[i].
+        const double a = 1020.0 * inv[3];
+        QVERIFY(std::fabs(y[3] - (x[3] * std::cos(a) - x[3 + D / 2] * std::sin(a))) < 1e-5);
+        QVERIFY(std::fabs(y[3 + D / 2] - (x[3 + D / 2] * std::cos(a) + x[3] * std::sin(a))) < 1e-5);
+        applyRope(y.data(), T, D, inv.data(), 1000, 20, true);
+        double worst = 0;
+        for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, double(std::fabs(y[i] - x[i])) / (1 + std::fabs(x[i])));
+        QVERIFY2(worst < 4e-7, std::to_string(worst).c_str());  // a few float32 roundings
+    }
+
+    void eigenOrthonormal_data()
+    {
+        QTest::addColumn<int>("n");
+        QTest::newRow("8") << 8;
+        QTest::newRow("64") << 64;
+        QTest::newRow("192") << 192;
+    }
+    void eigenOrthonormal()
+    {
+        QFETCH(int, n);
+        std::mt19937 rng{uint32_t(n)};
+        std::normal_distribution<double> g(0.0, 1.0);
+        std::vector<double> b(size_t(n) * n), a(size_t(n) * n, 0.0);
+        for (double& x : b) x = g(rng);
+        for (int i = 0; i < n; ++i)
+            for (int j = 0; j < n; ++j)
+                for (int k = 0; k < n; ++k) a[size_t(i) * n + j] += b[size_t(k) * n + i] * b[size_t(k) * n + j];
+        std::vector<double> val, vec;
+        symmetricEigen(a, n, val, vec);
+        double orth = 0, resid = 0, scale = val.front();
+        for (int i = 0; i < n; ++i) {
+            if (i > 0) QVERIFY(val[size_t(i)] <= val[size_t(i - 1)]);
+            for (int j = 0; j < n; ++j) {
+                double d = 0;
+                for (int k = 0; k < n; ++k) d += vec[size_t(i) * n + k] * vec[size_t(j) * n + k];
+                orth = std::max(orth, std::fabs(d - (i == j ? 1.0 : 0.0)));
+            }
+            for (int r = 0; r < n; ++r) {  // A v_i = lambda_i v_i
+                double av = 0;
+                for (int k = 0; k < n; ++k) av += a[size_t(r) * n + k] * vec[size_t(i) * n + k];
+                resid = std::max(resid, std::fabs(av - val[size_t(i)] * vec[size_t(i) * n + r]) / scale);
+            }
+        }
+        QVERIFY2(orth < 1e-10, std::to_string(orth).c_str());
+        QVERIFY2(resid < 1e-10, std::to_string(resid).c_str());
+    }
+
+    void symbolStreamRoundTrip()
+    {
+        const int rows = 37, cols = 5;
+        std::mt19937 rng(3);
+        std::vector<CodingTable> enc(cols), dec(cols);
+        std::vector<uint8_t> sym(size_t(rows) * cols);
+        for (int c = 0; c < cols; ++c) {
+            const int A = 3 + 2 * c;
+            std::vector<uint32_t> counts{}; counts.resize(size_t(A));
+            for (uint32_t& x : counts) x = rng() % 100;
+            buildCodingTable(counts.data(), A, &enc[size_t(c)], false);
+            buildCodingTable(counts.data(), A, &dec[size_t(c)], true);
+            for (int r = 0; r < rows; ++r) sym[size_t(r) * cols + c] = uint8_t(rng() % A);
+        }
+        std::vector<uint8_t> stream;
+        encodeSymbolMatrix(sym.data(), rows, cols, enc.data(), stream);
+        std::vector<uint8_t> back(sym.size());
+        decodeSymbolMatrix(stream.data(), stream.size(), rows, cols, dec.data(), back.data(), "s");
+        QCOMPARE(back, sym);
+        std::vector<uint8_t> cut(stream.begin(), stream.end() - 1);
+        kvscope_test::expectError("s", [&] { decodeSymbolMatrix(cut.data(), cut.size(), rows, cols, dec.data(), back.data(), "s"); },
+                                  "corrupt");
+    }
+
+    // Every component coded at a fine step: reconstruction within float32/fp16 rounding of the basis.
+    void fineStepReconstructs_data()
+    {
+        QTest::addColumn<int>("basis");
+        QTest::addColumn<bool>("across");
+        QTest::addColumn<bool>("rope");
+        QTest::newRow("pca across heads, rope undo") << int(TransformBasis::Pca) << true << true;
+        QTest::newRow("pca per head") << int(TransformBasis::Pca) << false << true;
+        QTest::newRow("hadamard") << int(TransformBasis::Hadamard) << false << false;
+        QTest::newRow("none") << int(TransformBasis::None) << false << true;
+    }
+    void fineStepReconstructs()
+    {
+        QFETCH(int, basis);
+        QFETCH(bool, across);
+        QFETCH(bool, rope);
+        const KvSet calib = syntheticCache(11), kv = syntheticCache(12);
+        TransformSettings s;
+        s.basis = TransformBasis(basis);
+        s.acrossHeads = across;
+        s.ropeUndo = rope;
+        s.sinkTokens = 2;
+        CodecParams p = transformParams(kv, s, {1e-9});
+        calibrate(p, {&calib});
+        const CodecTrial t = runCodecTrial(kv, p, 1);
+        const double err = maxAbsDiff(kv, t.decoded);
+        QVERIFY2(err < 1e-3 * maxAbs(kv), std::to_string(err).c_str());
+        // Sinks are stored as fp16: token 0 reproduces exactly up to fp16 rounding.
+        QVERIFY(std::fabs(t.decoded.at(KvKind::Key, 0, 0, 0, 0) - kv.at(KvKind::Key, 0, 0, 0, 0)) <=
+                std::fabs(kv.at(KvKind::Key, 0, 0, 0, 0)) * 1e-3f);
+    }
+
+    // Lower water levels: more bytes, less error, every step.
+    void waterfillingMonotone()
+    {
+        const KvSet calib = syntheticCache(21), kv = syntheticCache(22);
+        TransformSettings s;
+        CodecParams p = transformParams(kv, s, {1.0, 0.3, 0.1, 0.03, 0.01, 0.003});
+        calibrate(p, {&calib});
+        uint64_t lastBytes = 0;
+        double lastErr = 1e300;
+        for (int l = 1; l <= 6; ++l) {
+            const CodecTrial t = runCodecTrial(kv, p, l);
+            const double e = keyMse(kv, t.decoded);
+            QVERIFY2(t.bytes > lastBytes, ("level " + std::to_string(l)).c_str());
+            QVERIFY2(e < lastErr, ("level " + std::to_string(l)).c_str());
+            lastBytes = t.bytes;
+            lastErr = e;
+        }
+    }
+
+    // Each stage switched off in turn (and the TurboQuant-like baseline) still round-trips.
+    void ablationsDecode_data()
+    {
+        QTest::addColumn<QString>("change");
+        for (const char* c : {"rope_off", "mse", "uniform", "fixed", "turboquant", "recent", "uncalibrated"})
+            QTest::newRow(c) << QString(c);
+    }
+    void ablationsDecode()
+    {
+        QFETCH(QString, change);
+        const KvSet calib = syntheticCache(31), kv = syntheticCache(32);
+        TransformSettings s;
+        if (change == "rope_off") s.ropeUndo = false;
+        if (change == "mse") s.weighting = TransformWeighting::Mse;
+        if (change == "uniform") s.allocation = TransformAllocation::Uniform;
+        if (change == "fixed") s.entropy = TransformEntropy::Fixed;
+        if (change == "recent") s.recentTokens = 20;
+        if (change == "turboquant") {
+            s.basis = TransformBasis::Hadamard;
+            s.acrossHeads = false;
+            s.weighting = TransformWeighting::Mse;
+            s.allocation = TransformAllocation::Uniform;
+            s.entropy = TransformEntropy::Fixed;
+            s.ropeUndo = false;
+        }
+        CodecParams p = transformParams(kv, s, {0.1, 1e-7});
+        if (change != "uncalibrated") calibrate(p, {&calib});
+        const CodecTrial coarse = runCodecTrial(kv, p, 1), fine = runCodecTrial(kv, p, 2);
+        QVERIFY(coarse.bytes < fine.bytes);
+        const double e = maxAbsDiff(kv, fine.decoded);
+        QVERIFY2(e < 1e-3 * maxAbs(kv), (std::to_string(e) + " of " + std::to_string(maxAbs(kv))).c_str());
+        if (change == "uncalibrated") QVERIFY(coarse.tableBytes > 0);  // its statistics travel with the cache
+        else QCOMPARE(coarse.tableBytes, uint64_t(0));
+        if (change == "recent") {  // the last tokens are fp16 copies
+            const int T = kv.shape().numTokens;
+            QCOMPARE(coarse.decoded.at(KvKind::Value, 2, 1, T - 1, 5), halfToFloat(floatToHalf(kv.at(KvKind::Value, 2, 1, T - 1, 5))));
+        }
+    }
+
+    // writeKvc -> KvcReader decodes every level byte for byte like the in-memory trial; the encoder
+    // is deterministic; a skeleton plus payloads decodes too.
+    void containerRoundTrip()
+    {
+        QTemporaryDir dir;
+        const KvSet calib = syntheticCache(41), kv = syntheticCache(42, 300, DType::F16);
+        CodecParams p = transformParams(kv, TransformSettings{}, {0.1, 0.01});
+        calibrate(p, {&calib});
+        prepareTransform(p, kv, "profile");
+        const std::string a = (dir.path() + "/a.kvc").toStdString(), b = (dir.path() + "/b.kvc").toStdString();
+        writeKvc(kv, p, a);
+        writeKvc(kv, p, b);
+        QCOMPARE(readAll(QString::fromStdString(a)), readAll(QString::fromStdString(b)));
+        const auto r = KvcReader::openFile(a);
+        QCOMPARE(r->params().codec, CodecId::Transform);
+        QCOMPARE(r->params().numLevels(), 2);
+        for (int l = 1; l <= 2; ++l) {
+            const KvSet fromFile = r->decodeAll({l});
+            const CodecTrial t = runCodecTrial(kv, p, l);
+            QCOMPARE(decodedCrc(fromFile), decodedCrc(t.decoded));
+        }
+        const auto sk = KvcReader::fromSkeleton(r->skeleton(), "skeleton");
+        KvSet out(kv.shape(), kv.dtype());
+        for (int c = 0; c < p.numChunks(); ++c) {
+            const std::vector<uint8_t> payload = r->readChunk(c, 2);
+            sk->decodePayloadInto(c, 2, payload.data(), payload.size(), out);
+        }
+        QCOMPARE(decodedCrc(out), decodedCrc(r->decodeAll({2})));
+    }
+
+    void goldenDecode()
+    {
+        // Calibrated on the cache itself (synthetic caches of other seeds put their outlier
+        // channels elsewhere, which a real model does not).
+        const KvSet kv = syntheticCache(52, 200, DType::F16);
+        CodecParams p = transformParams(kv, TransformSettings{}, {0.05});
+        calibrate(p, {&kv});
+        prepareTransform(p, kv, "profile");
+        if (std::getenv("KVSCOPE_REGEN_GOLDEN")) {
+            writeKvc(kv, p, kGolden.toStdString());
+            const KvSet d = KvcReader::openFile(kGolden.toStdString())->decodeAll({1});
+            QFile f(kGoldenCrc);
+            QVERIFY(f.open(QIODevice::WriteOnly));
+            f.write(QByteArray::number(decodedCrc(d)) + "\n");
+        }
+        if (!QFile::exists(kGolden)) QSKIP("no golden file (run with KVSCOPE_REGEN_GOLDEN=1)");
+        QFile f(kGoldenCrc);
+        QVERIFY(f.open(QIODevice::ReadOnly));
+        const uint32_t want = f.readAll().trimmed().toUInt();
+        const KvSet d = KvcReader::openFile(kGolden.toStdString())->decodeAll({1});
+        QCOMPARE(decodedCrc(d), want);
+        const KvError e = compareKv(kv, d);  // a coarse level: close, not exact
+        QVERIFY2(e.rms < 0.1 * maxAbs(kv), std::to_string(e.rms).c_str());
+    }
+
+    void badInput()
+    {
+        QTemporaryDir dir;
+        const KvSet calib = syntheticCache(61), kv = syntheticCache(62, 200, DType::F16);
+        CodecParams p = transformParams(kv, TransformSettings{}, {0.1});
+        calibrate(p, {&calib});
+        prepareTransform(p, kv, "profile");
+        const std::string path = (dir.path() + "/x.kvc").toStdString();
+        writeKvc(kv, p, path);
+        std::vector<uint8_t> bytes = readAll(QString::fromStdString(path));
+        // The transform section's offset sits at header byte 136; flip a byte inside it.
+        uint64_t off = 0;
+        for (int i = 0; i < 8; ++i) off |= uint64_t(bytes[136 + size_t(i)]) << (8 * i);
+        std::vector<uint8_t> bad = bytes;
+        bad[size_t(off) + 10] ^= 0x40;
+        kvscope_test::expectError("bad", [&] { KvcReader::fromMemory(bad, "bad"); }, "transform section: CRC mismatch");
+        // A chunk cut short: the CRC catches it; past the CRC (decodeChunk directly), the sizes do.
+        const auto r = KvcReader::fromMemory(bytes, "good");
+        std::vector<uint8_t> chunk = r->readChunk(0, 1);
+        KvSet out(kv.shape(), kv.dtype());
+        chunk.resize(chunk.size() - 3);
+        kvscope_test::expectError("c", [&] { decodeChunk(r->params(), chunk.data(), chunk.size(), 0, 1, nullptr, out, "c"); },
+                                  "block sizes add up");
+        // Garbage in a stream (sizes intact): the rANS end-state check.
+        chunk = r->readChunk(0, 1);
+        for (size_t i = chunk.size() - 40; i < chunk.size(); ++i) chunk[i] ^= 0x5a;
+        kvscope_test::expectError("c", [&] { decodeChunk(r->params(), chunk.data(), chunk.size(), 0, 1, nullptr, out, "c"); },
+                                  "");
+        // A model for another shape.
+        std::vector<uint8_t> model;
+        serializeTransformModel(*p.transform, model);
+        KvShape other = kv.shape();
+        other.headDim = 32;
+        kvscope_test::expectError("m", [&] { parseTransformModel(model.data(), model.size(), other, "m"); }, "the model is for");
+        kvscope_test::expectError("m", [&] { parseTransformModel(model.data(), model.size() - 1, kv.shape(), "m"); }, "");
+        // rope_undo on a cache without RoPE parameters.
+        KvSet noRope = syntheticCache(63);
+        noRope.ropeInvFreq.clear();
+        CodecParams q = transformParams(noRope, TransformSettings{}, {0.1});
+        kvscope_test::expectError("P.json", [&] { prepareTransform(q, noRope, "P.json"); }, "no RoPE parameters");
+        // Profile fields.
+        const std::string head = R"({"format":"kvscope-profile","version":2,"levels":[{"key_bins":[16],"value_bins":[16]}],)";
+        kvscope_test::expectError("p", [&] { profileFromJson(head + R"("transform":{"basis":"dct","levels":[{"key_theta":1,"value_theta":1}]}})", "p"); },
+                                  "unknown value 'dct'");
+        kvscope_test::expectError("p", [&] { profileFromJson(head + R"("transform":{"levels":[{"key_theta":-1,"value_theta":1}]}})", "p"); },
+                                  "positive");
+        kvscope_test::expectError("p", [&] { profileFromJson(head + R"("transform":{"levels":[]}})", "p"); }, "1 to 64 levels");
+        kvscope_test::expectError("p", [&] { profileFromJson(head + R"("transform":{"levels":[{"key_theta":1,"value_theta":1}],"model":"@@"}})", "p"); },
+                                  "base64");
+        // A profile's round trip keeps every switch.
+        CodecProfile pr = p.profile;
+        pr.transform.basis = TransformBasis::Hadamard;
+        pr.transform.recentTokens = 16;
+        const CodecProfile back = profileFromJson(profileToJson(pr), "rt");
+        QVERIFY(back.transform == pr.transform);
+        QCOMPARE(back.transformModel, pr.transformModel);
+        QCOMPARE(back.transformLevels.size(), pr.transformLevels.size());
+    }
+
+    // A real SmolLM2 capture: the RoPE table is the model's, the statistics are there, and the
+    // codec round-trips it at a fine level.
+    void smollm2Capture()
+    {
+        const std::string path = std::string(std::getenv("HOME") ? std::getenv("HOME") : "") +
+                                 "/.cache/kvscope/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+        if (!QFile::exists(QString::fromStdString(path))) QSKIP("SmolLM2 GGUF not installed");
+        RuntimeOptions ro;
+        ro.threads = 1;
+        const std::unique_ptr<Model> m = Model::open(path, "", ro);
+        std::vector<int32_t> ids = m->tokenizer().encode(
+            "The lighthouse keeper wrote in the log every evening: the wind, the ships, the colour of the sea. "
+            "On the third of March a schooner named Wren passed the point at dusk and signalled twice.", true);
+        InferenceSession s(m->runtime());
+        s.append(ids, nullptr);
+        const KvSet kv = s.exportKv();
+        QCOMPARE(int(kv.ropeInvFreq.size()), kv.shape().headDim / 2);
+        QVERIFY(std::fabs(kv.ropeInvFreq[1] - float(1.0 / std::pow(100000.0, 2.0 / 64))) < 1e-6f);  // SmolLM2: theta 1e5
+        QCOMPARE(int(kv.querySq.size()), kv.shape().numLayers);
+        QCOMPARE(int(kv.valueWeight.size()), kv.shape().numLayers);
+        CodecParams p = transformParams(kv, TransformSettings{}, {1e-9});
+        p.profile.chunkTokens = 16;
+        calibrate(p, {&kv});
+        const CodecTrial t = runCodecTrial(kv, p, 1);
+        const KvError e = compareKv(kv, t.decoded);
+        QVERIFY2(e.rms < 0.02, std::to_string(e.rms).c_str());
+    }
+};
+
+KVSCOPE_TEST_MAIN(TestTransform)
+#include "tst_transform.moc"
