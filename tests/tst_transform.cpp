@@ -27,8 +27,8 @@ using namespace kvscope;
 
 namespace {
 
-const QString kGolden = QStringLiteral(KVSCOPE_TEST_DATA "/golden/transform_synthetic.kvc");
-const QString kGoldenCrc = QStringLiteral(KVSCOPE_TEST_DATA "/golden/transform_synthetic.decoded_crc");
+const QString kGolden = QStringLiteral(KVSCOPE_TEST_DATA "/golden-transform/transform_synthetic.kvc");
+const QString kGoldenCrc = QStringLiteral(KVSCOPE_TEST_DATA "/golden-transform/transform_synthetic.decoded_crc");
 
 // A float32 synthetic cache with the side data the transform codec uses: a RoPE table, query
 // second moments and o_proj matrices (random, deterministic).

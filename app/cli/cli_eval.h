@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace kvscope::cli {
 
@@ -21,6 +22,7 @@ struct EvalOpts {
     int holdoutTokens = 0;  // contexts without a continuation: hold out their last tokens
     int threads = 0;
     bool noText = false, perLayer = false, onlyTransform = false;
+    std::vector<std::string> compareProfiles;  // eval --transform-profile
     ProfileOptions profile;
 
     // contextOption false: the command names its contexts some other way (tune's --contexts).
