@@ -238,7 +238,7 @@ void TestProfile::malformed_data()
     QTest::newRow("JSON array") << "[1, 2]" << "JSON object";
     QTest::newRow("wrong format string") << with("\"kvscope-profile\"", "\"cachegen\"") << "format";
     QTest::newRow("no format") << with("\"format\": \"kvscope-profile\",", "") << "format";
-    QTest::newRow("version 2") << with("\"version\": 1", "\"version\": 2") << "version";
+    QTest::newRow("version 3") << with("\"version\": 1", "\"version\": 3") << "version";
     QTest::newRow("version as string") << with("\"version\": 1", "\"version\": \"1\"") << "version";
     QTest::newRow("chunk_tokens 8") << with("\"chunk_tokens\": 256", "\"chunk_tokens\": 8") << "chunk_tokens";
     QTest::newRow("chunk_tokens 9000") << with("\"chunk_tokens\": 256", "\"chunk_tokens\": 9000") << "chunk_tokens";

@@ -14,6 +14,7 @@
 #include "common/half.h"
 #include "eval/codec_trial.h"
 #include "kv/kv_compare.h"
+#include "kv/kv_h5.h"
 #include "model/model.h"
 
 #include <QFile>
@@ -27,8 +28,8 @@ using namespace kvscope;
 
 namespace {
 
-const QString kGolden = QStringLiteral(KVSCOPE_TEST_DATA "/golden/transform_synthetic.kvc");
-const QString kGoldenCrc = QStringLiteral(KVSCOPE_TEST_DATA "/golden/transform_synthetic.decoded_crc");
+const QString kGolden = QStringLiteral(KVSCOPE_TEST_DATA "/golden-transform/transform_synthetic.kvc");
+const QString kGoldenCrc = QStringLiteral(KVSCOPE_TEST_DATA "/golden-transform/transform_synthetic.decoded_crc");
 
 // A float32 synthetic cache with the side data the transform codec uses: a RoPE table, query
 // second moments and o_proj matrices (random, deterministic).
@@ -167,6 +168,29 @@ private slots:
         double worst = 0;
         for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, double(std::fabs(y[i] - x[i])) / (1 + std::fabs(x[i])));
         QVERIFY2(worst < 4e-7, std::to_string(worst).c_str());  // a few float32 roundings
+    }
+
+    // The KV file carries the RoPE table and the attention statistics; files without them read
+    // with them empty.
+    void kvFileKeepsCodecSideData()
+    {
+        QTemporaryDir dir;
+        KvSet kv = syntheticCache(5, 40);
+        kv.ropePosition0 = 17;
+        const std::string path = (dir.path() + "/a.h5").toStdString();
+        writeKvH5(kv, path);
+        const KvSet back = readKvH5(path);
+        QCOMPARE(back.ropeInvFreq, kv.ropeInvFreq);
+        QCOMPARE(back.ropePosition0, 17);
+        QCOMPARE(back.querySq, kv.querySq);
+        QCOMPARE(back.valueWeight, kv.valueWeight);
+        KvSet plain = syntheticCache(5, 40);
+        plain.ropeInvFreq.clear();
+        plain.querySq.clear();
+        plain.valueWeight.clear();
+        writeKvH5(plain, path);
+        const KvSet old = readKvH5(path);
+        QVERIFY(!old.hasRope() && old.querySq.empty() && old.valueWeight.empty());
     }
 
     void eigenOrthonormal_data()

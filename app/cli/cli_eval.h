@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace kvscope::cli {
 
@@ -23,6 +24,7 @@ struct EvalOpts {
     int holdoutTokens = 0;  // contexts without a continuation: hold out their last tokens
     int threads = 0;
     bool noText = false, perLayer = false, onlyTransform = false;
+    std::vector<std::string> compareProfiles;  // eval --transform-profile
     ProfileOptions profile;
 
     // contextOption false: the command names its contexts some other way (tune's --contexts).

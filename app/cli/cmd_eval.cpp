@@ -86,8 +86,19 @@ json runEval(const EvalOpts& o, const SampleContext& sample, json* timings)
         if (pr->hasTransform() || o.profile.codec == "transform") {
             ProfileOptions po = o.profile;
             po.codec = "transform";
-            plan.transform = po.params(original);
+            plan.transforms.push_back(po.params(original));
+            plan.transformNames.push_back("");
         }
+    }
+    for (const std::string& path : o.compareProfiles) {
+        ProfileOptions po = o.profile;
+        po.codec = "transform";
+        po.profilePath = path;
+        plan.transforms.push_back(po.params(original));
+        const size_t slash = path.find_last_of('/');
+        std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+        if (name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0) name.resize(name.size() - 5);
+        plan.transformNames.push_back(name);
     }
     if (o.onlyTransform) {
         plan.baselines.clear();
@@ -189,6 +200,8 @@ void addEvalCommand(CLI::App& app, Output& out)
     o->add(sub, false);
     so->add(sub, true);
     sub->add_flag("--no-text", o->noText, "skip the text-recompute row");
+    sub->add_option("--transform-profile", o->compareProfiles,
+                    "more transform profiles to evaluate, every level of each (rows named after the file); repeatable");
     sub->add_flag("--only-transform", o->onlyTransform,
                   "only the transform codec's levels (no baselines, no CacheGen levels); with --no-text, no other row");
     sub->add_flag("--per-layer", o->perLayer, "reconstruction error of every layer, K and V");

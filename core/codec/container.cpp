@@ -209,7 +209,7 @@ KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const std::string
     ByteWriter h;
     h.bytes(kMagic, 8);
     h.u16(kKvcVersionMajor);
-    h.u16(kKvcVersionMinor);
+    h.u16(p.codec == CodecId::Transform ? kKvcVersionMinor : 0);  // 1.0 files stay byte-identical
     h.u32(uint32_t(kKvcHeaderSize));
     h.u8(uint8_t(p.codec));
     h.u8(uint8_t(p.dtype));

@@ -11,6 +11,8 @@ namespace kvscope {
 
 std::unique_ptr<GpuCodec> gpuCodec(const CodecParams& p, const std::vector<LevelTables>* shared)
 {
+    if (p.codec == CodecId::Transform)
+        throw Error("GPU decode: the transform codec has no CUDA decoder yet; decode it on the CPU (--device cpu)");
     auto g = std::make_unique<GpuCodec>();
     kvscope_cuda_codec& c = g->c;
     c.codec = int(p.codec);

@@ -394,7 +394,7 @@ std::string profileToJson(const CodecProfile& p)
 {
     json j;
     j["format"] = "kvscope-profile";
-    j["version"] = CodecProfile::kVersion;
+    j["version"] = p.hasTransform() ? CodecProfile::kVersion : 1;  // version-1 readers keep reading CacheGen-only profiles
     j["model_fingerprint"] = p.modelFingerprint;
     j["num_layers"] = p.numLayers;
     j["chunk_tokens"] = p.chunkTokens;

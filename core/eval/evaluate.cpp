@@ -26,7 +26,8 @@ std::vector<EvalRow> evaluateCodecs(const LlamaRuntime& runtime, const QualityRe
 {
     const KvShape& shape = original.shape();
     const int levels = plan.levels ? plan.cachegen.numLevels() : 0;
-    const int transformLevels = plan.transform.codec == CodecId::Transform ? plan.transform.numLevels() : 0;
+    int transformLevels = 0;
+    for (const CodecParams& t : plan.transforms) transformLevels += t.numLevels();
     const int planned = (plan.textRecompute ? 1 : 0) + int(plan.baselines.size()) + levels + transformLevels;
     std::vector<EvalRow> rows;
     auto finish = [&](EvalRow r, const KvSet& decoded) {
@@ -75,13 +76,16 @@ std::vector<EvalRow> evaluateCodecs(const LlamaRuntime& runtime, const QualityRe
         r.decodeSeconds = t.decodeSeconds;
         finish(std::move(r), t.decoded);
     }
-    for (int l = 1; l <= transformLevels; ++l) {
-        const CodecTrial t = runCodecTrial(original, plan.transform, l);
+    for (size_t i = 0; i < plan.transforms.size(); ++i)
+    for (int l = 1; l <= plan.transforms[i].numLevels(); ++l) {
+        const CodecParams& tp = plan.transforms[i];
+        const CodecTrial t = runCodecTrial(original, tp, l);
         EvalRow r;
         r.codec = codecName(CodecId::Transform);
         r.level = l;
-        const auto& names = plan.transform.profile.transformLevels;
+        const auto& names = tp.profile.transformLevels;
         r.levelName = size_t(l) <= names.size() ? names[size_t(l - 1)].name : "level " + std::to_string(l);
+        if (i < plan.transformNames.size() && !plan.transformNames[i].empty()) r.levelName = plan.transformNames[i] + ": " + r.levelName;
         r.bytes = t.bytes;
         r.encodeSeconds = t.encodeSeconds;
         r.decodeSeconds = t.decodeSeconds;

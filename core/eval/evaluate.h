@@ -32,9 +32,10 @@ struct EvalPlan {
     bool levels = true;    // every level of the profile
     std::vector<CodecId> baselines = {CodecId::Fp16, CodecId::Int8, CodecId::Kivi2, CodecId::Kivi4, CodecId::Zstd};
     bool textRecompute = true;  // prefill the context again: must reproduce the original exactly
-    // Transform codec levels (rows "transform"), evaluated after the CacheGen levels when
-    // transform.codec is CodecId::Transform.
-    CodecParams transform;
+    // Transform codecs (rows "transform"), every level of each, evaluated after the CacheGen
+    // levels; transformNames[i] (when given) prefixes the level names of transforms[i].
+    std::vector<CodecParams> transforms;
+    std::vector<std::string> transformNames;
 };
 
 // Called after each row with (rows done, rows planned); returning false cancels (throws Error).
