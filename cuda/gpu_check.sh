@@ -74,7 +74,7 @@ g = json.load(open(sys.argv[1]))["gpu"]
 if isinstance(g, str): print("gpu_check:", g); sys.exit(0)
 print(f"gpu_check: {g['device']}: {g['decode_GBps']:.1f} GB/s, {g['wall_ms']:.1f} ms for {g['output_bytes']/2**30:.2f} GiB; "
       f"copies {g['h2d_ms']:.1f} ms ({100*g['copy_share']:.0f}%), kernels {g['table_kernels_ms']+g['decode_kernels_ms']:.1f} ms "
-      f"({100*g['kernel_share']:.0f}%), {g['batches']} batches; goal < 100 ms")
+      f"({100*g['kernel_share']:.0f}%), {g['batches']} batches; goal < 50 ms")
 PY
   done
 else
