@@ -145,20 +145,23 @@ KVS_AVX512 void rowAvx512(W32Stream& s, const W32Row& r)
         const int d0 = 16 * v;
         const __m512i idx = _mm512_loadu_si512(r.tableWord + d0);
         const __m512i slot = _mm512_and_si512(xa, m12);
-        const __m512i e = _mm512_i32gather_epi32(_mm512_add_epi32(idx, _mm512_srli_epi32(slot, 4)), T, 4);
+        const __m512i e = _mm512_i32gather_epi32(_mm512_add_epi32(idx, _mm512_srli_epi32(slot, CodingTable::kBucketShift)), T, 4);
         __m512i sym = _mm512_and_si512(e, m8);
         __m512i start = _mm512_and_si512(_mm512_srli_epi32(e, 8), m12);
         __m512i fm1 = _mm512_srli_epi32(e, 20);
         __m512i k = _mm512_sub_epi32(slot, start);
         __mmask16 miss = _mm512_cmpgt_epu32_mask(k, fm1);
-        while (miss) {  // slot past the bucket's first symbol: step to the next one
+        // Slot past the bucket's first symbol: step to the next one. The first step is taken
+        // unconditionally (masked: the gather loads only the missing lanes), so that the common
+        // 0-or-1-step case has no data-dependent branch to mispredict.
+        do {
             sym = _mm512_mask_add_epi32(sym, miss, sym, one);
             const __m512i sf = _mm512_mask_i32gather_epi32(e, miss, _mm512_add_epi32(idx, _mm512_add_epi32(sym, sfOff)), T, 4);
             start = _mm512_mask_and_epi32(start, miss, sf, _mm512_set1_epi32(0xffff));
             fm1 = _mm512_mask_sub_epi32(fm1, miss, _mm512_srli_epi32(sf, 16), one);
             k = _mm512_sub_epi32(slot, start);
             miss = _mm512_mask_cmpgt_epu32_mask(miss, k, fm1);
-        }
+        } while (__builtin_expect(miss != 0, 0));
         __m512i x = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_add_epi32(fm1, one), _mm512_srli_epi32(xa, 12)), k);
         const __mmask16 need = _mm512_cmplt_epu32_mask(x, lowL);
         const __m512i words = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -246,20 +249,20 @@ KVS_AVX2 void rowAvx2(W32Stream& s, const W32Row& r)
         const int d0 = 8 * v;
         const __m256i idx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.tableWord + d0));
         const __m256i slot = _mm256_and_si256(x0, m12);
-        const __m256i e = _mm256_i32gather_epi32(T, _mm256_add_epi32(idx, _mm256_srli_epi32(slot, 4)), 4);
+        const __m256i e = _mm256_i32gather_epi32(T, _mm256_add_epi32(idx, _mm256_srli_epi32(slot, CodingTable::kBucketShift)), 4);
         __m256i sym = _mm256_and_si256(e, m8);
         __m256i start = _mm256_and_si256(_mm256_srli_epi32(e, 8), m12);
         __m256i fm1 = _mm256_srli_epi32(e, 20);
         __m256i k = _mm256_sub_epi32(slot, start);
         __m256i miss = _mm256_cmpgt_epi32(k, fm1);  // both in [0, 4096): signed compare is fine
-        while (!_mm256_testz_si256(miss, miss)) {
+        do {  // one masked step always, more only when needed (see the AVX-512 kernel)
             sym = _mm256_sub_epi32(sym, miss);  // miss lanes are -1
             const __m256i sf = _mm256_mask_i32gather_epi32(e, T, _mm256_add_epi32(idx, _mm256_add_epi32(sym, sfOff)), miss, 4);
             start = _mm256_blendv_epi8(start, _mm256_and_si256(sf, _mm256_set1_epi32(0xffff)), miss);
             fm1 = _mm256_blendv_epi8(fm1, _mm256_sub_epi32(_mm256_srli_epi32(sf, 16), one), miss);
             k = _mm256_sub_epi32(slot, start);
             miss = _mm256_and_si256(miss, _mm256_cmpgt_epi32(k, fm1));
-        }
+        } while (__builtin_expect(!_mm256_testz_si256(miss, miss), 0));
         __m256i x = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_add_epi32(fm1, one), _mm256_srli_epi32(x0, 12)), k);
         const __m256i needV = _mm256_cmpeq_epi32(_mm256_srli_epi32(x, 16), zero);
         const unsigned need = unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(needV)));
