@@ -167,7 +167,13 @@ private slots:
         for (int level = 1; level <= p.numLevels(); ++level)
             for (int ch = 0; ch < p.numChunks(); ++ch) {
                 const LevelTables* t = shared ? &tables[size_t(level - 1)] : nullptr;
+                setSimdPath(SimdPath::Scalar);
                 const std::vector<uint8_t> pl = encodeChunk(p, kv, ch, level, t);
+                for (SimdPath sp : paths) {  // the encoders too: the same bytes on every path
+                    setSimdPath(sp);
+                    QVERIFY2(encodeChunk(p, kv, ch, level, t) == pl, qPrintable(QString("%1 encoder differs at level %2 chunk %3")
+                                                                                   .arg(simdPathName(sp)).arg(level).arg(ch)));
+                }
                 std::vector<uint8_t> ref;
                 QVERIFY(decodeWith(SimdPath::Scalar, p, pl, ch, level, t, &ref));
                 for (SimdPath sp : paths) {

@@ -181,6 +181,17 @@ struct W32Row {
 using W32RowFn = void (*)(W32Stream&, const W32Row&);
 inline size_t w32RowSlack(int D) { return 2 * size_t(D) + 64; }
 W32RowFn w32RowKernel(SimdPath path, RowOut k, int D);  // nullptr: use the scalar rows
+
+// A whole stream's symbols for a SIMD encoder: x (32 states, 64-byte aligned) and the word
+// pointer move exactly as in encodeHeadStreamV2's scalar loop.
+struct W32EncJob {
+    const uint32_t* tables;    // the unit's CodingTables, as 32-bit words
+    const int32_t* tableWord;  // (2, D): word offset of channel d's table, role 0 then role 1
+    const uint8_t* sym;        // (tokens, D) of this head
+    int tokens, D, deltaGroup;
+};
+using W32EncFn = void (*)(const W32EncJob&, uint32_t* x, uint16_t*& words);
+W32EncFn w32EncodeKernel(SimdPath path, int D);  // nullptr: scalar
 void w32RowScalar(W32Stream& s, const W32Row& r, RowOut k);
 
 // ---------------------------------------------------------------------------------------------

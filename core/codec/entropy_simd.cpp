@@ -210,6 +210,57 @@ KVS_AVX512 void rowAvx512(W32Stream& s, const W32Row& r)
     s.p = p;
 }
 
+// The encoder, 16 symbols a step from the last to the first (D % 16 == 0): gather the symbols'
+// start | freq << 16, emit the low words of the states that need renormalising (compressed, in
+// lane order, as one block in front of the words already written), and divide by the frequency
+// in double precision (exact after one correction: x / f < 2^20 and 1/f is correctly rounded).
+alignas(64) const struct Reciprocals {
+    double r[rans::kProbScale + 1];
+    Reciprocals()
+    {
+        r[0] = 0;
+        for (uint32_t f = 1; f <= rans::kProbScale; ++f) r[f] = 1.0 / double(f);
+    }
+} kRcp;
+
+KVS_AVX512 void encodeAvx512(const W32EncJob& j, uint32_t* x, uint16_t*& words)
+{
+    const int D = j.D;
+    const int* T = reinterpret_cast<const int*>(j.tables);
+    const __m512i sfOff = _mm512_set1_epi32(int(kSfWords)), lo16 = _mm512_set1_epi32(0xffff), one = _mm512_set1_epi32(1);
+    uint16_t* w = words;
+    for (int t = j.tokens - 1; t >= 0; --t) {
+        const int32_t* tw = j.tableWord + (j.deltaGroup >= 2 && t % j.deltaGroup == 0 ? D : 0);
+        const uint8_t* row = j.sym + size_t(t) * D;
+        for (int d0 = D - 16; d0 >= 0; d0 -= 16) {
+            uint32_t* xs = x + ((size_t(t) * D + size_t(d0)) & 31);
+            __m512i st = _mm512_load_si512(xs);
+            const __m512i sym = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d0)));
+            const __m512i idx = _mm512_add_epi32(_mm512_loadu_si512(tw + d0), _mm512_add_epi32(sym, sfOff));
+            const __m512i sf = _mm512_i32gather_epi32(idx, T, 4);
+            const __m512i freq = _mm512_srli_epi32(sf, 16);
+            const __mmask16 need = _mm512_cmpge_epu32_mask(st, _mm512_slli_epi32(freq, 20));
+            const int cnt = _mm_popcnt_u32(need);
+            w -= cnt;
+            _mm256_mask_storeu_epi16(w, __mmask16((1u << cnt) - 1u),
+                                     _mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(need, st)));
+            st = _mm512_mask_srli_epi32(st, need, st, 16);
+            const __m512d rlo = _mm512_i32gather_pd(_mm512_castsi512_si256(freq), kRcp.r, 8);
+            const __m512d rhi = _mm512_i32gather_pd(_mm512_extracti64x4_epi64(freq, 1), kRcp.r, 8);
+            const __m256i qlo = _mm512_cvttpd_epu32(_mm512_mul_pd(_mm512_cvtepu32_pd(_mm512_castsi512_si256(st)), rlo));
+            const __m256i qhi = _mm512_cvttpd_epu32(_mm512_mul_pd(_mm512_cvtepu32_pd(_mm512_extracti64x4_epi64(st, 1)), rhi));
+            __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(qlo), qhi, 1);
+            __m512i r = _mm512_sub_epi32(st, _mm512_mullo_epi32(q, freq));
+            const __mmask16 over = _mm512_cmpge_epu32_mask(r, freq);
+            q = _mm512_mask_add_epi32(q, over, q, one);
+            r = _mm512_mask_sub_epi32(r, over, r, freq);
+            st = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(q, rans::kProbBits), r), _mm512_and_si512(sf, lo16));
+            _mm512_store_si512(xs, st);
+        }
+    }
+    words = w;
+}
+
 // ----- AVX2: 8 lanes, 4 state vectors --------------------------------------------------------
 
 #define KVS_AVX2 __attribute__((target("avx2,bmi2,popcnt,f16c,fma")))
@@ -324,6 +375,17 @@ KVS_AVX2 void rowAvx2(W32Stream& s, const W32Row& r)
 
 }  // namespace
 #endif
+
+W32EncFn w32EncodeKernel(SimdPath path, int D)
+{
+#ifdef KVSCOPE_SIMD_X86
+    if (path == SimdPath::Avx512 && D % 16 == 0) return encodeAvx512;
+#else
+    (void)path;
+    (void)D;
+#endif
+    return nullptr;
+}
 
 W32RowFn w32RowKernel(SimdPath path, RowOut k, int D)
 {

@@ -202,6 +202,24 @@ const FreqDivider32& freqDivider32()
 
 }  // namespace
 
+// Flushes the 32 states in front of the words and appends the stream to out.
+static void finishStreamV2(const uint32_t* x, uint16_t* w, const std::vector<uint16_t>& buf, uint16_t* wordsEnd,
+                    std::vector<uint8_t>& out)
+{
+    for (int k = rans::w32::kLanes - 1; k >= 0; --k) {  // state 0 last, so the decoder reads it first
+        *--w = uint16_t(x[k] >> 16);
+        *--w = uint16_t(x[k]);
+    }
+    KVSCOPE_ASSERT(w >= buf.data());
+    const size_t words = size_t(wordsEnd - w), at = out.size();
+    out.resize(at + 2 * words);
+    uint8_t* o = out.data() + at;
+    for (size_t j = 0; j < words; ++j) {  // little-endian words on any host
+        o[2 * j] = uint8_t(w[j]);
+        o[2 * j + 1] = uint8_t(w[j] >> 8);
+    }
+}
+
 // Symbols from last to first, state i % 32, words pushed towards the front of a buffer sized for
 // the worst case (one word per symbol) plus the flushed states.
 void encodeHeadStreamV2(const quant::BlockSpec& b, int h, const uint8_t* sym, const UnitTables& tab,
@@ -216,8 +234,20 @@ void encodeHeadStreamV2(const quant::BlockSpec& b, int h, const uint8_t* sym, co
     buf.resize(n + 2 * W + 1);
     uint16_t* const wordsEnd = buf.data() + buf.size();
     uint16_t* w = wordsEnd;
-    uint32_t x[W];
+    alignas(64) uint32_t x[W];
     for (uint32_t& v : x) v = rans::w32::kL;
+    if (const W32EncFn fast = w32EncodeKernel(simdPath(), D)) {
+        thread_local std::vector<int32_t> tableWord;
+        tableWord.resize(2 * size_t(D));
+        const bool delta = b.deltaGroup >= 2;
+        for (int role = 0; role < (delta ? 2 : 1); ++role)
+            for (int d = 0; d < D; ++d)
+                tableWord[size_t(role) * D + d] = int32_t((size_t(role) * C + size_t(h) * D + size_t(d)) * (sizeof(CodingTable) / 4));
+        const W32EncJob job{reinterpret_cast<const uint32_t*>(tab.tables.data()), tableWord.data(), s, b.tokens, D,
+                            b.deltaGroup};
+        fast(job, x, w);
+        return finishStreamV2(x, w, buf, wordsEnd, out);
+    }
     // Emits the word renormalisation needs without a branch: it is stored below w and w moves
     // by 0 or 1 (a word stored but not taken is overwritten by the next one).
     auto put = [&w, &div](uint32_t& st, uint32_t sf) {
@@ -240,18 +270,7 @@ void encodeHeadStreamV2(const quant::BlockSpec& b, int h, const uint8_t* sym, co
             for (int d = D - 1; d >= 0; --d) put(x[--i % W], row[d].sf[st[d]]);
         }
     }
-    for (int k = W - 1; k >= 0; --k) {  // state 0 last, so the decoder reads it first
-        *--w = uint16_t(x[k] >> 16);
-        *--w = uint16_t(x[k]);
-    }
-    KVSCOPE_ASSERT(w >= buf.data());
-    const size_t words = size_t(wordsEnd - w), at = out.size();
-    out.resize(at + 2 * words);
-    uint8_t* o = out.data() + at;
-    for (size_t j = 0; j < words; ++j) {  // little-endian words on any host
-        o[2 * j] = uint8_t(w[j]);
-        o[2 * j + 1] = uint8_t(w[j] >> 8);
-    }
+    finishStreamV2(x, w, buf, wordsEnd, out);
 }
 
 namespace {
