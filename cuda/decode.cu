@@ -98,6 +98,56 @@ __global__ void decodeKernel(const uint8_t* batch, const uint16_t* tables, Error
     if (code != kOk) setError(&errs[blockIdx.y], code, u, h);
 }
 
+// Format 2.x streams: one warp per (block, head), lane j owning state j (decode_core.h w32Phase1/2).
+// Every branch a warp takes before its ballots is uniform across the warp (same stream, same step).
+constexpr int kW32Warps = 4;
+
+__global__ void decodeKernelW32(const uint8_t* batch, const uint16_t* tables, ErrorInfo* errs, void* out, int ringBytes)
+{
+    extern __shared__ uint8_t ringShm[];
+    const ChunkDesc cd = reinterpret_cast<const ChunkDesc*>(batch)[blockIdx.y];
+    const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
+    const int idx = int(blockIdx.x) * kW32Warps + warp;
+    if (idx >= 2 * cd.g.L * cd.g.H) return;
+    const int failed = __shfl_sync(0xffffffffu, lane == 0 ? int(chunkFailed(&errs[blockIdx.y])) : 0, 0);
+    if (failed) return;
+    const int u = idx / cd.g.H, h = idx % cd.g.H;
+    const BlockPlan* bps = reinterpret_cast<const BlockPlan*>(batch + cd.plan);
+    const StreamPlan sp = reinterpret_cast<const StreamPlan*>(bps + 2 * cd.g.L)[idx];
+    const BlockPlan bp = bps[u];
+    const uint8_t* payload = batch + cd.payload;
+    uint8_t* ring = ringShm + size_t(warp) * size_t(ringBytes);
+    if (sp.size < 128) {
+        if (lane == 0) setError(&errs[blockIdx.y], kErrStream, u, h);
+        return;
+    }
+    const uint8_t* s = payload + sp.offset;
+    uint32_t x = uint32_t(s[4 * lane]) | uint32_t(s[4 * lane + 1]) << 8 | uint32_t(s[4 * lane + 2]) << 16 |
+                 uint32_t(s[4 * lane + 3]) << 24;
+    const uint8_t* words = s + 128;
+    const uint32_t nwords = (sp.size - 128) / 2, below = (1u << lane) - 1u;
+    uint32_t pos = 0;
+    bool overrun = false;
+    const uint16_t* tab = tables + cd.store;
+    for (int step = 0, steps = w32Steps(cd.g); step < steps; ++step) {
+        W32Lane w;
+        w32Phase1(cd.g, bp, h, step, lane, x, tab, ring, &w);
+        const unsigned need = __ballot_sync(0xffffffffu, w.active && w.need);
+        __syncwarp();  // anchor symbols of this step are in the ring before phase 2 reads them
+        uint32_t word = 0;
+        if (w.active && w.need) {
+            const uint32_t at = pos + uint32_t(__popc(need & below));
+            if (at < nwords) word = loadU16(words + 2 * size_t(at));
+            else overrun = true;
+        }
+        pos += uint32_t(__popc(need));
+        x = w32Phase2(payload, cd.g, bp, u, h, w, word, ring, out);
+        __syncwarp();
+    }
+    const bool bad = __any_sync(0xffffffffu, overrun || x != kW32L) || pos != nwords || (sp.size & 1u);
+    if (bad && lane == 0) setError(&errs[blockIdx.y], kErrStream, u, h);
+}
+
 // fp16 / int8: one thread per (block, head).
 __global__ void baselineKernel(const uint8_t* batch, void* out)
 {
@@ -311,7 +361,12 @@ int launchBatch(kvscope_cuda_decoder* d, Slot& s, const kvscope_cuda_chunk* chun
     KVS_CUDA_TRY(cudaEventRecord(s.ev[2], s.stream), "cudaEventRecord");
     const int threads = c.D > 512 ? 32 : 64;
     const unsigned blocks = unsigned((units * c.H + threads - 1) / threads);
-    if (cachegen) {
+    if (cachegen && c.layout == 2) {
+        const int ringBytes = w32AnchorRing(c.D, c.deltaGroup) * c.D;
+        const unsigned warpBlocks = unsigned((units * c.H + kW32Warps - 1) / kW32Warps);
+        decodeKernelW32<<<dim3(warpBlocks, count), 32 * kW32Warps, size_t(kW32Warps) * ringBytes, s.stream>>>(
+            s.batch, inBand ? s.store : d->shared, s.errs, d->out, ringBytes);
+    } else if (cachegen) {
         const size_t shm = c.deltaGroup >= 2 ? size_t(threads) * c.D : 0;
         decodeKernel<<<dim3(blocks, count), threads, shm, s.stream>>>(s.batch, inBand ? s.store : d->shared, s.errs, d->out);
     } else {

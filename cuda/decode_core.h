@@ -8,7 +8,13 @@
 //     scanBlockTables  one thread per block (kind, layer): where each in-band table starts
 //     buildTable       one thread per (block, role, channel): frequencies -> cumulative starts
 //     decodeStream     one thread per (block, head): rANS + dequantization + delta, written
-//                      straight into the output layout
+//                      straight into the output layout (format 1.x streams: 4 states x bytes)
+//     w32Phase1/2      format 2.x streams (32 states x 16-bit words): one warp per (block, head),
+//                      lane j owning state j, so step g decodes symbols 32 g .. 32 g + 31 together:
+//                      phase 1 looks the symbols up and updates the states, the lanes that need
+//                      a word take them in lane order (a ballot and a prefix count), phase 2
+//                      refills and writes the values. w32DecodeStreamHost runs both phases lane
+//                      by lane for the emulation; decode.cu's kernel runs them as a warp.
 //   Shared (calibrated) tables are built once per level on the host with the same two functions.
 // - Every byte read is bounded by a range the host checked against the payload before launch
 //   (decode_plan.h); a thread that meets bad bytes records an error and stops, it never reads
@@ -71,6 +77,7 @@ struct ChunkGeom {
     int32_t roles;         // 2 with delta coding, else 1
     int32_t dtype;         // output: 0 float16, 1 bfloat16, 2 float32
     int32_t codec;         // 0 cachegen, 1 fp16, 2 int8
+    int32_t layout;        // cachegen streams: 1 (4 states x bytes) or 2 (32 states x 16-bit words)
 };
 
 // One block (kind, layer) of a cachegen chunk.
@@ -375,6 +382,108 @@ KVS_HD int32_t decodeStream(const uint8_t* payload, const ChunkGeom& g, const Bl
     // After the last symbol every state is back at L and the stream is used up exactly.
     if (r.overrun || r.p != r.end || x0 != kRansL || x1 != kRansL || x2 != kRansL || x3 != kRansL) return kErrStream;
     return kOk;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Format 2.x streams: 32 states, 16-bit words, one warp per stream
+
+constexpr uint32_t kW32L = 1u << 16;
+
+// Anchor symbols of the groups a warp step can touch live in a ring of w32AnchorRing(D, G) rows
+// of D bytes, slot (t / G) % ring: one step spans at most 32 / D + 2 rows, so a slot is never
+// rewritten while a lane still needs it.
+KVS_HD int w32AnchorRing(int D, int G) { return G >= 2 ? 32 / (D * G) + 3 : 0; }
+
+// What one lane keeps between the phases of a step.
+struct W32Lane {
+    uint32_t x;      // state after the update, before renormalisation
+    int32_t t, d;    // the symbol's token (in the chunk) and channel
+    int32_t sym;
+    int32_t active;  // symbol index < n * D
+    int32_t need;    // takes a word
+};
+
+// Phase 1 of step g for `lane`: slot lookup and state update of symbol 32 g + lane.
+KVS_HD void w32Phase1(const ChunkGeom& g, const BlockPlan& bp, int h, int step, int lane, uint32_t x,
+                      const uint16_t* tables, uint8_t* ring, W32Lane* w)
+{
+    const int D = g.D, G = g.deltaGroup;
+    const uint64_t i = uint64_t(step) * 32u + uint64_t(lane);
+    w->active = i < uint64_t(g.n) * uint64_t(D);
+    w->x = x;
+    w->need = 0;
+    if (!w->active) return;
+    w->t = int32_t(i / uint64_t(D));
+    w->d = int32_t(i % uint64_t(D));
+    const bool anchor = G >= 2 && w->t % G == 0;
+    const int role = anchor ? 1 : 0;
+    const int A = bp.alphabet[role];
+    const uint16_t* st = tables + bp.tableStore[role] + (size_t(h) * D + size_t(w->d)) * size_t(A + 1);
+    const uint32_t slot = x & (kProbScale - 1);
+    const int s = findSymbol(st, A, slot);
+    w->x = freqOf(st, s) * (x >> kProbBits) + slot - uint32_t(st[s]);
+    w->need = w->x < kW32L;
+    w->sym = s;
+    if (anchor) ring[size_t((w->t / G) % w32AnchorRing(D, G)) * D + size_t(w->d)] = uint8_t(s);
+}
+
+// Phase 2: refill with word `word` (when needed; `overrun` when there was none) and write the
+// value. Returns the lane's new state.
+KVS_HD uint32_t w32Phase2(const uint8_t* payload, const ChunkGeom& g, const BlockPlan& bp, int block, int h,
+                          const W32Lane& w, uint32_t word, const uint8_t* ring, void* out)
+{
+    if (!w.active) return w.x;
+    const int D = g.D, C = g.H * g.D, G = g.deltaGroup;
+    const bool delta = G >= 2, anchor = delta && w.t % G == 0;
+    const uint32_t x = w.need ? (w.x << 16) | word : w.x;
+    const uint8_t* scales = payload + bp.scaleOffset;
+    const int m = anchor ? bp.maxA : bp.maxL;
+    float sc, base = 0.0f;
+    if (bp.perChannel) sc = halfToFloat(loadU16(scales + 2 * (size_t(anchor ? C : 0) + size_t(h) * D + size_t(w.d))));
+    else sc = halfToFloat(loadU16(scales + 2 * size_t(w.t)));
+    if (delta && !anchor) {
+        const int a = ring[size_t((w.t / G) % w32AnchorRing(D, G)) * D + size_t(w.d)];
+        const float as = bp.perChannel ? halfToFloat(loadU16(scales + 2 * (size_t(C) + size_t(h) * D + size_t(w.d))))
+                                       : halfToFloat(loadU16(scales + 2 * size_t(w.t - w.t % G)));
+        base = faddRn(fmulRn(float(a - bp.maxA), as), 0.0f);  // the anchor as the CPU keeps it
+    }
+    const size_t row = (size_t(block) * g.H + size_t(h)) * size_t(g.T) + size_t(g.t0) + size_t(w.t);
+    storeOut(out, row * size_t(D) + size_t(w.d), g.dtype, faddRn(fmulRn(float(w.sym - m), sc), base));
+    return x;
+}
+
+KVS_HD int w32Steps(const ChunkGeom& g) { return int((uint64_t(g.n) * uint64_t(g.D) + 31) / 32); }
+
+// The host's warp: both phases lane by lane, words handed out in lane order. ring: w32AnchorRing
+// rows of D bytes. Returns kOk or kErrStream, exactly when kvscope::decodeChunk refuses the stream.
+inline int32_t w32DecodeStreamHost(const uint8_t* payload, const ChunkGeom& g, const BlockPlan& bp, StreamPlan sp,
+                                   int block, int h, const uint16_t* tables, uint8_t* ring, void* out)
+{
+    if (sp.size < 128) return kErrStream;
+    const uint8_t* s = payload + sp.offset;
+    uint32_t x[32];
+    for (int j = 0; j < 32; ++j)
+        x[j] = uint32_t(s[4 * j]) | uint32_t(s[4 * j + 1]) << 8 | uint32_t(s[4 * j + 2]) << 16 | uint32_t(s[4 * j + 3]) << 24;
+    const uint8_t* words = s + 128;
+    const uint32_t nwords = (sp.size - 128) / 2;
+    uint32_t pos = 0;
+    bool overrun = false;
+    W32Lane w[32];
+    for (int step = 0, steps = w32Steps(g); step < steps; ++step) {
+        for (int j = 0; j < 32; ++j) w32Phase1(g, bp, h, step, j, x[j], tables, ring, &w[j]);
+        for (int j = 0; j < 32; ++j) {
+            uint32_t word = 0;
+            if (w[j].active && w[j].need) {
+                if (pos < nwords) word = loadU16(words + 2 * size_t(pos));
+                else overrun = true;
+                ++pos;
+            }
+            x[j] = w32Phase2(payload, g, bp, block, h, w[j], word, ring, out);
+        }
+    }
+    bool ok = !overrun && pos == nwords && sp.size % 2 == 0;
+    for (int j = 0; j < 32; ++j) ok = ok && x[j] == kW32L;
+    return ok ? kOk : kErrStream;
 }
 
 // ---------------------------------------------------------------------------------------------

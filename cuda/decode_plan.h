@@ -9,6 +9,7 @@
 #include "decode_core.h"
 #include "kvscope_cuda.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@ struct Codec {
     int L = 0, H = 0, D = 0, T = 0, N = 0, levels = 1;
     int quantizer[2] = {0, 0};  // per kind
     int deltaGroup = 0, anchorBins = 0, tableMode = 0;
+    int layout = 2;             // cachegen streams: 1 (format 1.x) or 2 (format 2.x)
     std::vector<int> bins[2];   // per kind: level-major (level - 1) * L + layer
     std::vector<std::vector<uint8_t>> sharedBlobs;  // table_mode 1: per level
 
@@ -80,6 +82,8 @@ inline bool makeCodec(const kvscope_cuda_codec& in, Codec* out, std::string* why
         return bad("delta_group " + std::to_string(c.deltaGroup) + " not 0 or 2..chunk_tokens");
     c.anchorBins = in.anchor_bins;
     if (c.anchorBins != 0 && !validBins(c.anchorBins)) return bad("anchor_bins " + std::to_string(c.anchorBins) + " invalid");
+    c.layout = in.entropy_layout == 0 ? 2 : in.entropy_layout;
+    if (c.layout != 1 && c.layout != 2) return bad("entropy_layout " + std::to_string(in.entropy_layout) + " unknown");
     c.tableMode = in.table_mode;
     if (c.tableMode != 0 && c.tableMode != 1) return bad("table_mode " + std::to_string(c.tableMode) + " unknown");
     if (c.tableMode == 1) {
@@ -129,6 +133,7 @@ inline ChunkGeom chunkGeom(const Codec& c, int chunk)
     g.roles = c.codec == 0 ? c.roles() : 1;
     g.dtype = c.dtype;
     g.codec = c.codec;
+    g.layout = c.layout;
     return g;
 }
 
@@ -337,11 +342,13 @@ inline bool emulateDecodeChunk(const Codec& c, int chunk, int level, const uint8
         store = scratch.data();
     }
     if (!err.code) {
-        std::vector<uint8_t> anchor(size_t(c.D));
-        for (int u = 0; u < units; ++u)  // decode kernel: thread (u, head)
+        std::vector<uint8_t> anchor(size_t(c.D) * size_t(std::max(1, w32AnchorRing(c.D, g.deltaGroup))));
+        for (int u = 0; u < units; ++u)  // decode kernel: thread (v1) or warp (v2) per (u, head)
             for (int h = 0; h < c.H; ++h) {
-                const int32_t code = decodeStream(data, g, plan.blocks[size_t(u)], plan.streams[size_t(u) * c.H + h], u, h,
-                                                  store, anchor.data(), 1, out);
+                const BlockPlan& bp = plan.blocks[size_t(u)];
+                const StreamPlan sp = plan.streams[size_t(u) * c.H + h];
+                const int32_t code = g.layout == 1 ? decodeStream(data, g, bp, sp, u, h, store, anchor.data(), 1, out)
+                                                   : w32DecodeStreamHost(data, g, bp, sp, u, h, store, anchor.data(), out);
                 if (code != kOk) setError(&err, code, u, h);
             }
     }

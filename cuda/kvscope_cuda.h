@@ -64,6 +64,8 @@ typedef struct kvscope_cuda_codec {
     int delta_group;      /* 0 = no delta coding, else 2..N */
     int anchor_bins;      /* 0 = anchors use their layer's bins */
     int table_mode;       /* 0 in-band, 1 shared */
+    int entropy_layout;   /* cachegen streams: 2 (or 0) = format 2.x, 32 states x 16-bit words,
+                             decoded by one warp per stream; 1 = format 1.x, 4 states x bytes */
     const uint16_t* key_bins;   /* cachegen: num_levels * num_layers, level-major */
     const uint16_t* value_bins;
     const uint8_t* const* level_tables;  /* table_mode 1: one blob per level (FORMAT.md tables section) */

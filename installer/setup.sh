@@ -11,6 +11,8 @@ packages=(
   qt6-base-dev qt6-svg-dev libqcustomplot-dev libqcustomplot2.1-qt6 libgl-dev
   # KV files (HDF5), lossless baseline and container checks (zstd), profiles (JSON), CLI parsing
   libhdf5-dev zlib1g-dev libzstd-dev nlohmann-json3-dev libcli11-dev
+  # bench codec: htscodecs' rANS 32x16 codes the same quantised symbols as our entropy stage
+  libhtscodecs-dev
   # model runtime: the forward pass (CPU libtorch) and a fast BLAS for it (~8x the reference BLAS),
   # Unicode regexes and NFC of tokenizer.json, tokenizer.model files
   libtorch-dev libopenblas0-openmp libpcre2-dev libicu-dev libsentencepiece-dev

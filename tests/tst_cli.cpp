@@ -195,9 +195,22 @@ private slots:
         const Run r = cli({"bench", "codec", "--kv", m_kv, "--repeats", "1", "--json"});
         QCOMPARE(r.exitCode, 0);
         const QJsonObject j = r.json();
-        for (const char* key : {"encode_MBps", "decode_MBps", "zstd_compress_MBps", "zstd_decompress_MBps", "bits_per_value"})
+        for (const char* key : {"encode_MBps", "decode_MBps", "zstd_compress_MBps", "zstd_decompress_MBps", "bits_per_value",
+                                "entropy_encode_MBps", "entropy_decode_MBps", "htscodecs_encode_MBps", "htscodecs_decode_MBps"})
             QVERIFY2(j[key].toDouble() > 0, key);
         QCOMPARE(j["results"].toArray().size(), 3);
+        QVERIFY(j["threads"].toInt() >= 1);
+        QVERIFY2(QStringList({"scalar", "avx2", "avx512"}).contains(j["simd"].toString()), qPrintable(j["simd"].toString()));
+        // the same symbols through both entropy coders: htscodecs' single order-0 table per stream
+        // against our per-channel tables; neither may be wildly off the other
+        const double ratio = j["entropy_bytes"].toDouble() / j["htscodecs_bytes"].toDouble();
+        QVERIFY2(ratio > 0.5 && ratio < 2.0, qPrintable(QString::number(ratio)));
+
+        const Run scalar = cli({"bench", "codec", "--kv", m_kv, "--repeats", "1", "--threads", "1", "--simd", "scalar", "--json"});
+        QCOMPARE(scalar.exitCode, 0);
+        QCOMPARE(scalar.json()["simd"].toString(), QString("scalar"));
+        QCOMPARE(scalar.json()["threads"].toInt(), 1);
+        QCOMPARE(scalar.json()["bits_per_value"].toDouble(), j["bits_per_value"].toDouble());  // same bytes on every path
     }
 
     void errorsAreOneLine_data()

@@ -144,6 +144,9 @@ private slots:
         QTest::newRow("cachegen-inband") << "cachegen-inband" << QList<int>{1, 2, 3};
         QTest::newRow("cachegen-shared") << "cachegen-shared" << QList<int>{3, 1, 2};
         QTest::newRow("int8") << "int8" << QList<int>{1};
+        QTest::newRow("cachegen-d16") << "cachegen-d16" << QList<int>{2, 3, 1};
+        QTest::newRow("v1-cachegen-inband (format 1.0)") << "v1-cachegen-inband" << QList<int>{1, 2, 3};
+        QTest::newRow("v1-cachegen-shared (format 1.0)") << "v1-cachegen-shared" << QList<int>{3, 1, 2};
     }
 
     void goldenFiles()

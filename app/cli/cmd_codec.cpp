@@ -5,11 +5,13 @@
 #include "codec/bench.h"
 #include "codec/container.h"
 #include "codec/gpu_decode.h"
+#include "codec/simd_path.h"
 #include "eval/codec_trial.h"
 #include "kv/kv_compare.h"
 #include "kv/kv_h5.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <sstream>
 
@@ -379,6 +381,7 @@ void addBenchCommand(CLI::App& app, Output& out)
         BenchOptions bench;
         bool gpuOnly = false;
         int gpuDevice = 0;
+        std::string simd = "auto";
     };
     auto o = std::make_shared<Opts>();
     sub->add_option("--kv", o->kv, "KV file (HDF5)")->required();
@@ -389,6 +392,8 @@ void addBenchCommand(CLI::App& app, Output& out)
     sub->add_option("--zstd-level", o->bench.zstdLevel, "zstd compression level")->capture_default_str();
     sub->add_option("--gpu-device", o->gpuDevice, "CUDA device for the GPU decode figures")->capture_default_str();
     sub->add_flag("--gpu-only", o->gpuOnly, "only the GPU decode figures (skips the CPU and zstd timings)");
+    sub->add_option("--simd", o->simd, "entropy decoder path: auto, scalar, avx2, avx512 (env KVSCOPE_SIMD)")
+        ->capture_default_str();
     sub->add_flag("--json", out.asJson, "print one JSON object");
     sub->callback([o, &out] {
         const KvSet kv = readKvH5(o->kv);
@@ -418,7 +423,12 @@ void addBenchCommand(CLI::App& app, Output& out)
                      [printGpu](const json& r) { printGpu(r["gpu"]); });
             return;
         }
+        SimdPath simd;
+        if (!parseSimdPath(o->simd, &simd)) throw Error("--simd " + o->simd + ": expected auto, scalar, avx2 or avx512");
+        if (o->simd != "auto" || std::getenv("KVSCOPE_SIMD") == nullptr) setSimdPath(simd);
         const CodecBenchResult ours = benchCodec(kv, p, level, o->bench);
+        const bool cachegen = p.codec == CodecId::CacheGen;
+        const EntropyBenchResult ent = cachegen ? benchEntropy(kv, p, level, o->bench) : EntropyBenchResult{};
         CodecParams p8 = p;
         p8.codec = CodecId::Int8;
         const CodecBenchResult int8 = benchCodec(kv, p8, 1, o->bench);
@@ -435,7 +445,17 @@ void addBenchCommand(CLI::App& app, Output& out)
                   {"codec", ours.codec},
                   {"level", level},
                   {"fp16_MB", 2.0 * double(kv.shape().totalValues()) / 1e6},
-                  {"threads", o->bench.threads},
+                  {"threads", benchThreads(o->bench)},
+                  {"simd", simdPathName(simdPath())},
+                  {"entropy_encode_MBps", ent.encodeMBps},
+                  {"entropy_decode_MBps", ent.decodeMBps},
+                  {"entropy_bytes", ent.bytes},
+                  {"htscodecs_encode_MBps", ent.htsEncodeMBps},
+                  {"htscodecs_decode_MBps", ent.htsDecodeMBps},
+                  {"htscodecs_bytes", ent.htsBytes},
+                  {"entropy_symbols", ent.symbols},
+                  {"entropy_decode_vs_htscodecs", cachegen ? ent.decodeMBps / ent.htsDecodeMBps : 0.0},
+                  {"entropy_encode_vs_htscodecs", cachegen ? ent.encodeMBps / ent.htsEncodeMBps : 0.0},
                   {"encode_MBps", ours.encodeMBps},
                   {"decode_MBps", ours.decodeMBps},
                   {"bits_per_value", ours.bitsPerValue},
@@ -454,8 +474,16 @@ void addBenchCommand(CLI::App& app, Output& out)
                 std::printf("%-9s %5d %12.1f %12.1f %10.3f\n", x["codec"].get<std::string>().c_str(), x["level"].get<int>(),
                             x["encode_MBps"].get<double>(), x["decode_MBps"].get<double>(),
                             x["bits_per_value"].get<double>());
-            std::printf("ours vs zstd: decode %.2fx, encode %.2fx, size %.3fx\n", r["decode_vs_zstd_decompress"].get<double>(),
-                        r["encode_vs_zstd_compress"].get<double>(), r["size_vs_zstd"].get<double>());
+            std::printf("ours vs zstd: decode %.2fx, encode %.2fx, size %.3fx (%d threads, %s)\n",
+                        r["decode_vs_zstd_decompress"].get<double>(), r["encode_vs_zstd_compress"].get<double>(),
+                        r["size_vs_zstd"].get<double>(), r["threads"].get<int>(), r["simd"].get<std::string>().c_str());
+            if (r["entropy_symbols"].get<uint64_t>() > 0)
+                std::printf("entropy stage, MB of symbols/s: ours encode %.1f decode %.1f (%llu bytes), htscodecs rANS32x16 "
+                            "encode %.1f decode %.1f (%llu bytes): decode %.2fx, encode %.2fx\n",
+                            r["entropy_encode_MBps"].get<double>(), r["entropy_decode_MBps"].get<double>(),
+                            (unsigned long long)r["entropy_bytes"].get<uint64_t>(), r["htscodecs_encode_MBps"].get<double>(),
+                            r["htscodecs_decode_MBps"].get<double>(), (unsigned long long)r["htscodecs_bytes"].get<uint64_t>(),
+                            r["entropy_decode_vs_htscodecs"].get<double>(), r["entropy_encode_vs_htscodecs"].get<double>());
             printGpu(r["gpu"]);
         });
     });

@@ -1,8 +1,12 @@
 #include "codec/bench.h"
 
+#include "codec/codec_detail.h"
+#include "codec/simd_path.h"
+
 #include "common/error.h"
 #include "common/half.h"
 
+#include <htscodecs/rANS_static4x16.h>
 #include <omp.h>
 #include <zstd.h>
 
@@ -41,6 +45,8 @@ struct ThreadScope {  // sets the OpenMP thread count for the scope of a benchma
 };
 
 }  // namespace
+
+int benchThreads(const BenchOptions& opt) { return opt.threads > 0 ? opt.threads : omp_get_max_threads(); }
 
 CodecBenchResult benchCodec(const KvSet& kv, const CodecParams& p, int level, const BenchOptions& opt)
 {
@@ -137,6 +143,148 @@ CodecBenchResult benchZstd(const KvSet& kv, const CodecParams& p, const BenchOpt
     r.bitsPerValue = 8.0 * double(r.bytes) / double(s.totalValues());
     r.encodeMBps = fp16MB(s) / enc;
     r.decodeMBps = fp16MB(s) / dec;
+    return r;
+}
+
+EntropyBenchResult benchEntropy(const KvSet& kv, const CodecParams& p, int level, const BenchOptions& opt)
+{
+    using namespace detail;
+    ThreadScope threads(opt.threads);
+    KVSCOPE_ASSERT(p.codec == CodecId::CacheGen);
+    const int L = p.shape.numLayers, H = p.shape.numKvHeads, C = p.shape.channels(), roles = numRoles(p);
+    const int chunks = p.numChunks(), units = chunks * 2 * L;
+    const bool shared = p.profile.tables == TableMode::Shared;
+    LevelTables levelTables;
+    if (shared) {
+        LevelCounts counts;
+        for (int c = 0; c < chunks; ++c) countChunkSymbols(p, kv, c, level, counts);
+        levelTables = tablesFromCounts(p, level, counts);
+    }
+    // Quantised blocks, unit = (chunk, kind, layer): the input of both coders, outside the timing.
+    std::vector<QuantizedBlock> blocks(static_cast<size_t>(units));
+    parallelUnits(units, [&](int u) {
+        const int c = u / (2 * L), kl = u % (2 * L);
+        blocks[size_t(u)] = quantizeUnit(p, kv, kKinds[kl / L], kl % L, level, p.chunkStart(c), p.chunkLength(c));
+    });
+    // Shared tables are per level, not per chunk: converted once, outside the timing.
+    std::vector<UnitTables> sharedTabs(shared ? size_t(2) * L : 0);
+    for (size_t kl = 0; kl < sharedTabs.size(); ++kl)
+        sharedUnitTables(p, levelTables, kKinds[kl / size_t(L)], int(kl % size_t(L)), true, sharedTabs[kl]);
+
+    struct Coded {
+        std::vector<uint8_t> tables;
+        std::vector<std::vector<uint8_t>> streams;
+    };
+    std::vector<Coded> coded(static_cast<size_t>(units));
+    EntropyBenchResult r;
+    for (const QuantizedBlock& q : blocks) r.symbols += q.sym.size();
+    const double enc = bestOf(opt.repeats, [&] {
+        parallelUnits(units, [&](int u) {
+            const QuantizedBlock& q = blocks[size_t(u)];
+            Coded& out = coded[size_t(u)];
+            out.tables.clear();
+            out.streams.assign(size_t(H), {});
+            thread_local UnitTables tab;
+            const UnitTables* t = &tab;
+            if (shared) {
+                t = &sharedTabs[size_t(u % (2 * L))];
+            } else {
+                thread_local std::vector<uint32_t> flat;
+                const size_t stride = countUnit(q, roles, flat);
+                tab.tables.resize(size_t(roles) * C);
+                for (int role = 0; role < roles; ++role)
+                    for (int c = 0; c < C; ++c) {
+                        const size_t i = size_t(role) * C + size_t(c);
+                        const int a = quant::alphabetSize(role ? q.spec.anchorBins : q.spec.bins);
+                        buildCodingTable(flat.data() + i * stride, a, &tab.tables[i], false);
+                        serializeCodingTable(tab.tables[i], a, out.tables);
+                    }
+            }
+            for (int h = 0; h < H; ++h) encodeHeadStreamV2(q.spec, h, q.sym.data(), *t, out.streams[size_t(h)]);
+        });
+    });
+    std::vector<std::vector<uint8_t>> decoded(static_cast<size_t>(units));
+    const double dec = bestOf(opt.repeats, [&] {
+        parallelUnits(units, [&](int u) {
+            const QuantizedBlock& q = blocks[size_t(u)];
+            const Coded& in = coded[size_t(u)];
+            thread_local UnitTables tab;
+            const UnitTables* t = &tab;
+            if (shared) {
+                t = &sharedTabs[size_t(u % (2 * L))];
+            } else {
+                tab.tables.resize(size_t(roles) * C);
+                const uint8_t* tp = in.tables.data();
+                const uint8_t* te = tp + in.tables.size();
+                for (int role = 0; role < roles; ++role)
+                    for (int c = 0; c < C; ++c) {
+                        std::string why;
+                        const bool ok = parseCodingTable(&tp, te, quant::alphabetSize(role ? q.spec.anchorBins : q.spec.bins),
+                                                         &tab.tables[size_t(role) * C + c], &why);
+                        KVSCOPE_ASSERT(ok);
+                    }
+            }
+            std::vector<uint8_t>& out = decoded[size_t(u)];
+            out.resize(q.sym.size());
+            const size_t n = q.sym.size() / size_t(H);
+            for (int h = 0; h < H; ++h)
+                decodeHeadStreamV2(q.spec, h, in.streams[size_t(h)].data(), in.streams[size_t(h)].size(), *t, q.scales.data(),
+                                   RowOut::Symbols, out.data() + size_t(h) * n, "bench");
+        });
+    });
+    for (int u = 0; u < units; ++u) {
+        KVSCOPE_ASSERT(decoded[size_t(u)] == blocks[size_t(u)].sym);
+        r.bytes += coded[size_t(u)].tables.size();
+        for (const auto& st : coded[size_t(u)].streams) r.bytes += st.size();
+    }
+
+    // htscodecs on the same streams: (unit, head) -> one rans_compress_to_4x16 call.
+    const int streams = units * H;
+    std::vector<std::vector<uint8_t>> hts(static_cast<size_t>(streams));
+    std::vector<std::vector<uint8_t>> htsBack(static_cast<size_t>(streams));
+    const int order = 0 | RANS_ORDER_X32;
+    auto streamSymbols = [&](int s, unsigned* n) {
+        const QuantizedBlock& q = blocks[size_t(s / H)];
+        *n = unsigned(q.sym.size() / size_t(H));
+        return const_cast<uint8_t*>(q.sym.data()) + size_t(s % H) * *n;
+    };
+    const double henc = bestOf(opt.repeats, [&] {
+#pragma omp parallel for schedule(dynamic, 4)
+        for (int s = 0; s < streams; ++s) {
+            unsigned n = 0;
+            uint8_t* in = streamSymbols(s, &n);
+            auto& o = hts[size_t(s)];
+            o.resize(rans_compress_bound_4x16(n, order));
+            unsigned outSize = unsigned(o.size());
+            const unsigned char* res = rans_compress_to_4x16(in, n, o.data(), &outSize, order);
+            KVSCOPE_ASSERT(res);
+            o.resize(outSize);
+        }
+    });
+    const double hdec = bestOf(opt.repeats, [&] {
+#pragma omp parallel for schedule(dynamic, 4)
+        for (int s = 0; s < streams; ++s) {
+            unsigned n = 0;
+            streamSymbols(s, &n);
+            auto& o = htsBack[size_t(s)];
+            o.resize(n);
+            unsigned outSize = n;
+            const unsigned char* res = rans_uncompress_to_4x16(hts[size_t(s)].data(), unsigned(hts[size_t(s)].size()), o.data(), &outSize);
+            KVSCOPE_ASSERT(res && outSize == n);
+        }
+    });
+    for (int s = 0; s < streams; ++s) {
+        unsigned n = 0;
+        const uint8_t* in = streamSymbols(s, &n);
+        KVSCOPE_ASSERT(std::memcmp(htsBack[size_t(s)].data(), in, n) == 0);
+        r.htsBytes += hts[size_t(s)].size();
+    }
+    const double mb = double(r.symbols) / 1e6;
+    r.encodeMBps = mb / enc;
+    r.decodeMBps = mb / dec;
+    r.htsEncodeMBps = mb / henc;
+    r.htsDecodeMBps = mb / hdec;
+    r.simd = simdPathName(simdPath());
     return r;
 }
 

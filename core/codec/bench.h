@@ -21,6 +21,22 @@ struct BenchOptions {
     int threads = 0;       // 0 = all cores
 };
 
+// The thread count a benchmark with these options runs on (threads, or all cores when 0).
+int benchThreads(const BenchOptions& opt);
+
+// The entropy stage alone on the quantised symbols of every (chunk, kind, layer, head) stream:
+// ours (v2 streams plus, in-band, counting, building and parsing the tables) next to htscodecs'
+// rANS 32x16 order-0 on the very same symbol streams, same threads. MB of symbols (1 byte each).
+struct EntropyBenchResult {
+    double encodeMBps = 0, decodeMBps = 0;        // ours
+    double htsEncodeMBps = 0, htsDecodeMBps = 0;  // htscodecs rans_compress_to_4x16, order 0 | X32
+    uint64_t symbols = 0;
+    uint64_t bytes = 0;     // our streams (+ in-band tables)
+    uint64_t htsBytes = 0;  // htscodecs output
+    std::string simd;       // the decoder path used (simd_path.h)
+};
+EntropyBenchResult benchEntropy(const KvSet& kv, const CodecParams& params, int level, const BenchOptions& opt);
+
 // Encodes and decodes every chunk of kv with params at `level` (in memory, no file I/O).
 // Decoding is checked against the encoder's reconstruction; a mismatch throws (it is a bug).
 CodecBenchResult benchCodec(const KvSet& kv, const CodecParams& params, int level, const BenchOptions& opt);

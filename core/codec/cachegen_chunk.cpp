@@ -49,7 +49,10 @@ std::vector<uint8_t> encodeCacheGenChunk(const CodecParams& p, const KvSet& kv, 
                     serializeCodingTable(tab.tables[i], a, tableBytes[size_t(u)]);
                 }
         }
-        for (int h = 0; h < H; ++h) encodeHeadStream(b, h, sym.data(), tab, streams[size_t(u)][size_t(h)]);
+        for (int h = 0; h < H; ++h) {
+            if (p.entropy == EntropyLayout::Rans4x8) encodeHeadStream(b, h, sym.data(), tab, streams[size_t(u)][size_t(h)]);
+            else encodeHeadStreamV2(b, h, sym.data(), tab, streams[size_t(u)][size_t(h)]);
+        }
     });
 
     // Layout: [u32 table sizes (in-band only)] [u32 stream sizes] [tables] [scales] [streams]
@@ -118,6 +121,16 @@ void decodeCacheGenChunk(const CodecParams& p, const uint8_t* data, size_t size,
         }
         std::vector<uint16_t> scales(static_cast<size_t>(b.numScales()));
         getU16s(scalePtr[size_t(u)], scales.data(), scales.size());
+        if (p.entropy == EntropyLayout::Rans32x16) {  // straight into the output rows
+            const size_t row = size_t(b.headDim) * dtypeSize(out.dtype());
+            for (int h = 0; h < H; ++h) {
+                const size_t i = size_t(u) * H + size_t(h);
+                uint8_t* dst = out.data(kind, layer) + (size_t(h) * p.shape.numTokens + size_t(t0)) * row;
+                decodeHeadStreamV2(b, h, streamPtr[i], streamSize[i], tab, scales.data(), rowOutFor(out.dtype()), dst,
+                                   unitWhere);
+            }
+            return;
+        }
         std::vector<float> x(size_t(n) * b.headDim);
         for (int h = 0; h < H; ++h) {
             const size_t i = size_t(u) * H + size_t(h);

@@ -30,9 +30,15 @@ bool parseCodecName(const std::string& s, CodecId* out);
 constexpr int kKiviGroup = 32;
 constexpr int kKiviResidual = 128;
 
+// The layout of cachegen's entropy-coded streams (FORMAT.md "Entropy coding"), given by the
+// container's major version: 1 = 4 states with byte-wise renormalisation, 2 = 32 states with
+// 16-bit words (SIMD and GPU-warp friendly). Writers use Rans32x16; Rans4x8 files still decode.
+enum class EntropyLayout : uint8_t { Rans4x8 = 1, Rans32x16 = 2 };
+
 // Everything a decoder needs besides the chunk bytes.
 struct CodecParams {
     CodecId codec = CodecId::CacheGen;
+    EntropyLayout entropy = EntropyLayout::Rans32x16;
     KvShape shape;               // of the whole cache
     DType dtype = DType::F16;    // of the source cache, and of decoded output
     CodecProfile profile;        // CacheGen settings; for baselines only chunkTokens matters

@@ -5,7 +5,9 @@
 //   codec_params.cpp   codec names, CodecParams, the int8 reference size
 //   cachegen_chunk.cpp quantize a (kind, layer) block, then lay out the CacheGen chunk payload
 //   level_tables.cpp   probability tables per level: counting, calibration, (de)serialisation
-//   entropy_stage.cpp  one rANS stream per (kind, layer, head), decoding fused with dequantization
+//   entropy_stage.cpp  one rANS stream per (kind, layer, head), decoding fused with dequantization;
+//                      v1 (4 states) and v2 (32 states) streams, the scalar v2 reference
+//   entropy_simd.cpp   AVX2 / AVX-512 row kernels of the v2 decoder, CPU detection
 //   baselines.cpp      fp16, int8, KIVI-2/4 and zstd payloads
 //   transform.cpp      the transform codec's model: fit, serialisation (math in transform.h)
 //   transform_chunk.cpp the transform codec's chunk payload
@@ -15,6 +17,7 @@
 
 #include "codec/chunk_codec.h"
 #include "codec/quantize.h"
+#include "codec/simd_path.h"
 #include "common/error.h"
 
 #include <cstdint>
@@ -143,6 +146,56 @@ void encodeHeadStream(const quant::BlockSpec& b, int h, const uint8_t* sym, cons
 // the fast path; quant::dequantizeBlock is the reference it must match.
 void decodeHeadStream(const quant::BlockSpec& b, int h, const uint8_t* data, size_t size, const UnitTables& tab,
                       const uint16_t* scales, float* out, const std::string& where);
+
+// v2 streams (FORMAT.md "Entropy coding", layout 2): the same symbols and tables, 32 states.
+void encodeHeadStreamV2(const quant::BlockSpec& b, int h, const uint8_t* sym, const UnitTables& tab,
+                        std::vector<uint8_t>& out);
+
+// What a v2 decoder writes: a row of values in the output dtype, or the raw symbols.
+enum class RowOut : uint8_t { F16, BF16, F32, Symbols };
+inline RowOut rowOutFor(DType t) { return t == DType::F16 ? RowOut::F16 : t == DType::BF16 ? RowOut::BF16 : RowOut::F32; }
+inline size_t rowOutBytes(RowOut k) { return k == RowOut::F32 ? 4 : k == RowOut::Symbols ? 1 : 2; }
+
+// Decodes one head's v2 stream straight into out: (tokens, head_dim) elements of kind `k` (the
+// head's rows of a KvSet tensor, or symbols), dequantized in the same pass. Uses simdPath().
+void decodeHeadStreamV2(const quant::BlockSpec& b, int h, const uint8_t* data, size_t size, const UnitTables& tab,
+                        const uint16_t* scales, RowOut k, uint8_t* out, const std::string& where);
+
+// The decoder state of one v2 stream, and one row's parameters: what the row kernels share.
+struct W32Stream {
+    alignas(64) uint32_t x[32];
+    const uint8_t* p;
+    const uint8_t* end;
+    bool overrun;
+};
+struct W32Row {
+    const uint32_t* tables;    // the unit's CodingTables, as 32-bit words
+    const int32_t* tableWord;  // (D) word offset of the table of channel d for this row's role
+    int D;
+    int lane0;                 // state of the row's first symbol: (t * D) % 32
+    int m;                     // MAX of the row's bins: value = (q - m) * scale + base
+    const float* scaleVec;     // (D) per-channel scales, or null: `scale` for the whole row
+    float scale;
+    const float* base;         // (D) the group's reconstructed anchor, or null: +0
+    float* anchorOut;          // (D) an anchor row's float values go here too (delta coding), or null
+    uint8_t* out;              // D elements of the RowOut kind
+};
+// A SIMD row kernel needs D % width == 0 and at least w32RowSlack(D) bytes left in the stream.
+using W32RowFn = void (*)(W32Stream&, const W32Row&);
+inline size_t w32RowSlack(int D) { return 2 * size_t(D) + 64; }
+W32RowFn w32RowKernel(SimdPath path, RowOut k, int D);  // nullptr: use the scalar rows
+
+// A whole stream's symbols for a SIMD encoder: x (32 states, 64-byte aligned) and the word
+// pointer move exactly as in encodeHeadStreamV2's scalar loop.
+struct W32EncJob {
+    const uint32_t* tables;    // the unit's CodingTables, as 32-bit words
+    const int32_t* tableWord;  // (2, D): word offset of channel d's table, role 0 then role 1
+    const uint8_t* sym;        // (tokens, D) of this head
+    int tokens, D, deltaGroup;
+};
+using W32EncFn = void (*)(const W32EncJob&, uint32_t* x, uint16_t*& words);
+W32EncFn w32EncodeKernel(SimdPath path, int D);  // nullptr: scalar
+void w32RowScalar(W32Stream& s, const W32Row& r, RowOut k);
 
 // ---------------------------------------------------------------------------------------------
 // Level tables (level_tables.cpp)

@@ -208,8 +208,8 @@ KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const std::string
 
     ByteWriter h;
     h.bytes(kMagic, 8);
-    h.u16(kKvcVersionMajor);
-    h.u16(p.codec == CodecId::Transform ? kKvcVersionMinor : 0);  // 1.0 files stay byte-identical
+    h.u16(p.entropy == EntropyLayout::Rans4x8 ? uint16_t(1) : kKvcVersionMajor);
+    h.u16(p.codec == CodecId::Transform ? kKvcVersionMinor : 0);  // x.0 files stay byte-identical
     h.u32(uint32_t(kKvcHeaderSize));
     h.u8(uint8_t(p.codec));
     h.u8(uint8_t(p.dtype));
@@ -310,15 +310,16 @@ void KvcReader::parse()
     if (std::memcmp(hb.data(), kMagic, 8) != 0) throw Error(where("header") + ": not a kvscope .kvc file (bad magic)");
     ByteReader h{hb.data() + 8, hb.data() + hb.size(), where("header")};
     const uint16_t major = h.u16(), minor = h.u16();
-    // minor versions only add fields in reserved space (1.1: the transform section)
-    if (major != kKvcVersionMajor)
+    (void)minor;  // minor versions only add fields in reserved space (x.1: the transform section)
+    if (major < kKvcOldestMajor || major > kKvcVersionMajor)
         throw Error(where("header") + ": format version " + std::to_string(major) + " is not supported (this build reads " +
-                    std::to_string(kKvcVersionMajor) + ")");
+                    std::to_string(kKvcOldestMajor) + ".." + std::to_string(kKvcVersionMajor) + ")");
     const uint32_t stored = uint32_t(hb[156]) | uint32_t(hb[157]) << 8 | uint32_t(hb[158]) << 16 | uint32_t(hb[159]) << 24;
     if (crc32(hb.data(), kKvcHeaderSize - 4) != stored) throw Error(where("header") + ": CRC mismatch (corrupt header)");
     if (h.u32() != kKvcHeaderSize) throw Error(where("header") + ": unexpected header size");
 
     CodecParams& p = m_params;
+    p.entropy = major == 1 ? EntropyLayout::Rans4x8 : EntropyLayout::Rans32x16;
     const uint8_t codec = h.u8(), dtype = h.u8(), kq = h.u8(), vq = h.u8(), tm = h.u8();
     h.take(3);
     if (codec > uint8_t(CodecId::Transform)) throw Error(where("header") + ": unknown codec id " + std::to_string(codec));

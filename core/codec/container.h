@@ -13,8 +13,11 @@
 
 namespace kvscope {
 
-constexpr uint16_t kKvcVersionMajor = 1;
-constexpr uint16_t kKvcVersionMinor = 1;  // 1.1 added the transform section
+// Version 2 changed the entropy-coded streams of cachegen chunks (EntropyLayout); minor 1 (1.1 or
+// 2.1) adds the transform codec's section. Readers accept majors 1 and 2.
+constexpr uint16_t kKvcVersionMajor = 2;
+constexpr uint16_t kKvcVersionMinor = 1;  // written only by the transform codec; other files are x.0
+constexpr uint16_t kKvcOldestMajor = 1;
 constexpr size_t kKvcHeaderSize = 160;
 
 // Called with the fraction done in [0, 1]; returning false cancels (the operation throws
@@ -33,7 +36,8 @@ struct KvcWriteReport {
     double seconds = 0;
 };
 
-// Encodes kv with params into `path` (written to a temporary, then renamed).
+// Encodes kv with params into `path` (written to a temporary, then renamed). The file is version
+// 2 unless params.entropy is EntropyLayout::Rans4x8 (then 1: for compatibility tests).
 // With TableMode::Shared, `calibrated` supplies one LevelTables per level; when it is null the
 // tables are calibrated on kv itself (a first pass over every chunk) and stored in the file.
 // Memory: the payloads of one chunk beyond kv. Throws kvscope::Error on I/O failure or bad values.

@@ -1,12 +1,14 @@
 // The entropy stage of the CacheGen codec: one rANS stream per (kind, layer, head), symbols in
-// token-major order over 4 interleaved states, with per-channel (and per-role) coding tables.
-// Decoding is fused with dequantization (and the anchor/delta reconstruction) so a row of symbols
-// never leaves registers. The stream format is in FORMAT.md ("Entropy coding").
+// token-major order, with per-channel (and per-role) coding tables. Two stream layouts: v1 (4
+// states, byte renormalisation) and v2 (32 states, 16-bit words; its SIMD row kernels are in
+// entropy_simd.cpp, the scalar reference is here). Decoding is fused with dequantization (and
+// the anchor/delta reconstruction). The stream formats are in FORMAT.md ("Entropy coding").
 #include "codec/codec_detail.h"
 
 #include "codec/rans.h"
 #include "common/half.h"
 
+#include <cstring>
 #include <vector>
 
 namespace kvscope::detail {
@@ -166,5 +168,247 @@ void decodeHeadStream(const quant::BlockSpec& b, int h, const uint8_t* data, siz
         throw Error(where + ": head " + std::to_string(h) + ": entropy-coded stream is corrupt");
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// v2: 32 states, 16-bit renormalisation (rans.h w32)
+
+namespace {
+
+// Exact x / d for every 32-bit x and d in [1, kProbScale] without a divide instruction:
+// q = (x * magic) >> shift with magic = ceil(2^(32 + l) / d), l = ceil(log2 d) (Granlund-Montgomery).
+struct FreqDivider32 {
+    uint64_t magic[rans::kProbScale + 1];
+    uint8_t shift[rans::kProbScale + 1];
+
+    FreqDivider32()
+    {
+        magic[0] = 0;
+        shift[0] = 0;
+        for (uint32_t d = 1; d <= rans::kProbScale; ++d) {
+            uint32_t l = 0;
+            while ((1u << l) < d) ++l;
+            shift[d] = uint8_t(32 + l);
+            magic[d] = uint64_t(((unsigned __int128)1 << (32 + l)) + d - 1) / d;
+        }
+    }
+    uint32_t div(uint32_t x, uint32_t d) const { return uint32_t((unsigned __int128)x * magic[d] >> shift[d]); }
+};
+
+const FreqDivider32& freqDivider32()
+{
+    static const FreqDivider32 table;
+    return table;
+}
+
+}  // namespace
+
+// Flushes the 32 states in front of the words and appends the stream to out.
+static void finishStreamV2(const uint32_t* x, uint16_t* w, const std::vector<uint16_t>& buf, uint16_t* wordsEnd,
+                    std::vector<uint8_t>& out)
+{
+    for (int k = rans::w32::kLanes - 1; k >= 0; --k) {  // state 0 last, so the decoder reads it first
+        *--w = uint16_t(x[k] >> 16);
+        *--w = uint16_t(x[k]);
+    }
+    KVSCOPE_ASSERT(w >= buf.data());
+    const size_t words = size_t(wordsEnd - w), at = out.size();
+    out.resize(at + 2 * words);
+    uint8_t* o = out.data() + at;
+    for (size_t j = 0; j < words; ++j) {  // little-endian words on any host
+        o[2 * j] = uint8_t(w[j]);
+        o[2 * j + 1] = uint8_t(w[j] >> 8);
+    }
+}
+
+// Symbols from last to first, state i % 32, words pushed towards the front of a buffer sized for
+// the worst case (one word per symbol) plus the flushed states.
+void encodeHeadStreamV2(const quant::BlockSpec& b, int h, const uint8_t* sym, const UnitTables& tab,
+                        std::vector<uint8_t>& out)
+{
+    constexpr int W = rans::w32::kLanes;
+    const int D = b.headDim, C = b.channels();
+    const size_t n = size_t(b.tokens) * D;
+    const uint8_t* s = sym + size_t(h) * n;
+    const FreqDivider32& div = freqDivider32();
+    thread_local std::vector<uint16_t> buf;
+    buf.resize(n + 2 * W + 1);
+    uint16_t* const wordsEnd = buf.data() + buf.size();
+    uint16_t* w = wordsEnd;
+    alignas(64) uint32_t x[W];
+    for (uint32_t& v : x) v = rans::w32::kL;
+    if (const W32EncFn fast = w32EncodeKernel(simdPath(), D)) {
+        thread_local std::vector<int32_t> tableWord;
+        tableWord.resize(2 * size_t(D));
+        const bool delta = b.deltaGroup >= 2;
+        for (int role = 0; role < (delta ? 2 : 1); ++role)
+            for (int d = 0; d < D; ++d)
+                tableWord[size_t(role) * D + d] = int32_t((size_t(role) * C + size_t(h) * D + size_t(d)) * (sizeof(CodingTable) / 4));
+        const W32EncJob job{reinterpret_cast<const uint32_t*>(tab.tables.data()), tableWord.data(), s, b.tokens, D,
+                            b.deltaGroup};
+        fast(job, x, w);
+        return finishStreamV2(x, w, buf, wordsEnd, out);
+    }
+    // Emits the word renormalisation needs without a branch: it is stored below w and w moves
+    // by 0 or 1 (a word stored but not taken is overwritten by the next one).
+    auto put = [&w, &div](uint32_t& st, uint32_t sf) {
+        const uint32_t freq = sf >> 16;
+        const uint32_t k = uint32_t(uint64_t(st) >= (uint64_t(freq) << 20));
+        w[-1] = uint16_t(st);
+        w -= k;
+        st >>= 16 * k;
+        const uint32_t q = div.div(st, freq);
+        st = (q << rans::kProbBits) + (st - q * freq) + (sf & 0xffffu);
+    };
+    size_t i = n;
+    for (int t = b.tokens - 1; t >= 0; --t) {  // reverse order: see rans.h
+        const CodingTable* row = &tab.at(b.isAnchor(t) ? 1 : 0, C, h * D);
+        const uint8_t* st = s + size_t(t) * D;
+        if (D % W == 0) {
+            for (int d = D - 1; d >= 0; --d) put(x[d & (W - 1)], row[d].sf[st[d]]);
+            i -= size_t(D);
+        } else {
+            for (int d = D - 1; d >= 0; --d) put(x[--i % W], row[d].sf[st[d]]);
+        }
+    }
+    finishStreamV2(x, w, buf, wordsEnd, out);
+}
+
+namespace {
+
+inline uint32_t readWordChecked(W32Stream& s)
+{
+    if (s.end - s.p < 2) {
+        s.overrun = true;
+        s.p = s.end;
+        return 0;
+    }
+    const uint32_t v = uint32_t(s.p[0]) | uint32_t(s.p[1]) << 8;
+    s.p += 2;
+    return v;
+}
+
+template <RowOut K>
+inline void storeValue(uint8_t* out, int d, float v)
+{
+    if constexpr (K == RowOut::F32) std::memcpy(out + 4 * size_t(d), &v, 4);
+    else {
+        const uint16_t h = K == RowOut::F16 ? floatToHalf(v) : floatToBf16(v);
+        out[2 * size_t(d)] = uint8_t(h);
+        out[2 * size_t(d) + 1] = uint8_t(h >> 8);
+    }
+}
+
+template <RowOut K>
+void rowScalar(W32Stream& s, const W32Row& r)
+{
+    for (int d = 0; d < r.D; ++d) {
+        uint32_t& x = s.x[(r.lane0 + d) & 31];
+        const CodingTable& ct = *reinterpret_cast<const CodingTable*>(r.tables + r.tableWord[d]);
+        const uint32_t slot = x & (rans::kProbScale - 1);
+        const int sy = ct.symbolOf(slot);
+        x = rans::w32::decStep(x, ct.start(sy), ct.freq(sy));
+        if (x < rans::w32::kL) x = (x << 16) | readWordChecked(s);
+        if constexpr (K == RowOut::Symbols) {
+            r.out[d] = uint8_t(sy);
+        } else {
+            const float sc = r.scaleVec ? r.scaleVec[d] : r.scale;
+            const float v = float(sy - r.m) * sc + (r.base ? r.base[d] : 0.0f);
+            if (r.anchorOut) r.anchorOut[d] = v;
+            storeValue<K>(r.out, d, v);
+        }
+    }
+}
+
+}  // namespace
+
+// The plain reference of a v2 row: one symbol at a time, every read bounds-checked.
+void w32RowScalar(W32Stream& s, const W32Row& r, RowOut k)
+{
+    switch (k) {
+    case RowOut::F16: return rowScalar<RowOut::F16>(s, r);
+    case RowOut::BF16: return rowScalar<RowOut::BF16>(s, r);
+    case RowOut::F32: return rowScalar<RowOut::F32>(s, r);
+    case RowOut::Symbols: return rowScalar<RowOut::Symbols>(s, r);
+    }
+}
+
+void decodeHeadStreamV2(const quant::BlockSpec& b, int h, const uint8_t* data, size_t size, const UnitTables& tab,
+                        const uint16_t* scales, RowOut k, uint8_t* out, const std::string& where)
+{
+    constexpr int W = rans::w32::kLanes;
+    const int D = b.headDim, C = b.channels();
+    const int maxL = quant::maxLevel(b.bins), maxA = quant::maxLevel(b.anchorBins);
+    W32Stream st;
+    st.p = data;
+    st.end = data + size;
+    st.overrun = false;
+    if (size >= rans::w32::kFlushBytes) {
+        for (int j = 0; j < W; ++j) st.x[j] = getU32(data + 4 * j);
+        st.p += rans::w32::kFlushBytes;
+    } else {
+        for (uint32_t& v : st.x) v = 0;
+        st.overrun = true;
+        st.p = st.end;
+    }
+    const bool perChannel = b.quantizer == Quantizer::PerChannel, delta = b.deltaGroup >= 2;
+    thread_local std::vector<int32_t> tableWord;  // (2, D): role-major
+    thread_local std::vector<float> scaleVec, anchor;  // (2, D), (D)
+    tableWord.resize(2 * size_t(D));
+    scaleVec.resize(2 * size_t(D));
+    anchor.assign(size_t(D), 0.0f);
+    constexpr size_t tableWords = sizeof(CodingTable) / 4;
+    for (int role = 0; role < (delta ? 2 : 1); ++role)
+        for (int d = 0; d < D; ++d)
+            tableWord[size_t(role) * D + d] = int32_t((size_t(role) * C + size_t(h) * D + size_t(d)) * tableWords);
+    if (perChannel) {
+        halfToFloatN(scales + h * D, scaleVec.data(), size_t(D));
+        if (delta) halfToFloatN(scales + C + h * D, scaleVec.data() + D, size_t(D));
+    }
+    const W32RowFn fast = w32RowKernel(simdPath(), k, D);
+    const size_t slack = w32RowSlack(D), elem = rowOutBytes(k);
+    // Near its end a stream is copied into a zero-padded buffer so the SIMD rows can go on
+    // reading ahead; a valid stream never takes a padding word, and p is mapped back after.
+    thread_local std::vector<uint8_t> tail;
+    const uint8_t* realEnd = st.end;
+    const uint8_t* tailBase = nullptr;
+    W32Row r;
+    r.tables = reinterpret_cast<const uint32_t*>(tab.tables.data());
+    r.D = D;
+    for (int t = 0; t < b.tokens; ++t) {
+        const bool isAnchor = b.isAnchor(t);
+        const int role = isAnchor ? 1 : 0;
+        r.tableWord = tableWord.data() + size_t(role) * D;
+        r.lane0 = int((size_t(t) * D) % W);
+        r.m = isAnchor ? maxA : maxL;
+        r.scaleVec = perChannel ? scaleVec.data() + size_t(role) * D : nullptr;
+        r.scale = perChannel ? 0.0f : halfToFloat(scales[t]);
+        r.base = delta && !isAnchor ? anchor.data() : nullptr;
+        r.anchorOut = delta && isAnchor ? anchor.data() : nullptr;
+        r.out = out + size_t(t) * D * elem;
+        if (fast && !tailBase && size_t(st.end - st.p) < slack) {
+            const size_t left = size_t(st.end - st.p);
+            tail.assign(left + slack * size_t(b.tokens - t) + 64, 0);
+            if (left) std::memcpy(tail.data(), st.p, left);
+            tailBase = st.p;
+            st.p = tail.data();
+            st.end = tail.data() + tail.size();
+        }
+        if (fast)
+            fast(st, r);
+        else
+            w32RowScalar(st, r, k);
+    }
+    if (tailBase) {  // back to stream addresses; reads into the padding count as an overrun
+        const size_t used = size_t(st.p - tail.data()), left = size_t(realEnd - tailBase);
+        st.p = used <= left ? tailBase + used : realEnd;
+        st.overrun = st.overrun || used > left;
+        st.end = realEnd;
+    }
+    // A correct stream ends exactly at its last word with every state back at its initial value.
+    bool statesOk = true;
+    for (uint32_t v : st.x) statesOk = statesOk && v == rans::w32::kL;
+    if (st.overrun || st.p != st.end || !statesOk)
+        throw Error(where + ": head " + std::to_string(h) + ": entropy-coded stream is corrupt");
+}
 
 }  // namespace kvscope::detail

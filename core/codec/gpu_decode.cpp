@@ -29,6 +29,7 @@ std::unique_ptr<GpuCodec> gpuCodec(const CodecParams& p, const std::vector<Level
     c.delta_group = p.profile.deltaEnabled() ? p.profile.deltaGroup : 0;
     c.anchor_bins = p.profile.anchorBins;
     c.table_mode = int(p.profile.tables);
+    c.entropy_layout = int(p.entropy);
     for (int l = 1; l <= p.numLevels(); ++l)
         for (int layer = 0; layer < p.shape.numLayers; ++layer) {
             g->keyBins.push_back(uint16_t(p.binsFor(KvKind::Key, layer, l)));

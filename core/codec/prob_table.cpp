@@ -4,6 +4,9 @@
 
 #include <cmath>
 #include <cstring>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 namespace kvscope {
 
@@ -42,7 +45,14 @@ void finishCoding(CodingTable* c, const uint16_t* freq, int alphabet, bool forDe
     for (int s = 0; s < alphabet; ++s) {
         const int b0 = int((c->start(s) + (1u << shift) - 1) >> shift);
         const int b1 = int((c->start(s + 1) - 1) >> shift);
-        if (b1 >= b0) std::memset(c->bucket + b0, s, size_t(b1 - b0 + 1));
+        const uint32_t e = CodingTable::pack(uint32_t(s), c->start(s), c->freq(s));
+        int b = b0;
+#ifdef __SSE2__
+        // In-band tables are rebuilt for every chunk: fill runs four entries per store.
+        const __m128i e4 = _mm_set1_epi32(int(e));
+        for (; b + 3 <= b1; b += 4) _mm_storeu_si128(reinterpret_cast<__m128i*>(c->bucket + b), e4);
+#endif
+        for (; b <= b1; ++b) c->bucket[b] = e;
     }
 }
 

@@ -29,8 +29,11 @@ struct ProbTable {
 // decoder, a bucket index from slot to symbol so a lookup takes one load and rarely a step.
 struct CodingTable {
     static constexpr int kBucketShift = 4;
-    // bucket[b]: the symbol owning slot b << kBucketShift; the decoder walks forward from it.
-    uint8_t bucket[rans::kProbScale >> kBucketShift];
+    static constexpr int kBuckets = rans::kProbScale >> kBucketShift;
+    // bucket[b]: the symbol owning slot b << kBucketShift, packed with its start and frequency as
+    // sym | start << 8 | (freq - 1) << 20, so one (SIMD-gathered) load gives all three; the
+    // decoder steps to the next symbol while slot >= start + freq.
+    uint32_t bucket[kBuckets];
     // start | freq << 16 per symbol, and start = kProbScale after the last one: one load per step.
     uint32_t sf[kMaxAlphabet + 1];
 
@@ -39,11 +42,13 @@ struct CodingTable {
     // Symbol owning `slot`.
     int symbolOf(uint32_t slot) const
     {
-        int s = bucket[slot >> kBucketShift];
+        int s = int(bucket[slot >> kBucketShift] & 0xffu);
         while (slot >= (sf[s + 1] & 0xffffu)) ++s;
         return s;
     }
+    static uint32_t pack(uint32_t sym, uint32_t start, uint32_t freq) { return sym | start << 8 | (freq - 1) << 20; }
 };
+static_assert(sizeof(CodingTable) % 64 == 0, "SIMD gathers index tables as arrays of 32-bit words");
 
 // Fills c from t; builds the decoder's bucket index when forDecoding.
 void toCodingTable(const ProbTable& t, CodingTable* c, bool forDecoding);

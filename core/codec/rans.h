@@ -1,4 +1,7 @@
-// Static rANS entropy coder (byte-wise renormalisation, 32-bit state, 12-bit probabilities).
+// Static rANS entropy coders with 12-bit probabilities, two stream layouts:
+//   v1 (format 1.x): 4 interleaved 32-bit states, byte-wise renormalisation, L = 2^23;
+//   v2 (format 2.x, namespace w32): 32 interleaved 32-bit states, 16-bit renormalisation,
+//       L = 2^16, so that 8 or 16 SIMD lanes (or a GPU warp) step through one stream together.
 //
 // READ ME FIRST
 // - rANS is last-in, first-out. The encoder must visit symbols from LAST to FIRST and writes its
@@ -127,5 +130,40 @@ inline void decAdvance(uint32_t* x, RansReader& r, uint32_t start, uint32_t freq
     for (int i = 0; i < k; ++i) s = (s << 8) | r.byte();
     *x = s;
 }
+
+// ---------------------------------------------------------------------------------------------
+// v2: 32 states x 16-bit words. Symbol i of a stream uses state i % 32. A state lives in
+// [2^16, 2^32); after a symbol's update a state below 2^16 takes exactly one 16-bit word (a
+// valid state is then >= 2^20). Words are read in symbol order: symbol i's word (if it needs
+// one) follows every word of symbols < i, whichever SIMD width decodes the stream. The encoder
+// visits symbols from last to first and pushes words (and finally the 32 states, lane 31 first)
+// towards the front of its buffer, so the stream reads: u32 state[0..31], then u16 words.
+namespace w32 {
+
+constexpr int kLanes = 32;
+constexpr uint32_t kL = 1u << 16;
+constexpr size_t kFlushBytes = 4 * kLanes;  // the initial decoder states at a stream's start
+
+// Encodes one symbol (start, freq): the plain reference (hardware divide). `words` points just
+// past the free space below the stream built so far; a word emitted goes to *--words.
+inline void encPut(uint32_t* x, uint16_t*& words, uint32_t start, uint32_t freq)
+{
+    const uint64_t xMax = uint64_t((kL >> kProbBits) << 16) * freq;  // 2^20 f
+    uint32_t s = *x;
+    if (s >= xMax) {
+        *--words = uint16_t(s);
+        s >>= 16;
+    }
+    *x = ((s / freq) << kProbBits) + (s % freq) + start;
+}
+
+// The state update of the decoder for symbol (start, freq) at `slot`, before renormalisation.
+// Unsigned 32-bit arithmetic: a corrupt stream wraps the same way on every path.
+inline uint32_t decStep(uint32_t x, uint32_t start, uint32_t freq)
+{
+    return freq * (x >> kProbBits) + (x & (kProbScale - 1)) - start;
+}
+
+}  // namespace w32
 
 }  // namespace kvscope::rans

@@ -4,14 +4,18 @@
 // or throws kvscope::Error, and decodeAll either decodes or throws kvscope::Error, without reading
 // outside its buffers, without undefined behaviour and without allocating beyond the output limit.
 // Only kvscope::Error is caught: any other exception, an abort (KVSCOPE_ASSERT) or a sanitizer
-// report is a finding. Build and run: tests/fuzz/README.md.
+// report is a finding, and so is any disagreement between the v2 entropy decoder's paths (scalar,
+// AVX2, AVX-512) on the same input. Build and run: tests/fuzz/README.md.
 #include "codec/container.h"
+#include "codec/simd_path.h"
 #include "common/crc32.h"
 #include "common/error.h"
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace {
@@ -73,11 +77,34 @@ void exercise(std::vector<uint8_t> bytes)
         (void)r->levelTableBytes(l);
     }
 
-    // The default level for every chunk, as `kvscope-cli decode` does.
-    try {
-        r->decodeAll({p.profile.defaultLevel});
-    } catch (const Error&) {
+    // The default level for every chunk, as `kvscope-cli decode` does, once per entropy decoder
+    // path this CPU has (scalar reference, AVX2, AVX-512): every path must refuse with the same
+    // message or decode to the same bytes; a difference is a finding (trap).
+    std::string firstError;
+    std::vector<uint8_t> firstBytes;
+    bool first = true;
+    for (SimdPath sp : {SimdPath::Scalar, SimdPath::Avx2, SimdPath::Avx512}) {
+        if (!simdPathSupported(sp)) continue;
+        setSimdPath(sp);
+        std::string error;
+        std::vector<uint8_t> bytes;
+        try {
+            const KvSet out = r->decodeAll({p.profile.defaultLevel});
+            for (int k = 0; k < 2; ++k)
+                for (int l = 0; l < p.shape.numLayers; ++l)
+                    bytes.insert(bytes.end(), out.data(KvKind(k), l), out.data(KvKind(k), l) + out.tensorBytes());
+        } catch (const Error& e) {
+            error = e.what();
+        }
+        if (first) {
+            firstError = error;
+            firstBytes = std::move(bytes);
+            first = false;
+        } else if (error != firstError || bytes != firstBytes) {
+            __builtin_trap();  // decoder paths disagree
+        }
     }
+    setSimdPath(bestSimdPath());
     // A mix of levels, as a streamer would ask for: varies with the input so all levels get turns.
     if (levels > 1) {
         std::vector<int> mix(static_cast<size_t>(chunks));

@@ -1,0 +1,419 @@
+// The v2 entropy decoder's SIMD row kernels (AVX2: 8 lanes, AVX-512: 16 lanes) and the run-time
+// choice between them and the scalar reference (simd_path.h). Each kernel decodes one row of D
+// symbols of a 32-state stream (rans.h w32) and dequantizes it straight into the output dtype.
+//
+// READ ME FIRST
+// - Symbols 16k..16k+15 (8k..8k+7 for AVX2) of a row use states (lane0 + 16k) % 32 onwards: one
+//   state vector per step, the vectors rotating (2 for AVX-512, 4 for AVX2). A row needs
+//   D % width == 0 so that a vector never spans two rows (two roles or two scales).
+// - Slot -> symbol: one gather of the packed bucket entry (CodingTable::bucket: symbol, start,
+//   freq - 1) per vector; lanes whose slot lies past the bucket's first symbol step forward with a
+//   masked gather of sf[] until they are inside (a few percent of lanes, rarely two steps).
+// - Renormalisation reads words in symbol order: the lanes that need a word take the next words
+//   in lane order (AVX-512 expand; AVX2 a permutation from a 256-entry table), and the read
+//   pointer moves by their count. Loads look up to 32 bytes ahead, hence w32RowSlack.
+// - Values: (q - m) * scale + base in float32 (mul, then add: the product is exact, so fused or
+//   not gives the same bits), then the same rounding as common/half.h; NaN (only from corrupt
+//   scales) becomes the scalar reference's quiet NaN.
+// Compiled with target attributes, so the binary runs on CPUs without AVX2 or AVX-512; the
+// kernels are only called when simdPathSupported says so.
+#include "codec/codec_detail.h"
+#include "codec/simd_path.h"
+
+#include "codec/rans.h"
+#include "common/error.h"
+
+#include <atomic>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12's AVX-512 headers build vectors from deliberately undefined ones (false positives).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#include <immintrin.h>
+#define KVSCOPE_SIMD_X86 1
+#endif
+
+namespace kvscope {
+
+const char* simdPathName(SimdPath p)
+{
+    switch (p) {
+    case SimdPath::Scalar: return "scalar";
+    case SimdPath::Avx2: return "avx2";
+    case SimdPath::Avx512: return "avx512";
+    }
+    return "?";
+}
+
+bool parseSimdPath(const std::string& s, SimdPath* out)
+{
+    if (s == "scalar") *out = SimdPath::Scalar;
+    else if (s == "avx2") *out = SimdPath::Avx2;
+    else if (s == "avx512") *out = SimdPath::Avx512;
+    else if (s == "auto") *out = bestSimdPath();
+    else return false;
+    return true;
+}
+
+bool simdPathSupported(SimdPath p)
+{
+#ifdef KVSCOPE_SIMD_X86
+    static const bool f16c = [] {
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+    }();
+    static const bool avx2 = f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2");
+    static const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    switch (p) {
+    case SimdPath::Scalar: return true;
+    case SimdPath::Avx2: return avx2;
+    case SimdPath::Avx512: return avx512;
+    }
+    return false;
+#else
+    return p == SimdPath::Scalar;
+#endif
+}
+
+SimdPath bestSimdPath()
+{
+    if (simdPathSupported(SimdPath::Avx512)) return SimdPath::Avx512;
+    if (simdPathSupported(SimdPath::Avx2)) return SimdPath::Avx2;
+    return SimdPath::Scalar;
+}
+
+namespace {
+
+SimdPath fromEnvironment()
+{
+    SimdPath p = bestSimdPath();
+    const char* env = std::getenv("KVSCOPE_SIMD");
+    SimdPath want;
+    if (env && parseSimdPath(env, &want)) {
+        while (!simdPathSupported(want)) want = SimdPath(uint8_t(want) - 1);
+        p = want;
+    }
+    return p;
+}
+
+std::atomic<int>& chosenPath()
+{
+    static std::atomic<int> p{int(fromEnvironment())};
+    return p;
+}
+
+}  // namespace
+
+SimdPath simdPath() { return SimdPath(chosenPath().load(std::memory_order_relaxed)); }
+
+void setSimdPath(SimdPath p)
+{
+    if (!simdPathSupported(p)) throw Error(std::string("SIMD path ") + simdPathName(p) + " is not supported by this CPU");
+    chosenPath().store(int(p), std::memory_order_relaxed);
+}
+
+namespace detail {
+
+#ifdef KVSCOPE_SIMD_X86
+namespace {
+
+constexpr uint32_t kSfWords = CodingTable::kBuckets;  // sf[] follows bucket[] in a CodingTable
+static_assert(offsetof(CodingTable, sf) == 4 * kSfWords, "the kernels address sf[] right after bucket[]");
+
+// ----- AVX-512: 16 lanes, 2 state vectors ----------------------------------------------------
+
+#define KVS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,bmi2,popcnt,f16c,fma")))
+
+template <RowOut K>
+KVS_AVX512 void rowAvx512(W32Stream& s, const W32Row& r)
+{
+    const int nv = r.D / 16;
+    __m512i xa = _mm512_load_si512(s.x + r.lane0), xb = _mm512_load_si512(s.x + (r.lane0 ^ 16));
+    const uint8_t* p = s.p;
+    const int* T = reinterpret_cast<const int*>(r.tables);
+    const __m512i m12 = _mm512_set1_epi32(4095), m8 = _mm512_set1_epi32(0xff), one = _mm512_set1_epi32(1);
+    const __m512i lowL = _mm512_set1_epi32(int(rans::w32::kL)), sfOff = _mm512_set1_epi32(int(kSfWords));
+    const __m512 mq = _mm512_set1_ps(float(r.m));
+    const __m512 tokenScale = _mm512_set1_ps(r.scale);
+    for (int v = 0; v < nv; ++v) {
+        const int d0 = 16 * v;
+        const __m512i idx = _mm512_loadu_si512(r.tableWord + d0);
+        const __m512i slot = _mm512_and_si512(xa, m12);
+        const __m512i e = _mm512_i32gather_epi32(_mm512_add_epi32(idx, _mm512_srli_epi32(slot, CodingTable::kBucketShift)), T, 4);
+        __m512i sym = _mm512_and_si512(e, m8);
+        __m512i start = _mm512_and_si512(_mm512_srli_epi32(e, 8), m12);
+        __m512i fm1 = _mm512_srli_epi32(e, 20);
+        __m512i k = _mm512_sub_epi32(slot, start);
+        __mmask16 miss = _mm512_cmpgt_epu32_mask(k, fm1);
+        // Slot past the bucket's first symbol: step to the next one. The first step is taken
+        // unconditionally (masked: the gather loads only the missing lanes), so that the common
+        // 0-or-1-step case has no data-dependent branch to mispredict.
+        do {
+            sym = _mm512_mask_add_epi32(sym, miss, sym, one);
+            const __m512i sf = _mm512_mask_i32gather_epi32(e, miss, _mm512_add_epi32(idx, _mm512_add_epi32(sym, sfOff)), T, 4);
+            start = _mm512_mask_and_epi32(start, miss, sf, _mm512_set1_epi32(0xffff));
+            fm1 = _mm512_mask_sub_epi32(fm1, miss, _mm512_srli_epi32(sf, 16), one);
+            k = _mm512_sub_epi32(slot, start);
+            miss = _mm512_mask_cmpgt_epu32_mask(miss, k, fm1);
+        } while (__builtin_expect(miss != 0, 0));
+        __m512i x = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_add_epi32(fm1, one), _mm512_srli_epi32(xa, 12)), k);
+        const __mmask16 need = _mm512_cmplt_epu32_mask(x, lowL);
+        const __m512i words = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+        x = _mm512_mask_or_epi32(x, need, _mm512_slli_epi32(x, 16), _mm512_maskz_expand_epi32(need, words));
+        p += 2 * _mm_popcnt_u32(need);
+        xa = xb;
+        xb = x;
+        uint8_t* o = r.out;
+        if constexpr (K == RowOut::Symbols) {
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(o + d0), _mm512_cvtepi32_epi8(sym));
+        } else {
+            const __m512 sc = r.scaleVec ? _mm512_loadu_ps(r.scaleVec + d0) : tokenScale;
+            const __m512 q = _mm512_sub_ps(_mm512_cvtepi32_ps(sym), mq);  // exact: small integers
+            __m512 val = _mm512_mul_ps(q, sc);
+            if (r.base) val = _mm512_add_ps(val, _mm512_loadu_ps(r.base + d0));
+            else val = _mm512_add_ps(val, _mm512_setzero_ps());
+            if (r.anchorOut) _mm512_storeu_ps(r.anchorOut + d0, val);
+            if constexpr (K == RowOut::F32) {
+                _mm512_storeu_ps(reinterpret_cast<float*>(o) + d0, val);
+            } else if constexpr (K == RowOut::F16) {
+                __m256i hv = _mm512_cvtps_ph(val, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                const __mmask16 nan = _mm512_cmp_ps_mask(val, val, _CMP_UNORD_Q);
+                if (nan) {
+                    const __m256i sign = _mm512_cvtepi32_epi16(
+                        _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(val), 16), _mm512_set1_epi32(0x8000)));
+                    hv = _mm256_mask_blend_epi16(nan, hv, _mm256_or_si256(sign, _mm256_set1_epi16(0x7e00)));
+                }
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 2 * size_t(d0)), hv);
+            } else {
+                const __m512i xb16 = _mm512_castps_si512(val);
+                const __m512i rounded = _mm512_srli_epi32(
+                    _mm512_add_epi32(xb16, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                                            _mm512_and_si512(_mm512_srli_epi32(xb16, 16), one))), 16);
+                const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(xb16, _mm512_set1_epi32(0x7fffffff)),
+                                                              _mm512_set1_epi32(0x7f800000));
+                const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(xb16, 16), _mm512_set1_epi32(0x40));
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 2 * size_t(d0)),
+                                    _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet)));
+            }
+        }
+    }
+    // xa holds the states of the next symbol's vector: lanes (lane0 + 16 nv) % 32.
+    const int next = (r.lane0 + 16 * nv) & 31;
+    _mm512_store_si512(s.x + next, xa);
+    _mm512_store_si512(s.x + (next ^ 16), xb);
+    s.p = p;
+}
+
+// The encoder, 16 symbols a step from the last to the first (D % 16 == 0): gather the symbols'
+// start | freq << 16, emit the low words of the states that need renormalising (compressed, in
+// lane order, as one block in front of the words already written), and divide by the frequency
+// in double precision (exact after one correction: x / f < 2^20 and 1/f is correctly rounded).
+alignas(64) const struct Reciprocals {
+    double r[rans::kProbScale + 1];
+    Reciprocals()
+    {
+        r[0] = 0;
+        for (uint32_t f = 1; f <= rans::kProbScale; ++f) r[f] = 1.0 / double(f);
+    }
+} kRcp;
+
+KVS_AVX512 void encodeAvx512(const W32EncJob& j, uint32_t* x, uint16_t*& words)
+{
+    const int D = j.D;
+    const int* T = reinterpret_cast<const int*>(j.tables);
+    const __m512i sfOff = _mm512_set1_epi32(int(kSfWords)), lo16 = _mm512_set1_epi32(0xffff), one = _mm512_set1_epi32(1);
+    uint16_t* w = words;
+    for (int t = j.tokens - 1; t >= 0; --t) {
+        const int32_t* tw = j.tableWord + (j.deltaGroup >= 2 && t % j.deltaGroup == 0 ? D : 0);
+        const uint8_t* row = j.sym + size_t(t) * D;
+        for (int d0 = D - 16; d0 >= 0; d0 -= 16) {
+            uint32_t* xs = x + ((size_t(t) * D + size_t(d0)) & 31);
+            __m512i st = _mm512_load_si512(xs);
+            const __m512i sym = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d0)));
+            const __m512i idx = _mm512_add_epi32(_mm512_loadu_si512(tw + d0), _mm512_add_epi32(sym, sfOff));
+            const __m512i sf = _mm512_i32gather_epi32(idx, T, 4);
+            const __m512i freq = _mm512_srli_epi32(sf, 16);
+            const __mmask16 need = _mm512_cmpge_epu32_mask(st, _mm512_slli_epi32(freq, 20));
+            const int cnt = _mm_popcnt_u32(need);
+            w -= cnt;
+            _mm256_mask_storeu_epi16(w, __mmask16((1u << cnt) - 1u),
+                                     _mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(need, st)));
+            st = _mm512_mask_srli_epi32(st, need, st, 16);
+            const __m512d rlo = _mm512_i32gather_pd(_mm512_castsi512_si256(freq), kRcp.r, 8);
+            const __m512d rhi = _mm512_i32gather_pd(_mm512_extracti64x4_epi64(freq, 1), kRcp.r, 8);
+            const __m256i qlo = _mm512_cvttpd_epu32(_mm512_mul_pd(_mm512_cvtepu32_pd(_mm512_castsi512_si256(st)), rlo));
+            const __m256i qhi = _mm512_cvttpd_epu32(_mm512_mul_pd(_mm512_cvtepu32_pd(_mm512_extracti64x4_epi64(st, 1)), rhi));
+            __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(qlo), qhi, 1);
+            __m512i r = _mm512_sub_epi32(st, _mm512_mullo_epi32(q, freq));
+            const __mmask16 over = _mm512_cmpge_epu32_mask(r, freq);
+            q = _mm512_mask_add_epi32(q, over, q, one);
+            r = _mm512_mask_sub_epi32(r, over, r, freq);
+            st = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(q, rans::kProbBits), r), _mm512_and_si512(sf, lo16));
+            _mm512_store_si512(xs, st);
+        }
+    }
+    words = w;
+}
+
+// ----- AVX2: 8 lanes, 4 state vectors --------------------------------------------------------
+
+#define KVS_AVX2 __attribute__((target("avx2,bmi2,popcnt,f16c,fma")))
+
+// expandIndex[m][j]: the word lane j takes when the lanes in mask m need one (lane order).
+struct ExpandTable {
+    alignas(32) int32_t idx[256][8];
+    ExpandTable()
+    {
+        for (int m = 0; m < 256; ++m) {
+            int c = 0;
+            for (int j = 0; j < 8; ++j) {
+                idx[m][j] = (m >> j) & 1 ? c : 0;
+                c += (m >> j) & 1;
+            }
+        }
+    }
+};
+const ExpandTable kExpand;
+
+template <RowOut K>
+KVS_AVX2 void rowAvx2(W32Stream& s, const W32Row& r)
+{
+    const int nv = r.D / 8;
+    const int l0 = r.lane0;
+    __m256i x0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(s.x + l0));
+    __m256i x1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(s.x + ((l0 + 8) & 31)));
+    __m256i x2 = _mm256_load_si256(reinterpret_cast<const __m256i*>(s.x + ((l0 + 16) & 31)));
+    __m256i x3 = _mm256_load_si256(reinterpret_cast<const __m256i*>(s.x + ((l0 + 24) & 31)));
+    const uint8_t* p = s.p;
+    const int* T = reinterpret_cast<const int*>(r.tables);
+    const __m256i m12 = _mm256_set1_epi32(4095), m8 = _mm256_set1_epi32(0xff), one = _mm256_set1_epi32(1);
+    const __m256i sfOff = _mm256_set1_epi32(int(kSfWords)), zero = _mm256_setzero_si256();
+    const __m256 mq = _mm256_set1_ps(float(r.m));
+    const __m256 tokenScale = _mm256_set1_ps(r.scale);
+    for (int v = 0; v < nv; ++v) {
+        const int d0 = 8 * v;
+        const __m256i idx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.tableWord + d0));
+        const __m256i slot = _mm256_and_si256(x0, m12);
+        const __m256i e = _mm256_i32gather_epi32(T, _mm256_add_epi32(idx, _mm256_srli_epi32(slot, CodingTable::kBucketShift)), 4);
+        __m256i sym = _mm256_and_si256(e, m8);
+        __m256i start = _mm256_and_si256(_mm256_srli_epi32(e, 8), m12);
+        __m256i fm1 = _mm256_srli_epi32(e, 20);
+        __m256i k = _mm256_sub_epi32(slot, start);
+        __m256i miss = _mm256_cmpgt_epi32(k, fm1);  // both in [0, 4096): signed compare is fine
+        do {  // one masked step always, more only when needed (see the AVX-512 kernel)
+            sym = _mm256_sub_epi32(sym, miss);  // miss lanes are -1
+            const __m256i sf = _mm256_mask_i32gather_epi32(e, T, _mm256_add_epi32(idx, _mm256_add_epi32(sym, sfOff)), miss, 4);
+            start = _mm256_blendv_epi8(start, _mm256_and_si256(sf, _mm256_set1_epi32(0xffff)), miss);
+            fm1 = _mm256_blendv_epi8(fm1, _mm256_sub_epi32(_mm256_srli_epi32(sf, 16), one), miss);
+            k = _mm256_sub_epi32(slot, start);
+            miss = _mm256_and_si256(miss, _mm256_cmpgt_epi32(k, fm1));
+        } while (__builtin_expect(!_mm256_testz_si256(miss, miss), 0));
+        __m256i x = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_add_epi32(fm1, one), _mm256_srli_epi32(x0, 12)), k);
+        const __m256i needV = _mm256_cmpeq_epi32(_mm256_srli_epi32(x, 16), zero);
+        const unsigned need = unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(needV)));
+        const __m256i words = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+        const __m256i take = _mm256_permutevar8x32_epi32(
+            words, _mm256_load_si256(reinterpret_cast<const __m256i*>(kExpand.idx[need])));
+        x = _mm256_blendv_epi8(x, _mm256_or_si256(_mm256_slli_epi32(x, 16), take), needV);
+        p += 2 * _mm_popcnt_u32(need);
+        x0 = x1;
+        x1 = x2;
+        x2 = x3;
+        x3 = x;
+        uint8_t* o = r.out;
+        if constexpr (K == RowOut::Symbols) {
+            const __m128i w16 = _mm_packus_epi32(_mm256_castsi256_si128(sym), _mm256_extracti128_si256(sym, 1));
+            _mm_storel_epi64(reinterpret_cast<__m128i*>(o + d0), _mm_packus_epi16(w16, w16));
+        } else {
+            const __m256 sc = r.scaleVec ? _mm256_loadu_ps(r.scaleVec + d0) : tokenScale;
+            const __m256 q = _mm256_sub_ps(_mm256_cvtepi32_ps(sym), mq);
+            __m256 val = _mm256_mul_ps(q, sc);
+            if (r.base) val = _mm256_add_ps(val, _mm256_loadu_ps(r.base + d0));
+            else val = _mm256_add_ps(val, _mm256_setzero_ps());
+            if (r.anchorOut) _mm256_storeu_ps(r.anchorOut + d0, val);
+            if constexpr (K == RowOut::F32) {
+                _mm256_storeu_ps(reinterpret_cast<float*>(o) + d0, val);
+            } else if constexpr (K == RowOut::F16) {
+                __m128i hv = _mm256_cvtps_ph(val, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                const __m256 nanV = _mm256_cmp_ps(val, val, _CMP_UNORD_Q);
+                if (_mm256_movemask_ps(nanV)) {
+                    const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(val), 16), _mm256_set1_epi32(0x8000));
+                    const __m256i canon = _mm256_or_si256(sign, _mm256_set1_epi32(0x7e00));
+                    const __m256i n32 = _mm256_castps_si256(nanV);
+                    const __m128i canon16 = _mm_packus_epi32(_mm256_castsi256_si128(canon), _mm256_extracti128_si256(canon, 1));
+                    const __m128i nan16 = _mm_packs_epi32(_mm256_castsi256_si128(n32), _mm256_extracti128_si256(n32, 1));
+                    hv = _mm_blendv_epi8(hv, canon16, nan16);
+                }
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 2 * size_t(d0)), hv);
+            } else {
+                const __m256i xb16 = _mm256_castps_si256(val);
+                const __m256i rounded = _mm256_srli_epi32(
+                    _mm256_add_epi32(xb16, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                                            _mm256_and_si256(_mm256_srli_epi32(xb16, 16), one))), 16);
+                const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(xb16, _mm256_set1_epi32(0x7fffffff)),
+                                                       _mm256_set1_epi32(0x7f800000));
+                const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(xb16, 16), _mm256_set1_epi32(0x40));
+                const __m256i b = _mm256_blendv_epi8(rounded, quiet, nan);
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 2 * size_t(d0)),
+                                 _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+            }
+        }
+    }
+    const int next = (l0 + 8 * nv) & 31;  // x0 holds lanes next..next+7
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s.x + next), x0);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s.x + ((next + 8) & 31)), x1);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s.x + ((next + 16) & 31)), x2);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s.x + ((next + 24) & 31)), x3);
+    s.p = p;
+}
+
+}  // namespace
+#endif
+
+W32EncFn w32EncodeKernel(SimdPath path, int D)
+{
+#ifdef KVSCOPE_SIMD_X86
+    if (path == SimdPath::Avx512 && D % 16 == 0) return encodeAvx512;
+#else
+    (void)path;
+    (void)D;
+#endif
+    return nullptr;
+}
+
+W32RowFn w32RowKernel(SimdPath path, RowOut k, int D)
+{
+#ifdef KVSCOPE_SIMD_X86
+    if (path == SimdPath::Avx512 && D % 16 == 0) {
+        switch (k) {
+        case RowOut::F16: return rowAvx512<RowOut::F16>;
+        case RowOut::BF16: return rowAvx512<RowOut::BF16>;
+        case RowOut::F32: return rowAvx512<RowOut::F32>;
+        case RowOut::Symbols: return rowAvx512<RowOut::Symbols>;
+        }
+    }
+    if ((path == SimdPath::Avx2 || path == SimdPath::Avx512) && D % 8 == 0) {
+        switch (k) {
+        case RowOut::F16: return rowAvx2<RowOut::F16>;
+        case RowOut::BF16: return rowAvx2<RowOut::BF16>;
+        case RowOut::F32: return rowAvx2<RowOut::F32>;
+        case RowOut::Symbols: return rowAvx2<RowOut::Symbols>;
+        }
+    }
+#else
+    (void)path;
+    (void)k;
+    (void)D;
+#endif
+    return nullptr;
+}
+
+}  // namespace detail
+
+}  // namespace kvscope
