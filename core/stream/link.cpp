@@ -252,6 +252,8 @@ void LinkPacer::reset(double offsetSeconds)
     m_busyStart = offsetSeconds;
     m_busySent = 0;
     m_totalSent = 0;
+    m_idleSince = offsetSeconds;
+    m_idleLost = m_busyLost = 0;
 }
 
 void LinkPacer::setSchedule(LinkSchedule schedule)
@@ -270,13 +272,29 @@ void LinkPacer::beginSend()
         // The link was idle: what it could have carried meanwhile is gone.
         m_busyStart = monoSeconds() - m_epoch;
         m_busySent = 0;
+        m_idleLost += m_schedule.capacityBytes(m_idleSince, m_busyStart);
     }
 }
 
 void LinkPacer::endSend()
 {
     std::lock_guard<std::mutex> lock(m_mutex);
-    if (m_active > 0) --m_active;
+    if (m_active > 0 && --m_active == 0) {
+        m_idleSince = monoSeconds() - m_epoch;
+        m_busyLost += std::max(0.0, std::floor(m_schedule.capacityBytes(m_busyStart, m_idleSince)) - double(m_busySent));
+    }
+}
+
+double LinkPacer::idleLostBytes() const
+{
+    std::lock_guard<std::mutex> lock(m_mutex);
+    return m_idleLost;
+}
+
+double LinkPacer::busyLostBytes() const
+{
+    std::lock_guard<std::mutex> lock(m_mutex);
+    return m_busyLost;
 }
 
 uint64_t LinkPacer::grant(uint64_t want, double now)

@@ -104,6 +104,10 @@ public:
     // Monotonic time at which `bytes` more may leave (assuming the busy period continues).
     double whenAvailable(uint64_t bytes) const;
     uint64_t bytesSent() const;  // since reset
+    // Capacity lost since reset: while no sender was active (idle), and credit a busy period left
+    // unused when it ended (the sender was late or blocked).
+    double idleLostBytes() const;
+    double busyLostBytes() const;
     // Monotonic time at which the current (or last) busy period began: where a backlogged
     // sender's capacity is counted from.
     double busyStart() const;
@@ -116,6 +120,8 @@ private:
     double m_busyStart = 0;     // link time where the current busy period began
     uint64_t m_busySent = 0;    // bytes granted in the current busy period
     uint64_t m_totalSent = 0;
+    double m_idleSince = 0;     // link time the link went idle
+    double m_idleLost = 0, m_busyLost = 0;
 };
 
 }  // namespace kvscope
