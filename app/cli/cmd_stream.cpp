@@ -264,7 +264,7 @@ void addStreamCommand(CLI::App& app, Output& out)
                 host = kernel->serverAddress();
                 srv.host = host;
                 srv.link = LinkSchedule::constant(125e9);
-                srv.rttSeconds = 0;
+                srv.rttSeconds = kernel->kernelDelay() ? 0.0 : o->link.rttMs / 1000.0;
                 KernelLink* k = kernel.get();
                 srv.listen = [k](const std::string& h, int port) { return k->listen(h, port); };
                 std::fprintf(stderr, "stream: %s\n", kernel->describe().c_str());

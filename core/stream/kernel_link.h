@@ -9,7 +9,9 @@
 //    connects from here to 10.213.N.2, so replies leave through kvsNb.
 //  - Shaping on kvsNb's egress (the reply direction): netem (delay = the RTT, optional random
 //    loss) as the root qdisc, tbf (rate, burst, 100 ms of queue) as its child. Requests and ACKs
-//    travel back unshaped and undelayed, so the path's round trip is the netem delay.
+//    travel back unshaped and undelayed, so the path's round trip is the netem delay. A kernel
+//    without sch_netem gets tbf alone as the root qdisc; the RTT is then added by the chunk server
+//    (kernelDelay() false) and loss is refused.
 //  - Following a schedule: once start() is called, a thread sets tbf's rate every tick (50 ms) to
 //    the schedule's mean rate over the coming tick (capacityBytes(t, t + tick) / tick) with
 //    `tc qdisc change`. The capacity of every tick is the schedule's; the shape within a tick is
@@ -59,6 +61,9 @@ public:
     void start(double offsetSeconds);
     void stopShaping();
     int rateChanges() const { return m_changes; }
+    // False when the kernel lacks the netem qdisc: then tbf alone is the root qdisc and the
+    // caller must add the RTT itself (ChunkServer's rttSeconds); loss is unavailable.
+    bool kernelDelay() const { return m_netem; }
     std::string describe() const;
 
     // SIGINT and SIGTERM delete every live KernelLink's namespace, then exit(130/143).
@@ -77,6 +82,7 @@ private:
     bool m_stop = false;
     std::atomic<int> m_changes{0};
     bool m_created = false;
+    bool m_netem = true;
 };
 
 }  // namespace kvscope

@@ -137,8 +137,9 @@ void ChunkServer::sendPaced(const Socket& s, const uint8_t* data, size_t n)
 {
     struct SendScope {
         LinkPacer& p;
-        explicit SendScope(LinkPacer& pacer) : p(pacer) { p.beginSend(); }
-        ~SendScope() { p.endSend(); }
+        int id;
+        explicit SendScope(LinkPacer& pacer) : p(pacer), id(pacer.beginSend()) {}
+        ~SendScope() { p.endSend(id); }
     } scope(m_pacer);
     // Wake up for about half a millisecond of data: precise enough, and not a busy loop.
     const uint64_t wakeBytes =
@@ -147,10 +148,11 @@ void ChunkServer::sendPaced(const Socket& s, const uint8_t* data, size_t n)
     while (sent < n) {
         if (m_stop) throw NetError(NetError::Closed, "server stopping");
         const double now = monoSeconds();
-        const uint64_t g = m_pacer.grant(std::min<uint64_t>(n - sent, uint64_t(4) << 20), now);
+        const uint64_t g = m_pacer.grant(std::min<uint64_t>(n - sent, uint64_t(4) << 20), now, scope.id);
         if (g == 0) {
+            // No credit yet, or others are owed first (then the link has credit: look again shortly).
             const double t = m_pacer.whenAvailable(std::min<uint64_t>(n - sent, wakeBytes));
-            std::this_thread::sleep_until(toTimePoint(std::min(t, now + 0.05)));
+            std::this_thread::sleep_until(toTimePoint(std::clamp(t, now + 0.0002, now + 0.05)));
             continue;
         }
         s.sendAll(data + sent, size_t(g), monoSeconds() + m_opt.ioTimeout);
