@@ -82,7 +82,7 @@ json resultJson(const StreamResult& r)
                   {"decoded_s", e.decodedS},
                   {"job_s", e.jobSeconds},
                   {"attempts", e.attempts},
-                  {"source", e.local ? "local" : "link"}};
+                  {"source", e.local ? "local" : e.level == 0 ? "tokens" : "link"}};
         if (e.throughputEstimate > 0) {
             c["throughput_estimate_Bps"] = e.throughputEstimate;
             c["predicted_ttft_s"] = e.predictedTtftS;

@@ -53,9 +53,10 @@ PlanResult planChunks(const PlanInput& in)
     // One chunk's step of the timeline.
     auto step = [&](int j, int c, double& link, double& worker, double& dist) {
         const PlanChunk& ch = in.chunks[size_t(j)];
-        link = std::max(link, earliestReply) + ch.bytes[size_t(c)] / thr;
+        double arrival = in.now;  // nothing to fetch (text from the client's own tokens)
+        if (ch.bytes[size_t(c)] > 0) arrival = link = std::max(link, earliestReply) + ch.bytes[size_t(c)] / thr;
         const double job = double(ch.tokens) * (c == 0 ? in.recomputeSecondsPerToken : in.decodeSecondsPerToken);
-        worker = std::max(worker, link) + job;
+        worker = std::max(worker, arrival) + job;
         dist += double(ch.tokens) * in.distortion[size_t(c)];
     };
     std::function<void(int, double, double, double)> dfs = [&](int j, double link, double worker, double dist) {

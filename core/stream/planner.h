@@ -13,8 +13,9 @@
 //    worker runs decode jobs (per fp16 byte, measured or modelled) and recompute jobs (tokens at the
 //    prefill rate, measured or modelled) in chunk order, each no earlier than its chunk's arrival
 //    and the previous job's end; TTFT = the last job's end + the tail (cache load, question prefill
-//    and first token, measured in prepare() or modelled). A text chunk costs 4 bytes per token on
-//    the link and its recompute on the worker: its cost is known before it is chosen.
+//    and first token, measured in prepare() or modelled). A text chunk is recomputed from the
+//    client's own tokens: no link time, only its recompute on the worker, so its cost is known
+//    before it is chosen.
 //  - Search: exhaustive over the (levels + 1)^H choices of the next H chunks (H = kHorizon, fewer
 //    near the end); every chunk after the horizon takes the horizon's last choice, so a plan always
 //    covers the whole context. Among plans whose predicted TTFT meets the SLO, the one with the
@@ -56,7 +57,8 @@ private:
 
 struct PlanChunk {
     int tokens = 0;
-    std::vector<double> bytes;  // [choice]: choice 0 = text (4 bytes per token), 1..L = level
+    std::vector<double> bytes;  // [choice]: 1..L = level; choice 0 = text, 0 bytes when recomputed
+                                // from the client's own tokens (no request)
 };
 
 struct PlanInput {

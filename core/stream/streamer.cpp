@@ -479,7 +479,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
     }
     double prevReplyEnd = 0;  // monotonic end of the previous reply on this connection (0: none)
     auto wireBytes = [&](int i, int level) {
-        return double(kFrameHeaderBytes) + (level == 0 ? 4.0 * params.chunkLength(i) : double(reader.chunkBytes(i, level)));
+        return level == 0 ? 0.0 : double(kFrameHeaderBytes) + double(reader.chunkBytes(i, level));
     };
 
     // The adaptive choice for chunk i, given what is in flight and owed.
@@ -567,6 +567,18 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
             case Policy::Int8: level = 1; break;
             case Policy::Level: level = policy.level; break;
             case Policy::Adaptive: level = chooseAdaptive(i, ev); break;
+            }
+            if (level == 0) {
+                // Text: the client holds the context's tokens (it named the context by them), so
+                // recomputing costs no request, only the worker's time.
+                ev.level = 0;
+                ev.sentS = ev.firstByteS = ev.arrivedS = since(monoSeconds());
+                jobs[size_t(i)] = recomputeJob(i, localTokens(i));
+                jobPredicted[size_t(i)] = jobCost(i, 0);
+                ready[size_t(i)] = 1;
+                todo.pop_front();
+                submitReady();
+                continue;
             }
             Request rq;
             rq.type = level == 0 ? FrameType::TextRequest : FrameType::ChunkRequest;
