@@ -13,6 +13,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <csignal>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -250,6 +251,43 @@ std::string KernelLink::describe() const
     return buf;
 }
 
+void KernelLink::openBatch()
+{
+    // One long-lived `tc -n NETNS -force -batch -` takes every rate change on its stdin: no fork
+    // per tick (a fork and exec of tc costs 10-20 ms on a loaded machine). A tc that dies makes
+    // writes fail with EPIPE (SIGPIPE ignored) and the link falls back to one tc per change.
+    std::signal(SIGPIPE, SIG_IGN);
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) return;
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+        ::close(fds[0]);
+        ::close(fds[1]);
+        return;
+    }
+    if (pid == 0) {
+        ::dup2(fds[0], 0);
+        const char* argv[] = {"tc", "-n", m_netns.c_str(), "-force", "-batch", "-", nullptr};
+        ::execvp("tc", const_cast<char* const*>(argv));
+        ::_exit(127);
+    }
+    ::close(fds[0]);
+    m_batchPid = pid;
+    m_batchFd = fds[1];
+}
+
+void KernelLink::closeBatch()
+{
+    if (m_batchFd >= 0) ::close(m_batchFd);
+    m_batchFd = -1;
+    if (m_batchPid > 0) {
+        int status = 0;
+        while (::waitpid(m_batchPid, &status, 0) < 0 && errno == EINTR) {
+        }
+    }
+    m_batchPid = -1;
+}
+
 void KernelLink::setRate(double bytesPerSecond, bool add)
 {
     // Bucket: 5 ms at the rate, at least 3 full-size packets. Queue: 200 ms at the schedule's mean
@@ -258,6 +296,16 @@ void KernelLink::setRate(double bytesPerSecond, bool add)
     const double rate = std::max(1000.0, bytesPerSecond);
     const uint64_t burst = uint64_t(std::max(3.0 * 1514, rate * 0.005));
     const uint64_t limit = uint64_t(std::max(262144.0, m_opt.schedule.meanBytesPerSecond() * 0.2));
+    if (!add && m_batchFd >= 0) {
+        char line[256];
+        const int n = std::snprintf(line, sizeof line, "qdisc change dev %s %s handle 10: tbf rate %s burst %llu limit %llu\n",
+                                    m_nsDev.c_str(), m_netem ? "parent 1:1" : "root", bitRate(rate).c_str(),
+                                    (unsigned long long)burst, (unsigned long long)limit);
+        if (::write(m_batchFd, line, size_t(n)) == n) {
+            ++m_changes;
+            return;
+        }
+    }
     std::vector<std::string> cmd = {"ip", "netns", "exec", m_netns, "tc", "qdisc", add ? "add" : "change", "dev", m_nsDev};
     if (m_netem) cmd.insert(cmd.end(), {"parent", "1:1"});
     else cmd.push_back("root");
@@ -298,6 +346,7 @@ void KernelLink::start(double offsetSeconds)
         std::lock_guard<std::mutex> lock(m_mutex);
         m_stop = false;
     }
+    openBatch();
     const double epoch = monoSeconds() - offsetSeconds;
     setRate(m_opt.schedule.capacityBytes(offsetSeconds, offsetSeconds + m_opt.tickSeconds) / m_opt.tickSeconds, false);
     m_thread = std::thread([this, epoch] { shaperLoop(epoch); });
@@ -311,6 +360,7 @@ void KernelLink::stopShaping()
     }
     m_cv.notify_all();
     if (m_thread.joinable()) m_thread.join();
+    closeBatch();
 }
 
 void KernelLink::shaperLoop(double epoch)

@@ -14,7 +14,7 @@
 //    (kernelDelay() false) and loss is refused.
 //  - Following a schedule: once start() is called, a thread sets tbf's rate every tick (50 ms) to
 //    the schedule's mean rate over the coming tick (capacityBytes(t, t + tick) / tick) with
-//    `tc qdisc change`. The capacity of every tick is the schedule's; the shape within a tick is
+//    `tc qdisc change`, written to one long-lived `tc -batch` process (no fork per tick). The capacity of every tick is the schedule's; the shape within a tick is
 //    tbf's. A tick with no capacity (a trace's gap) gets a floor of 8 kbit/s (tbf needs a rate).
 //  - Needs root or CAP_NET_ADMIN and the ip and tc tools (iproute2): available() says which is
 //    missing, and callers fall back to the in-process pacer.
@@ -71,6 +71,8 @@ public:
 
 private:
     void setRate(double bytesPerSecond, bool add);
+    void openBatch();
+    void closeBatch();
     void shaperLoop(double epoch);
     void destroy();
 
@@ -83,6 +85,8 @@ private:
     std::atomic<int> m_changes{0};
     bool m_created = false;
     bool m_netem = true;
+    int m_batchFd = -1;
+    int m_batchPid = -1;
 };
 
 }  // namespace kvscope
