@@ -28,6 +28,9 @@
 //    less distortion and the order is the bits-per-value order. Text recompute has distortion 0
 //    (it reproduces the model's own cache). Measured and fallback figures are never mixed: when any
 //    level lacks a measured KL, every level uses the fallback.
+//  - Safety: the streamer plans against 90% of the SLO (kSloSafety in streamer.cpp): a request,
+//    once sent, cannot be taken back, and a recompute chain after a fetched chunk waits for it, so
+//    an estimate that is too high costs more than one that is too low.
 //  - Before any chunk has been measured there is no estimate: the first request goes at the
 //    file's default level, unless a prior estimate (the previous run's, kept by the Streamer) is
 //    given, which is then discounted by kPriorDiscount.

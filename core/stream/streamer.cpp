@@ -188,7 +188,8 @@ struct Streamer::Impl {};
 
 namespace {
 constexpr int kMaxWindow = 8;          // requests in flight at most with an automatic window
-constexpr double kPriorDiscount = 0.5;  // a previous run's estimate, before anything is measured (planner.h)
+constexpr double kPriorDiscount = 0.5;
+constexpr double kSloSafety = 0.1;     // the planner aims at 90% of the SLO (planner.h)  // a previous run's estimate, before anything is measured (planner.h)
 }
 
 Streamer::Streamer(const Model& model, std::string host, int port, std::vector<int32_t> contextTokens,
@@ -527,7 +528,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         in.decodeSecondsPerToken = dpt;
         in.recomputeSecondsPerToken = recomputePerToken;
         in.tailSeconds = tailSeconds;
-        in.slo = opt.sloSeconds;
+        in.slo = opt.sloSeconds * (1.0 - kSloSafety);
         in.horizon = opt.horizon;
         const PlanResult pr = planChunks(in);
         ev.throughputEstimate = thr;
