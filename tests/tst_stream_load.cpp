@@ -185,7 +185,9 @@ private slots:
         });
 
         const double t0 = monoSeconds();
-        const double from = t0 + 1.0, to = t0 + 5.0;  // after every client has started and the pipes are full
+        // After every client has started and the pipes are full; long enough that what sits in socket
+        // buffers (a few hundred KiB per connection) is small against each share.
+        const double from = t0 + 1.0, to = t0 + 11.0;
         std::this_thread::sleep_until(std::chrono::steady_clock::time_point(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
             std::chrono::duration<double>(to + 0.2))));
         const long rssPeak = rssKiB();
