@@ -442,8 +442,9 @@ private slots:
         const QString context = KVSCOPE_SOURCE_DIR "/samples/contexts/story.txt";
         QProcess cli;
         cli.start(kCli, {"stream", "--context", context, "--bandwidth", "1Gbit:0.02,50Mbit", "--rtt", "2", "--slo", "60",
-                         "--policy", "adaptive,level:1,int8", "--quality-tokens", "12", "--workdir", m_dir.path(), "--json"});
-        QVERIFY(cli.waitForFinished(300000));
+                         "--policy", "adaptive,level:1,int8", "--quality-tokens", "12", "--threads", "1", "--workdir", m_dir.path(),
+                         "--json"});
+        QVERIFY(cli.waitForFinished(600000));
         const QByteArray err = cli.readAllStandardError();
         QVERIFY2(cli.exitCode() == 0, err.constData());
         const QJsonObject j = QJsonDocument::fromJson(cli.readAllStandardOutput()).object();
@@ -472,7 +473,13 @@ private slots:
             const QJsonObject link = p["link"].toObject();
             QVERIFY(link["delivered_bytes"].toDouble() <= link["capacity_bytes"].toDouble());
             QVERIFY(p["quality"].toObject().contains("token_agreement"));
+            // KL and delta PPL of the streamed cache (eval quality module): near 0 for int8, and a
+            // lossier cache never scores below a 0 KL.
+            QVERIFY2(p["mean_kl"].isDouble() && p["mean_kl"].toDouble() >= 0, p["policy"].toString().toUtf8().constData());
+            QVERIFY(p["mean_delta_ppl_pct"].isDouble());
+            QVERIFY(p["quality"].toObject()["kl"].isDouble());
         }
+        QVERIFY(policies[2].toObject()["mean_kl"].toDouble() < policies[1].toObject()["mean_kl"].toDouble());  // int8 < level 1
         QCOMPARE(policies[0].toObject()["policy"].toString(), QString("adaptive"));
         QVERIFY(policies[0].toObject()["slo_met"].toBool());
         QVERIFY(policies[2].toObject()["quality"].toObject()["token_agreement"].toDouble() > 0.5);  // int8 is near lossless
@@ -480,9 +487,9 @@ private slots:
         // The server dies during the second chunk: the rest is recomputed, the answer still comes.
         QProcess f;
         f.start(kCli, {"stream", "--context", context, "--bandwidth", "200Mbit", "--slo", "60", "--fault", "die:1",
-                       "--quality-tokens", "4", "--store", m_dir.path() + "/context.cachegen.kvc," + m_dir.path() +
+                       "--quality-tokens", "4", "--threads", "1", "--quality", "agreement", "--store", m_dir.path() + "/context.cachegen.kvc," + m_dir.path() +
                        "/context.int8.kvc", "--json"});
-        QVERIFY(f.waitForFinished(300000));
+        QVERIFY(f.waitForFinished(600000));
         QVERIFY2(f.exitCode() == 0, f.readAllStandardError().constData());
         const QJsonObject fj = QJsonDocument::fromJson(f.readAllStandardOutput()).object();
         QVERIFY(fj["log"].toArray().size() >= 2);

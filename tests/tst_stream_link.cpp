@@ -5,11 +5,13 @@
 
 #include "common/error.h"
 #include "stream/link.h"
+#include "stream/planner.h"
 
 #include <QFile>
 
 #include <chrono>
 #include <cmath>
+#include <atomic>
 #include <thread>
 
 using namespace kvscope;
@@ -157,6 +159,101 @@ private slots:
         pacer.beginSend();
         QVERIFY(pacer.grant(1 << 20, monoSeconds()) < 5000);  // ~ what 5 Mbit/s carries in a few ms at most
         pacer.endSend();
+    }
+
+    // RobustMPC's estimate: harmonic mean of the samples over 1 + the largest recent error.
+    void throughputEstimate()
+    {
+        ThroughputEstimator e;
+        QVERIFY(!e.valid());
+        QCOMPARE(e.estimate(), 0.0);
+        e.add(10, 0);   // no prediction yet: no error sample
+        QCOMPARE(e.estimate(), 10.0);
+        e.add(20, 10);  // predicted 10, was 20: error 0.5
+        QVERIFY(std::abs(e.harmonicMean() - 40.0 / 3) < 1e-12);
+        QVERIFY(std::abs(e.estimate() - 40.0 / 3 / 1.5) < 1e-12);
+        for (int k = 0; k < 5; ++k) e.add(30, 30);  // the old samples and errors age out
+        QVERIFY(std::abs(e.estimate() - 30.0) < 1e-12);
+    }
+
+    // The planner's choices on timelines worked out by hand (2 chunks of 100 tokens, 1000 B/s).
+    void planner()
+    {
+        PlanInput in;
+        in.distortion = {0.0, 0.03, 0.01, 0.001};
+        for (int k = 0; k < 2; ++k) in.chunks.push_back(PlanChunk{100, {0, 100, 200, 400}});
+        in.throughput = 1000;
+        in.recomputeSecondsPerToken = 0.01;  // 1 s per chunk: text never fits
+        in.slo = 0.5;
+        PlanResult r = planChunks(in);
+        // (2,2) takes 0.4 s with distortion 2.0; (3,1) fits too (0.5 s) but costs 3.1.
+        QVERIFY(r.feasible);
+        QCOMPARE(r.plan, (std::vector<int>{2, 2}));
+        QVERIFY(std::abs(r.predictedTtft - 0.4) < 1e-12);
+        // Nothing fits: the fastest plan.
+        in.slo = 0.1;
+        r = planChunks(in);
+        QVERIFY(!r.feasible);
+        QCOMPARE(r.plan, (std::vector<int>{1, 1}));
+        // Recompute runs on the worker while the link carries the other chunk: text for chunk 0
+        // (0.3 s, from the client's tokens), level 3 for chunk 1 (arrives at 0.4 s); both as text
+        // would take 0.6 s.
+        in.slo = 0.5;
+        in.recomputeSecondsPerToken = 0.003;
+        r = planChunks(in);
+        QCOMPARE(r.plan, (std::vector<int>{0, 3}));
+        QVERIFY(std::abs(r.predictedTtft - 0.4) < 1e-12);
+        // What is in flight delays everything: the link is busy until 0.3 s.
+        in.recomputeSecondsPerToken = 0.01;
+        in.linkBusyUntil = 0.3;
+        r = planChunks(in);
+        QCOMPARE(r.plan, (std::vector<int>{1, 1}));  // 0.3 + 0.2 = 0.5: only the smallest fits
+        QVERIFY(r.feasible);
+        // Beyond the horizon, chunks repeat the horizon's last choice.
+        in.linkBusyUntil = 0;
+        in.horizon = 1;
+        r = planChunks(in);
+        QCOMPARE(r.plan, (std::vector<int>{2, 2}));
+    }
+
+    void distortionFallback()
+    {
+        std::string src;
+        std::vector<double> d = levelDistortion({0.03, 0.01}, {2.0, 3.0}, &src);
+        QCOMPARE(d, (std::vector<double>{0.0, 0.03, 0.01}));
+        QCOMPARE(src, std::string("profile mean_kl"));
+        d = levelDistortion({0.03}, {2.0, 3.0}, &src);  // incomplete: every level falls back
+        QCOMPARE(src, std::string("fallback 4^-bpv"));
+        QVERIFY(std::abs(d[1] - 1.0 / 16) < 1e-15 && std::abs(d[2] - 1.0 / 64) < 1e-15);
+    }
+
+    // Fair sharing: two backlogged senders get equal shares; a third that began and stopped asking
+    // (its peer stopped reading) does not hold them back.
+    void pacerFair()
+    {
+        LinkPacer pacer(LinkSchedule::parse("8Mbit"));
+        pacer.reset();
+        const int absent = pacer.beginSend();
+        std::atomic<bool> stop{false};
+        uint64_t got[2] = {0, 0};
+        std::vector<std::thread> threads;
+        for (int k = 0; k < 2; ++k)
+            threads.emplace_back([&, k] {
+                const int id = pacer.beginSend();
+                while (!stop) {
+                    const uint64_t g = pacer.grant(1 << 20, monoSeconds(), id);
+                    got[k] += g;
+                    if (g == 0) std::this_thread::sleep_for(std::chrono::microseconds(300));
+                }
+                pacer.endSend(id);
+            });
+        std::this_thread::sleep_for(std::chrono::milliseconds(600));
+        stop = true;
+        for (auto& t : threads) t.join();
+        pacer.endSend(absent);
+        const double total = double(got[0] + got[1]);
+        QVERIFY2(total > 0.9 * 1e6 * 0.6, std::to_string(total).c_str());  // the link was used
+        QVERIFY2(std::abs(double(got[0]) / total - 0.5) < 0.05, std::to_string(double(got[0]) / total).c_str());
     }
 };
 

@@ -12,12 +12,16 @@
 #include "common/file_io.h"
 #include "kv/kv_h5.h"
 #include "model/model.h"
+#include "eval/quality.h"
+#include "eval/samples.h"
+#include "stream/kernel_link.h"
 #include "stream/server.h"
 #include "stream/store.h"
 #include "stream/streamer.h"
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -34,8 +38,8 @@ namespace {
 
 // Link options shared by stream and serve.
 struct LinkOpts {
-    std::string bandwidth, trace;
-    double traceScale = 1.0, rttMs = 0;
+    std::string bandwidth, trace, mode = "pacer";
+    double traceScale = 1.0, rttMs = 0, lossPct = 0;
 
     bool required = false;
     void add(CLI::App* sub, bool mustShape)
@@ -47,6 +51,13 @@ struct LinkOpts {
         bw->excludes(tr);
         sub->add_option("--trace-scale", traceScale, "multiply the trace's capacity by X")->capture_default_str();
         sub->add_option("--rtt", rttMs, "round-trip time in ms (each reply waits one RTT)")->capture_default_str();
+        sub->add_option("--link", mode,
+                        "pacer: shaped in-process on the sending side; kernel: a veth pair in a network namespace "
+                        "shaped by tc (needs root or CAP_NET_ADMIN; falls back to pacer)")
+            ->check(CLI::IsMember({"pacer", "kernel"}))
+            ->capture_default_str();
+        sub->add_option("--loss", lossPct, "random loss in percent on the reply direction (--link kernel only)")
+            ->capture_default_str();
     }
     LinkSchedule schedule() const
     {
@@ -71,7 +82,11 @@ json resultJson(const StreamResult& r)
                   {"decoded_s", e.decodedS},
                   {"job_s", e.jobSeconds},
                   {"attempts", e.attempts},
-                  {"source", e.local ? "local" : "link"}};
+                  {"source", e.local ? "local" : e.level == 0 ? "tokens" : "link"}};
+        if (e.throughputEstimate > 0) {
+            c["throughput_estimate_Bps"] = e.throughputEstimate;
+            c["predicted_ttft_s"] = e.predictedTtftS;
+        }
         if (e.level == 0) c["level"] = "text";
         else c["level"] = e.level;
         if (!e.note.empty()) c["note"] = e.note;
@@ -95,7 +110,13 @@ json resultJson(const StreamResult& r)
          {{"delivered_bytes", r.deliveredBytes},
           {"capacity_bytes", r.capacityBytes},
           {"seconds", r.linkSeconds},
-          {"utilisation", r.capacityBytes > 0 ? number(double(r.deliveredBytes) / r.capacityBytes) : json(nullptr)}}},
+          {"utilisation", r.capacityBytes > 0 ? number(double(r.deliveredBytes) / r.capacityBytes) : json(nullptr)},
+          {"backlogged_capacity_bytes", r.backloggedCapacityBytes},
+          {"pacer_idle_lost_bytes", r.idleLostBytes},
+          {"pacer_busy_lost_bytes", r.busyLostBytes},
+          {"backlogged_utilisation", r.backloggedCapacityBytes > 0
+                                         ? number(double(r.backloggedDeliveredBytes) / r.backloggedCapacityBytes)
+                                         : json(nullptr)}}},
         {"quality",
          {{"token_agreement", r.tokenAgreement},
           {"first_token_match", r.firstTokenMatch},
@@ -164,16 +185,19 @@ void addStreamCommand(CLI::App& app, Output& out)
 {
     auto* sub = app.add_subcommand("stream", "Stream a context's KV cache over a shaped link and measure TTFT");
     struct Opts {
-        std::string model, context, question, profile, store, kv, policies = "adaptive", workdir, faults;
+        std::string model, context, question, profile, store, kv, policies = "adaptive", workdir, faults, target,
+            continuation, quality = "kl";
         LinkOpts link;
         double slo = 0, targetPrefill = 0, targetDecode = 0, stallTimeout = 2.0;
-        int runs = 1, qualityTokens = 32, threads = 0;
+        int runs = 1, qualityTokens = 32, threads = 0, window = 0, horizon = 5;
     };
     auto o = std::make_shared<Opts>();
     sub->add_option("--model", o->model, "model folder, GGUF or llama2.c file (default: the embedded SmolLM2-135M)");
     sub->add_option("--context", o->context, "UTF-8 text file")->required();
     sub->add_option("--question", o->question, "asked after the context (default: the sidecar .json's, or a summary)");
-    sub->add_option("--profile", o->profile, "codec profile for the cachegen encoding when --store is absent");
+    sub->add_option("--profile", o->profile,
+                    "codec profile: the cachegen encoding when --store is absent, and the levels' measured KL for the "
+                    "adaptive planner");
     o->link.add(sub, true);
     sub->add_option("--slo", o->slo, "TTFT target in seconds")->required()->check(CLI::PositiveNumber);
     sub->add_option("--policy", o->policies, "adaptive, text, int8, level:N; comma-separated to compare, or 'all'")
@@ -182,8 +206,18 @@ void addStreamCommand(CLI::App& app, Output& out)
     sub->add_option("--kv", o->kv, "the context's original KV (HDF5) for quality; default: prefill it now");
     sub->add_option("--runs", o->runs, "runs per policy (trace replays start at evenly spread offsets)")
         ->capture_default_str()->check(CLI::Range(1, 1000));
-    sub->add_option("--target-prefill", o->targetPrefill, "model a machine that prefills this many tokens/s");
-    sub->add_option("--target-decode", o->targetDecode, "model a machine that decodes KV at this many GB/s (fp16)");
+    sub->add_option("--target", o->target, "model target hardware: a100-7b or h100-8b (published figures, cited in core/stream/streamer.cpp)")
+        ->check(CLI::IsMember(targetPresetNames()));
+    sub->add_option("--target-prefill", o->targetPrefill, "model a machine that prefills this many tokens/s (overrides --target's)");
+    sub->add_option("--target-decode", o->targetDecode, "model a machine that decodes KV at this many GB/s of fp16 (overrides --target's)");
+    sub->add_option("--window", o->window, "requests in flight at most (0 = the bandwidth-delay product, automatic)")
+        ->capture_default_str()->check(CLI::Range(0, 16));
+    sub->add_option("--horizon", o->horizon, "adaptive planner look-ahead in chunks")->capture_default_str()->check(CLI::Range(1, 8));
+    sub->add_option("--quality", o->quality, "kl: KL and delta PPL of every run's cache (eval quality module); agreement: answers only")
+        ->check(CLI::IsMember({"kl", "agreement"}))->capture_default_str();
+    sub->add_option("--continuation", o->continuation,
+                    "held-out text scored for KL/PPL (default: the context's X.continuation.txt, else the question and "
+                    "the reference answer)");
     sub->add_option("--fault", o->faults, "server faults: die:N, corrupt:N, stall:N (N = chunk reply from 0)");
     sub->add_option("--stall-timeout", o->stallTimeout, "seconds without a byte before a fetch counts as stalled")
         ->capture_default_str();
@@ -194,11 +228,19 @@ void addStreamCommand(CLI::App& app, Output& out)
     sub->callback([o, &out] {
         StreamOptions so;
         so.sloSeconds = o->slo;
-        so.target.prefillTokensPerSecond = o->targetPrefill;
-        so.target.decodeGBps = o->targetDecode;
+        if (o->targetPrefill < 0 || o->targetDecode < 0) throw Error("--target-prefill/--target-decode must be positive");
+        if (!o->target.empty()) so.target = targetPreset(o->target);
+        if (o->targetPrefill > 0 || o->targetDecode > 0) {
+            if (o->target.empty()) so.target.name = "custom";
+            else so.target.name += " (rates overridden)";
+            if (o->targetPrefill > 0) so.target.prefillTokensPerSecond = o->targetPrefill;
+            if (o->targetDecode > 0) so.target.decodeGBps = o->targetDecode;
+        }
         so.stallTimeout = o->stallTimeout;
         so.qualityTokens = std::max(1, o->qualityTokens);
-        if (o->targetPrefill < 0 || o->targetDecode < 0) throw Error("--target-prefill/--target-decode must be positive");
+        so.window = o->window;
+        so.horizon = o->horizon;
+        so.keepCache = o->quality == "kl";
         std::vector<Policy> policies;
         for (const std::string& p : splitList(o->policies == "all" ? "adaptive,text,int8,level:1,level:2,level:3" : o->policies))
             policies.push_back(parsePolicy(p));
@@ -207,6 +249,28 @@ void addStreamCommand(CLI::App& app, Output& out)
         srv.link = schedule;
         srv.rttSeconds = o->link.rttMs / 1000.0;
         if (!o->faults.empty()) srv.faults = parseFaults(o->faults);
+        // --link kernel: the bytes cross a tc-shaped veth pair; the server's own pacer stays out of the way.
+        std::unique_ptr<KernelLink> kernel;
+        std::string linkMode = "pacer", host = "127.0.0.1";
+        if (o->link.lossPct != 0 && o->link.mode != "kernel") throw Error("--loss needs --link kernel");
+        if (o->link.mode == "kernel") {
+            std::string why;
+            if (!KernelLink::available(&why)) {
+                std::fprintf(stderr, "stream: --link kernel: %s; falling back to the in-process pacer\n", why.c_str());
+            } else {
+                KernelLink::cleanupOnSignal();
+                kernel = std::make_unique<KernelLink>(KernelLinkOptions{schedule, o->link.rttMs / 1000.0, o->link.lossPct});
+                linkMode = "kernel";
+                host = kernel->serverAddress();
+                srv.host = host;
+                srv.link = LinkSchedule::constant(125e9);
+                srv.rttSeconds = kernel->kernelDelay() ? 0.0 : o->link.rttMs / 1000.0;
+                KernelLink* k = kernel.get();
+                srv.listen = [k](const std::string& h, int port) { return k->listen(h, port); };
+                std::fprintf(stderr, "stream: %s\n", kernel->describe().c_str());
+            }
+        }
+        LinkPacer shadow(schedule);  // kernel mode: the schedule's clock and capacity, not a shaper
 
         const std::string text = readSmallFile(o->context, 64u << 20);
         RuntimeOptions ro;
@@ -244,30 +308,94 @@ void addStreamCommand(CLI::App& app, Output& out)
         }
         auto server = std::make_unique<ChunkServer>(std::shared_ptr<ChunkStore>(openStore(store)), srv);
         server->start();
-        std::fprintf(stderr, "stream: chunk server on 127.0.0.1:%d, link %s, rtt %g ms, store %s\n", server->port(),
+        std::fprintf(stderr, "stream: chunk server on %s:%d, link %s, rtt %g ms, store %s\n", host.c_str(), server->port(),
                      schedule.describe().c_str(), o->link.rttMs, store.c_str());
 
-        Streamer streamer(*m, "127.0.0.1", server->port(), tokens, qTokens, original);
+        Streamer streamer(*m, host, server->port(), tokens, qTokens, original);
+        if (!o->profile.empty()) {
+            // The levels' measured KL (kvscope-cli tune writes levels[*].measured.mean_kl).
+            const CodecProfile prof = loadProfile(o->profile);
+            std::vector<double> kl;
+            for (const CodecLevel& l : prof.levels) {
+                const json mj = l.measuredJson.empty() ? json() : json::parse(l.measuredJson, nullptr, false);
+                if (mj.is_object() && mj.contains("mean_kl") && mj["mean_kl"].is_number()) kl.push_back(mj["mean_kl"].get<double>());
+            }
+            if (kl.size() == prof.levels.size()) streamer.setLevelKl(kl);
+        }
         streamer.prepare(so);
+
+        // Quality of each run's cache through the eval module, once per distinct cache recipe
+        // (levels and recomputed chunks fix the cache's bytes).
+        std::unique_ptr<QualityReference> qref;
+        std::map<std::string, Quality> qualityMemo;
+        std::string continuationSource;
+        if (o->quality == "kl") {
+            EvalTask task;
+            task.context = tokens;
+            std::string cont = o->continuation.empty() ? std::string() : readSmallFile(o->continuation, 64u << 20);
+            if (cont.empty()) {
+                try {
+                    cont = loadSampleContext(o->context).continuation;
+                } catch (const std::exception&) {
+                }
+            }
+            if (!cont.empty()) {
+                task.continuation = m->tokenizer().encode(cont, false);
+                if (task.continuation.size() > 256) task.continuation.resize(256);
+                continuationSource = "continuation text";
+            } else {
+                task.continuation = qTokens;
+                task.continuation.insert(task.continuation.end(), streamer.referenceTokens().begin(),
+                                         streamer.referenceTokens().end());
+                continuationSource = "question + reference answer";
+            }
+            task.stopIds = m->stopIds();
+            qref = std::make_unique<QualityReference>(m->runtime(), task, original);
+        }
+        auto measureQuality = [&](const StreamResult& res) -> const Quality* {
+            if (!qref || !res.cache) return nullptr;
+            std::string key;
+            for (const ChunkEvent& e : res.chunks) key += (e.local ? "L" : "") + std::to_string(e.level) + ",";
+            key += res.policy == "int8" ? "int8" : "cachegen";
+            auto it = qualityMemo.find(key);
+            if (it == qualityMemo.end()) it = qualityMemo.emplace(key, qref->measure(*res.cache, false)).first;
+            return &it->second;
+        };
         json results = json::array();
         for (const Policy& p : policies) {
             so.policy = p;
             std::vector<double> ttfts;
             json runs = json::array();
             int met = 0;
-            double agreementSum = 0;
+            double agreementSum = 0, klSum = 0, pplSum = 0, utilSum = 0;
+            int measured = 0, utilRuns = 0;
             for (int r = 0; r < o->runs; ++r) {
                 // A dead server (fault) stays dead for the rest of the command, as it would.
                 const double offset = schedule.isTrace() ? schedule.tracePeriodSeconds() * r / o->runs : 0.0;
-                const StreamResult res = streamer.run(so, &server->pacer(), offset);
-                std::fprintf(stderr, "stream: %-9s run %d: TTFT %.3f s (%s SLO %.3f s), agreement %.2f\n",
+                if (kernel) kernel->start(offset);
+                StreamResult res = streamer.run(so, kernel ? &shadow : &server->pacer(), offset);
+                if (kernel) kernel->stopShaping();
+                const Quality* q = measureQuality(res);
+                res.cache.reset();
+                std::fprintf(stderr, "stream: %-9s run %d: TTFT %.3f s (%s SLO %.3f s), agreement %.2f%s\n",
                              p.name().c_str(), r + 1, res.ttftSeconds, res.sloMet ? "meets" : "misses", o->slo,
-                             res.tokenAgreement);
+                             res.tokenAgreement, q ? (", KL " + std::to_string(q->kl)).c_str() : "");
                 ttfts.push_back(res.ttftSeconds);
                 met += res.sloMet;
                 agreementSum += res.tokenAgreement;
                 json j = resultJson(res);
                 j["link_offset_s"] = offset;
+                if (q) {
+                    j["quality"]["kl"] = q->kl;
+                    j["quality"]["delta_ppl_pct"] = q->deltaPplPct;
+                    klSum += q->kl;
+                    pplSum += q->deltaPplPct;
+                    ++measured;
+                }
+                if (res.capacityBytes > 0) {
+                    utilSum += double(res.deliveredBytes) / res.capacityBytes;
+                    ++utilRuns;
+                }
                 runs.push_back(j);
             }
             std::vector<double> sorted = ttfts;
@@ -277,6 +405,14 @@ void addStreamCommand(CLI::App& app, Output& out)
             summary["ttft_median_s"] = sorted[sorted.size() / 2];
             summary["slo_hit_rate"] = double(met) / double(o->runs);
             summary["mean_token_agreement"] = agreementSum / double(o->runs);
+            summary["mean_kl"] = measured ? number(klSum / measured) : json(nullptr);
+            summary["mean_delta_ppl_pct"] = measured ? number(pplSum / measured) : json(nullptr);
+            summary["mean_utilisation"] = utilRuns ? number(utilSum / utilRuns) : json(nullptr);
+            summary["ttft_mean_s"] = [&] {
+                double t = 0;
+                for (double x : ttfts) t += x;
+                return t / double(ttfts.size());
+            }();
             results.push_back(summary);
         }
         server->stop();
@@ -302,17 +438,29 @@ void addStreamCommand(CLI::App& app, Output& out)
         j["runtime"] = m->runtime().describe();
         j["measured_prefill_tokens_per_s"] = streamer.measuredPrefillTokensPerSecond();
         if (so.target.enabled())
-            j["target_hardware"] = {{"prefill_tokens_per_s", o->targetPrefill}, {"decode_GBps", o->targetDecode}};
+            j["target_hardware"] = {{"name", so.target.name},
+                                    {"prefill_tokens_per_s", so.target.prefillTokensPerSecond},
+                                    {"decode_GBps", so.target.decodeGBps},
+                                    {"first_token_s", so.target.firstTokenSeconds >= 0 ? number(so.target.firstTokenSeconds) : json(nullptr)},
+                                    {"citation", so.target.citation}};
+        j["link_mode"] = linkMode;
+        if (kernel) j["kernel_link"] = kernel->describe();
+        j["measured_decode_ms_per_chunk"] = 1e3 * streamer.measuredDecodeSecondsPerToken() * streamer.cachegen().params().profile.chunkTokens;
+        j["level_distortion"] = streamer.levelDistortion();
+        j["level_distortion_source"] = streamer.distortionSource();
+        if (qref) j["quality_continuation"] = continuationSource;
         out.emit(j, [](const json& j) {
-            std::printf("%-10s %9s %9s %9s %9s %9s %6s %9s\n", "policy", "ttft_s", "transfer", "decode", "recompute",
-                        "prefill", "slo", "agreement");
+            std::printf("%-10s %9s %9s %9s %9s %9s %6s %9s %10s %8s\n", "policy", "ttft_s", "transfer", "decode",
+                        "recompute", "prefill", "slo", "agreement", "mean_kl", "util");
             for (const json& p : j["policies"]) {
                 const json& t = p["ttft_parts"];
-                std::printf("%-10s %9.3f %9.3f %9.3f %9.3f %9.3f %6.2f %9.2f\n", p["policy"].get<std::string>().c_str(),
-                            p["ttft_median_s"].get<double>(), t["transfer"]["seconds"].get<double>(),
-                            t["decode"]["seconds"].get<double>(), t["recompute"]["seconds"].get<double>(),
-                            t["prefill"]["seconds"].get<double>(), p["slo_hit_rate"].get<double>(),
-                            p["mean_token_agreement"].get<double>());
+                std::printf("%-10s %9.3f %9.3f %9.3f %9.3f %9.3f %6.2f %9.2f %10.5f %8.3f\n",
+                            p["policy"].get<std::string>().c_str(), p["ttft_median_s"].get<double>(),
+                            t["transfer"]["seconds"].get<double>(), t["decode"]["seconds"].get<double>(),
+                            t["recompute"]["seconds"].get<double>(), t["prefill"]["seconds"].get<double>(),
+                            p["slo_hit_rate"].get<double>(), p["mean_token_agreement"].get<double>(),
+                            p["mean_kl"].is_number() ? p["mean_kl"].get<double>() : -1.0,
+                            p["mean_utilisation"].is_number() ? p["mean_utilisation"].get<double>() : -1.0);
             }
         });
     });

@@ -17,15 +17,35 @@ void ChunkClient::connect()
     if (!m_socket.valid()) m_socket = Socket::connectTcp(m_host, m_port, m_opt.connectTimeout);
 }
 
-Reply ChunkClient::request(const Request& r, uint64_t maxPayload, double deadline, ArrivalLog* log)
+double ChunkClient::send(const Request& r)
 {
     connect();
-    Reply rep;
     try {
         const std::vector<uint8_t> frame = encodeRequest(r);
-        rep.sentAt = monoSeconds();
-        m_socket.sendAll(frame.data(), frame.size(), std::min(deadline, rep.sentAt + m_opt.stallTimeout));
+        const double sentAt = monoSeconds();
+        m_socket.sendAll(frame.data(), frame.size(), sentAt + m_opt.stallTimeout);
+        m_pending.push_back({r.type, sentAt});
+        return sentAt;
+    } catch (...) {
+        close();
+        throw;
+    }
+}
 
+Reply ChunkClient::request(const Request& r, uint64_t maxPayload, double deadline, ArrivalLog* log)
+{
+    KVSCOPE_ASSERT(m_pending.empty());
+    send(r);
+    return receive(maxPayload, deadline, log);
+}
+
+Reply ChunkClient::receive(uint64_t maxPayload, double deadline, ArrivalLog* log)
+{
+    KVSCOPE_ASSERT(!m_pending.empty());
+    const Pending req = m_pending.front();
+    Reply rep;
+    rep.sentAt = req.sentAt;
+    try {
         // Reads until `n` bytes are in `dst`: each read may wait stallTimeout, never past the deadline.
         uint64_t total = 0;
         auto readInto = [&](uint8_t* dst, size_t n) {
@@ -47,9 +67,9 @@ Reply ChunkClient::request(const Request& r, uint64_t maxPayload, double deadlin
         uint32_t length = 0;
         std::string why;
         if (!parseFrameHeader(h, &type, &length, &why)) throw Error("chunk server: " + why);
-        if (type != FrameType::Error && type != FrameType(uint8_t(r.type) | 0x80))
+        if (type != FrameType::Error && type != FrameType(uint8_t(req.type) | 0x80))
             throw Error("chunk server: reply of type " + std::to_string(int(type)) + " to a request of type " +
-                        std::to_string(int(r.type)));
+                        std::to_string(int(req.type)));
         const uint64_t limit = type == FrameType::Error ? kMaxErrorBytes : maxPayload;
         if (length > limit)
             throw Error("chunk server: reply of " + std::to_string(length) + " bytes exceeds the expected " +
@@ -64,9 +84,10 @@ Reply ChunkClient::request(const Request& r, uint64_t maxPayload, double deadlin
             readInto(rep.payload.data() + have, rep.payload.size() - have);
         }
         rep.wireBytes = total;
+        m_pending.pop_front();
         return rep;
     } catch (...) {
-        m_socket.close();  // a half-read reply leaves the stream unusable
+        close();  // a half-read reply leaves the stream unusable
         throw;
     }
 }

@@ -1,5 +1,7 @@
-// The chunk client: one TCP connection to a ChunkServer, one request at a time, with the arrival
-// time of every reply measured on the monotonic clock. Nothing blocks past a deadline: a reply
+// The chunk client: one TCP connection to a ChunkServer, with the arrival time of every reply
+// measured on the monotonic clock. Requests may be pipelined: send() several, then receive() their
+// replies in the same order (the server answers each connection's requests in order), so the link
+// carries the next reply while the caller is still busy with the previous one. Nothing blocks past a deadline: a reply
 // that makes no progress for stallTimeout seconds, or misses the caller's deadline, fails with
 // NetError(Timeout); a reply larger than the caller allows fails before it is read.
 #pragma once
@@ -8,6 +10,7 @@
 #include "stream/protocol.h"
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,9 +41,22 @@ public:
     // Connects when not connected. Throws NetError.
     void connect();
     bool connected() const { return m_socket.valid(); }
-    void close() { m_socket.close(); }
+    // Closes the connection; requests still pending are lost.
+    void close()
+    {
+        m_socket.close();
+        m_pending.clear();
+    }
 
-    // Sends the request and reads the reply before `deadline` (monotonic seconds). A reply whose
+    // Pipelining: send() writes a request (connecting when needed) and returns its send time;
+    // receive() reads the reply to the oldest request still pending. Both throw like request(),
+    // and any failure closes the connection and forgets every pending request.
+    double send(const Request& r);
+    Reply receive(uint64_t maxPayload, double deadline, ArrivalLog* log = nullptr);
+    size_t pending() const { return m_pending.size(); }
+
+    // Sends the request and reads the reply before `deadline` (monotonic seconds); nothing may be
+    // pending. A reply whose
     // payload exceeds maxPayload fails without being read. Error frames come back as replies of
     // type FrameType::Error (the connection stays usable). Throws NetError (timeouts, closed
     // connection) or kvscope::Error (a frame that breaks the protocol); either closes the connection.
@@ -51,6 +67,11 @@ private:
     int m_port;
     ClientOptions m_opt;
     Socket m_socket;
+    struct Pending {
+        FrameType type;
+        double sentAt;
+    };
+    std::deque<Pending> m_pending;
 };
 
 }  // namespace kvscope

@@ -252,6 +252,8 @@ void LinkPacer::reset(double offsetSeconds)
     m_busyStart = offsetSeconds;
     m_busySent = 0;
     m_totalSent = 0;
+    m_idleSince = offsetSeconds;
+    m_idleLost = m_busyLost = 0;
 }
 
 void LinkPacer::setSchedule(LinkSchedule schedule)
@@ -263,29 +265,83 @@ void LinkPacer::setSchedule(LinkSchedule schedule)
     reset();
 }
 
-void LinkPacer::beginSend()
+int LinkPacer::beginSend()
 {
     std::lock_guard<std::mutex> lock(m_mutex);
+    const int id = m_nextId++;
+    Sender snd;
+    // A new sender starts level with the least-served waiting one (a fresh flow owes nothing and is owed nothing).
+    bool any = false;
+    for (const auto& [k, v] : m_senders)
+        if (v.waiting) {
+            snd.tag = any ? std::min(snd.tag, v.tag) : v.tag;
+            any = true;
+        }
+    m_senders[id] = snd;
     if (m_active++ == 0) {
         // The link was idle: what it could have carried meanwhile is gone.
         m_busyStart = monoSeconds() - m_epoch;
         m_busySent = 0;
+        m_idleLost += m_schedule.capacityBytes(m_idleSince, m_busyStart);
+    }
+    return id;
+}
+
+void LinkPacer::endSend(int id)
+{
+    std::lock_guard<std::mutex> lock(m_mutex);
+    if (id >= 0) m_senders.erase(id);
+    if (m_active > 0 && --m_active == 0) {
+        m_idleSince = monoSeconds() - m_epoch;
+        m_busyLost += std::max(0.0, std::floor(m_schedule.capacityBytes(m_busyStart, m_idleSince)) - double(m_busySent));
     }
 }
 
-void LinkPacer::endSend()
+double LinkPacer::idleLostBytes() const
 {
     std::lock_guard<std::mutex> lock(m_mutex);
-    if (m_active > 0) --m_active;
+    return m_idleLost;
 }
 
-uint64_t LinkPacer::grant(uint64_t want, double now)
+double LinkPacer::busyLostBytes() const
 {
     std::lock_guard<std::mutex> lock(m_mutex);
+    return m_busyLost;
+}
+
+uint64_t LinkPacer::grant(uint64_t want, double now, int id)
+{
+    std::lock_guard<std::mutex> lock(m_mutex);
+    Sender* me = nullptr;
+    if (id >= 0) {
+        auto it = m_senders.find(id);
+        if (it != m_senders.end()) me = &it->second;
+    }
+    if (me && !me->waiting) {
+        // Coming back from writing (or from a stall): never behind the least-served waiting sender.
+        bool any = false;
+        double least = 0;
+        for (const auto& [k, v] : m_senders)
+            if (v.waiting && k != id) {
+                least = any ? std::min(least, v.tag) : v.tag;
+                any = true;
+            }
+        if (any) me->tag = std::max(me->tag, least);
+        me->waiting = true;
+    }
     const double cap = std::floor(m_schedule.capacityBytes(m_busyStart, now - m_epoch));
     const double credit = cap - double(m_busySent);
     if (credit < 1) return 0;
-    const uint64_t n = std::min<uint64_t>(want, uint64_t(credit));
+    uint64_t n = std::min<uint64_t>(want, uint64_t(credit));
+    if (me && m_senders.size() > 1) {
+        for (const auto& [k, v] : m_senders)
+            if (v.waiting && k != id && v.tag + double(kFairQuantum) < me->tag) return 0;  // others are owed first
+        n = std::min<uint64_t>(n, kFairQuantum);
+    }
+    if (me) {
+        me->tag += double(n);
+        me->waiting = false;
+    }
     m_busySent += n;
     m_totalSent += n;
     return n;

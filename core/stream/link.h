@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -84,6 +85,15 @@ private:
 // written now (0: sleep until whenAvailable(n)), and endSend() when done. When no sender is
 // active the link is idle and its unused capacity is lost; the next beginSend starts a new busy
 // period counted from that instant.
+//
+// Fair sharing (max-min): a sender that passes the id beginSend() returned is served by virtual
+// finish tags. Each sender's tag counts the bytes granted to it; while several senders are
+// active, a grant goes only to a sender whose tag is within one quantum (kFairQuantum) of the
+// smallest tag among the senders waiting for a grant, and is at most one quantum. So backlogged
+// senders get equal shares, a sender that wants less keeps what it wants, and the rest is split
+// among the others. A sender that stops asking (its peer stopped reading) is not waited for: only
+// waiting senders count, and one that comes back has its tag raised to the smallest waiting tag,
+// so it cannot claim the capacity it missed.
 class LinkPacer {
 public:
     LinkPacer() : LinkPacer(LinkSchedule::constant(125e6)) {}
@@ -97,13 +107,21 @@ public:
     double linkTime(double mono) const { return mono - m_epoch; }
     double epoch() const { return m_epoch; }
 
-    void beginSend();
-    void endSend();
-    // Bytes that may leave at monotonic time `now`, at most `want`; they count as sent.
-    uint64_t grant(uint64_t want, double now);
+    static constexpr uint64_t kFairQuantum = 32768;
+
+    // Returns the sender's id for grant and endSend (fair sharing); -1 callers are served first come.
+    int beginSend();
+    void endSend(int id = -1);
+    // Bytes that may leave at monotonic time `now`, at most `want`; they count as sent. With an id,
+    // 0 may also mean "others are owed first": sleep briefly and ask again.
+    uint64_t grant(uint64_t want, double now, int id = -1);
     // Monotonic time at which `bytes` more may leave (assuming the busy period continues).
     double whenAvailable(uint64_t bytes) const;
     uint64_t bytesSent() const;  // since reset
+    // Capacity lost since reset: while no sender was active (idle), and credit a busy period left
+    // unused when it ended (the sender was late or blocked).
+    double idleLostBytes() const;
+    double busyLostBytes() const;
     // Monotonic time at which the current (or last) busy period began: where a backlogged
     // sender's capacity is counted from.
     double busyStart() const;
@@ -116,6 +134,14 @@ private:
     double m_busyStart = 0;     // link time where the current busy period began
     uint64_t m_busySent = 0;    // bytes granted in the current busy period
     uint64_t m_totalSent = 0;
+    struct Sender {
+        double tag = 0;        // bytes granted, in virtual time
+        bool waiting = false;  // asked for a grant and got none since
+    };
+    std::map<int, Sender> m_senders;
+    int m_nextId = 0;
+    double m_idleSince = 0;     // link time the link went idle
+    double m_idleLost = 0, m_busyLost = 0;
 };
 
 }  // namespace kvscope

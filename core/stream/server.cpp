@@ -49,7 +49,7 @@ std::chrono::steady_clock::time_point toTimePoint(double mono)
 ChunkServer::ChunkServer(std::shared_ptr<ChunkStore> store, const ServerOptions& options)
     : m_store(std::move(store)), m_opt(options), m_pacer(options.link)
 {
-    m_listener = Socket::listenTcp(m_opt.host, m_opt.port);
+    m_listener = m_opt.listen ? m_opt.listen(m_opt.host, m_opt.port) : Socket::listenTcp(m_opt.host, m_opt.port);
     m_port = m_listener.localPort();
 }
 
@@ -103,6 +103,7 @@ void ChunkServer::reap(bool all)
     for (auto& c : finished) {
         c->socket.shutdown();
         if (c->thread.joinable()) c->thread.join();
+        if (c->reader.joinable()) c->reader.join();
     }
 }
 
@@ -119,6 +120,8 @@ void ChunkServer::acceptLoop()
         m_conns.push_back(std::make_unique<Connection>());
         Connection* c = m_conns.back().get();
         c->socket = std::move(s);
+        c->lastActivity = monoSeconds();
+        c->reader = std::thread([this, c] { readRequests(c); });
         c->thread = std::thread([this, c] { serve(c); });
     }
     m_listener.close();  // a dead server refuses new connections
@@ -134,8 +137,9 @@ void ChunkServer::sendPaced(const Socket& s, const uint8_t* data, size_t n)
 {
     struct SendScope {
         LinkPacer& p;
-        explicit SendScope(LinkPacer& pacer) : p(pacer) { p.beginSend(); }
-        ~SendScope() { p.endSend(); }
+        int id;
+        explicit SendScope(LinkPacer& pacer) : p(pacer), id(pacer.beginSend()) {}
+        ~SendScope() { p.endSend(id); }
     } scope(m_pacer);
     // Wake up for about half a millisecond of data: precise enough, and not a busy loop.
     const uint64_t wakeBytes =
@@ -144,10 +148,11 @@ void ChunkServer::sendPaced(const Socket& s, const uint8_t* data, size_t n)
     while (sent < n) {
         if (m_stop) throw NetError(NetError::Closed, "server stopping");
         const double now = monoSeconds();
-        const uint64_t g = m_pacer.grant(std::min<uint64_t>(n - sent, uint64_t(4) << 20), now);
+        const uint64_t g = m_pacer.grant(std::min<uint64_t>(n - sent, uint64_t(4) << 20), now, scope.id);
         if (g == 0) {
+            // No credit yet, or others are owed first (then the link has credit: look again shortly).
             const double t = m_pacer.whenAvailable(std::min<uint64_t>(n - sent, wakeBytes));
-            std::this_thread::sleep_until(toTimePoint(std::min(t, now + 0.05)));
+            std::this_thread::sleep_until(toTimePoint(std::clamp(t, now + 0.0002, now + 0.05)));
             continue;
         }
         s.sendAll(data + sent, size_t(g), monoSeconds() + m_opt.ioTimeout);
@@ -156,9 +161,9 @@ void ChunkServer::sendPaced(const Socket& s, const uint8_t* data, size_t n)
 }
 
 void ChunkServer::sendFrame(const Socket& s, FrameType type, const std::vector<uint8_t>& payload, int fault,
-                            size_t* sentOut)
+                            size_t* sentOut, double notBefore)
 {
-    if (m_opt.rttSeconds > 0 && !sleepUnlessStopped(monoSeconds() + m_opt.rttSeconds))
+    if (m_opt.rttSeconds > 0 && notBefore > monoSeconds() && !sleepUnlessStopped(notBefore))
         throw NetError(NetError::Closed, "server stopping");
     std::vector<uint8_t> frame = frameHeader(type, uint32_t(payload.size()));
     frame.insert(frame.end(), payload.begin(), payload.end());
@@ -184,43 +189,105 @@ void ChunkServer::sendFrame(const Socket& s, FrameType type, const std::vector<u
     }
 }
 
-void ChunkServer::serve(Connection* c)
+void ChunkServer::readRequests(Connection* c)
 {
     const Socket& s = c->socket;
-    std::map<std::pair<std::string, CodecId>, std::unique_ptr<KvcReader>> skeletons;  // for text replies
-    auto sendError = [&](const std::string& message) {
-        ++m_errors;
-        const std::string m = message.substr(0, kMaxErrorBytes);
-        sendFrame(s, FrameType::Error, std::vector<uint8_t>(m.begin(), m.end()), kNoFault, nullptr);
+    auto push = [&](Incoming in) {
+        std::unique_lock<std::mutex> lock(c->mutex);
+        c->cv.wait(lock, [&] { return c->closing || m_stop || c->queue.size() < kMaxPipelined || in.kind != Incoming::Frame; });
+        c->queue.push_back(std::move(in));
+        c->busy = true;
+        c->cv.notify_all();
+    };
+    // Reads exactly n bytes. Waiting is allowed while a reply is owed; otherwise `limit` seconds
+    // after the connection's last activity the peer counts as gone.
+    auto readExact = [&](uint8_t* dst, size_t n, double limit) {
+        size_t got = 0;
+        while (got < n) {
+            if (m_stop) throw NetError(NetError::Closed, "server stopping");
+            {
+                std::lock_guard<std::mutex> lock(c->mutex);
+                if (c->closing) throw NetError(NetError::Closed, "connection closing");
+            }
+            try {
+                got += s.recvSome(dst + got, n - got, monoSeconds() + 0.1);
+            } catch (const NetError& e) {
+                if (e.kind() != NetError::Timeout) throw;
+                if (!c->busy && monoSeconds() - c->lastActivity > limit) throw;
+            }
+        }
     };
     try {
         while (!m_stop) {
             uint8_t h[kFrameHeaderBytes];
-            s.recvAll(h, sizeof h, monoSeconds() + m_opt.idleTimeout);
-            FrameType type;
+            readExact(h, sizeof h, m_opt.idleTimeout);
+            Incoming in;
             uint32_t length = 0;
             std::string why;
-            if (!parseFrameHeader(h, &type, &length, &why)) {
-                sendError("bad frame: " + why);
-                break;  // no way to find the next frame in garbage
+            if (!parseFrameHeader(h, &in.type, &length, &why)) {
+                in.kind = Incoming::Bad;
+                in.error = "bad frame: " + why;  // no way to find the next frame in garbage
+            } else if (!isRequest(in.type)) {
+                in.kind = Incoming::Bad;
+                in.error = "bad frame: type " + std::to_string(int(in.type)) + " is not a request";
+            } else if (length > kMaxRequestBytes) {
+                in.kind = Incoming::Bad;
+                in.error = "bad frame: a request of " + std::to_string(length) + " bytes exceeds the limit of " +
+                           std::to_string(kMaxRequestBytes);
             }
-            if (!isRequest(type)) {
-                sendError("bad frame: type " + std::to_string(int(type)) + " is not a request");
+            if (in.kind == Incoming::Bad) {
+                in.arrivedAt = monoSeconds();
+                push(std::move(in));
+                return;
+            }
+            in.kind = Incoming::Frame;
+            in.payload.resize(length);
+            readExact(in.payload.data(), length, m_opt.ioTimeout);
+            in.arrivedAt = monoSeconds();
+            c->lastActivity = in.arrivedAt;
+            push(std::move(in));
+        }
+    } catch (const NetError&) {
+        // timeouts, closed peers, a stopping server
+    }
+    push(Incoming{});  // End
+}
+
+void ChunkServer::serve(Connection* c)
+{
+    const Socket& s = c->socket;
+    std::map<std::pair<std::string, CodecId>, std::unique_ptr<KvcReader>> skeletons;  // for text replies
+    double notBefore = 0;
+    auto sendError = [&](const std::string& message) {
+        ++m_errors;
+        const std::string m = message.substr(0, kMaxErrorBytes);
+        sendFrame(s, FrameType::Error, std::vector<uint8_t>(m.begin(), m.end()), kNoFault, nullptr, notBefore);
+    };
+    try {
+        while (!m_stop) {
+            Incoming in;
+            {
+                std::unique_lock<std::mutex> lock(c->mutex);
+                c->busy = !c->queue.empty();
+                c->cv.wait(lock, [&] { return !c->queue.empty() || m_stop; });
+                if (c->queue.empty()) break;
+                in = std::move(c->queue.front());
+                c->queue.pop_front();
+                c->busy = true;
+                c->cv.notify_all();
+            }
+            if (in.kind == Incoming::End) break;
+            notBefore = in.arrivedAt + m_opt.rttSeconds;
+            if (in.kind == Incoming::Bad) {
+                sendError(in.error);
                 break;
             }
-            if (length > kMaxRequestBytes) {
-                sendError("bad frame: a request of " + std::to_string(length) + " bytes exceeds the limit of " +
-                          std::to_string(kMaxRequestBytes));
-                break;
-            }
-            std::vector<uint8_t> p(length);
-            s.recvAll(p.data(), length, monoSeconds() + m_opt.ioTimeout);
             ++m_requests;
             Request r;
             std::vector<uint8_t> reply;
             FrameType replyType = FrameType::Error;
             try {
-                r = parseRequest(type, p.data(), p.size());
+                r = parseRequest(in.type, in.payload.data(), in.payload.size());
                 if (r.type == FrameType::SkeletonRequest) {
                     reply = m_store->skeleton(r.context, r.codec);
                     replyType = FrameType::Skeleton;
@@ -243,6 +310,7 @@ void ChunkServer::serve(Connection* c)
                 throw;
             } catch (const Error& e) {
                 sendError(e.what());
+                c->lastActivity = monoSeconds();
                 continue;
             }
             int fault = kNoFault;
@@ -253,14 +321,21 @@ void ChunkServer::serve(Connection* c)
                 if (index == f.stallChunk) fault = kStallHalfway;
                 if (index == f.dieAtChunk) fault = kDieHalfway;
             }
-            sendFrame(s, replyType, reply, fault, nullptr);
+            sendFrame(s, replyType, reply, fault, nullptr, notBefore);
+            c->lastActivity = monoSeconds();
         }
     } catch (const NetError&) {
         // timeouts, closed peers, a stopping server: this connection ends, the others go on
     } catch (const std::exception& e) {
         std::fprintf(stderr, "serve: connection ended: %s\n", e.what());
     }
+    {
+        std::lock_guard<std::mutex> lock(c->mutex);
+        c->closing = true;
+        c->cv.notify_all();
+    }
     c->socket.shutdown();
+    if (c->reader.joinable()) c->reader.join();
     c->done = true;
 }
 

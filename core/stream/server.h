@@ -2,11 +2,20 @@
 // writes through one LinkPacer (the shaped link lives on the sending side; clients just measure
 // arrival times). Binds 127.0.0.1 unless told otherwise.
 //
+// Pipelining: each connection has a reader thread that takes requests as they arrive (at most
+// kMaxPipelined waiting; beyond that the reader stops reading and TCP pushes back) and stamps
+// their arrival, and a sender thread that answers them in order. With rttSeconds set, a reply's
+// first byte leaves no earlier than its request's arrival + rttSeconds (the path's round trip
+// folded into the sending side), so a client that keeps the next request in flight finds the link
+// busy without a gap, exactly as on a real path.
+//
 // Robustness: requests are at most kMaxRequestBytes; a peer that sends no complete request for
-// idleTimeout seconds, or that stops reading for ioTimeout seconds, is disconnected; bytes that are
-// not a frame get an error frame and a closed connection; a well-framed bad request (unknown
-// context, chunk or level, malformed fields) gets an error frame and the connection stays open.
-// Each connection has its own thread; others keep being served whatever one peer does.
+// idleTimeout seconds while nothing is owed to it, or that stops reading for ioTimeout seconds, is
+// disconnected; bytes that are not a frame get an error frame and a closed connection; a
+// well-framed bad request (unknown context, chunk or level, malformed fields) gets an error frame
+// and the connection stays open. Memory per connection is bounded: kMaxPipelined requests of at
+// most kMaxRequestBytes and the one reply being sent. Connections share the link through the
+// pacer's fair queueing (link.h): a peer that stops reading holds no share while it is stuck.
 //
 // Faults for the lab (FaultPlan) let tests and demos see a dying server, a corrupt chunk and a
 // stalled connection; they count chunk replies over the server's life, from 0.
@@ -19,6 +28,8 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
+#include <deque>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -46,11 +57,16 @@ struct ServerOptions {
     double ioTimeout = 10;        // seconds without progress writing or reading a frame
     int maxConnections = 32;
     FaultPlan faults;
+    // Makes the listening socket instead of Socket::listenTcp(host, port) (a KernelLink's
+    // namespace, for instance).
+    std::function<Socket(const std::string& host, int port)> listen;
 };
 
 struct ServerStats {
     uint64_t connections = 0, requests = 0, errorFrames = 0, chunkReplies = 0, bytesSent = 0;
 };
+
+constexpr size_t kMaxPipelined = 16;  // requests a connection may have waiting
 
 class ChunkServer {
 public:
@@ -69,16 +85,31 @@ public:
     ServerStats stats() const;
 
 private:
+    struct Incoming {
+        enum Kind { Frame, Bad, End } kind = End;
+        FrameType type = FrameType::Error;
+        std::vector<uint8_t> payload;
+        double arrivedAt = 0;
+        std::string error;  // Bad: the error frame's message
+    };
     struct Connection {
         Socket socket;
-        std::thread thread;
+        std::thread thread, reader;
         std::atomic<bool> done{false};
+        std::mutex mutex;
+        std::condition_variable cv;
+        std::deque<Incoming> queue;
+        bool closing = false;               // the sender is finished: the reader stops
+        std::atomic<bool> busy{false};      // a reply is owed or being sent
+        std::atomic<double> lastActivity{0};
     };
     void acceptLoop();
     void serve(Connection* c);
+    void readRequests(Connection* c);
     // Writes n bytes through the pacer; throws NetError when the peer stops reading.
     void sendPaced(const Socket& s, const uint8_t* data, size_t n);
-    void sendFrame(const Socket& s, FrameType type, const std::vector<uint8_t>& payload, int fault, size_t* sent);
+    void sendFrame(const Socket& s, FrameType type, const std::vector<uint8_t>& payload, int fault, size_t* sent,
+                   double notBefore);
     bool sleepUnlessStopped(double until);
     void reap(bool all);
 

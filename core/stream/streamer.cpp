@@ -2,9 +2,14 @@
 
 #include "common/crc32.h"
 #include "model/generate.h"
+#include "stream/planner.h"
 #include "stream/protocol.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -44,6 +49,42 @@ Policy parsePolicy(const std::string& text)
     }
     return p;
 }
+
+// Modelled target hardware. Sources (figures, not measurements of ours):
+//  - NVIDIA A100 Tensor Core GPU datasheet (A100 SXM4 80GB): 312 TFLOPS dense BF16, 2,039 GB/s HBM2e.
+//  - NVIDIA H100 Tensor Core GPU datasheet (H100 SXM5): 989 TFLOPS dense BF16 (1,979 with
+//    sparsity), 3.35 TB/s HBM3.
+//  - Parameter counts: Llama 2 7B 6.74e9 (Touvron et al., 2023, "Llama 2", table 1 model card);
+//    Llama 3 8B 8.03e9 (Meta's Llama 3 model card).
+// Derived: prefill costs ~2 FLOPs per parameter per token (Kaplan et al., 2020, "Scaling laws",
+// section 2.1; attention adds under 10% at these context lengths), at an assumed 50% model FLOPs
+// utilisation for a compute-bound prefill: A100 + 7B: 312e12 * 0.5 / (2 * 6.74e9) = 11,570
+// tokens/s; H100 + 8B: 989e12 * 0.5 / (2 * 8.03e9) = 30,790 tokens/s. The first token is one
+// memory-bound decode step, reading the fp16 weights once: 13.5 GB / 2,039 GB/s = 6.6 ms (A100),
+// 16.1 GB / 3,350 GB/s = 4.8 ms (H100). KV decode (entropy decoding into fp16) is assumed to run at
+// a quarter of HBM bandwidth (510 and 840 GB/s of fp16 output); at these cache sizes it is well
+// under a millisecond either way, so the assumption hardly moves a TTFT.
+TargetHardware targetPreset(const std::string& name)
+{
+    TargetHardware t;
+    t.name = name;
+    if (name == "a100-7b") {
+        t.prefillTokensPerSecond = 312e12 * 0.5 / (2 * 6.74e9);
+        t.decodeGBps = 2039 * 0.25;
+        t.firstTokenSeconds = 2 * 6.74e9 / 2039e9;
+        t.citation = "NVIDIA A100 datasheet (312 TFLOPS BF16, 2039 GB/s), Llama 2 7B (6.74e9 params), 50% MFU";
+    } else if (name == "h100-8b") {
+        t.prefillTokensPerSecond = 989e12 * 0.5 / (2 * 8.03e9);
+        t.decodeGBps = 3350 * 0.25;
+        t.firstTokenSeconds = 2 * 8.03e9 / 3350e9;
+        t.citation = "NVIDIA H100 SXM datasheet (989 TFLOPS BF16, 3.35 TB/s), Llama 3 8B (8.03e9 params), 50% MFU";
+    } else {
+        throw inputError("--target", "'" + name + "'", "expected one of a100-7b, h100-8b (or --target-prefill/--target-decode)");
+    }
+    return t;
+}
+
+std::vector<std::string> targetPresetNames() { return {"a100-7b", "h100-8b"}; }
 
 namespace {
 
@@ -145,6 +186,12 @@ double agreement(const std::vector<int32_t>& ref, const std::vector<int32_t>& go
 
 struct Streamer::Impl {};
 
+namespace {
+constexpr int kMaxWindow = 8;          // requests in flight at most with an automatic window
+constexpr double kPriorDiscount = 0.5;
+constexpr double kSloSafety = 0.1;     // the planner aims at 90% of the SLO (planner.h)  // a previous run's estimate, before anything is measured (planner.h)
+}
+
 Streamer::Streamer(const Model& model, std::string host, int port, std::vector<int32_t> contextTokens,
                    std::vector<int32_t> question, const KvSet& original)
     : m_model(model), m_host(std::move(host)), m_port(port), m_tokens(std::move(contextTokens)),
@@ -182,9 +229,55 @@ void Streamer::prepare(const StreamOptions& options, const std::string& logPrefi
         throw Error("context " + m_context + ": the stored cache's shape does not fit the model and context");
     if (m_int8 && !(m_int8->params().shape == s)) m_int8.reset();
 
+    // The planner's distortion per level: the profile's measured KL, else the size fallback.
+    {
+        const CodecParams& p = m_cachegen->params();
+        std::vector<double> kl, bpv;
+        const double valuesPerToken = double(p.shape.numLayers) * 2 * p.shape.channels();
+        for (int l = 1; l <= p.numLevels(); ++l) {
+            const std::string& mj = p.profile.levels[size_t(l - 1)].measuredJson;
+            const nlohmann::json j = mj.empty() ? nlohmann::json() : nlohmann::json::parse(mj, nullptr, false);
+            if (j.is_object() && j.contains("mean_kl") && j["mean_kl"].is_number()) kl.push_back(j["mean_kl"].get<double>());
+            else if (j.is_object() && j.contains("kl") && j["kl"].is_number()) kl.push_back(j["kl"].get<double>());
+            double bytes = 0;
+            for (int c = 0; c < p.numChunks(); ++c) bytes += m_cachegen->chunkBytes(c, l);
+            bpv.push_back(8.0 * bytes / (valuesPerToken * double(p.shape.numTokens)));
+        }
+        if (!m_levelKl.empty()) kl = m_levelKl;
+        m_distortion = kvscope::levelDistortion(kl, bpv, &m_distortionSource);
+    }
+    // The decode rate here: chunk 0 at the default level, decoded twice (the first pays one-time costs).
+    {
+        const CodecParams& p = m_cachegen->params();
+        const int level = std::clamp(p.profile.defaultLevel, 1, p.numLevels());
+        Request r;
+        r.type = FrameType::ChunkRequest;
+        r.codec = CodecId::CacheGen;
+        r.context = m_context;
+        r.chunk = 0;
+        r.level = uint32_t(level);
+        try {
+            const Reply rep = client.request(r, m_cachegen->chunkBytes(0, level), monoSeconds() + 60);
+            if (rep.type == FrameType::Chunk) {
+                KvSet scratch(p.shape, DType::F16);
+                double best = 1e30;
+                for (int k = 0; k < 2; ++k) {
+                    const double t0 = monoSeconds();
+                    m_cachegen->decodePayloadInto(0, level, rep.payload.data(), rep.payload.size(), scratch);
+                    best = std::min(best, monoSeconds() - t0);
+                }
+                m_decodeSecondsPerToken = best / double(p.chunkLength(0));
+            }
+        } catch (const std::exception&) {
+            m_decodeSecondsPerToken = 0;  // learnt during the first run instead
+        }
+    }
+
     // The reference answer, and the prefill rate of the question after the whole context.
     InferenceSession session(m_model.runtime());
+    const double l0 = monoSeconds();
     session.loadKv(m_original);
+    m_kvLoadSeconds = monoSeconds() - l0;
     std::vector<float> logits;
     session.append(m_question, &logits);  // warm-up: the first forward pays one-time costs
     session.truncate(int(m_tokens.size()));
@@ -192,14 +285,22 @@ void Streamer::prepare(const StreamOptions& options, const std::string& logPrefi
     session.append(m_question, &logits);
     m_prefillSeconds = monoSeconds() - t0;
     m_prefillRate = double(m_question.size()) / std::max(1e-6, m_prefillSeconds);
+    {
+        const double f0 = monoSeconds();
+        (void)argmax(logits.data(), logits.size());
+        m_firstTokenSeconds = monoSeconds() - f0;
+    }
     session.truncate(int(m_tokens.size()));
     const Generation g = generate(session, m_question, options.qualityTokens, SamplingOptions{}, m_model.stopIds());
     m_refTokens = g.tokens;
     m_refText = m_model.tokenizer().decode(g.tokens, true);
-    std::fprintf(stderr, "%s: context %s, %d chunks of %d tokens, %s; question prefill %.3f s (%.0f tokens/s)\n",
+    std::fprintf(stderr,
+                 "%s: context %s, %d chunks of %d tokens, %s; question prefill %.3f s (%.0f tokens/s), "
+                 "decode %.2f ms/chunk, cache load %.3f s; level distortion from %s\n",
                  logPrefix.c_str(), m_context.c_str(), m_cachegen->params().numChunks(),
                  m_cachegen->params().profile.chunkTokens, m_int8 ? "cachegen + int8" : "cachegen only",
-                 m_prefillSeconds, m_prefillRate);
+                 m_prefillSeconds, m_prefillRate, 1e3 * m_decodeSecondsPerToken * m_cachegen->params().profile.chunkTokens,
+                 m_kvLoadSeconds, m_distortionSource.c_str());
 }
 
 StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double linkOffset)
@@ -242,15 +343,19 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
     };
 
     // Estimates the controller learns as the run goes.
-    double rttEstimate = -1;          // smallest first-byte delay seen
-    double throughput = -1;           // bytes/s of the latest chunk fetched
-    double decodeSecondsPerByte = -1; // per fp16 byte, from finished decode jobs (worker-written)
-    std::mutex estimateMutex;
+    double rttEstimate = -1;  // smallest first-byte delay seen
+    ThroughputEstimator estimator;
+    const double prior = m_priorThroughput * kPriorDiscount;
     const double recomputeRate = modelPrefill ? hw.prefillTokensPerSecond : m_prefillRate;
     const double tailPrefill = modelPrefill ? double(m_question.size()) / hw.prefillTokensPerSecond : m_prefillSeconds;
+    const double tailFirst = hw.firstTokenSeconds >= 0 ? hw.firstTokenSeconds : m_firstTokenSeconds;
+    const double tailSeconds = tailPrefill + tailFirst + (modelDecode ? 0.0 : m_kvLoadSeconds);
+    std::atomic<double> decodePerToken{modelDecode ? double(fp16BytesPerToken) / (hw.decodeGBps * 1e9)
+                                                   : m_decodeSecondsPerToken};
+    const double recomputePerToken = 1.0 / std::max(1e-9, recomputeRate);
     bool serverDown = false;
     uint64_t delivered = 0;
-    double lastArrival = 0;
+    double lastArrival = 0, firstByte = -1;
 
     auto decodeJob = [&, fp16BytesPerToken](int i, int level, std::vector<uint8_t> payload) {
         return [&, i, level, fp16BytesPerToken, payload = std::move(payload)]() {
@@ -261,8 +366,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
             ev.jobStartS = since(s);
             ev.decodedS = since(e);
             ev.jobSeconds = e - s;
-            std::lock_guard<std::mutex> lock(estimateMutex);
-            decodeSecondsPerByte = (e - s) / double(size_t(params.chunkLength(i)) * fp16BytesPerToken);
+            if (!modelDecode) decodePerToken = (e - s) / double(params.chunkLength(i));
         };
     };
     auto recomputeJob = [&](int i, std::vector<int32_t> tokens) {
@@ -291,51 +395,191 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         };
     };
 
-    for (int i = 0; i < chunks; ++i) {
-        ChunkEvent& ev = res.chunks[size_t(i)];
-        ev.index = i;
+    // Jobs are handed to the worker in chunk order; owedSeconds is the predicted work it still owes.
+    std::vector<std::function<void()>> jobs(static_cast<size_t>(chunks));
+    std::vector<double> jobPredicted(size_t(chunks), 0.0);
+    std::vector<char> ready(size_t(chunks), 0);  // fetched or given up, job built
+    std::vector<int> attempts(size_t(chunks), 0);
+    std::mutex owedMutex;
+    double owedSeconds = 0;
+    int nextSubmit = 0;
+    auto localTokens = [&](int i) {
         const int start = params.chunkStart(i), n = params.chunkLength(i);
-        const std::vector<int32_t> localTokens(m_tokens.begin() + start, m_tokens.begin() + start + n);
-        bool done = false;
-        for (int attempt = 1; attempt <= opt.maxAttempts && !serverDown && !done; ++attempt) {
-            if (attempt > 1 && since(monoSeconds()) >= opt.sloSeconds) {
-                logLine("chunk " + std::to_string(i) + ": no SLO budget left for another attempt");
-                break;
+        return std::vector<int32_t>(m_tokens.begin() + start, m_tokens.begin() + start + n);
+    };
+    auto jobCost = [&](int i, int level) {
+        return double(params.chunkLength(i)) * (level == 0 ? recomputePerToken : decodePerToken.load());
+    };
+    auto submitReady = [&] {
+        while (nextSubmit < chunks && ready[size_t(nextSubmit)]) {
+            const int i = nextSubmit++;
+            const double predicted = jobPredicted[size_t(i)];
+            {
+                std::lock_guard<std::mutex> lock(owedMutex);
+                owedSeconds += predicted;
             }
-            // Choose the level (0 = text).
+            worker.submit([&, job = std::move(jobs[size_t(i)]), predicted] {
+                struct Paid {
+                    std::mutex& m;
+                    double& owed;
+                    double p;
+                    ~Paid()
+                    {
+                        std::lock_guard<std::mutex> lock(m);
+                        owed -= p;
+                    }
+                } paid{owedMutex, owedSeconds, predicted};
+                job();
+            });
+            const ChunkEvent& ev = res.chunks[size_t(i)];
+            // A copy of the fetch's fields only: the worker may be writing the job's fields now.
+            ChunkEvent fetched;
+            fetched.index = ev.index;
+            fetched.level = ev.level;
+            fetched.local = ev.local;
+            fetched.bytes = ev.bytes;
+            fetched.sentS = ev.sentS;
+            fetched.firstByteS = ev.firstByteS;
+            fetched.arrivedS = ev.arrivedS;
+            fetched.attempts = ev.attempts;
+            fetched.note = ev.note;
+            fetched.throughputEstimate = ev.throughputEstimate;
+            fetched.predictedTtftS = ev.predictedTtftS;
+            if (opt.onChunk && !opt.onChunk(fetched)) {
+                worker.drain();  // the jobs hold references into this frame
+                throw Error("stream: cancelled");
+            }
+        }
+    };
+    auto giveUp = [&](int i) {
+        ChunkEvent& ev = res.chunks[size_t(i)];
+        ev.level = 0;
+        ev.local = true;
+        ev.bytes = 0;
+        ev.sentS = ev.firstByteS = ev.arrivedS = since(monoSeconds());
+        logLine("chunk " + std::to_string(i) + ": recomputed from local tokens");
+        jobs[size_t(i)] = recomputeJob(i, localTokens(i));
+        jobPredicted[size_t(i)] = jobCost(i, 0);
+        ready[size_t(i)] = 1;
+    };
+    auto note = [&](int i, const std::string& what) {
+        ChunkEvent& ev = res.chunks[size_t(i)];
+        ev.note += std::string(ev.note.empty() ? "" : "; ") + what;
+    };
+
+    struct InFlight {
+        int chunk, level;
+        uint64_t expected;
+        double sentAt, predictedThroughput;
+    };
+    std::deque<InFlight> inflight;
+    std::deque<int> todo;
+    for (int i = 0; i < chunks; ++i) {
+        todo.push_back(i);
+        res.chunks[size_t(i)].index = i;
+    }
+    double prevReplyEnd = 0;  // monotonic end of the previous reply on this connection (0: none)
+    auto wireBytes = [&](int i, int level) {
+        return level == 0 ? 0.0 : double(kFrameHeaderBytes) + double(reader.chunkBytes(i, level));
+    };
+
+    // The adaptive choice for chunk i, given what is in flight and owed.
+    auto chooseAdaptive = [&](int i, ChunkEvent& ev) {
+        const double thr = estimator.valid() ? estimator.estimate() : prior;
+        if (thr <= 0) return std::clamp(params.profile.defaultLevel, 1, levels);
+        const double now = monoSeconds();
+        const double rtt = std::max(0.0, rttEstimate);
+        const double dpt = decodePerToken.load();
+        // Replay what is committed: the replies in flight on the link, then the jobs.
+        double link = prevReplyEnd > 0 ? prevReplyEnd : now;
+        std::vector<double> arrivals;
+        for (const InFlight& f : inflight) {
+            link = std::max(link, f.sentAt + rtt) + wireBytes(f.chunk, f.level) / thr;
+            arrivals.push_back(link);
+        }
+        double worker;
+        {
+            std::lock_guard<std::mutex> lock(owedMutex);
+            worker = now + std::max(0.0, owedSeconds);
+        }
+        // Settled chunks not yet handed over (held back by an earlier one), then those in flight.
+        for (int k = nextSubmit; k < chunks; ++k)
+            if (ready[size_t(k)]) worker += jobPredicted[size_t(k)];
+        for (size_t k = 0; k < inflight.size(); ++k)
+            worker = std::max(worker, arrivals[k]) +
+                     double(params.chunkLength(inflight[k].chunk)) * (inflight[k].level == 0 ? recomputePerToken : dpt);
+        PlanInput in;
+        in.distortion = m_distortion;
+        for (int k : todo) {
+            if (ready[size_t(k)]) continue;
+            bool flying = false;
+            for (const InFlight& f : inflight) flying = flying || f.chunk == k;
+            if (flying) continue;
+            PlanChunk pc;
+            pc.tokens = params.chunkLength(k);
+            for (int c = 0; c <= levels; ++c) pc.bytes.push_back(wireBytes(k, c));
+            in.chunks.push_back(pc);
+        }
+        in.now = since(now);
+        in.linkBusyUntil = since(std::max(link, now));
+        in.workerBusyUntil = since(worker);
+        in.throughput = thr;
+        in.rtt = rtt;
+        in.decodeSecondsPerToken = dpt;
+        in.recomputeSecondsPerToken = recomputePerToken;
+        in.tailSeconds = tailSeconds;
+        in.slo = opt.sloSeconds * (1.0 - kSloSafety);
+        in.horizon = opt.horizon;
+        const PlanResult pr = planChunks(in);
+        ev.throughputEstimate = thr;
+        ev.predictedTtftS = pr.predictedTtft;
+        (void)i;
+        return pr.choice;
+    };
+
+    // Requests to keep in flight: enough that the bytes behind the current reply cover one round
+    // trip at the estimated throughput (the bandwidth-delay product), plus the reply itself.
+    double lastReplyBytes = 0;
+    auto windowNow = [&] {
+        const double thr = estimator.valid() ? estimator.harmonicMean() : prior;
+        if (policy.kind == Policy::Adaptive && thr <= 0) return 1;  // nothing to choose the next level by
+        if (opt.window > 0) return opt.window;
+        if (thr <= 0 || rttEstimate < 0 || lastReplyBytes <= 0) return 2;
+        return std::clamp(2 + int(std::ceil(thr * rttEstimate / lastReplyBytes)), 2, kMaxWindow);
+    };
+
+    while (!todo.empty() || !inflight.empty()) {
+        // Keep the window full.
+        const int window = windowNow();
+        while (!serverDown && !todo.empty() && int(inflight.size()) < window) {
+            const int i = todo.front();
+            ChunkEvent& ev = res.chunks[size_t(i)];
+            if (attempts[size_t(i)] >= opt.maxAttempts ||
+                (attempts[size_t(i)] > 0 && since(monoSeconds()) >= opt.sloSeconds)) {
+                if (attempts[size_t(i)] < opt.maxAttempts)
+                    logLine("chunk " + std::to_string(i) + ": no SLO budget left for another attempt");
+                todo.pop_front();
+                giveUp(i);
+                continue;
+            }
             int level = 0;
             switch (policy.kind) {
             case Policy::Text: level = 0; break;
             case Policy::Int8: level = 1; break;
             case Policy::Level: level = policy.level; break;
-            case Policy::Adaptive: {
-                if (throughput <= 0) {
-                    level = params.profile.defaultLevel;
-                    break;
-                }
-                double decodeEst;
-                {
-                    std::lock_guard<std::mutex> lock(estimateMutex);
-                    decodeEst = decodeSecondsPerByte;
-                }
-                const double chunkDecode = modelDecode ? double(n * fp16BytesPerToken) / (hw.decodeGBps * 1e9)
-                                                       : std::max(0.0, decodeEst) * double(n * fp16BytesPerToken);
-                const double tail = tailPrefill + chunkDecode;
-                const double budget = (opt.sloSeconds - since(monoSeconds()) - tail) / double(chunks - i);
-                const double rtt = std::max(0.0, rttEstimate);
-                level = 0;
-                for (int l = levels; l >= 1; --l)
-                    if (rtt + reader.chunkBytes(i, l) / throughput <= budget) {
-                        level = l;
-                        break;
-                    }
-                if (level == 0) {
-                    const double textCost = double(n) / std::max(1e-9, recomputeRate);
-                    const double lowest = rtt + reader.chunkBytes(i, 1) / throughput;
-                    if (lowest < textCost) level = 1;
-                }
-                break;
+            case Policy::Adaptive: level = chooseAdaptive(i, ev); break;
             }
+            if (level == 0) {
+                // Text: the client holds the context's tokens (it named the context by them), so
+                // recomputing costs no request, only the worker's time.
+                ev.level = 0;
+                ev.sentS = ev.firstByteS = ev.arrivedS = since(monoSeconds());
+                jobs[size_t(i)] = recomputeJob(i, localTokens(i));
+                jobPredicted[size_t(i)] = jobCost(i, 0);
+                ready[size_t(i)] = 1;
+                todo.pop_front();
+                submitReady();
+                continue;
             }
             Request rq;
             rq.type = level == 0 ? FrameType::TextRequest : FrameType::ChunkRequest;
@@ -343,85 +587,118 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
             rq.context = m_context;
             rq.chunk = uint32_t(i);
             rq.level = uint32_t(level);
-            const uint64_t expected = level == 0 ? uint64_t(n) * 4 : reader.chunkBytes(i, level);
+            const uint64_t expected = level == 0 ? uint64_t(params.chunkLength(i)) * 4 : reader.chunkBytes(i, level);
+            const int attempt = ++attempts[size_t(i)];
             ev.attempts = attempt;
-            Reply rep;
             try {
-                rep = client.request(rq, expected, monoSeconds() + opt.fetchTimeout);
+                const double sentAt = client.send(rq);
+                inflight.push_back({i, level, expected, sentAt, ev.throughputEstimate});
+                todo.pop_front();
             } catch (const std::exception& e) {
                 const NetError* ne = dynamic_cast<const NetError*>(&e);
                 const bool refused = ne && ne->kind() == NetError::Failed && !client.connected();
-                ev.note += std::string(ev.note.empty() ? "" : "; ") + "attempt " + std::to_string(attempt) + ": " + e.what();
+                note(i, "attempt " + std::to_string(attempt) + ": " + e.what());
                 logLine("chunk " + std::to_string(i) + " attempt " + std::to_string(attempt) + ": " + e.what());
+                // The connection is gone and with it the requests in flight: ask for them again.
+                for (auto it = inflight.rbegin(); it != inflight.rend(); ++it) {
+                    --attempts[size_t(it->chunk)];
+                    todo.push_front(it->chunk);
+                }
+                inflight.clear();
+                prevReplyEnd = 0;
                 if (refused) {
                     serverDown = true;
                     logLine("server unreachable: the remaining chunks are recomputed from local tokens");
                 }
-                continue;
             }
-            delivered += rep.wireBytes;
-            lastArrival = std::max(lastArrival, since(rep.arrivedAt));
-            if (rep.type == FrameType::Error) {
-                const std::string msg(rep.payload.begin(), rep.payload.end());
-                ev.note += std::string(ev.note.empty() ? "" : "; ") + "server: " + msg;
-                logLine("chunk " + std::to_string(i) + ": server error: " + msg);
-                break;  // asking again would get the same answer
-            }
-            if (level > 0 && (rep.payload.size() != expected ||
-                              crc32(rep.payload.data(), rep.payload.size()) != reader.chunkCrc(i, level))) {
-                ev.note += std::string(ev.note.empty() ? "" : "; ") + "attempt " + std::to_string(attempt) + ": CRC mismatch";
-                logLine("chunk " + std::to_string(i) + " level " + std::to_string(level) + ": CRC mismatch, retrying");
-                continue;
-            }
-            // Success: measure, then hand the chunk to the worker.
-            const double firstDelay = rep.firstByteAt - rep.sentAt;
-            rttEstimate = rttEstimate < 0 ? firstDelay : std::min(rttEstimate, firstDelay);
-            const double span = rep.arrivedAt - rep.sentAt - std::max(0.0, rttEstimate);
-            if (level > 0 && rep.payload.size() >= 1024 && span > 0) throughput = double(rep.wireBytes) / span;
-            ev.level = level;
-            ev.bytes = rep.payload.size();
-            ev.sentS = since(rep.sentAt);
-            ev.firstByteS = since(rep.firstByteAt);
-            ev.arrivedS = since(rep.arrivedAt);
-            if (level == 0) {
-                std::vector<int32_t> tokens = decodeTokens(rep.payload.data(), rep.payload.size(), "text reply");
-                if (tokens != localTokens) {
-                    logLine("chunk " + std::to_string(i) + ": the server's tokens differ from ours; using ours");
-                    tokens = localTokens;
-                }
-                worker.submit(recomputeJob(i, std::move(tokens)));
-            } else {
-                worker.submit(decodeJob(i, level, std::move(rep.payload)));
-            }
-            done = true;
         }
-        if (!done) {
-            ev.level = 0;
-            ev.local = true;
-            ev.sentS = ev.firstByteS = ev.arrivedS = since(monoSeconds());
-            logLine("chunk " + std::to_string(i) + ": recomputed from local tokens");
-            worker.submit(recomputeJob(i, localTokens));
+        if (serverDown) {
+            for (int k : todo) giveUp(k);
+            todo.clear();
+            submitReady();
+            continue;
         }
-        // A copy of the fetch's fields only: the worker may be writing the job's fields now.
-        ChunkEvent fetched;
-        fetched.index = ev.index;
-        fetched.level = ev.level;
-        fetched.local = ev.local;
-        fetched.bytes = ev.bytes;
-        fetched.sentS = ev.sentS;
-        fetched.firstByteS = ev.firstByteS;
-        fetched.arrivedS = ev.arrivedS;
-        fetched.attempts = ev.attempts;
-        fetched.note = ev.note;
-        if (opt.onChunk && !opt.onChunk(fetched)) {
-            worker.drain();  // the jobs hold references into this frame
-            throw Error("stream: cancelled");
+        if (inflight.empty()) {
+            submitReady();
+            continue;
         }
+        const InFlight f = inflight.front();
+        ChunkEvent& ev = res.chunks[size_t(f.chunk)];
+        Reply rep;
+        try {
+            rep = client.receive(f.expected, monoSeconds() + opt.fetchTimeout);
+        } catch (const std::exception& e) {
+            note(f.chunk, "attempt " + std::to_string(attempts[size_t(f.chunk)]) + ": " + e.what());
+            logLine("chunk " + std::to_string(f.chunk) + " attempt " + std::to_string(attempts[size_t(f.chunk)]) + ": " +
+                    e.what());
+            for (auto it = inflight.rbegin(); it != inflight.rend(); ++it) {
+                if (it->chunk != f.chunk) --attempts[size_t(it->chunk)];  // lost with the connection, not failed
+                todo.push_front(it->chunk);
+            }
+            inflight.clear();
+            prevReplyEnd = 0;
+            continue;
+        }
+        inflight.pop_front();
+        delivered += rep.wireBytes;
+        lastArrival = std::max(lastArrival, since(rep.arrivedAt));
+        if (firstByte < 0) firstByte = since(rep.firstByteAt);
+        const double replyStart = std::max(prevReplyEnd, rep.sentAt + std::max(0.0, rttEstimate));
+        prevReplyEnd = rep.arrivedAt;
+        if (rep.type != FrameType::Error && rep.wireBytes > 1024) lastReplyBytes = double(rep.wireBytes);
+        if (rep.type == FrameType::Error) {
+            const std::string msg(rep.payload.begin(), rep.payload.end());
+            note(f.chunk, "server: " + msg);
+            logLine("chunk " + std::to_string(f.chunk) + ": server error: " + msg);
+            giveUp(f.chunk);  // asking again would get the same answer
+            submitReady();
+            continue;
+        }
+        if (f.level > 0 && (rep.payload.size() != f.expected ||
+                            crc32(rep.payload.data(), rep.payload.size()) != reader.chunkCrc(f.chunk, f.level))) {
+            note(f.chunk, "attempt " + std::to_string(attempts[size_t(f.chunk)]) + ": CRC mismatch");
+            logLine("chunk " + std::to_string(f.chunk) + " level " + std::to_string(f.level) + ": CRC mismatch, retrying");
+            todo.push_front(f.chunk);
+            continue;
+        }
+        // Success: measure, then hand the chunk on.
+        const double firstDelay = rep.firstByteAt - rep.sentAt;
+        rttEstimate = rttEstimate < 0 ? firstDelay : std::min(rttEstimate, firstDelay);
+        const double span = rep.arrivedAt - std::max(replyStart, rep.sentAt + rttEstimate);
+        if (f.level > 0 && rep.payload.size() >= 1024 && span > 0)
+            estimator.add(double(rep.wireBytes) / span, f.predictedThroughput);
+        ev.level = f.level;
+        ev.bytes = rep.payload.size();
+        ev.sentS = since(rep.sentAt);
+        ev.firstByteS = since(rep.firstByteAt);
+        ev.arrivedS = since(rep.arrivedAt);
+        if (f.level == 0) {
+            std::vector<int32_t> tokens = decodeTokens(rep.payload.data(), rep.payload.size(), "text reply");
+            if (tokens != localTokens(f.chunk)) {
+                logLine("chunk " + std::to_string(f.chunk) + ": the server's tokens differ from ours; using ours");
+                tokens = localTokens(f.chunk);
+            }
+            jobs[size_t(f.chunk)] = recomputeJob(f.chunk, std::move(tokens));
+        } else {
+            jobs[size_t(f.chunk)] = decodeJob(f.chunk, f.level, std::move(rep.payload));
+        }
+        jobPredicted[size_t(f.chunk)] = jobCost(f.chunk, f.level);
+        ready[size_t(f.chunk)] = 1;
+        submitReady();
     }
+    submitReady();
+    if (estimator.valid()) m_priorThroughput = estimator.harmonicMean();
+    res.distortionSource = m_distortionSource;
     worker.drain();
     if (pacer) {
         res.linkSeconds = std::max(lastArrival, 1e-9);
         res.capacityBytes = pacer->schedule().capacityBytes(linkOffset, linkOffset + lastArrival);
+        res.idleLostBytes = pacer->idleLostBytes();
+        res.busyLostBytes = pacer->busyLostBytes();
+        if (firstByte >= 0) {
+            res.backloggedCapacityBytes = pacer->schedule().capacityBytes(linkOffset + firstByte, linkOffset + lastArrival);
+            res.backloggedDeliveredBytes = delivered;
+        }
     }
     res.deliveredBytes = delivered;
 
@@ -470,9 +747,10 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
     const double firstToken = monoSeconds() - s;
     res.kvLoad = {modelDecode ? 0.0 : kvLoad, modelDecode};
     res.prefill = {modelPrefill ? tailPrefill : prefill, modelPrefill};
-    res.firstToken = {firstToken, false};
+    res.firstToken = hw.firstTokenSeconds >= 0 ? TtftPart{hw.firstTokenSeconds, true} : TtftPart{firstToken, false};
     res.ttftSeconds = kvReady + res.kvLoad.seconds + res.prefill.seconds + res.firstToken.seconds;
     res.sloMet = res.ttftSeconds <= opt.sloSeconds;
+    if (opt.keepCache) res.cache = std::make_shared<KvSet>(std::move(assembled));
 
     // Quality: the rest of a greedy answer, against the reference from the original cache.
     res.tokens.push_back(first);

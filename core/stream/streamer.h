@@ -5,26 +5,31 @@
 // of the answer generated from the assembled cache against the original cache.
 //
 // READ ME FIRST
-//  - Adaptation (CacheGen §5.3): before chunk i, throughput = the previous chunk's goodput
-//    (payload bytes over its arrival time minus the smallest first-byte delay seen, our RTT
-//    estimate); budget = (SLO - elapsed - predicted tail) / chunks left, the tail being the
-//    question's prefill plus one chunk's decode; send the highest level whose predicted transfer
-//    (RTT + bytes / throughput) fits the budget. When none fits, CacheGen sends text; we send text
-//    when its predicted recompute is cheaper than the lowest level's transfer, else the lowest
-//    level (on a CPU recompute can be slower than any transfer). The first chunk goes at the
-//    file's default level (nothing is measured yet).
-//  - Pipelining: one worker runs decode and recompute jobs in chunk order, so chunk i decodes while
-//    chunk i+1 travels, and a recompute runs only after every chunk before it is in the cache.
+//  - Pipelining: up to StreamOptions::window requests are in flight on the one connection (the
+//    server answers them in order), so the next reply is already queued at the server when the
+//    current one ends and the link never idles for a round trip between chunks. Until the first
+//    chunk has been measured (and no prior estimate exists) the window is 1: nothing is known to
+//    choose the second chunk's level by.
+//  - Adaptation (policy adaptive): every request's level comes from the planner (planner.h:
+//    RobustMPC throughput estimate, model predictive control over the remaining chunks with text
+//    recompute as one of the choices, distortion from the profile's measured KL). The planner is
+//    given what is already committed: the replies in flight (their bytes) and the jobs the worker
+//    still owes (their predicted durations).
+//  - One worker runs decode and recompute jobs in chunk order, so chunk i decodes while chunk i+1
+//    travels, and a recompute runs only after every chunk before it is in the cache. A chunk that
+//    has to be fetched again (CRC mismatch) holds back the jobs of the chunks after it.
 //  - Text recompute: the chunk's tokens run through the model after the cache assembled so far
 //    (InferenceSession::loadKv + append, then exportKv), so later tokens attend to the decoded,
 //    lossy KV exactly as they would in serving.
 //  - Faults: a failed fetch (closed or stalled connection, error frame, CRC mismatch) is retried
-//    while the SLO has time left (at most maxAttempts); then the chunk is recomputed from the
+//    while the SLO has time left (at most maxAttempts); the requests in flight behind it on the same
+//    connection are sent again without counting an attempt. Then the chunk is recomputed from the
 //    tokens the client holds (it named the context by them). A server that refuses connections is
 //    not asked again in that run. Every fetch has a deadline: nothing waits forever.
 //  - Measured vs modelled: with TargetHardware set, decode and recompute durations and the
 //    question's prefill are modelled (decode GB/s of fp16 KV, prefill tokens/s) and the job
 //    timeline is replayed from the measured arrivals; transfer is always measured on the socket.
+//    Presets (targetPreset) name published figures for a GPU serving a 7B/8B model.
 #pragma once
 
 #include "codec/container.h"
@@ -48,10 +53,17 @@ struct Policy {
 Policy parsePolicy(const std::string& text);
 
 struct TargetHardware {
+    std::string name;                   // preset name, or "custom"; empty when measured here
     double prefillTokensPerSecond = 0;  // recompute and question prefill
     double decodeGBps = 0;              // KV decode, GB of fp16 KV per second
+    double firstTokenSeconds = -1;      // one decode step (the first token); < 0: measured
+    std::string citation;               // where the preset's figures come from
     bool enabled() const { return prefillTokensPerSecond > 0 || decodeGBps > 0; }
 };
+// "a100-7b", "h100-8b" (see streamer.cpp for the figures and their sources); throws
+// kvscope::Error "--target: ..." for other names.
+TargetHardware targetPreset(const std::string& name);
+std::vector<std::string> targetPresetNames();
 
 struct ChunkEvent;
 
@@ -63,6 +75,10 @@ struct StreamOptions {
     double fetchTimeout = 120;   // hard limit on one fetch
     int maxAttempts = 3;
     int qualityTokens = 32;      // greedy tokens generated to compare against the original
+    int window = 0;              // requests in flight at most (1 = stop-and-wait; 0 = automatic: the
+                                 // bandwidth-delay product over the last reply's size, plus 2, at most 8)
+    int horizon = 5;             // planner look-ahead, chunks
+    bool keepCache = false;      // return the assembled cache in StreamResult::cache
     // Optional, for live views: called on the run's thread once each chunk's fetch is settled,
     // with the fetch's fields (level, bytes, sent/arrived; job fields 0: its decode may still be
     // queued). Returning false stops the run: run() lets the queued jobs finish and throws
@@ -79,6 +95,8 @@ struct ChunkEvent {
     double jobStartS = 0, decodedS = 0;              // decode or recompute job
     double jobSeconds = 0;     // duration of the job (measured or modelled)
     int attempts = 0;
+    double throughputEstimate = 0;  // bytes/s the planner used for this chunk (adaptive; 0 otherwise)
+    double predictedTtftS = 0;      // the planner's TTFT prediction when it chose this chunk
     std::string note;          // what went wrong, when something did
 };
 
@@ -99,6 +117,15 @@ struct StreamResult {
     uint64_t deliveredBytes = 0;   // every byte the client read in the run, headers and retries included
     double capacityBytes = 0;      // what the link could carry from the run's start to the last arrival
     double linkSeconds = 0;
+    // The same from the first reply's first byte to the last arrival: the link's use while the
+    // client kept it backlogged (the first round trip excluded).
+    double backloggedCapacityBytes = 0;
+    uint64_t backloggedDeliveredBytes = 0;
+    std::string distortionSource;  // the planner's level distortion figures (planner.h)
+    // The pacer's view (in-process pacer only): capacity lost while no reply was being sent, and
+    // credit left unused within busy periods, up to the end of the run's fetching.
+    double idleLostBytes = 0, busyLostBytes = 0;
+    std::shared_ptr<KvSet> cache;  // the assembled cache (StreamOptions::keepCache)
     std::vector<std::string> log;  // faults, retries, fallbacks, in order
     std::vector<int32_t> tokens;   // greedy answer from the assembled cache
     std::string text;
@@ -120,12 +147,21 @@ public:
     // answer from the original cache and measures the model's prefill rate. Not part of any TTFT.
     // Throws kvscope::Error when the server has no cachegen skeleton of this context.
     void prepare(const StreamOptions& quality, const std::string& logPrefix = "stream");
+    // The measured KL of each cachegen level (a profile's levels[*].measured.mean_kl; a .kvc does
+    // not carry them). Call before prepare(); without it the planner uses the profile figures
+    // only if the file had them, else the size fallback (planner.h).
+    void setLevelKl(std::vector<double> klPerLevel) { m_levelKl = std::move(klPerLevel); }
     bool hasInt8() const { return m_int8 != nullptr; }
     const KvcReader& cachegen() const { return *m_cachegen; }
     const std::string& contextName() const { return m_context; }
     const std::vector<int32_t>& referenceTokens() const { return m_refTokens; }
     const std::string& referenceText() const { return m_refText; }
     double measuredPrefillTokensPerSecond() const { return m_prefillRate; }
+    double measuredDecodeSecondsPerToken() const { return m_decodeSecondsPerToken; }
+    double measuredKvLoadSeconds() const { return m_kvLoadSeconds; }
+    // Per choice (0 = text, 1..L = cachegen level): the planner's distortion, and its source.
+    const std::vector<double>& levelDistortion() const { return m_distortion; }
+    const std::string& distortionSource() const { return m_distortionSource; }
 
     // One run. When pacer is given, it is reset at the run's start with linkOffset (seconds into
     // the schedule), and the run reports the link's capacity. Throws kvscope::Error only for
@@ -146,6 +182,12 @@ private:
     std::string m_refText;
     double m_prefillRate = 0;    // tokens/s of the question prefill after the whole context
     double m_prefillSeconds = 0; // that prefill
+    double m_decodeSecondsPerToken = 0;  // one chunk's decode at the default level, per token
+    double m_kvLoadSeconds = 0;          // loading the whole cache into a session
+    double m_firstTokenSeconds = 0;
+    std::vector<double> m_distortion, m_levelKl;
+    std::string m_distortionSource;
+    double m_priorThroughput = 0;        // the previous run's harmonic mean, bytes/s
 };
 
 }  // namespace kvscope

@@ -1,0 +1,388 @@
+#include "stream/kernel_link.h"
+
+#include "common/error.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <dirent.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <csignal>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace kvscope {
+
+namespace {
+
+// Live namespaces, for the signal handler (plain storage: it may only use async-signal-safe calls).
+constexpr int kMaxLive = 8;
+char g_live[kMaxLive][64];
+std::mutex g_liveMutex;
+std::atomic<int> g_serial{0};
+
+void addLive(const std::string& name)
+{
+    std::lock_guard<std::mutex> lock(g_liveMutex);
+    for (auto& slot : g_live)
+        if (!slot[0]) {
+            std::snprintf(slot, sizeof slot, "%s", name.c_str());
+            return;
+        }
+}
+
+void removeLive(const std::string& name)
+{
+    std::lock_guard<std::mutex> lock(g_liveMutex);
+    for (auto& slot : g_live)
+        if (name == slot) slot[0] = 0;
+}
+
+// Runs argv[0] (searched in PATH) with argv, waits; returns its exit status and, in *output, what
+// it wrote on stdout and stderr (at most 4 KiB).
+int runTool(const std::vector<std::string>& argv, std::string* output)
+{
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) return -1;
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+        ::close(fds[0]);
+        ::close(fds[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        ::dup2(fds[1], 1);
+        ::dup2(fds[1], 2);
+        ::execvp(args[0], args.data());
+        ::_exit(127);
+    }
+    ::close(fds[1]);
+    std::string out;
+    char buf[512];
+    ssize_t n;
+    while ((n = ::read(fds[0], buf, sizeof buf)) > 0)
+        if (out.size() < 4096) out.append(buf, size_t(n));
+    ::close(fds[0]);
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (output) {
+        while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+        *output = out;
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+void mustRun(const std::vector<std::string>& argv)
+{
+    std::string out;
+    if (runTool(argv, &out) != 0) {
+        std::string cmd;
+        for (const std::string& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
+        throw Error("kernel link: '" + cmd + "' failed: " + (out.empty() ? "no output" : out));
+    }
+}
+
+bool hasNetAdmin()
+{
+    FILE* f = std::fopen("/proc/self/status", "r");
+    if (!f) return ::geteuid() == 0;
+    char line[256];
+    unsigned long long caps = 0;
+    while (std::fgets(line, sizeof line, f))
+        if (std::strncmp(line, "CapEff:", 7) == 0) caps = std::strtoull(line + 7, nullptr, 16);
+    std::fclose(f);
+    return (caps >> 12) & 1;  // CAP_NET_ADMIN
+}
+
+bool inPath(const char* tool)
+{
+    const char* path = std::getenv("PATH");
+    std::string p = path ? path : "";
+    p += ":/usr/sbin:/sbin";
+    size_t pos = 0;
+    while (pos <= p.size()) {
+        const size_t c = p.find(':', pos);
+        const std::string dir = p.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
+        if (!dir.empty() && ::access((dir + "/" + tool).c_str(), X_OK) == 0) return true;
+        if (c == std::string::npos) break;
+        pos = c + 1;
+    }
+    return false;
+}
+
+// Namespaces left by runs that died without cleaning up (their PID is gone).
+void sweepStale()
+{
+    DIR* d = ::opendir("/var/run/netns");
+    if (!d) return;
+    std::vector<std::string> stale;
+    while (dirent* e = ::readdir(d)) {
+        int pid = 0, n = 0;
+        if (std::sscanf(e->d_name, "kvscope-%d-%d", &pid, &n) == 2 && pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH)
+            stale.push_back(e->d_name);
+    }
+    ::closedir(d);
+    for (const std::string& s : stale) runTool({"ip", "netns", "del", s}, nullptr);
+}
+
+void onSignal(int sig)
+{
+    for (auto& slot : g_live) {
+        if (!slot[0]) continue;
+        const pid_t pid = ::fork();
+        if (pid == 0) {
+            const char* argv[] = {"ip", "netns", "del", slot, nullptr};
+            ::execvp("ip", const_cast<char* const*>(argv));
+            ::_exit(127);
+        }
+        if (pid > 0) ::waitpid(pid, nullptr, 0);
+    }
+    ::_exit(128 + sig);
+}
+
+std::string bitRate(double bytesPerSecond)
+{
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%.0fbit", std::max(8000.0, bytesPerSecond * 8));
+    return buf;
+}
+
+}  // namespace
+
+bool KernelLink::available(std::string* why)
+{
+    std::string reason;
+    if (!hasNetAdmin()) reason = "needs root or CAP_NET_ADMIN to create a network namespace and shape it with tc";
+    else if (!inPath("ip")) reason = "the 'ip' tool (iproute2) is not installed";
+    else if (!inPath("tc")) reason = "the 'tc' tool (iproute2) is not installed";
+    if (why) *why = reason;
+    return reason.empty();
+}
+
+void KernelLink::cleanupOnSignal()
+{
+    std::signal(SIGINT, onSignal);
+    std::signal(SIGTERM, onSignal);
+}
+
+KernelLink::KernelLink(const KernelLinkOptions& options) : m_opt(options)
+{
+    std::string why;
+    if (!available(&why)) throw Error("--link kernel: " + why);
+    if (!(m_opt.lossPercent >= 0 && m_opt.lossPercent <= 100)) throw Error("--loss: must be within 0..100");
+    sweepStale();
+    const int n = g_serial++ % 250;
+    const int id = int(::getpid() % 200) * 0 + n;  // 10.213.N.0/30 per link of this process
+    m_netns = "kvscope-" + std::to_string(::getpid()) + "-" + std::to_string(n);
+    m_hostDev = "kvs" + std::to_string(::getpid() % 100000) + "a" + std::to_string(n);
+    m_nsDev = "kvs" + std::to_string(::getpid() % 100000) + "b" + std::to_string(n);
+    m_clientAddr = "10.213." + std::to_string(id) + ".1";
+    m_serverAddr = "10.213." + std::to_string(id) + ".2";
+    try {
+        mustRun({"ip", "netns", "add", m_netns});
+        m_created = true;
+        addLive(m_netns);
+        mustRun({"ip", "link", "add", m_hostDev, "type", "veth", "peer", "name", m_nsDev, "netns", m_netns});
+        mustRun({"ip", "addr", "add", m_clientAddr + "/30", "dev", m_hostDev});
+        mustRun({"ip", "link", "set", m_hostDev, "up"});
+        mustRun({"ip", "-n", m_netns, "addr", "add", m_serverAddr + "/30", "dev", m_nsDev});
+        mustRun({"ip", "-n", m_netns, "link", "set", m_nsDev, "up"});
+        mustRun({"ip", "-n", m_netns, "link", "set", "lo", "up"});
+        char delay[32], loss[32];
+        std::snprintf(delay, sizeof delay, "%.3fms", m_opt.rttSeconds * 1e3);
+        std::snprintf(loss, sizeof loss, "%.4f%%", m_opt.lossPercent);
+        std::vector<std::string> netem = {"ip", "netns", "exec", m_netns, "tc", "qdisc", "add", "dev", m_nsDev,
+                                          "root", "handle", "1:", "netem", "delay", delay, "limit", "100000"};
+        if (m_opt.lossPercent > 0) {
+            netem.push_back("loss");
+            netem.push_back(loss);
+        }
+        std::string out;
+        if (runTool(netem, &out) != 0) {
+            // Kernels built without sch_netem: tbf alone shapes the rate; the caller delays replies.
+            if (out.find("unknown") == std::string::npos) mustRun(netem);  // another failure: report it
+            if (m_opt.lossPercent > 0)
+                throw Error("kernel link: --loss needs the netem qdisc, which this kernel lacks (" + out + ")");
+            m_netem = false;
+        }
+        setRate(m_opt.schedule.capacityBytes(0, m_opt.tickSeconds) / m_opt.tickSeconds, true);
+    } catch (...) {
+        destroy();
+        throw;
+    }
+}
+
+KernelLink::~KernelLink() { destroy(); }
+
+void KernelLink::destroy()
+{
+    stopShaping();
+    if (m_created) {
+        runTool({"ip", "netns", "del", m_netns}, nullptr);  // deletes both veth ends
+        runTool({"ip", "link", "del", m_hostDev}, nullptr);  // normally gone already
+        removeLive(m_netns);
+        m_created = false;
+    }
+}
+
+std::string KernelLink::describe() const
+{
+    char buf[320];
+    if (m_netem)
+        std::snprintf(buf, sizeof buf, "kernel veth %s<->%s (netns %s), netem delay %.1f ms loss %g%%, tbf following %s",
+                      m_hostDev.c_str(), m_nsDev.c_str(), m_netns.c_str(), m_opt.rttSeconds * 1e3, m_opt.lossPercent,
+                      m_opt.schedule.describe().c_str());
+    else
+        std::snprintf(buf, sizeof buf,
+                      "kernel veth %s<->%s (netns %s), tbf following %s; no netem in this kernel: the %.1f ms RTT "
+                      "is added by the server",
+                      m_hostDev.c_str(), m_nsDev.c_str(), m_netns.c_str(), m_opt.schedule.describe().c_str(),
+                      m_opt.rttSeconds * 1e3);
+    return buf;
+}
+
+void KernelLink::openBatch()
+{
+    // One long-lived `tc -n NETNS -force -batch -` takes every rate change on its stdin: no fork
+    // per tick (a fork and exec of tc costs 10-20 ms on a loaded machine). A tc that dies makes
+    // writes fail with EPIPE (SIGPIPE ignored) and the link falls back to one tc per change.
+    std::signal(SIGPIPE, SIG_IGN);
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) return;
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+        ::close(fds[0]);
+        ::close(fds[1]);
+        return;
+    }
+    if (pid == 0) {
+        ::dup2(fds[0], 0);
+        const char* argv[] = {"tc", "-n", m_netns.c_str(), "-force", "-batch", "-", nullptr};
+        ::execvp("tc", const_cast<char* const*>(argv));
+        ::_exit(127);
+    }
+    ::close(fds[0]);
+    m_batchPid = pid;
+    m_batchFd = fds[1];
+}
+
+void KernelLink::closeBatch()
+{
+    if (m_batchFd >= 0) ::close(m_batchFd);
+    m_batchFd = -1;
+    if (m_batchPid > 0) {
+        int status = 0;
+        while (::waitpid(m_batchPid, &status, 0) < 0 && errno == EINTR) {
+        }
+    }
+    m_batchPid = -1;
+}
+
+void KernelLink::setRate(double bytesPerSecond, bool add)
+{
+    // Bucket: 5 ms at the rate, at least 3 full-size packets. Queue: 200 ms at the schedule's mean
+    // rate (at least 256 KiB), the same at every tick: a rate drop drains the queue slower instead
+    // of dropping what it holds.
+    const double rate = std::max(1000.0, bytesPerSecond);
+    const uint64_t burst = uint64_t(std::max(3.0 * 1514, rate * 0.005));
+    const uint64_t limit = uint64_t(std::max(262144.0, m_opt.schedule.meanBytesPerSecond() * 0.2));
+    if (!add && m_batchFd >= 0) {
+        char line[256];
+        const int n = std::snprintf(line, sizeof line, "qdisc change dev %s %s handle 10: tbf rate %s burst %llu limit %llu\n",
+                                    m_nsDev.c_str(), m_netem ? "parent 1:1" : "root", bitRate(rate).c_str(),
+                                    (unsigned long long)burst, (unsigned long long)limit);
+        if (::write(m_batchFd, line, size_t(n)) == n) {
+            ++m_changes;
+            return;
+        }
+    }
+    std::vector<std::string> cmd = {"ip", "netns", "exec", m_netns, "tc", "qdisc", add ? "add" : "change", "dev", m_nsDev};
+    if (m_netem) cmd.insert(cmd.end(), {"parent", "1:1"});
+    else cmd.push_back("root");
+    cmd.insert(cmd.end(), {"handle", "10:", "tbf", "rate", bitRate(rate), "burst", std::to_string(burst), "limit",
+                           std::to_string(limit)});
+    mustRun(cmd);
+    ++m_changes;
+}
+
+Socket KernelLink::listen(const std::string& host, int port) const
+{
+    Socket result;
+    std::string error;
+    std::thread t([&] {
+        const std::string path = "/var/run/netns/" + m_netns;
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) {
+            error = "kernel link: cannot enter " + path + ": " + std::strerror(errno);
+            if (fd >= 0) ::close(fd);
+            return;
+        }
+        ::close(fd);
+        try {
+            result = Socket::listenTcp(host, port);
+        } catch (const std::exception& e) {
+            error = e.what();
+        }
+    });
+    t.join();
+    if (!error.empty()) throw Error(error);
+    return result;
+}
+
+void KernelLink::start(double offsetSeconds)
+{
+    stopShaping();
+    {
+        std::lock_guard<std::mutex> lock(m_mutex);
+        m_stop = false;
+    }
+    openBatch();
+    const double epoch = monoSeconds() - offsetSeconds;
+    setRate(m_opt.schedule.capacityBytes(offsetSeconds, offsetSeconds + m_opt.tickSeconds) / m_opt.tickSeconds, false);
+    m_thread = std::thread([this, epoch] { shaperLoop(epoch); });
+}
+
+void KernelLink::stopShaping()
+{
+    {
+        std::lock_guard<std::mutex> lock(m_mutex);
+        m_stop = true;
+    }
+    m_cv.notify_all();
+    if (m_thread.joinable()) m_thread.join();
+    closeBatch();
+}
+
+void KernelLink::shaperLoop(double epoch)
+{
+    const double tick = m_opt.tickSeconds;
+    double next = std::ceil((monoSeconds() - epoch) / tick + 1e-9) * tick;  // link time of the next tick
+    std::unique_lock<std::mutex> lock(m_mutex);
+    while (!m_stop) {
+        const auto until = std::chrono::steady_clock::time_point(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+            std::chrono::duration<double>(epoch + next)));
+        if (m_cv.wait_until(lock, until, [this] { return m_stop; })) break;
+        lock.unlock();
+        try {
+            setRate(m_opt.schedule.capacityBytes(next, next + tick) / tick, false);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "%s\n", e.what());
+        }
+        lock.lock();
+        next += tick;
+        const double now = monoSeconds() - epoch;
+        if (next < now) next = std::ceil(now / tick) * tick;  // fell behind: skip to the coming tick
+    }
+}
+
+}  // namespace kvscope

@@ -1,0 +1,92 @@
+// A real shaped link for the streaming lab: a veth pair between this process's network namespace
+// and one made for the run, shaped by Linux tc, so the kernel's TCP (slow start, congestion
+// control, queueing, loss recovery) carries every byte.
+//
+// READ ME FIRST
+//  - Topology: namespace "kvscope-PID-N" holds veth end "kvsNb" (10.213.N.2/30); this namespace
+//    holds "kvsNa" (10.213.N.1/30). The chunk server listens inside the namespace (listen()
+//    creates the socket from a thread that entered it; the socket stays there), the client
+//    connects from here to 10.213.N.2, so replies leave through kvsNb.
+//  - Shaping on kvsNb's egress (the reply direction): netem (delay = the RTT, optional random
+//    loss) as the root qdisc, tbf (rate, burst, 100 ms of queue) as its child. Requests and ACKs
+//    travel back unshaped and undelayed, so the path's round trip is the netem delay. A kernel
+//    without sch_netem gets tbf alone as the root qdisc; the RTT is then added by the chunk server
+//    (kernelDelay() false) and loss is refused.
+//  - Following a schedule: once start() is called, a thread sets tbf's rate every tick (50 ms) to
+//    the schedule's mean rate over the coming tick (capacityBytes(t, t + tick) / tick) with
+//    `tc qdisc change`, written to one long-lived `tc -batch` process (no fork per tick). The capacity of every tick is the schedule's; the shape within a tick is
+//    tbf's. A tick with no capacity (a trace's gap) gets a floor of 8 kbit/s (tbf needs a rate).
+//  - Needs root or CAP_NET_ADMIN and the ip and tc tools (iproute2): available() says which is
+//    missing, and callers fall back to the in-process pacer.
+//  - Clean-up: the destructor stops the thread and deletes the namespace (which deletes both veth
+//    ends). Creating a link first deletes namespaces "kvscope-PID-*" whose process is gone (a run
+//    killed with SIGKILL), and cleanupOnSignal() makes SIGINT/SIGTERM delete the live ones.
+#pragma once
+
+#include "stream/link.h"
+#include "stream/net.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace kvscope {
+
+struct KernelLinkOptions {
+    LinkSchedule schedule;
+    double rttSeconds = 0;
+    double lossPercent = 0;   // random loss on the reply direction, 0..100
+    double tickSeconds = 0.05;
+};
+
+class KernelLink {
+public:
+    // True when this process may create namespaces and shape links; otherwise false and why.
+    static bool available(std::string* why);
+    // Creates the namespace, the veth pair and the qdiscs; throws kvscope::Error naming the
+    // command that failed (everything made so far is removed).
+    explicit KernelLink(const KernelLinkOptions& options);
+    ~KernelLink();
+    KernelLink(const KernelLink&) = delete;
+    KernelLink& operator=(const KernelLink&) = delete;
+
+    const std::string& netns() const { return m_netns; }
+    const std::string& serverAddress() const { return m_serverAddr; }  // inside the namespace
+    const std::string& clientAddress() const { return m_clientAddr; }
+    // A listening socket inside the namespace (port 0 = any free port).
+    Socket listen(const std::string& host, int port) const;
+    // Starts following the schedule from link time offsetSeconds, now (restarts when running).
+    void start(double offsetSeconds);
+    void stopShaping();
+    int rateChanges() const { return m_changes; }
+    // False when the kernel lacks the netem qdisc: then tbf alone is the root qdisc and the
+    // caller must add the RTT itself (ChunkServer's rttSeconds); loss is unavailable.
+    bool kernelDelay() const { return m_netem; }
+    std::string describe() const;
+
+    // SIGINT and SIGTERM delete every live KernelLink's namespace, then exit(130/143).
+    static void cleanupOnSignal();
+
+private:
+    void setRate(double bytesPerSecond, bool add);
+    void openBatch();
+    void closeBatch();
+    void shaperLoop(double epoch);
+    void destroy();
+
+    KernelLinkOptions m_opt;
+    std::string m_netns, m_hostDev, m_nsDev, m_serverAddr, m_clientAddr;
+    std::thread m_thread;
+    std::mutex m_mutex;
+    std::condition_variable m_cv;
+    bool m_stop = false;
+    std::atomic<int> m_changes{0};
+    bool m_created = false;
+    bool m_netem = true;
+    int m_batchFd = -1;
+    int m_batchPid = -1;
+};
+
+}  // namespace kvscope

@@ -1,0 +1,311 @@
+// The chunk server under load: 16 streaming clients sharing one shaped bottleneck get max-min fair
+// shares while misbehaving peers (a reader that stops reading, garbage and oversized frames,
+// disconnects mid-reply) come and go, memory stays bounded; and the Redis store serves reads
+// while other contexts are pushed concurrently.
+#include "testmain.h"
+
+#include "codec/container.h"
+#include "codec/profile.h"
+#include "common/error.h"
+#include "kv/kv_set.h"
+#include "stream/client.h"
+#include "stream/link.h"
+#include "stream/protocol.h"
+#include "stream/server.h"
+#include "stream/store.h"
+
+#include <QFile>
+#include <QProcess>
+#include <QTemporaryDir>
+
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace kvscope;
+
+namespace {
+
+KvSet syntheticKv(int layers, int heads, int tokens, uint64_t seed)
+{
+    SyntheticSpec spec;
+    spec.shape = KvShape{layers, heads, 64, tokens};
+    spec.seed = seed;
+    KvSet kv = makeSyntheticKv(spec);
+    for (int t = 0; t < tokens; ++t) kv.tokens.push_back(int32_t((t * 7919 + int(seed)) % 49152));
+    return kv;
+}
+
+std::string encode(const KvSet& kv, CodecId codec, int chunkTokens, const std::string& path)
+{
+    CodecParams p;
+    p.codec = codec;
+    p.shape = kv.shape();
+    p.dtype = kv.dtype();
+    p.profile = defaultProfile(kv.shape().numLayers);
+    p.profile.chunkTokens = chunkTokens;
+    writeKvc(kv, p, path);
+    return path;
+}
+
+Request chunkRequest(const std::string& context, CodecId codec, int chunk, int level)
+{
+    Request r;
+    r.type = FrameType::ChunkRequest;
+    r.codec = codec;
+    r.context = context;
+    r.chunk = uint32_t(chunk);
+    r.level = uint32_t(level);
+    return r;
+}
+
+long rssKiB()
+{
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    while (std::getline(f, line))
+        if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+    return 0;
+}
+
+int freePort()
+{
+    Socket s = Socket::listenTcp("127.0.0.1", 0);
+    return s.localPort();
+}
+
+// Bytes a client had read by monotonic time t, from its (time, cumulative bytes) samples.
+double bytesAt(const std::vector<std::pair<double, double>>& samples, double t)
+{
+    double b = 0;
+    for (const auto& [when, total] : samples) {
+        if (when > t) break;
+        b = total;
+    }
+    return b;
+}
+
+}  // namespace
+
+class TestStreamLoad : public QObject {
+    Q_OBJECT
+    QTemporaryDir m_dir;
+    std::string path(const char* name) const { return (m_dir.path() + "/" + name).toStdString(); }
+
+private slots:
+    void initTestCase() { QVERIFY(m_dir.isValid()); }
+
+    void fairShares()
+    {
+        constexpr int kClients = 16;
+        constexpr double kRate = 10e6;  // 80 Mbit/s shared by everyone
+        const KvSet kv = syntheticKv(8, 4, 512, 11);  // fp16 chunks of 16 tokens: 128 KiB each
+        const std::string file = encode(kv, CodecId::Fp16, 16, path("load.kvc"));
+        const auto reader = KvcReader::openFile(file);
+        const std::string ctx = kvcContextKey(*reader);
+        const int chunks = reader->params().numChunks();
+        ServerOptions o;
+        o.link = LinkSchedule::constant(kRate);
+        o.ioTimeout = 1.0;  // a peer that stops reading is dropped after a second
+        o.maxConnections = 64;
+        auto server = std::make_unique<ChunkServer>(std::shared_ptr<ChunkStore>(openStore(file)), o);
+        server->start();
+        const int port = server->port();
+        const long rss0 = rssKiB();
+
+        std::atomic<bool> stop{false};
+        std::vector<std::vector<std::pair<double, double>>> progress(kClients);
+        std::vector<std::string> failures(kClients);
+        std::vector<std::thread> threads;
+        for (int c = 0; c < kClients; ++c)
+            threads.emplace_back([&, c] {
+                try {
+                    ChunkClient client("127.0.0.1", port, ClientOptions{2.0, 5.0});
+                    double total = 0;
+                    int next = c % chunks;
+                    for (int k = 0; k < 2; ++k) client.send(chunkRequest(ctx, CodecId::Fp16, next++ % chunks, 1));
+                    while (!stop) {
+                        ArrivalLog log;
+                        const Reply r = client.receive(1 << 20, monoSeconds() + 30, &log);
+                        if (r.type != FrameType::Chunk) throw Error("unexpected reply");
+                        for (const auto& [t, b] : log) progress[size_t(c)].emplace_back(t, total + double(b));
+                        total += double(r.wireBytes);
+                        client.send(chunkRequest(ctx, CodecId::Fp16, next++ % chunks, 1));
+                    }
+                } catch (const std::exception& e) {
+                    failures[size_t(c)] = e.what();
+                }
+            });
+
+        // The misbehaving peers, over and over while the good ones stream.
+        std::atomic<int> garbage{0}, oversized{0}, cut{0};
+        std::vector<Socket> stuck;  // peers that asked and stopped reading, kept open
+        std::thread bad([&] {
+            int round = 0;
+            while (!stop) {
+                try {
+                    if (round % 4 == 0 && stuck.size() < 4) {
+                        Socket s = Socket::connectTcp("127.0.0.1", port, 1);
+                        for (int k = 0; k < 8; ++k) {
+                            const std::vector<uint8_t> f = encodeRequest(chunkRequest(ctx, CodecId::Fp16, k, 1));
+                            s.sendAll(f.data(), f.size(), monoSeconds() + 1);
+                        }
+                        stuck.push_back(std::move(s));
+                    } else if (round % 4 == 1) {
+                        Socket s = Socket::connectTcp("127.0.0.1", port, 1);
+                        const char http[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+                        s.sendAll(http, sizeof http - 1, monoSeconds() + 1);
+                        ++garbage;
+                    } else if (round % 4 == 2) {
+                        Socket s = Socket::connectTcp("127.0.0.1", port, 1);
+                        const std::vector<uint8_t> h = frameHeader(FrameType::ChunkRequest, 0xFFFFFFF0u);
+                        s.sendAll(h.data(), h.size(), monoSeconds() + 1);
+                        ++oversized;
+                    } else {
+                        Socket s = Socket::connectTcp("127.0.0.1", port, 1);
+                        const std::vector<uint8_t> f = encodeRequest(chunkRequest(ctx, CodecId::Fp16, 0, 1));
+                        s.sendAll(f.data(), f.size(), monoSeconds() + 1);
+                        char buf[4096];
+                        size_t got = 0;
+                        while (got < 20000) got += s.recvSome(buf, sizeof buf, monoSeconds() + 5);
+                        ++cut;  // closes mid-reply
+                    }
+                } catch (const std::exception&) {
+                }
+                ++round;
+                std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            }
+        });
+
+        const double t0 = monoSeconds();
+        // After every client has started and the pipes are full; long enough that what sits in socket
+        // buffers (a few hundred KiB per connection) is small against each share.
+        const double from = t0 + 1.0, to = t0 + 11.0;
+        std::this_thread::sleep_until(std::chrono::steady_clock::time_point(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+            std::chrono::duration<double>(to + 0.2))));
+        const long rssPeak = rssKiB();
+        stop = true;
+        bad.join();
+        stuck.clear();
+        for (auto& t : threads) t.join();
+        for (int c = 0; c < kClients; ++c) QVERIFY2(failures[size_t(c)].empty(), failures[size_t(c)].c_str());
+
+        std::vector<double> got(kClients);
+        double sum = 0;
+        for (int c = 0; c < kClients; ++c) {
+            got[size_t(c)] = bytesAt(progress[size_t(c)], to) - bytesAt(progress[size_t(c)], from);
+            sum += got[size_t(c)];
+        }
+        const double fair = sum / kClients;  // max-min fair share: every good client is backlogged
+        double worst = 0;
+        for (int c = 0; c < kClients; ++c) {
+            const double dev = got[size_t(c)] / fair - 1;
+            worst = std::max(worst, std::abs(dev));
+            std::printf("LOAD client %2d  %7.3f MB/s  %+6.2f%% of the fair share\n", c, got[size_t(c)] / (to - from) / 1e6,
+                        100 * dev);
+        }
+        const double capacity = kRate * (to - from);
+        std::printf("LOAD 16 clients: %.2f MB/s of %.2f MB/s (%.1f%%), worst deviation from the fair share %.2f%%; "
+                    "misbehaving peers: %d garbage, %d oversized, %d cut mid-reply, %zu stopped reading; RSS %+ld KiB\n",
+                    sum / (to - from) / 1e6, kRate / 1e6, 100 * sum / capacity, 100 * worst, garbage.load(),
+                    oversized.load(), cut.load(), size_t(4), rssPeak - rss0);
+        QVERIFY2(worst < 0.10, std::to_string(worst).c_str());
+        QVERIFY2(sum > 0.85 * capacity, std::to_string(sum / capacity).c_str());  // nobody stalled the link
+        QVERIFY(garbage > 5 && oversized > 5 && cut > 5);
+        QVERIFY(server->stats().errorFrames >= uint64_t(garbage + oversized));
+        QVERIFY2(rssPeak - rss0 < 256 * 1024, std::to_string(rssPeak - rss0).c_str());  // bounded: no growth with time
+        QVERIFY(!server->dead());
+    }
+
+    void redisConcurrent()
+    {
+        const char* redis = "/usr/bin/redis-server";
+        if (!QFile::exists(redis)) QSKIP("redis-server is not installed (installer/setup.sh installs it)");
+        const int port = freePort();
+        QProcess proc;
+        proc.start(redis, {"--port", QString::number(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                           "--daemonize", "no", "--dir", m_dir.path()});
+        QVERIFY(proc.waitForStarted(5000));
+        struct Stop {
+            QProcess& p;
+            ~Stop()
+            {
+                p.terminate();
+                if (!p.waitForFinished(5000)) p.kill();
+            }
+        } stopRedis{proc};
+        bool up = false;
+        for (double until = monoSeconds() + 10; !up && monoSeconds() < until;) {
+            try {
+                Socket::connectTcp("127.0.0.1", port, 0.5);
+                up = true;
+            } catch (const NetError&) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            }
+        }
+        QVERIFY2(up, "redis-server did not start");
+        const std::string url = "redis://127.0.0.1:" + std::to_string(port) + "/loadtest";
+
+        // Context 0 is there first; 1..4 are pushed while 8 clients read 0 through a server.
+        std::vector<std::string> files;
+        for (int k = 0; k < 5; ++k)
+            files.push_back(encode(syntheticKv(4, 2, 600, uint64_t(20 + k)), CodecId::CacheGen, 128,
+                                   path(("redis" + std::to_string(k) + ".kvc").c_str())));
+        pushKvcToRedis(*KvcReader::openFile(files[0]), url);
+        std::shared_ptr<ChunkStore> store(openStore(url));
+        auto server = std::make_unique<ChunkServer>(store, ServerOptions{});
+        server->start();
+        const auto r0 = KvcReader::openFile(files[0]);
+        const std::string ctx0 = kvcContextKey(*r0);
+
+        std::vector<std::string> failures(12);
+        std::atomic<int> reads{0};
+        std::vector<std::thread> threads;
+        for (int k = 1; k < 5; ++k)
+            threads.emplace_back([&, k] {
+                try {
+                    pushKvcToRedis(*KvcReader::openFile(files[size_t(k)]), url);
+                } catch (const std::exception& e) {
+                    failures[size_t(k)] = e.what();
+                }
+            });
+        for (int c = 0; c < 8; ++c)
+            threads.emplace_back([&, c] {
+                try {
+                    ChunkClient client("127.0.0.1", server->port());
+                    for (int round = 0; round < 3; ++round)
+                        for (int ch = 0; ch < r0->params().numChunks(); ++ch) {
+                            const int level = 1 + (ch + c + round) % r0->params().numLevels();
+                            client.send(chunkRequest(ctx0, CodecId::CacheGen, ch, level));
+                            const Reply r = client.receive(1 << 24, monoSeconds() + 10);
+                            if (r.payload != r0->readChunk(ch, level)) throw Error("chunk bytes differ");
+                            ++reads;
+                        }
+                } catch (const std::exception& e) {
+                    failures[size_t(4 + c)] = e.what();
+                }
+            });
+        for (auto& t : threads) t.join();
+        for (const std::string& f : failures) QVERIFY2(f.empty(), f.c_str());
+        QCOMPARE(reads.load(), 8 * 3 * r0->params().numChunks());
+        // Everything pushed concurrently is there, byte for byte.
+        QCOMPARE(int(store->contents().size()), 5);
+        for (const std::string& f : files) {
+            const auto r = KvcReader::openFile(f);
+            const std::string ctx = kvcContextKey(*r);
+            QVERIFY(store->skeleton(ctx, CodecId::CacheGen) == r->skeleton());
+            for (int ch = 0; ch < r->params().numChunks(); ++ch)
+                for (int l = 1; l <= r->params().numLevels(); ++l) QVERIFY(store->chunk(ctx, CodecId::CacheGen, ch, l) == r->readChunk(ch, l));
+        }
+    }
+};
+
+KVSCOPE_TEST_MAIN(TestStreamLoad)
+#include "tst_stream_load.moc"
