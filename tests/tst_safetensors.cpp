@@ -438,6 +438,80 @@ private slots:
         QVERIFY(!d.tieWordEmbeddings);
     }
 
+    // Qwen3, Phi-3 and Gemma 3 configs as their checkpoints ship them (sizes of Qwen3-0.6B,
+    // Phi-3-mini-4k and Gemma 3 270M), and the features kvscope refuses by key.
+    void configQwen3Phi3Gemma3()
+    {
+        const ModelConfig q = config("qwen3.json", R"({"architectures":["Qwen3ForCausalLM"],"model_type":"qwen3",
+            "hidden_size":1024,"intermediate_size":3072,"num_hidden_layers":28,"num_attention_heads":16,
+            "num_key_value_heads":8,"head_dim":128,"vocab_size":151936,"rms_norm_eps":1e-06,"rope_theta":1000000,
+            "tie_word_embeddings":true,"attention_bias":false,"hidden_act":"silu","use_sliding_window":false,
+            "sliding_window":null,"max_window_layers":28})");
+        QCOMPARE(q.architecture, std::string("Qwen3ForCausalLM"));
+        QCOMPARE(q.headDim, 128);
+        QVERIFY(q.qkNorm);
+        QVERIFY(!q.sandwichNorm);
+        QCOMPARE(q.slidingWindow, 0);
+
+        const ModelConfig p = config("phi3.json", R"({"architectures":["Phi3ForCausalLM"],"model_type":"phi3",
+            "hidden_size":3072,"intermediate_size":8192,"num_hidden_layers":32,"num_attention_heads":32,
+            "num_key_value_heads":32,"vocab_size":32064,"rms_norm_eps":1e-05,"rope_theta":10000.0,
+            "rope_scaling":null,"sliding_window":2047,"hidden_act":"silu","max_position_embeddings":4096,
+            "original_max_position_embeddings":4096,"tie_word_embeddings":false})");
+        QCOMPARE(p.modelType, std::string("phi3"));
+        QCOMPARE(p.headDim, 96);
+        QCOMPARE(p.slidingWindow, 2047);
+        QVERIFY(p.layerIsSliding(0) && p.layerIsSliding(31));
+        QVERIFY(!p.qkNorm);
+
+        const ModelConfig g = config("gemma3.json", R"({"architectures":["Gemma3ForCausalLM"],"model_type":"gemma3_text",
+            "hidden_size":640,"intermediate_size":2048,"num_hidden_layers":18,"num_attention_heads":4,
+            "num_key_value_heads":1,"head_dim":256,"vocab_size":262144,"rms_norm_eps":1e-06,"rope_theta":1000000.0,
+            "rope_local_base_freq":10000.0,"rope_scaling":null,"sliding_window":512,"query_pre_attn_scalar":256,
+            "hidden_activation":"gelu_pytorch_tanh","final_logit_softcapping":null,"attn_logit_softcapping":null,
+            "layer_types":["sliding_attention","sliding_attention","sliding_attention","sliding_attention",
+            "sliding_attention","full_attention","sliding_attention","sliding_attention","sliding_attention",
+            "sliding_attention","sliding_attention","full_attention","sliding_attention","sliding_attention",
+            "sliding_attention","sliding_attention","sliding_attention","full_attention"],"max_position_embeddings":32768})");
+        QCOMPARE(g.architecture, std::string("Gemma3ForCausalLM"));
+        QCOMPARE(g.hiddenAct, std::string("gelu_pytorch_tanh"));
+        QVERIFY(g.qkNorm && g.sandwichNorm && g.normPlusOne);
+        QVERIFY(g.tieWordEmbeddings);
+        QCOMPARE(g.embedScale, std::sqrt(640.0));
+        QCOMPARE(g.queryPreAttnScalar, 256.0);
+        QCOMPARE(g.ropeTheta, 1e6);
+        QCOMPARE(g.ropeLocalTheta, 1e4);
+        QCOMPARE(g.slidingWindow, 512);
+        QCOMPARE(g.attnSoftcap, 0.0);
+        QCOMPARE(g.finalSoftcap, 0.0);
+        for (int l = 0; l < 18; ++l) QCOMPARE(g.layerIsSliding(l), (l + 1) % 6 != 0);
+
+        // The older sliding_window_pattern key gives the same layers.
+        const ModelConfig g2 = config("gemma3_pattern.json", R"({"model_type":"gemma3_text","hidden_size":64,
+            "intermediate_size":128,"num_hidden_layers":7,"num_attention_heads":2,"num_key_value_heads":1,
+            "head_dim":32,"vocab_size":100,"sliding_window":16,"sliding_window_pattern":3,
+            "final_logit_softcapping":30.0})");
+        QCOMPARE(g2.architecture, std::string("Gemma3ForCausalLM"));
+        QCOMPARE(g2.finalSoftcap, 30.0);
+        QCOMPARE(g2.queryPreAttnScalar, 32.0);
+        for (int l = 0; l < 7; ++l) QCOMPARE(g2.layerIsSliding(l), l != 2 && l != 5);
+
+        // Refused by key.
+        const char* base = R"("hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,"num_attention_heads":2,"vocab_size":100)";
+        auto bad = [&](const std::string& name, const std::string& extra, const std::string& needle) {
+            const std::string path = dir_.filePath(QString::fromStdString(name)).toStdString();
+            expectError(path, [&] { parseHfConfig("{" + std::string(base) + "," + extra + "}", path); }, needle);
+        };
+        bad("longrope.json", R"("model_type":"phi3","rope_scaling":{"type":"longrope","long_factor":[1],"short_factor":[1]})",
+            "rope_scaling.rope_type: unsupported rope scaling type 'longrope'");
+        bad("partial.json", R"("model_type":"phi3","partial_rotary_factor":0.75)", "partial_rotary_factor");
+        bad("act.json", R"("model_type":"llama","hidden_act":"relu")", "hidden_act: unsupported activation 'relu'");
+        bad("softcap.json", R"("model_type":"llama","final_logit_softcapping":30.0)", "final_logit_softcapping: not supported for llama");
+        bad("qwen3swa.json", R"("model_type":"qwen3","use_sliding_window":true)", "use_sliding_window");
+        bad("layer_types.json", R"("model_type":"gemma3_text","layer_types":["full_attention"])", "layer_types: not a list of 2");
+        bad("gemma2.json", R"("model_type":"gemma2")", "unsupported model type 'gemma2'");
+    }
+
     void configRopeParameters()
     {
         const ModelConfig c = config("rope_params.json", kRopeParameters);

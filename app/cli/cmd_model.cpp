@@ -7,6 +7,8 @@
 #include "model/gguf.h"
 #include "model/model.h"
 
+#include <sys/resource.h>
+
 #include <cstdio>
 #include <memory>
 
@@ -244,47 +246,91 @@ void addCaptureCommand(CLI::App& app, Output& out)
 
 namespace kvscope::cli {
 
+namespace {
+// CPU time of this process (user + system), seconds.
+double cpuSeconds()
+{
+    struct rusage ru {};
+    getrusage(RUSAGE_SELF, &ru);
+    return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+}  // namespace
+
 void addBenchModelCommand(CLI::App& app, Output& out)
 {
     auto* sub = app.get_subcommand("bench")->add_subcommand("model", "Prefill and decode speed of the runtime");
     struct Opts : ModelOpts {
-        int tokens = 512;
+        std::vector<int> tokens = {512};
         int decode = 32;
+        int keyBlock = RuntimeOptions{}.keyBlock;
     };
     auto o = std::make_shared<Opts>();
     o->add(sub);
-    sub->add_option("--tokens", o->tokens, "prefill length (token ids drawn from the vocabulary)")->capture_default_str();
-    sub->add_option("--decode", o->decode, "tokens decoded one at a time after the prefill")->capture_default_str();
+    sub->add_option("--tokens", o->tokens, "prefill lengths, comma-separated (token ids drawn from the vocabulary)")
+        ->delimiter(',')
+        ->capture_default_str();
+    sub->add_option("--decode", o->decode, "tokens decoded one at a time after each prefill")->capture_default_str();
+    sub->add_option("--key-block", o->keyBlock, "keys per step of the blocked attention")->capture_default_str();
     sub->add_flag("--json", out.asJson, "print one JSON object");
     sub->callback([o, &out] {
-        if (o->tokens < 1 || o->decode < 1) throw Error("--tokens and --decode must be at least 1");
+        if (o->tokens.empty() || o->decode < 1) throw Error("--tokens and --decode must be at least 1");
+        for (int t : o->tokens)
+            if (t < 1) throw Error("--tokens must be at least 1");
+        RuntimeOptions ro = o->runtime();
+        if (o->keyBlock < 1) throw Error("--key-block must be at least 1");
+        ro.keyBlock = o->keyBlock;
         // Weights only: no tokenizer needed, the ids are a fixed pseudo-random sequence.
-        const LlamaRuntime rt(loadLlamaWeights(resolveModelPath(o->model)), o->runtime());
+        const LlamaRuntime rt(loadLlamaWeights(resolveModelPath(o->model)), ro);
         const int vocab = rt.spec().config.vocabSize;
-        std::vector<int32_t> ids(static_cast<size_t>(o->tokens));
-        uint32_t x = 12345;
-        for (int32_t& id : ids) id = int32_t((x = x * 1664525u + 1013904223u) % uint32_t(vocab));
-        InferenceSession s(rt);
-        std::vector<float> logits;
-        double t0 = nowSeconds();
-        s.append(ids, &logits);
-        const double prefill = nowSeconds() - t0;
-        t0 = nowSeconds();
-        for (int i = 0; i < o->decode; ++i) s.append({argmax(logits.data(), logits.size())}, &logits);
-        const double decode = nowSeconds() - t0;
-        const json j = {{"model", rt.spec().name},
-                        {"prefill_tokens", o->tokens},
-                        {"prefill_s", prefill},
-                        {"prefill_tokens_per_s", o->tokens / prefill},
-                        {"decode_tokens", o->decode},
-                        {"decode_tokens_per_s", o->decode / decode},
-                        {"decode_ms_per_token", 1e3 * decode / o->decode},
-                        {"runtime", rt.describe()}};
+        json runs = json::array();
+        for (int n : o->tokens) {
+            std::vector<int32_t> ids(static_cast<size_t>(n));
+            uint32_t x = 12345;
+            for (int32_t& id : ids) id = int32_t((x = x * 1664525u + 1013904223u) % uint32_t(vocab));
+            InferenceSession s(rt);
+            std::vector<float> logits;
+            double t0 = nowSeconds();
+            const double c0 = cpuSeconds();
+            s.append(ids, &logits);
+            const double prefill = nowSeconds() - t0;
+            const double prefillCpu = cpuSeconds() - c0;
+            t0 = nowSeconds();
+            for (int i = 0; i < o->decode; ++i) s.append({argmax(logits.data(), logits.size())}, &logits);
+            const double decode = nowSeconds() - t0;
+            struct rusage ru {};
+            getrusage(RUSAGE_SELF, &ru);
+            runs.push_back({{"prefill_tokens", n},
+                            {"prefill_s", prefill},
+                            {"prefill_tokens_per_s", n / prefill},
+                            {"prefill_cpu_s", prefillCpu},
+                            {"prefill_tokens_per_cpu_s", n / prefillCpu},
+                            {"decode_tokens", o->decode},
+                            {"decode_tokens_per_s", o->decode / decode},
+                            {"decode_ms_per_token", 1e3 * decode / o->decode},
+                            {"peak_rss_mb", double(ru.ru_maxrss) / 1024.0}});
+            if (!out.asJson)
+                std::fprintf(stderr, "  %d tokens: prefill %.2f s wall, %.2f s CPU\n", n, prefill, prefillCpu);
+        }
+        const double first = runs[0]["prefill_tokens_per_s"].get<double>();
+        const double firstCpu = runs[0]["prefill_tokens_per_cpu_s"].get<double>();
+        for (json& r : runs) {
+            r["prefill_speed_vs_first"] = r["prefill_tokens_per_s"].get<double>() / first;
+            r["prefill_cpu_speed_vs_first"] = r["prefill_tokens_per_cpu_s"].get<double>() / firstCpu;
+        }
+        const json j = {{"model", rt.spec().name}, {"runs", runs}, {"key_block", ro.keyBlock}, {"runtime", rt.describe()}};
         out.emit(j, [](const json& j) {
-            std::printf("%s: prefill %d tokens in %.2f s (%.0f tokens/s); decode %.1f ms/token (%.1f tokens/s); %s\n",
-                        j["model"].get<std::string>().c_str(), j["prefill_tokens"].get<int>(), j["prefill_s"].get<double>(),
-                        j["prefill_tokens_per_s"].get<double>(), j["decode_ms_per_token"].get<double>(),
-                        j["decode_tokens_per_s"].get<double>(), j["runtime"].get<std::string>().c_str());
+            std::printf("%s (%s, key block %d)\n", j["model"].get<std::string>().c_str(),
+                        j["runtime"].get<std::string>().c_str(), j["key_block"].get<int>());
+            // CPU-second figures are what a shared machine can compare: wall time there depends on
+            // what else runs.
+            std::printf("%8s %10s %13s %9s %14s %9s %14s %12s\n", "tokens", "prefill s", "prefill tok/s", "vs first",
+                        "tok/CPU-s", "vs first", "decode ms/tok", "peak RSS MB");
+            for (const json& r : j["runs"])
+                std::printf("%8d %10.2f %13.1f %8.0f%% %14.1f %8.0f%% %14.1f %12.0f\n", r["prefill_tokens"].get<int>(),
+                            r["prefill_s"].get<double>(), r["prefill_tokens_per_s"].get<double>(),
+                            100.0 * r["prefill_speed_vs_first"].get<double>(), r["prefill_tokens_per_cpu_s"].get<double>(),
+                            100.0 * r["prefill_cpu_speed_vs_first"].get<double>(), r["decode_ms_per_token"].get<double>(),
+                            r["peak_rss_mb"].get<double>());
         });
     });
 }

@@ -525,7 +525,7 @@ uint64_t GgufFile::arrayLength(const std::string& key) const
     return v.items.size();
 }
 
-std::vector<float> GgufFile::readTensorF32(const GgufTensorInfo& t) const
+const uint8_t* GgufFile::tensorBytes(const GgufTensorInfo& t) const
 {
     const std::string place = "tensor '" + t.name + "'";
     // Re-check the bounds: `t` may not come from tensors().
@@ -536,57 +536,25 @@ std::vector<float> GgufFile::readTensorF32(const GgufTensorInfo& t) const
                t.nbytes > dataSize - t.offset;
     for (uint64_t d : t.dims) bad = bad || mulOverflow(n, d, &n);
     if (bad) throw inputError(d_->path, place, "tensor info does not describe data in this file");
-    if (n / tr.blockElems * tr.blockBytes != t.nbytes || n % tr.blockElems != 0)
-        throw inputError(d_->path, place, "byte size does not match shape and type");
-    const uint8_t* src = d_->map + d_->dataOffset + t.offset;
-    std::vector<float> out(static_cast<size_t>(n));
-    float* dst = out.data();
+    if (n % tr.blockElems != 0 || n / tr.blockElems * tr.blockBytes != t.nbytes)
+        throw inputError(d_->path, place,
+                         "byte size " + std::to_string(t.nbytes) + " does not match shape and type " + tr.name);
+    return d_->map + d_->dataOffset + t.offset;
+}
 
-    switch (t.type) {
-    case GgmlF32:
-        std::memcpy(dst, src, size_t(n) * 4);
-        break;
-    case GgmlF16:
-        if (reinterpret_cast<uintptr_t>(src) % alignof(uint16_t) == 0)
-            halfToFloatN(reinterpret_cast<const uint16_t*>(src), dst, size_t(n));
-        else
-            for (uint64_t k = 0; k < n; ++k) dst[k] = halfToFloat(loadLE<uint16_t>(src + 2 * k));
-        break;
-    case GgmlBF16:
-        for (uint64_t k = 0; k < n; ++k) dst[k] = bf16ToFloat(loadLE<uint16_t>(src + 2 * k));
-        break;
-    case GgmlQ4_0:
-        // block: fp16 d | 16 bytes; byte j holds element j (low nibble) and j + 16 (high nibble)
-        for (uint64_t b = 0; b < n / 32; ++b, src += 18, dst += 32) {
-            const float d = halfToFloat(loadLE<uint16_t>(src));
-            for (int j = 0; j < 16; ++j) {
-                dst[j] = float(int(src[2 + j] & 0x0f) - 8) * d;
-                dst[j + 16] = float(int(src[2 + j] >> 4) - 8) * d;
-            }
-        }
-        break;
-    case GgmlQ4_1:
-        // block: fp16 d | fp16 m | 16 bytes, nibble order as Q4_0
-        for (uint64_t b = 0; b < n / 32; ++b, src += 20, dst += 32) {
-            const float d = halfToFloat(loadLE<uint16_t>(src));
-            const float m = halfToFloat(loadLE<uint16_t>(src + 2));
-            for (int j = 0; j < 16; ++j) {
-                dst[j] = float(src[4 + j] & 0x0f) * d + m;
-                dst[j + 16] = float(src[4 + j] >> 4) * d + m;
-            }
-        }
-        break;
-    case GgmlQ8_0:
-        // block: fp16 d | 32 x int8
-        for (uint64_t b = 0; b < n / 32; ++b, src += 34, dst += 32) {
-            const float d = halfToFloat(loadLE<uint16_t>(src));
-            for (int j = 0; j < 32; ++j) dst[j] = float(int8_t(src[2 + j])) * d;
-        }
-        break;
-    default:
+std::vector<float> GgufFile::readTensorF32(const GgufTensorInfo& t) const
+{
+    const std::string place = "tensor '" + t.name + "'";
+    const uint8_t* src = tensorBytes(t);
+    if (!canDequantize(t.type))
         throw inputError(d_->path, place,
                          std::string("cannot dequantize ggml type ") + std::to_string(t.type) + " (" +
-                             tr.name + "); supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0");
+                             ggmlTraits(t.type).name + "); supported: " + kSupportedTypes);
+    std::vector<float> out(static_cast<size_t>(t.elements()));
+    try {
+        dequantizeGgml(t.type, src, t.nbytes, out.size(), out.data());
+    } catch (const Error& e) {
+        throw inputError(d_->path, place, e.what());
     }
     return out;
 }

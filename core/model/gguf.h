@@ -14,6 +14,8 @@
 // Every input error throws kvscope::Error "path: place: reason".
 #pragma once
 
+#include "model/ggml_quants.h"
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -21,16 +23,9 @@
 
 namespace kvscope {
 
-// ggml tensor types that readTensorF32() can dequantize. Other known ggml types (K-quants,
-// IQ types, ...) still open, so their metadata and shapes can be inspected.
-enum GgmlType : uint32_t {
-    GgmlF32 = 0,
-    GgmlF16 = 1,
-    GgmlQ4_0 = 2,   // blocks of 32: fp16 d, 16 bytes of nibbles; x = (q - 8) * d
-    GgmlQ4_1 = 3,   // blocks of 32: fp16 d, fp16 m, 16 bytes of nibbles; x = q * d + m
-    GgmlQ8_0 = 8,   // blocks of 32: fp16 d, 32 x int8; x = q * d
-    GgmlBF16 = 30,
-};
+// Tensor types readTensorF32() dequantizes: GgmlType in ggml_quants.h (F32, F16, BF16, Q4_0, Q4_1,
+// Q5_0, Q5_1, Q8_0, Q2_K..Q6_K). Other known ggml types (Q8_K, IQ types, ...) still open, so their
+// metadata and shapes can be inspected; reading them is refused by name.
 
 // True when `path` opens and starts with the GGUF magic ("GGUF"); false otherwise (no error), so
 // callers can dispatch between checkpoint and tokenizer formats.
@@ -84,9 +79,12 @@ public:
     // Element count of an array value (any element type, nested included).
     uint64_t arrayLength(const std::string& key) const;
 
-    // Dequantizes `t` (F32, F16, BF16, Q4_0, Q4_1, Q8_0) to float in ggml element order.
-    // @return t.elements() floats; throws naming the tensor and type number for other types.
+    // Dequantizes `t` (any type canDequantize() accepts) to float in ggml element order.
+    // @return t.elements() floats; throws naming the file, the tensor and the type for other types.
     std::vector<float> readTensorF32(const GgufTensorInfo& t) const;
+    // The stored bytes of `t` (t.nbytes of them, inside the mapping; valid while this file lives).
+    // Throws like readTensorF32 when `t` does not describe data in this file.
+    const uint8_t* tensorBytes(const GgufTensorInfo& t) const;
 
 private:
     struct Impl;

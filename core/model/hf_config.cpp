@@ -29,7 +29,13 @@ const Arch kArchs[] = {
     {"LlamaForCausalLM", "llama"},
     {"MistralForCausalLM", "mistral"},
     {"Qwen2ForCausalLM", "qwen2"},
+    {"Qwen3ForCausalLM", "qwen3"},
+    {"Phi3ForCausalLM", "phi3"},
+    {"Gemma3ForCausalLM", "gemma3_text"},
 };
+constexpr const char* kArchList =
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM";
+constexpr const char* kTypeList = "llama, mistral, qwen2, qwen3, phi3, gemma3_text";
 
 class Reader {
 public:
@@ -37,6 +43,7 @@ public:
         : obj_(obj), path_(std::move(path)), prefix_(std::move(prefix)) {}
 
     std::string field(const std::string& key) const { return prefix_ + key; }
+    const std::string& path() const { return path_; }
     [[noreturn]] void fail(const std::string& key, const std::string& why) const
     {
         throw inputError(path_, field(key), why);
@@ -143,6 +150,76 @@ void readRope(const Reader& r, RopeScaling& rope, int maxPos)
     }
 }
 
+// What Qwen3, Phi-3 and Gemma 3 add to the Llama block, and the keys of features the runtime does
+// not run (refused by key).
+void readArchitectureFeatures(const Reader& r, ModelConfig& c)
+{
+    const std::string act = r.has("hidden_activation") ? r.string("hidden_activation") : r.string("hidden_act");
+    if (!act.empty()) {
+        if (act != "silu" && act != "gelu_pytorch_tanh")
+            r.fail(r.has("hidden_activation") ? "hidden_activation" : "hidden_act",
+                   "unsupported activation '" + act + "' (supported: silu, gelu_pytorch_tanh)");
+        c.hiddenAct = act;
+    }
+    if (r.has("partial_rotary_factor") && r.at("partial_rotary_factor") != 1.0)
+        r.fail("partial_rotary_factor", "partial rotary embeddings are not supported");
+    if (c.modelType == "qwen3") c.qkNorm = true;
+    if (c.modelType == "phi3") {
+        if (c.rope.type == "dynamic" || c.rope.type == "llama3")
+            r.fail("rope_scaling", "Phi-3 with '" + c.rope.type + "' RoPE scaling is not supported");
+    }
+    if (c.modelType != "gemma3_text") {
+        for (const char* k : {"final_logit_softcapping", "attn_logit_softcapping", "query_pre_attn_scalar",
+                              "layer_types", "sliding_window_pattern"})
+            if (r.has(k)) r.fail(k, std::string("not supported for ") + c.modelType);
+        return;
+    }
+    // Gemma 3 (text): GeGLU, (1 + w) RMSNorm with q/k norms and sandwich norms, embeddings scaled by
+    // sqrt(hidden), local sliding-window layers with their own RoPE base between global ones.
+    c.hiddenAct = act.empty() ? "gelu_pytorch_tanh" : act;
+    c.qkNorm = true;
+    c.sandwichNorm = true;
+    c.normPlusOne = true;
+    c.embedScale = std::sqrt(double(c.hiddenSize));
+    c.tieWordEmbeddings = r.boolean("tie_word_embeddings", true);
+    c.queryPreAttnScalar = r.positive("query_pre_attn_scalar", double(c.headDim));
+    c.attnSoftcap = r.positive("attn_logit_softcapping", 0.0);
+    c.finalSoftcap = r.positive("final_logit_softcapping", 0.0);
+    c.ropeLocalTheta = r.positive("rope_local_base_freq", 10000.0);
+    // Newer configs give each layer type its own "rope_parameters" entry.
+    if (r.has("rope_parameters") && r.at("rope_parameters").is_object()) {
+        const json& rp = r.at("rope_parameters");
+        if (rp.contains("full_attention") && rp["full_attention"].is_object()) {
+            const Reader fr(rp["full_attention"], r.path(), "rope_parameters.full_attention.");
+            c.ropeTheta = fr.positive("rope_theta", c.ropeTheta);
+            readRope(fr, c.rope, c.maxPositionEmbeddings);
+        }
+        if (rp.contains("sliding_attention") && rp["sliding_attention"].is_object()) {
+            const Reader sr(rp["sliding_attention"], r.path(), "rope_parameters.sliding_attention.");
+            c.ropeLocalTheta = sr.positive("rope_theta", c.ropeLocalTheta);
+            RopeScaling local;
+            readRope(sr, local, c.maxPositionEmbeddings);
+            if (!local.type.empty()) sr.fail("rope_type", "RoPE scaling on sliding layers is not supported");
+        }
+    }
+    c.slidingWindow = r.integer("sliding_window", 1, kIntMax, 4096);
+    c.slidingLayers.assign(size_t(c.numLayers), false);
+    if (r.has("layer_types")) {
+        const json& lt = r.at("layer_types");
+        if (!lt.is_array() || lt.size() != size_t(c.numLayers))
+            r.fail("layer_types", "not a list of " + std::to_string(c.numLayers) + " layer types");
+        for (size_t l = 0; l < lt.size(); ++l) {
+            const std::string t = lt[l].is_string() ? lt[l].get<std::string>() : "";
+            if (t != "sliding_attention" && t != "full_attention")
+                r.fail("layer_types", "entry " + std::to_string(l) + " is not sliding_attention or full_attention");
+            c.slidingLayers[l] = t == "sliding_attention";
+        }
+    } else {
+        const int pattern = r.integer("sliding_window_pattern", 1, 4096, 6);
+        for (int l = 0; l < c.numLayers; ++l) c.slidingLayers[size_t(l)] = (l + 1) % pattern != 0;
+    }
+}
+
 }  // namespace
 
 bool isSupportedArchitecture(const std::string& name)
@@ -176,9 +253,9 @@ ModelConfig parseHfConfig(const std::string& text, const std::string& path)
     if (c.architecture.empty() && c.modelType.empty())
         r.fail("architectures", "missing (and no model_type either)");
     if (!c.architecture.empty() && !isSupportedArchitecture(c.architecture))
-        r.fail("architectures", "unsupported architecture '" + c.architecture + "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
+        r.fail("architectures", "unsupported architecture '" + c.architecture + "' (supported: " + kArchList + ")");
     if (!c.modelType.empty() && !isSupportedArchitecture(c.modelType))
-        r.fail("model_type", "unsupported model type '" + c.modelType + "' (supported: llama, mistral, qwen2)");
+        r.fail("model_type", "unsupported model type '" + c.modelType + "' (supported: " + kTypeList + ")");
     for (const Arch& a : kArchs) {
         if (c.architecture.empty() && c.modelType == a.modelType) c.architecture = a.cls;
         if (c.modelType.empty() && c.architecture == a.cls) c.modelType = a.modelType;
@@ -206,7 +283,7 @@ ModelConfig parseHfConfig(const std::string& text, const std::string& path)
     c.tieWordEmbeddings = r.boolean("tie_word_embeddings", false);
     // Mistral: "sliding_window" (int or null). Qwen2 carries one too but applies it only when
     // "use_sliding_window" is true, and then only from max_window_layers on: refused, not mis-run.
-    if (c.modelType == "qwen2") {
+    if (c.modelType == "qwen2" || c.modelType == "qwen3") {
         if (r.boolean("use_sliding_window", false))
             r.fail("use_sliding_window", "true is not supported (per-layer sliding windows of Qwen2)");
     } else if (r.has("sliding_window") && !r.at("sliding_window").is_null()) {
@@ -227,6 +304,7 @@ ModelConfig parseHfConfig(const std::string& text, const std::string& path)
         if (!s.is_object()) r.fail("rope_scaling", "not an object");
         readRope(Reader(s, path, "rope_scaling."), c.rope, c.maxPositionEmbeddings);
     }
+    readArchitectureFeatures(r, c);
     return c;
 }
 

@@ -37,19 +37,24 @@ torch::Tensor adopt(HostTensor&& h)
 
 struct Layer {
     torch::Tensor inNorm, postNorm;
+    torch::Tensor qNorm, kNorm;             // qkNorm only (per-head RMSNorm weights, head_dim)
+    torch::Tensor preFfnNorm, postFfnNorm;  // sandwichNorm only (Gemma)
     torch::Tensor wq, wk, wv, wo, bq, bk, bv;  // b* undefined without q/k/v biases
     torch::Tensor wGate, wUp, wDown;
+    bool sliding = false;  // attends within the config's sliding window, with the local RoPE base
 };
 
-// Inverse RoPE frequencies of pair i (i < head_dim / 2), with the config's scaling applied.
-torch::Tensor ropeInvFreq(const ModelConfig& c)
+// Inverse RoPE frequencies of pair i (i < head_dim / 2) for base `theta`, with the config's
+// scaling applied when `scaled` (global layers; Gemma 3's local layers are never scaled).
+torch::Tensor ropeInvFreq(const ModelConfig& c, double theta, bool scaled)
 {
     const int half = c.headDim / 2;
     std::vector<float> f(static_cast<size_t>(half));
     for (int i = 0; i < half; ++i) {
         // As Hugging Face computes it: 1 / theta^(2i / d) in float32.
-        f[size_t(i)] = 1.0f / std::pow(float(c.ropeTheta), float(2 * i) / float(c.headDim));
+        f[size_t(i)] = 1.0f / std::pow(float(theta), float(2 * i) / float(c.headDim));
     }
+    if (!scaled) return torch::tensor(f);
     const RopeScaling& r = c.rope;
     if (r.type == "linear") {
         for (float& v : f) v = float(v / r.factor);
@@ -95,6 +100,60 @@ void accumulateQuerySq(torch::Tensor& acc, const torch::Tensor& q, int kvHeads)
     else acc = s.clone();
 }
 
+// cos and sin (1, T, head_dim) at positions pos (T, 1) for one set of inverse frequencies.
+std::pair<torch::Tensor, torch::Tensor> ropeTablesAt(const torch::Tensor& invFreq, const torch::Tensor& pos)
+{
+    const torch::Tensor angles = pos * invFreq.unsqueeze(0);  // (T, hd/2)
+    return {torch::cat({angles.cos(), angles.cos()}, -1).unsqueeze(0),
+            torch::cat({angles.sin(), angles.sin()}, -1).unsqueeze(0)};
+}
+
+// Causal attention of T queries (positions P..P+T-1) over the first P+T cached keys, blocked over
+// keys with a running ("online") softmax, so the (T x keys) score matrix is never materialised:
+// per key block of at most `keyBlock` keys, the scores update each row's running maximum m, its
+// running sum l of exp(score - m) and its output accumulator, both rescaled by exp(m_old - m_new).
+// Blocks that every query masks (after the last query, or older than every query's window) are
+// skipped; only blocks that some query partly masks get an additive mask.
+//   q (H, T, hd), query head h reads KV head h / (H / KH); K, V (KH, >= P+T, hd) fp32.
+//   window > 0: query at p sees keys j with p - window < j <= p. softcap > 0: scores become
+//   softcap * tanh(score / softcap). Returns (H, T, hd).
+torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& K, const torch::Tensor& V, int P, int window,
+                     double scale, double softcap, int keyBlock)
+{
+    const int64_t H = q.size(0), T = q.size(1), hd = q.size(2), KH = K.size(0), groups = H / KH;
+    const int64_t S = P + T;
+    const torch::Tensor qg = (q * scale).reshape({KH, groups * T, hd});
+    torch::Tensor m = torch::full({KH, groups * T, 1}, -1e30f);  // finite: a fully masked block adds 0
+    torch::Tensor l = torch::zeros({KH, groups * T, 1});
+    torch::Tensor acc = torch::zeros({KH, groups * T, hd});
+    const int64_t first = window > 0 ? std::max<int64_t>(0, int64_t(P) - window + 1) / keyBlock * keyBlock : 0;
+    for (int64_t k0 = first; k0 < S; k0 += keyBlock) {
+        const int64_t B = std::min<int64_t>(keyBlock, S - k0);
+        const torch::Tensor Kb = K.narrow(1, k0, B), Vb = V.narrow(1, k0, B);
+        torch::Tensor s = torch::bmm(qg, Kb.transpose(1, 2));  // (KH, g*T, B)
+        if (softcap > 0) s = torch::tanh(s / softcap) * softcap;
+        const bool causalCut = k0 + B - 1 > P;                       // some key after the first query
+        const bool windowCut = window > 0 && k0 <= P + T - 1 - window;  // some key too old for the last
+        if (causalCut || windowCut) {
+            const torch::Tensor qpos = torch::arange(P, S, torch::kLong).unsqueeze(1);
+            const torch::Tensor kpos = torch::arange(k0, k0 + B, torch::kLong).unsqueeze(0);
+            torch::Tensor allowed = kpos <= qpos;
+            if (window > 0) allowed = allowed & (kpos > qpos - window);
+            const torch::Tensor mask = torch::zeros({T, B}).masked_fill(allowed.logical_not(), -INFINITY);
+            s.view({KH, groups, T, B}).add_(mask);
+        }
+        const torch::Tensor mNew = torch::maximum(m, std::get<0>(s.max(-1, /*keepdim=*/true)));
+        s.sub_(mNew).exp_();  // s now holds the block's unnormalised probabilities
+        const torch::Tensor corr = torch::exp(m - mNew);
+        l.mul_(corr).add_(s.sum(-1, /*keepdim=*/true));
+        acc.mul_(corr).baddbmm_(s, Vb);
+        m = mNew;
+    }
+    return (acc / l).view({H, T, hd});
+}
+
+torch::Tensor geluTanh(const torch::Tensor& x) { return F::gelu(x, F::GELUFuncOptions().approximate("tanh")); }
+
 }  // namespace
 
 struct LlamaRuntime::Impl {
@@ -104,10 +163,12 @@ struct LlamaRuntime::Impl {
     torch::Tensor embed;   // (vocab, hidden) fp32, for the lookup
     torch::Tensor lmHead;  // (vocab, hidden) in the compute dtype
     torch::Tensor norm;
-    torch::Tensor invFreq;  // (head_dim / 2)
+    torch::Tensor invFreq;       // (head_dim / 2), global layers
+    torch::Tensor invFreqLocal;  // sliding layers (Gemma 3's own base); = invFreq otherwise
     std::vector<Layer> layers;
     torch::ScalarType compute = torch::kFloat32;
     torch::ScalarType kvType = torch::kFloat16;
+    bool geglu = false;  // GeGLU (Gemma) instead of SwiGLU
 
     torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b = {}) const
     {
@@ -124,11 +185,17 @@ LlamaRuntime::LlamaRuntime(LlamaWeights weights, const RuntimeOptions& options) 
     if (options.compute != DType::F32 && options.compute != DType::BF16)
         throw Error("compute dtype must be float32 or bfloat16");
     if (options.prefillBlock < 1) throw Error("prefill block must be at least 1 token");
+    if (options.keyBlock < 1) throw Error("key block must be at least 1 token");
     d.compute = scalarType(options.compute);
     d.kvType = scalarType(options.kvDtype);
     d.fingerprint = weightsFingerprint(weights);
     d.spec = weights.spec;
-    d.invFreq = ropeInvFreq(d.spec.config);
+    const ModelConfig& cfg = d.spec.config;
+    d.invFreq = ropeInvFreq(cfg, cfg.ropeTheta, true);
+    d.invFreqLocal = cfg.ropeLocalTheta > 0 ? ropeInvFreq(cfg, cfg.ropeLocalTheta, false) : d.invFreq;
+    d.geglu = cfg.hiddenAct == "gelu_pytorch_tanh";
+    if (cfg.hiddenAct != "silu" && !d.geglu)
+        throw Error("activation '" + cfg.hiddenAct + "' is not supported (supported: silu, gelu_pytorch_tanh)");
 
     const int threads = options.threads > 0 ? options.threads : int(std::max(1u, std::thread::hardware_concurrency()));
     torch::set_num_threads(threads);
@@ -151,6 +218,15 @@ LlamaRuntime::LlamaRuntime(LlamaWeights weights, const RuntimeOptions& options) 
         Layer& L = d.layers[size_t(l)];
         L.inNorm = take(p + "input_layernorm.weight");
         L.postNorm = take(p + "post_attention_layernorm.weight");
+        L.sliding = c.layerIsSliding(l);
+        if (c.qkNorm) {
+            L.qNorm = take(p + "self_attn.q_norm.weight");
+            L.kNorm = take(p + "self_attn.k_norm.weight");
+        }
+        if (c.sandwichNorm) {
+            L.preFfnNorm = take(p + "pre_feedforward_layernorm.weight");
+            L.postFfnNorm = take(p + "post_feedforward_layernorm.weight");
+        }
         L.wq = mat(p + "self_attn.q_proj.weight");
         L.wk = mat(p + "self_attn.k_proj.weight");
         L.wv = mat(p + "self_attn.v_proj.weight");
@@ -222,8 +298,10 @@ struct InferenceSession::State {
     // their RoPE positions, `mask` (T, length + T) says which slots each one sees. Returns the
     // final hidden states (T, hidden) before the last norm; length is left to the caller. With
     // recordQueries the queries' second moments are added to querySq (the caller counts them).
+    // Without masks, attention is causal with each layer's sliding window, blocked over keys
+    // (attend); with masks (T, length + T, additive), dense with maskLocal on sliding layers.
     torch::Tensor forwardBlock(const LlamaRuntime::Impl& d, const int32_t* tokens, int T, const torch::Tensor& pos,
-                               const torch::Tensor& mask, bool recordQueries);
+                               const torch::Tensor& maskGlobal, const torch::Tensor& maskLocal, bool recordQueries);
 };
 
 InferenceSession::InferenceSession(const LlamaRuntime& runtime) : runtime_(&runtime), s_(std::make_unique<State>()) {}
@@ -300,26 +378,34 @@ void checkTokens(const ModelConfig& c, const std::vector<int32_t>& tokens)
 }  // namespace
 
 torch::Tensor InferenceSession::State::forwardBlock(const LlamaRuntime::Impl& d, const int32_t* tokens, int T,
-                                                   const torch::Tensor& pos, const torch::Tensor& mask,
-                                                   bool recordQueries)
+                                                   const torch::Tensor& pos, const torch::Tensor& maskGlobal,
+                                                   const torch::Tensor& maskLocal, bool recordQueries)
 {
     State* s_ = this;
     const ModelConfig& c = d.spec.config;
     const int H = c.numHeads, KH = c.numKvHeads, hd = c.headDim, groups = H / KH;
-    const double scale = 1.0 / std::sqrt(double(hd));
+    const double scale = 1.0 / std::sqrt(c.queryPreAttnScalar > 0 ? c.queryPreAttnScalar : double(hd));
     const int P = s_->length;
     const int S = P + T;
     const torch::Tensor ids = torch::from_blob(const_cast<int32_t*>(tokens), {T}, torch::kInt32).to(torch::kLong);
     torch::Tensor x = d.embed.index_select(0, ids);  // (T, hidden)
-    const torch::Tensor angles = pos * d.invFreq.unsqueeze(0);  // (T, hd/2)
-    const torch::Tensor cos = torch::cat({angles.cos(), angles.cos()}, -1).unsqueeze(0);  // (1, T, hd)
-    const torch::Tensor sin = torch::cat({angles.sin(), angles.sin()}, -1).unsqueeze(0);
+    if (c.embedScale != 1.0) x = x * float(c.embedScale);
+    const auto [cosG, sinG] = ropeTablesAt(d.invFreq, pos);
+    const auto [cosL, sinL] = ropeTablesAt(d.invFreqLocal, pos);
     for (size_t l = 0; l < d.layers.size(); ++l) {
         const Layer& L = d.layers[l];
         const torch::Tensor h = rmsNorm(x, L.inNorm, c.rmsNormEps);
-        torch::Tensor q = d.linear(h, L.wq, L.bq).view({T, H, hd}).transpose(0, 1);   // (H, T, hd)
-        torch::Tensor k = d.linear(h, L.wk, L.bk).view({T, KH, hd}).transpose(0, 1);  // (KH, T, hd)
+        torch::Tensor q = d.linear(h, L.wq, L.bq).view({T, H, hd});
+        torch::Tensor k = d.linear(h, L.wk, L.bk).view({T, KH, hd});
         torch::Tensor v = d.linear(h, L.wv, L.bv).view({T, KH, hd}).transpose(0, 1);
+        if (c.qkNorm) {
+            q = rmsNorm(q, L.qNorm, c.rmsNormEps);
+            k = rmsNorm(k, L.kNorm, c.rmsNormEps);
+        }
+        q = q.transpose(0, 1);  // (H, T, hd)
+        k = k.transpose(0, 1);  // (KH, T, hd)
+        const torch::Tensor& cos = L.sliding ? cosL : cosG;
+        const torch::Tensor& sin = L.sliding ? sinL : sinG;
         q = q * cos + rotateHalf(q) * sin;
         k = k * cos + rotateHalf(k) * sin;
         if (recordQueries) {
@@ -329,15 +415,28 @@ torch::Tensor InferenceSession::State::forwardBlock(const LlamaRuntime::Impl& d,
         // The cache holds what a serving stack would store: K/V rounded to kvDtype.
         s_->keys[l].narrow(1, P, T).copy_(k.to(d.kvType));
         s_->values[l].narrow(1, P, T).copy_(v.to(d.kvType));
-        const torch::Tensor K = s_->keys[l].narrow(1, 0, S).unsqueeze(1);    // (KH, 1, S, hd)
-        const torch::Tensor V = s_->values[l].narrow(1, 0, S).unsqueeze(1);  // (KH, 1, S, hd)
-        const torch::Tensor qg = q.reshape({KH, groups, T, hd});
-        const torch::Tensor scores = torch::matmul(qg, K.transpose(-1, -2)) * scale + mask;  // (KH, g, T, S)
-        const torch::Tensor probs = torch::softmax(scores, -1);
-        const torch::Tensor o = torch::matmul(probs, V).reshape({H, T, hd}).transpose(0, 1).reshape({T, H * hd});
-        x = x + d.linear(o, L.wo);
-        const torch::Tensor h2 = rmsNorm(x, L.postNorm, c.rmsNormEps);
-        x = x + d.linear(F::silu(d.linear(h2, L.wGate)) * d.linear(h2, L.wUp), L.wDown);
+        torch::Tensor o;
+        if (!maskGlobal.defined()) {
+            o = attend(q, s_->keys[l], s_->values[l], P, L.sliding ? c.slidingWindow : 0, scale, c.attnSoftcap,
+                       d.options.keyBlock);
+        } else {  // an explicit (T, S) mask: dense scores, for small T (branches)
+            const torch::Tensor K = s_->keys[l].narrow(1, 0, S).unsqueeze(1);    // (KH, 1, S, hd)
+            const torch::Tensor V = s_->values[l].narrow(1, 0, S).unsqueeze(1);  // (KH, 1, S, hd)
+            const torch::Tensor qg = q.reshape({KH, groups, T, hd});
+            torch::Tensor scores = torch::matmul(qg, K.transpose(-1, -2)) * scale;  // (KH, g, T, S)
+            if (c.attnSoftcap > 0) scores = torch::tanh(scores / c.attnSoftcap) * c.attnSoftcap;
+            scores = scores + (L.sliding ? maskLocal : maskGlobal);
+            o = torch::matmul(torch::softmax(scores, -1), V).reshape({H, T, hd});
+        }
+        o = o.transpose(0, 1).reshape({T, H * hd});
+        torch::Tensor attnOut = d.linear(o, L.wo);
+        if (c.sandwichNorm) attnOut = rmsNorm(attnOut, L.postNorm, c.rmsNormEps);
+        x = x + attnOut;
+        const torch::Tensor h2 = rmsNorm(x, c.sandwichNorm ? L.preFfnNorm : L.postNorm, c.rmsNormEps);
+        const torch::Tensor gate = d.linear(h2, L.wGate);
+        torch::Tensor mlp = d.linear((d.geglu ? geluTanh(gate) : F::silu(gate)) * d.linear(h2, L.wUp), L.wDown);
+        if (c.sandwichNorm) mlp = rmsNorm(mlp, L.postFfnNorm, c.rmsNormEps);
+        x = x + mlp;
     }
     return x;
 }
@@ -387,14 +486,8 @@ void InferenceSession::append(const std::vector<int32_t>& tokens, std::vector<fl
         const int P = s_->length;  // position of the block's first token
         const int S = P + T;       // keys visible to the block's last token
         const torch::Tensor pos = torch::arange(P, S, torch::kFloat32).unsqueeze(1);
-        // Additive mask (T, S): query i (position P+i) sees key j when j <= P+i, and with a
-        // sliding window w also j > P+i-w.
-        const torch::Tensor qpos = torch::arange(P, S, torch::kLong).unsqueeze(1);
-        const torch::Tensor kpos = torch::arange(0, S, torch::kLong).unsqueeze(0);
-        torch::Tensor allowed = kpos <= qpos;
-        if (c.slidingWindow > 0) allowed = allowed & (kpos > qpos - c.slidingWindow);
-        const torch::Tensor mask = torch::zeros({T, S}).masked_fill(allowed.logical_not(), -INFINITY);
-        const torch::Tensor x = s_->forwardBlock(d, tokens.data() + start, T, pos, mask, true);
+        // Causal (and per-layer sliding-window) attention, blocked over keys: no mask tensors.
+        const torch::Tensor x = s_->forwardBlock(d, tokens.data() + start, T, pos, {}, {}, true);
         s_->length = S;
         s_->queryCount += T;
         s_->tokens.insert(s_->tokens.end(), tokens.begin() + start, tokens.begin() + start + T);
@@ -402,7 +495,9 @@ void InferenceSession::append(const std::vector<int32_t>& tokens, std::vector<fl
         const bool lastBlock = start + T == total;
         if (allLogits || lastBlock) {
             const torch::Tensor rows = allLogits ? x : x.narrow(0, T - 1, 1);
-            const torch::Tensor logits = d.linear(rmsNorm(rows, d.norm, c.rmsNormEps), d.lmHead).contiguous();
+            torch::Tensor logits = d.linear(rmsNorm(rows, d.norm, c.rmsNormEps), d.lmHead);
+            if (c.finalSoftcap > 0) logits = torch::tanh(logits / c.finalSoftcap) * c.finalSoftcap;
+            logits = logits.contiguous();
             const float* p = logits.data_ptr<float>();
             if (allLogits)
                 std::copy(p, p + logits.numel(), allLogits->data() + size_t(start) * size_t(c.vocabSize));
@@ -451,15 +546,20 @@ void InferenceSession::appendBranches(const std::vector<int32_t>& trunk, const s
             for (int j = 0; j < P0 + NT; ++j) a[i][j] = true;
             for (int j = P0 + branchStart[b]; j <= P0 + i; ++j) a[i][j] = true;
         }
-    if (c.slidingWindow > 0)  // slot j < P0 + NT holds position j; a branch slot holds its own position
+    const torch::Tensor mask = torch::zeros({T, P0 + T}).masked_fill(allowed.logical_not(), -INFINITY);
+    torch::Tensor maskLocal = mask;
+    if (c.slidingWindow > 0) {  // sliding layers: slot j < P0 + NT holds position j, a branch slot its own
+        torch::Tensor windowed = allowed.clone();
+        auto w = windowed.accessor<bool, 2>();
         for (int i = 0; i < T; ++i)
             for (int j = 0; j < P0 + T; ++j) {
                 const float keyPos = j < P0 + NT ? float(j) : posv[size_t(j - P0)];
-                if (a[i][j] && keyPos <= posv[size_t(i)] - float(c.slidingWindow)) a[i][j] = false;
+                if (w[i][j] && keyPos <= posv[size_t(i)] - float(c.slidingWindow)) w[i][j] = false;
             }
-    const torch::Tensor mask = torch::zeros({T, P0 + T}).masked_fill(allowed.logical_not(), -INFINITY);
+        maskLocal = torch::zeros({T, P0 + T}).masked_fill(windowed.logical_not(), -INFINITY);
+    }
     const torch::Tensor pos = torch::from_blob(posv.data(), {T, 1}, torch::kFloat32).clone();
-    const torch::Tensor x = s_->forwardBlock(d, all.data(), T, pos, mask, false);
+    const torch::Tensor x = s_->forwardBlock(d, all.data(), T, pos, mask, maskLocal, false);
     // Keep the trunk; the branches' slots are scratch, overwritten by the next append.
     s_->length = P0 + NT;
     s_->tokens.insert(s_->tokens.end(), trunk.begin(), trunk.end());

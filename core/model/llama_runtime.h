@@ -6,7 +6,11 @@
 //    holds a KV cache and append() runs new tokens after it, returning logits.
 //  - Numerics: RMSNorm, softmax and the residual stream in fp32; matmuls in fp32 (default) or
 //    bf16 (RuntimeOptions::compute). RoPE in the Hugging Face rotate_half layout, GQA (query head
-//    h reads KV head h / (heads / kv_heads)), SwiGLU, optional sliding window.
+//    h reads KV head h / (heads / kv_heads)), SwiGLU or GeGLU, sliding windows on all or some
+//    layers (Gemma 3: 5 local layers with their own RoPE base per global one), q/k RMSNorm
+//    (Qwen3, Gemma 3), Gemma's sandwich norms, embedding scale and soft-capping.
+//  - Attention is blocked over keys (RuntimeOptions::keyBlock) with a running softmax: memory per
+//    layer is O(prefillBlock x keyBlock), whatever the context length.
 //  - KV precision: every K/V row is rounded to RuntimeOptions::kvDtype (fp16 by default, as a
 //    serving stack stores it) *before* attention reads it, during prefill too. So the cache a
 //    session exports (exportKv) is exactly the cache the model attended to, and generating from
@@ -32,6 +36,7 @@ struct RuntimeOptions {
     DType compute = DType::F32;  // F32 or BF16 matmuls
     DType kvDtype = DType::F16;  // precision of the cache (F16, BF16 or F32)
     int prefillBlock = 512;    // tokens per forward during long prefills (bounds memory)
+    int keyBlock = 1024;       // keys per step of the blocked attention (bounds the score buffer)
 };
 
 class LlamaRuntime {

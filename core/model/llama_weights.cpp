@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <set>
 
@@ -74,6 +75,50 @@ void putLayers(LlamaWeights& w, const std::vector<float>& all, int layers, int64
     }
 }
 
+// Splits `fused` (rows, cols) into consecutive row blocks named `names` with `rows` rows each;
+// throws when the row counts do not add up.
+void splitRows(LlamaWeights& w, const std::string& fusedName, HostTensor fused,
+               const std::vector<std::pair<std::string, int64_t>>& parts)
+{
+    int64_t total = 0;
+    for (const auto& p : parts) total += p.second;
+    if (fused.shape.size() != 2 || fused.shape[0] != total)
+        throw inputError(w.spec.sourcePath, "tensor '" + fusedName + "'",
+                         "fused projection has " + std::to_string(fused.shape.empty() ? 0 : fused.shape[0]) +
+                             " rows, expected " + std::to_string(total));
+    const int64_t cols = fused.shape[1];
+    int64_t row = 0;
+    for (const auto& [name, rows] : parts) {
+        HostTensor t;
+        t.shape = {rows, cols};
+        t.data.assign(fused.data.begin() + std::ptrdiff_t(row * cols), fused.data.begin() + std::ptrdiff_t((row + rows) * cols));
+        w.tensors[name] = std::move(t);
+        row += rows;
+    }
+}
+
+// Phi-3 stores q/k/v and gate/up fused; this splits them under the names of the other models.
+void splitFused(LlamaWeights& w, const std::string& name, HostTensor&& t)
+{
+    const ModelConfig& c = w.spec.config;
+    const std::string prefix = name.substr(0, name.find(".self_attn.") != std::string::npos ? name.find(".self_attn.") + 1
+                                                                                        : name.find(".mlp.") + 1);
+    if (name.find("qkv_proj.weight") != std::string::npos) {
+        const int64_t q = int64_t(c.numHeads) * c.headDim, kv = int64_t(c.numKvHeads) * c.headDim;
+        splitRows(w, name, std::move(t),
+                  {{prefix + "self_attn.q_proj.weight", q}, {prefix + "self_attn.k_proj.weight", kv},
+                   {prefix + "self_attn.v_proj.weight", kv}});
+    } else {
+        splitRows(w, name, std::move(t),
+                  {{prefix + "mlp.gate_proj.weight", c.intermediateSize}, {prefix + "mlp.up_proj.weight", c.intermediateSize}});
+    }
+}
+
+bool isFusedName(const std::string& name)
+{
+    return endsWith(name, ".self_attn.qkv_proj.weight") || endsWith(name, ".mlp.gate_up_proj.weight");
+}
+
 }  // namespace
 
 void validateLlamaWeights(const LlamaWeights& w)
@@ -102,6 +147,14 @@ void validateLlamaWeights(const LlamaWeights& w)
         expected[layerName(l, "mlp.gate_proj.weight")] = {inter, hidden};
         expected[layerName(l, "mlp.up_proj.weight")] = {inter, hidden};
         expected[layerName(l, "mlp.down_proj.weight")] = {hidden, inter};
+        if (c.qkNorm) {
+            expected[layerName(l, "self_attn.q_norm.weight")] = {int64_t(c.headDim)};
+            expected[layerName(l, "self_attn.k_norm.weight")] = {int64_t(c.headDim)};
+        }
+        if (c.sandwichNorm) {
+            expected[layerName(l, "pre_feedforward_layernorm.weight")] = {hidden};
+            expected[layerName(l, "post_feedforward_layernorm.weight")] = {hidden};
+        }
         if (w.spec.qkvBias) {
             expected[layerName(l, "self_attn.q_proj.bias")] = {qDim};
             expected[layerName(l, "self_attn.k_proj.bias")] = {kvDim};
@@ -191,8 +244,14 @@ LlamaWeights loadHfWeights(const std::string& folder)
             HostTensor h;
             h.shape = t.shape;
             h.data = f.readF32(t);
-            w.tensors[t.name] = std::move(h);
             ++types[t.dtype];
+            if (w.spec.config.normPlusOne && endsWith(t.name, "norm.weight"))
+                for (float& v : h.data) v += 1.0f;
+            if (w.spec.config.modelType == "phi3" && isFusedName(t.name)) {
+                splitFused(w, t.name, std::move(h));
+                continue;
+            }
+            w.tensors[t.name] = std::move(h);
         }
     }
     w.spec.weightTypes = describeTypes(types);
@@ -214,12 +273,19 @@ LlamaWeights loadGgufWeights(const std::string& path)
         c.architecture = "LlamaForCausalLM";
         c.modelType = "llama";
         permuteQk = true;  // llama.cpp's converter stores q/k rows interleaved for these
-    } else if (arch == "qwen2") {
-        c.architecture = "Qwen2ForCausalLM";
-        c.modelType = "qwen2";
+    } else if (arch == "qwen2" || arch == "qwen3" || arch == "phi3" || arch == "gemma3") {
+        // NEOX-style RoPE in llama.cpp: rows kept in the Hugging Face order.
+        static const std::map<std::string, std::pair<const char*, const char*>> kArch = {
+            {"qwen2", {"Qwen2ForCausalLM", "qwen2"}},
+            {"qwen3", {"Qwen3ForCausalLM", "qwen3"}},
+            {"phi3", {"Phi3ForCausalLM", "phi3"}},
+            {"gemma3", {"Gemma3ForCausalLM", "gemma3_text"}},
+        };
+        c.architecture = kArch.at(arch).first;
+        c.modelType = kArch.at(arch).second;
     } else {
         throw inputError(path, "metadata 'general.architecture'",
-                         "unsupported architecture '" + arch + "' (supported: llama, qwen2)");
+                         "unsupported architecture '" + arch + "' (supported: llama, qwen2, qwen3, phi3, gemma3)");
     }
     const std::string p = arch + ".";
     auto intKey = [&](const std::string& key, int64_t lo, int64_t hi) {
@@ -261,14 +327,52 @@ LlamaWeights loadGgufWeights(const std::string& path)
     if (c.numHeads % c.numKvHeads != 0)
         throw inputError(path, "metadata '" + p + "attention.head_count_kv'", "does not divide head_count");
     c.tieWordEmbeddings = f.find("output.weight") == nullptr;
+    if (f.has(p + "rope.dimension_count") && f.getInt(p + "rope.dimension_count") != c.headDim)
+        throw inputError(path, "metadata '" + p + "rope.dimension_count'",
+                         "partial rotary embeddings (" + std::to_string(f.getInt(p + "rope.dimension_count")) + " of " +
+                             std::to_string(c.headDim) + " dims) are not supported");
+    for (const char* longRope : {"rope_factors_long.weight", "rope_factors_short.weight"})
+        if (f.find(longRope))
+            throw inputError(path, std::string("tensor '") + longRope + "'",
+                             "LongRoPE frequency factors (Phi-3 128k) are not supported");
+    if (arch == "qwen3") c.qkNorm = true;
+    if (arch == "phi3" && f.has(p + "attention.sliding_window"))
+        c.slidingWindow = intKey("attention.sliding_window", 0, 1 << 30);
+    if (arch == "gemma3") {
+        // As llama.cpp runs Gemma 3: GeGLU, q/k and sandwich norms (their weights already hold the
+        // 1 of Gemma's (1 + w)), embeddings scaled by sqrt(hidden), 5 sliding-window layers
+        // (RoPE base 10000) then 1 global layer (rope.freq_base), scores scaled by
+        // query_pre_attn_scalar^-1/2, which is head_dim except in the 27B model (hidden / heads).
+        c.hiddenAct = "gelu_pytorch_tanh";
+        c.qkNorm = true;
+        c.sandwichNorm = true;
+        c.embedScale = std::sqrt(double(c.hiddenSize));
+        c.queryPreAttnScalar = c.numLayers == 62 ? double(c.hiddenSize / c.numHeads) : double(c.headDim);
+        c.ropeLocalTheta = f.has(p + "rope.freq_base_swa") ? f.getFloat(p + "rope.freq_base_swa") : 10000.0;
+        c.slidingWindow = intKey("attention.sliding_window", 1, 1 << 30);
+        const int pattern = f.has(p + "attention.sliding_window_pattern")
+                                ? intKey("attention.sliding_window_pattern", 1, 4096) : 6;
+        c.slidingLayers.assign(size_t(c.numLayers), false);
+        for (int l = 0; l < c.numLayers; ++l) c.slidingLayers[size_t(l)] = (l + 1) % pattern != 0;
+        if (f.has(p + "attn_logit_softcapping")) c.attnSoftcap = f.getFloat(p + "attn_logit_softcapping");
+        if (f.has(p + "final_logit_softcapping")) c.finalSoftcap = f.getFloat(p + "final_logit_softcapping");
+    }
 
-    // llama.cpp name -> Hugging Face name.
-    static const std::pair<const char*, const char*> kLayerNames[] = {
+    // llama.cpp name -> Hugging Face name. ffn_norm is the norm before the MLP: Llama's
+    // post_attention_layernorm, Gemma's pre_feedforward_layernorm (Gemma's post_attention_norm
+    // is the norm on the attention output).
+    const bool gemma = arch == "gemma3";
+    const std::vector<std::pair<const char*, const char*>> kLayerNames = {
         {"attn_norm.weight", "input_layernorm.weight"},
-        {"ffn_norm.weight", "post_attention_layernorm.weight"},
+        {"ffn_norm.weight", gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight"},
+        {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+        {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
+        {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+        {"attn_k_norm.weight", "self_attn.k_norm.weight"},
         {"attn_q.weight", "self_attn.q_proj.weight"},
         {"attn_k.weight", "self_attn.k_proj.weight"},
         {"attn_v.weight", "self_attn.v_proj.weight"},
+        {"attn_qkv.weight", "self_attn.qkv_proj.weight"},
         {"attn_q.bias", "self_attn.q_proj.bias"},
         {"attn_k.bias", "self_attn.k_proj.bias"},
         {"attn_v.bias", "self_attn.v_proj.bias"},
@@ -298,6 +402,15 @@ LlamaWeights loadGgufWeights(const std::string& path)
         for (auto it = t.dims.rbegin(); it != t.dims.rend(); ++it) h.shape.push_back(int64_t(*it));
         h.data = f.readTensorF32(t);
         ++types[ggmlTypeName(t.type)];
+        // Phi-3: attn_qkv is fused, and ffn_up holds gate and up rows (gate first) when there is
+        // no ffn_gate.
+        if (arch == "phi3" && endsWith(name, "mlp.up_proj.weight") && h.shape.size() == 2 &&
+            h.shape[0] == 2 * int64_t(c.intermediateSize))
+            name = name.substr(0, name.size() - std::strlen("up_proj.weight")) + "gate_up_proj.weight";
+        if (isFusedName(name)) {
+            splitFused(w, name, std::move(h));
+            continue;
+        }
         if (permuteQk && h.shape.size() == 2 && h.shape[0] % c.headDim == 0) {
             const bool isQ = name.find("q_proj.weight") != std::string::npos;
             const bool isK = name.find("k_proj.weight") != std::string::npos;

@@ -9,6 +9,10 @@
 //    GGUF "llama" files and llama2.c files store q/k rows in the interleaved order (pairs
 //    (2i, 2i+1)); their loaders permute the rows back (llama2c.h: permuteInterleavedToRotateHalf).
 //    GGUF "qwen2" files are not permuted by llama.cpp's converter and are taken as they are.
+//  - Fused projections (Phi-3's qkv_proj and gate_up_proj, GGUF attn_qkv and the double-height
+//    ffn_up) are split into q/k/v and gate/up rows at load time, so the runtime sees one layout.
+//  - Gemma's RMSNorm multiplies by (1 + w): the Hugging Face loader adds the 1 to every norm
+//    weight; llama.cpp's converter already did so in GGUF files. The runtime always computes w * x.
 //  - Validation: every expected tensor must be present with its exact shape, and no tensor may be
 //    left over (a leftover means an architecture feature we would silently ignore).
 //
@@ -19,7 +23,12 @@
 //   model.layers.i.self_attn.k_proj.weight    (kv_heads*head_dim, hidden)  .bias when present
 //   model.layers.i.self_attn.v_proj.weight    (kv_heads*head_dim, hidden)  .bias when present
 //   model.layers.i.self_attn.o_proj.weight    (hidden, heads*head_dim)
-//   model.layers.i.post_attention_layernorm.weight (hidden)
+//   model.layers.i.self_attn.q_norm.weight    (head_dim)   qkNorm only (Qwen3, Gemma 3)
+//   model.layers.i.self_attn.k_norm.weight    (head_dim)   qkNorm only
+//   model.layers.i.post_attention_layernorm.weight (hidden)  Llama: before the MLP; Gemma: on the
+//                                             attention output (sandwichNorm)
+//   model.layers.i.pre_feedforward_layernorm.weight  (hidden)  sandwichNorm only (Gemma)
+//   model.layers.i.post_feedforward_layernorm.weight (hidden)  sandwichNorm only (Gemma)
 //   model.layers.i.mlp.gate_proj.weight       (intermediate, hidden)
 //   model.layers.i.mlp.up_proj.weight         (intermediate, hidden)
 //   model.layers.i.mlp.down_proj.weight       (hidden, intermediate)

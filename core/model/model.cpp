@@ -83,7 +83,7 @@ std::vector<int32_t> Model::stopIds() const
     };
     add(tokenizer_->eosId());
     add(spec().config.eosTokenId);
-    for (const char* t : {"<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>"}) add(tokenizer_->specialId(t));
+    for (const char* t : {"<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<end_of_turn>"}) add(tokenizer_->specialId(t));
     return ids;
 }
 

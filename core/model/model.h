@@ -45,7 +45,7 @@ public:
     const std::string& path() const { return path_; }
     double loadSeconds() const { return loadSeconds_; }
 
-    // Tokens that end a response: EOS and, for chat models, <|im_end|> / <|eot_id|> / <|end|>.
+    // Tokens that end a response: EOS and, for chat models, <|im_end|> / <|eot_id|> / <|end|> / Gemma's <end_of_turn>.
     std::vector<int32_t> stopIds() const;
     bool isChat() const;  // the vocabulary has <|im_start|> and <|im_end|>
 
