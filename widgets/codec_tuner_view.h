@@ -8,6 +8,8 @@
 // the trial and the quality measurement on workers and hands the figures back as value structs.
 #pragma once
 
+#include "view_data.h"
+
 #include "codec/profile.h"
 #include "eval/sensitivity.h"
 #include "kv/kv_compare.h"
@@ -32,29 +34,6 @@ class QTimer;
 namespace kvscope {
 
 class BinsTableModel;
-
-struct TrialFigures {  // one level of the edited profile, encoded and decoded once
-    int level = 1;
-    quint64 bytes = 0;
-    double bitsPerValue = 0, ratioVsFp16 = 0, ratioVsInt8 = 0;
-    double encodeSeconds = 0, decodeSeconds = 0;
-    double rms = 0;
-    std::vector<LayerError> layers;
-};
-
-struct QualityFigures {
-    int level = 1;
-    double bitsPerValue = 0;      // of the trial measured
-    bool hasContinuation = false; // ΔPPL and KL need one
-    double deltaPplPct = 0, kl = 0, tokenAgreement = 1;
-    QString originalAnswer, answer;
-};
-
-struct RdPoint {  // one row of evaluateCodecs
-    QString codec;   // "cachegen", "int8", ...
-    QString label;   // "level 2", "int8", ...
-    double bitsPerValue = 0, deltaPplPct = 0;
-};
 
 class CodecTunerView : public QWidget {
     Q_OBJECT
@@ -137,5 +116,3 @@ private:
 
 }  // namespace kvscope
 
-Q_DECLARE_METATYPE(kvscope::TrialFigures)
-Q_DECLARE_METATYPE(kvscope::QualityFigures)

@@ -9,8 +9,10 @@
 //                marks it on the heat map and the token view.
 // It only draws. Statistics arrive through setStats(); the entropy map, histograms and token
 // maps are computed by a worker that answers the requests this view emits (DistributionsWorker
-// in the app), and come back as the value structs below.
+// in the app), and come back as the value structs of view_data.h.
 #pragma once
+
+#include "view_data.h"
 
 #include "kv/kv_stats.h"
 #include "kv_metatypes.h"
@@ -29,27 +31,6 @@ class QListWidget;
 class QSpinBox;
 
 namespace kvscope {
-
-struct EntropyMap {   // per-channel entropy of every layer of one kind at `bins`
-    KvKind kind = KvKind::Key;
-    int bins = 0;
-    int layers = 0, channels = 0;
-    std::vector<double> bits;  // (layers, channels)
-};
-
-struct HistogramData {
-    KvKind kind = KvKind::Key;
-    int layer = 0;
-    int channel = -1;  // -1: every channel of the layer
-    Histogram histogram;
-};
-
-struct TokenMapData {
-    KvKind kind = KvKind::Key;
-    int layer = 0;
-    int tokens = 0, stride = 1, channels = 0;
-    std::vector<float> values;  // (tokens, channels)
-};
 
 class DistributionsView : public QWidget {
     Q_OBJECT
@@ -129,6 +110,3 @@ private:
 
 }  // namespace kvscope
 
-Q_DECLARE_METATYPE(kvscope::EntropyMap)
-Q_DECLARE_METATYPE(kvscope::HistogramData)
-Q_DECLARE_METATYPE(kvscope::TokenMapData)

@@ -275,7 +275,7 @@ StreamConfig StreamLabView::config() const
     c.traceScale = m_traceScale->value();
     c.rttMs = m_rtt->value();
     c.sloSeconds = m_sloSpin->value();
-    c.policy = m_policy->currentData().toString();
+    c.policies = QStringList{m_policy->currentData().toString()};
     c.store = m_store->text().trimmed();
     return c;
 }
@@ -288,7 +288,7 @@ void StreamLabView::setConfig(const StreamConfig& c)
     m_traceScale->setValue(c.traceScale);
     m_rtt->setValue(c.rttMs);
     m_sloSpin->setValue(c.sloSeconds);
-    const int i = m_policy->findData(c.policy);
+    const int i = c.policies.isEmpty() ? -1 : m_policy->findData(c.policies.front());
     if (i >= 0) m_policy->setCurrentIndex(i);
     m_store->setText(c.store);
 }

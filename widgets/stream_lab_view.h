@@ -9,6 +9,8 @@
 // these value structs back.
 #pragma once
 
+#include "view_data.h"
+
 #include <QAbstractTableModel>
 #include <QMetaType>
 #include <QString>
@@ -27,45 +29,6 @@ class QPushButton;
 class QTableView;
 
 namespace kvscope {
-
-struct StreamConfig {
-    enum Link { Constant = 0, Steps = 1, Trace = 2 } link = Constant;
-    QString rate = QStringLiteral("50Mbit");   // Constant: a rate; Steps: RATE:SECONDS,...,RATE
-    QString tracePath;
-    double traceScale = 1.0;
-    double rttMs = 0;
-    double sloSeconds = 1.0;
-    QString policy = QStringLiteral("adaptive");  // adaptive | text | int8 | level:N
-    QString store;  // "" = encode the cache now; else .kvc files "a,b", a folder or redis://HOST:PORT/PREFIX
-};
-
-struct StreamChunkPoint {
-    int index = 0;
-    int level = 0;       // 0 = text
-    bool local = false;  // recomputed after fetching failed
-    quint64 bytes = 0;
-    double sentS = 0, firstByteS = 0, arrivedS = 0;
-    double jobStartS = 0, decodedS = 0;  // 0 until the run finished
-};
-
-struct StreamRunResult {
-    int run = 0;
-    QString policy, link;
-    double sloSeconds = 0, ttftSeconds = 0;
-    bool sloMet = false;
-    // transfer, decode, recompute, kv load, prefill, first token
-    double parts[6] = {0, 0, 0, 0, 0, 0};
-    std::vector<StreamChunkPoint> chunks;
-    quint64 deliveredBytes = 0;
-    double capacityBytes = 0;
-    double tokenAgreement = 0;
-    QString text, referenceText;
-    QStringList log;
-};
-
-struct LinkSeries {  // available rate of the link over link time
-    std::vector<double> seconds, mbps;
-};
 
 class StreamRunsModel : public QAbstractTableModel {
     Q_OBJECT
@@ -149,7 +112,3 @@ private:
 
 }  // namespace kvscope
 
-Q_DECLARE_METATYPE(kvscope::StreamConfig)
-Q_DECLARE_METATYPE(kvscope::StreamChunkPoint)
-Q_DECLARE_METATYPE(kvscope::StreamRunResult)
-Q_DECLARE_METATYPE(kvscope::LinkSeries)

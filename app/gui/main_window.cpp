@@ -409,7 +409,8 @@ void MainWindow::createStreamDock()
         showTask(text, maximum);
         m_streamView->setStatus(text);
     });
-    connect(ss, &StreamSession::runStarted, m_streamView, &StreamLabView::runStarted);
+    connect(ss, &StreamSession::raceStarted, m_streamView,
+            [this](const QStringList&, const LinkSeries& available) { m_streamView->runStarted(available); });
     connect(ss, &StreamSession::chunkArrived, m_streamView, &StreamLabView::addChunk);
     connect(ss, &StreamSession::runFinished, this, [this](const StreamRunResult& r) {
         m_streamView->runFinished(r);

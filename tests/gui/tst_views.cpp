@@ -38,7 +38,6 @@ using kvscope::MainWindow;
 namespace {
 
 constexpr int kTimeoutMs = 180000;
-const QString kModelDir = QStringLiteral(KVSCOPE_SOURCE_DIR "/../shared/models/aidreams260K");
 const QString kSentence = QStringLiteral("Once upon a time, there was a little girl named Lily. She liked to play. ");
 // Bound on the longest event-loop gap while a capture and a stream run. The target is
 // 50 ms; this shared 2-core machine runs other builds at the same time, so the test asserts
@@ -110,8 +109,9 @@ bool TestViews::capture(const QString& text)
 void TestViews::initTestCase()
 {
     QVERIFY(m_dir.isValid());
-    const QString model = kModelDir + QStringLiteral("/aidreams260K.bin");
-    const QString tokenizer = kModelDir + QStringLiteral("/tok512.bin");
+    const QString modelDir = kvscopeSharedDir() + QStringLiteral("/models/aidreams260K");
+    const QString model = modelDir + QStringLiteral("/aidreams260K.bin");
+    const QString tokenizer = modelDir + QStringLiteral("/tok512.bin");
     if (!QFile::exists(model) || !QFile::exists(tokenizer)) QSKIP("aidreams260K test checkpoint absent");
     m_window = std::make_unique<MainWindow>(false);
     m_window->resize(1280, 800);
@@ -247,7 +247,7 @@ void TestViews::streamOnConstantLink()
     c.link = kvscope::StreamConfig::Constant;
     c.rate = QStringLiteral("20Mbit");
     c.sloSeconds = 5;
-    c.policy = QStringLiteral("level:2");
+    c.policies = QStringList{QStringLiteral("level:2")};
     lab->setConfig(c);
     QSignalSpy chunks(m_window->streamSession(), &kvscope::StreamSession::chunkArrived);
     kvscope::StreamRunResult r;
@@ -375,7 +375,7 @@ void TestViews::eventLoopStaysResponsive()
     kvscope::StreamConfig c = m_window->streamView()->config();
     c.link = kvscope::StreamConfig::Constant;
     c.rate = QStringLiteral("5Mbit");
-    c.policy = QStringLiteral("adaptive");
+    c.policies = QStringList{QStringLiteral("adaptive")};
     m_window->streamView()->setConfig(c);
     ticks.maxGap = 0;
     wall.restart();
