@@ -58,6 +58,10 @@ public:
     bool hasQuality() const { return m_hasQuality; }
     // Text of a figure label: bits, bytes, fp16, int8, dppl, kl, agreement.
     QString figure(const QString& key) const;
+    bool hasRdPoints() const { return !m_rd.empty(); }
+    const std::vector<RdPoint>& rdPoints() const { return m_rd; }
+    QString qualitySource() const;
+    const std::vector<CodecStage>& stages() const { return m_stages; }
 
 public slots:
     // Shows a profile (its default level selected) for a cache of profile.numLayers layers.
@@ -70,8 +74,16 @@ public slots:
     void setSensitivity(const std::vector<kvscope::LayerSensitivity>& sensitivity);
     void setRdPoints(const std::vector<kvscope::RdPoint>& points);
     void setStatus(const QString& text);
+    void clearRdPoints();
+    // Where quality comes from: ids with labels; ids in `disabled` are listed but not selectable
+    // (a source that has not landed yet says so).
+    void setQualitySources(const QStringList& ids, const QStringList& labels, const QStringList& disabled);
+    // The codec's stages as toggles (empty: the box is hidden).
+    void setStages(const std::vector<kvscope::CodecStage>& stages);
 
 signals:
+    void qualitySourceChanged(const QString& id);
+    void stagesChanged();
     void settingsChanged();  // debounced
     void sensitivityRequested(int bins);
     void evaluateRequested();
@@ -111,6 +123,10 @@ private:
     QPlainTextEdit* m_originalAnswer = nullptr;
     QPlainTextEdit* m_answer = nullptr;
     QCustomPlot* m_rdPlot = nullptr;
+    QComboBox* m_qualitySource = nullptr;
+    QGroupBox* m_stageBox = nullptr;
+    std::vector<CodecStage> m_stages;
+    bool m_useDeltaPpl = false;
     QTimer* m_debounce = nullptr;
 };
 

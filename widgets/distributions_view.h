@@ -2,8 +2,6 @@
 //   heat map     layer x channel, coloured by per-channel absmax, std, or the entropy of the
 //                quantized symbols at a chosen number of bins (click a cell to select it);
 //   histogram    of the selected layer, or of one channel of it;
-//   locality     per layer, variance along tokens of the raw values vs of the deltas against
-//                each group's anchor (CacheGen's token locality), log scale;
 //   tokens       token x channel values of the selected layer;
 //   outliers     the selected layer's outlier channels; clicking one selects its histogram and
 //                marks it on the heat map and the token view.
@@ -50,7 +48,6 @@ public:
     // For the window, the screenshot mode and the tests.
     QCustomPlot* heatmapPlot() const { return m_heatPlot; }
     QCustomPlot* histogramPlot() const { return m_histPlot; }
-    QCustomPlot* localityPlot() const { return m_localityPlot; }
     QCustomPlot* tokenPlot() const { return m_tokenPlot; }
     QListWidget* outlierList() const { return m_outliers; }
     QComboBox* kindCombo() const { return m_kindCombo; }
@@ -80,7 +77,6 @@ private:
     void setupPlots();
     void onSelectorsChanged();
     void updateHeatmap();
-    void updateLocality();
     void updateOutliers();
     void updateMarkers();
     void heatmapClicked(QMouseEvent* event);
@@ -100,7 +96,6 @@ private:
     QCustomPlot* m_heatPlot = nullptr;
     QCPColorMap* m_heatMap = nullptr;
     QCustomPlot* m_histPlot = nullptr;
-    QCustomPlot* m_localityPlot = nullptr;
     QCustomPlot* m_tokenPlot = nullptr;
     QCPColorMap* m_tokenMap = nullptr;
     QCPItemStraightLine* m_heatMarker = nullptr;

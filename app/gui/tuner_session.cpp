@@ -97,6 +97,7 @@ void TunerSession::setSource(std::shared_ptr<const Model> model, std::shared_ptr
     m_shared = std::make_shared<Shared>();
     m_shared->kv = kv;
     m_qualityOk = false;
+    m_hasContinuation = false;
     if (!kv) {
         m_qualityNote = tr("No cache.");
         return;
@@ -126,6 +127,7 @@ void TunerSession::setSource(std::shared_ptr<const Model> model, std::shared_ptr
         return;
     }
     m_qualityOk = true;
+    m_hasContinuation = !task.continuation.empty();
     m_qualityNote = task.continuation.empty()
                         ? tr("Quality: answers compared; no held-out continuation, so no ΔPPL or KL (use a sample "
                              "context).")

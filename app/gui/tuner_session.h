@@ -36,6 +36,8 @@ public:
     void setSource(std::shared_ptr<const Model> model, std::shared_ptr<const KvSet> kv, const SampleContext& sample);
     bool hasCache() const { return bool(m_kv); }
     bool canMeasureQuality() const { return m_qualityOk; }
+    // Per-layer sensitivity scores a held-out continuation: a sample context has one.
+    bool canMeasureSensitivity() const { return m_qualityOk && m_hasContinuation; }
     QString qualityNote() const { return m_qualityNote; }
     bool isBusy() const;  // a long task runs
     bool isTrialRunning() const;
@@ -71,6 +73,7 @@ private:
     std::shared_ptr<Shared> m_shared;
     std::shared_ptr<const KvSet> m_kv;
     bool m_qualityOk = false;
+    bool m_hasContinuation = false;
     QString m_qualityNote;
     QString m_longTitle;
 };
