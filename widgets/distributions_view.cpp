@@ -46,12 +46,12 @@ QCPColorMap* makeColorMap(QCustomPlot* plot, const QString& name)
 {
     auto* map = new QCPColorMap(plot->xAxis, plot->yAxis);
     map->setName(name);
-    map->setGradient(style::sequentialGradient());
     map->setInterpolate(false);
     auto* scale = new QCPColorScale(plot);
     plot->plotLayout()->addElement(1, 1, scale);
     scale->setBarWidth(10);
     map->setColorScale(scale);
+    map->setGradient(style::sequentialGradient());  // after setColorScale, which adopts the scale's gradient
     auto* group = new QCPMarginGroup(plot);
     plot->axisRect()->setMarginGroup(QCP::msBottom | QCP::msTop, group);
     scale->setMarginGroup(QCP::msBottom | QCP::msTop, group);
