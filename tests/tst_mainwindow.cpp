@@ -5,6 +5,7 @@
 
 #include "layer_stats_view.h"
 #include "main_window.h"
+#include "plot_style.h"
 
 #include "kv/kv_h5.h"
 #include "kv/kv_stats.h"
@@ -24,6 +25,7 @@
 #include <QProgressBar>
 #include <QPushButton>
 #include <QSettings>
+#include <QSplitter>
 #include <QTemporaryDir>
 
 #include <algorithm>
@@ -61,6 +63,7 @@ private slots:
     void dropKvFileOpensIt();
     void dropOtherFileIsRefused();
     void recentFilesPersist();
+    void layoutPersists();
     void cancelDuringStatistics();
     void cancelDuringRead();
     void staysResponsiveWhileLoading();
@@ -288,6 +291,38 @@ void TestMainWindow::recentFilesPersist()
     again.clearRecentFiles();
     QVERIFY(!recent->isEnabled());
     QVERIFY(QSettings().value(QStringLiteral("recentFiles")).toStringList().isEmpty());
+}
+
+void TestMainWindow::layoutPersists()
+{
+    QList<int> sizes;
+    {
+        MainWindow window(true);
+        window.resize(1500, 900);
+        window.show();
+        window.setDarkTheme(true);
+        auto* splitter = window.findChild<QSplitter*>(QStringLiteral("modelPageSplitter"));
+        QVERIFY(splitter);
+        splitter->setSizes({900, 500});
+        QApplication::processEvents();
+        sizes = splitter->sizes();
+        window.showPage(MainWindow::Page::Stream);
+        window.close();  // saves geometry, page, splitters and theme
+    }
+    MainWindow again(true);
+    again.show();
+    QApplication::processEvents();
+    QCOMPARE(again.currentPage(), MainWindow::Page::Stream);
+    QCOMPARE(again.size(), QSize(1500, 900));
+    again.showPage(MainWindow::Page::ModelContext);
+    QApplication::processEvents();
+    QCOMPARE(again.findChild<QSplitter*>(QStringLiteral("modelPageSplitter"))->sizes(), sizes);
+    QCOMPARE(kvscope::style::theme(), kvscope::style::Theme::Dark);
+    again.setDarkTheme(false);
+    again.close();
+    // Without settings (screenshots), nothing is restored.
+    MainWindow plain(false);
+    QCOMPARE(plain.currentPage(), MainWindow::Page::ModelContext);
 }
 
 void TestMainWindow::cancelDuringStatistics()

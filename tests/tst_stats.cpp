@@ -77,6 +77,7 @@ private slots:
     void outliersOnSyntheticKv();
     void localityMatchesAr1Theory();
     void allStatsMatchPerTensor();
+    void sharedFigures();
     void refusesBadArguments_data();
     void refusesBadArguments();
 };
@@ -439,6 +440,38 @@ void TestStats::refusesBadArguments()
     } catch (const Error& e) {
         QVERIFY2(QString(e.what()).contains(reason), e.what());
     }
+}
+
+// The figures the GUI and the CLI both print: median channel absmax (mean of the middle two for
+// an even count) and locality as summed raw variance over summed delta variance.
+void TestStats::sharedFigures()
+{
+    kvscope::TensorStats t;
+    for (float a : {4.0f, 1.0f, 3.0f, 2.0f}) {
+        kvscope::ChannelStats c;
+        c.absmax = a;
+        t.channels.push_back(c);
+    }
+    QCOMPARE(kvscope::medianChannelAbsmax(t), 2.5);
+    t.channels.pop_back();  // 4, 1, 3
+    QCOMPARE(kvscope::medianChannelAbsmax(t), 3.0);
+    QCOMPARE(kvscope::medianChannelAbsmax(kvscope::TensorStats{}), 0.0);
+
+    kvscope::TensorStats k0, k1, v0;
+    k0.kind = k1.kind = kvscope::KvKind::Key;
+    v0.kind = kvscope::KvKind::Value;
+    k0.varianceRaw = 6, k0.varianceDelta = 2;   // 3x
+    k1.varianceRaw = 1, k1.varianceDelta = 1;   // 1x
+    v0.varianceRaw = 1, v0.varianceDelta = 4;   // 0.25x
+    QCOMPARE(kvscope::localityRatio(k0), 3.0);
+    const std::vector<kvscope::TensorStats> all{k0, k1, v0};
+    QCOMPARE(kvscope::localityRatio(all, kvscope::KvKind::Key), 7.0 / 3.0);  // not the mean of 3 and 1
+    QCOMPARE(kvscope::localityRatio(all, kvscope::KvKind::Value), 0.25);
+    QCOMPARE(kvscope::localityRatio(all), 8.0 / 7.0);
+    kvscope::TensorStats flat;
+    QCOMPARE(kvscope::localityRatio(flat), 0.0);
+    flat.varianceRaw = 1;
+    QVERIFY(std::isinf(kvscope::localityRatio(flat)));
 }
 
 KVSCOPE_TEST_MAIN(TestStats)

@@ -2,10 +2,13 @@
 
 #include "bins_table_model.h"
 #include "plot_export.h"
+#include "plot_style.h"
 
 #include <qcustomplot.h>
 
+#include <QCheckBox>
 #include <QComboBox>
+#include <QStandardItemModel>
 #include <QFormLayout>
 #include <QGroupBox>
 #include <QHBoxLayout>
@@ -129,10 +132,34 @@ CodecTunerView::CodecTunerView(QWidget* parent) : QWidget(parent)
     actions->addWidget(save, 1, 1);
     actions->addWidget(lmcache, 1, 2);
 
+    // Hooks for what lands later: where quality comes from (the held-out continuation today, a
+    // quality suite once core has one) and the transform codec's stages as toggles.
+    m_qualitySource = new QComboBox;
+    m_qualitySource->setObjectName(QStringLiteral("tunerQualitySource"));
+    m_qualitySource->setToolTip(tr("What ΔPPL, KL and the answers are measured on"));
+    connect(m_qualitySource, &QComboBox::currentIndexChanged, this,
+            [this] { emit qualitySourceChanged(qualitySource()); });
+    settings->addRow(tr("Quality from:"), m_qualitySource);
+    m_useDeltaPpl = false;
+    auto* yMetric = new QComboBox;
+    yMetric->setObjectName(QStringLiteral("tunerRdMetric"));
+    yMetric->addItem(tr("KL (robust on short continuations)"));
+    yMetric->addItem(tr("ΔPPL %"));
+    connect(yMetric, &QComboBox::currentIndexChanged, this, [this](int i) {
+        m_useDeltaPpl = i == 1;
+        updateRdPlot();
+    });
+    settings->addRow(tr("Distortion axis:"), yMetric);
+    m_stageBox = new QGroupBox(tr("Codec stages"));
+    m_stageBox->setObjectName(QStringLiteral("tunerStages"));
+    new QHBoxLayout(m_stageBox);
+    m_stageBox->setVisible(false);
+
     auto* left = new QWidget;
     auto* ll = new QVBoxLayout(left);
     ll->setContentsMargins(0, 0, 0, 0);
     ll->addLayout(settings);
+    ll->addWidget(m_stageBox);
     ll->addWidget(m_table, 1);
     ll->addLayout(group);
     ll->addLayout(actions);
@@ -173,21 +200,7 @@ CodecTunerView::CodecTunerView(QWidget* parent) : QWidget(parent)
     m_rdPlot->legend->setVisible(true);
     m_rdPlot->legend->setFont(QFont(font().family(), 8));
     m_rdPlot->setInteractions(QCP::iRangeDrag | QCP::iRangeZoom);
-    const struct {
-        const char* name;
-        QColor colour;
-        QCPScatterStyle::ScatterShape shape;
-        bool line;
-    } series[] = {{"baselines", QColor(90, 90, 90), QCPScatterStyle::ssSquare, false},
-                  {"profile levels", QColor(40, 90, 200), QCPScatterStyle::ssDisc, true},
-                  {"edited level", QColor(220, 50, 30), QCPScatterStyle::ssStar, false}};
-    for (const auto& s : series) {
-        QCPGraph* g = m_rdPlot->addGraph();
-        g->setName(tr(s.name));
-        g->setPen(QPen(s.colour, 1.5));
-        g->setLineStyle(s.line ? QCPGraph::lsLine : QCPGraph::lsNone);
-        g->setScatterStyle(QCPScatterStyle(s.shape, s.colour, s.colour, s.shape == QCPScatterStyle::ssStar ? 14 : 7));
-    }
+    style::applyPlotStyle(m_rdPlot);
     installPlotMenu(m_rdPlot, QStringLiteral("rate-distortion"));
 
     auto* right = new QWidget;
@@ -282,6 +295,7 @@ void CodecTunerView::setAvailable(bool cache, bool quality, const QString& note)
     setEnabled(true);
     m_sensButton->setEnabled(quality);
     m_evalButton->setEnabled(quality);
+    if (!cache) clearRdPoints();
     m_tuneButton->setEnabled(quality);
     m_table->setEnabled(cache);
     setStatus(note);
@@ -355,30 +369,119 @@ void CodecTunerView::setStatus(const QString& text) { m_status->setText(text); }
 
 void CodecTunerView::updateRdPlot()
 {
+    // Rebuilt each time: one graph per baseline and per level, so each keeps its own colour
+    // (baselines fixed, levels on the sequential scale) and the CSV names every series.
     m_rdPlot->clearItems();
-    QVector<double> bx, by, lx, ly;
+    m_rdPlot->clearGraphs();
+    const bool kl = !m_useDeltaPpl;
+    auto yOf = [kl](double dppl, double klv) { return kl ? klv : dppl; };
+    m_rdPlot->yAxis->setLabel(kl ? tr("KL vs the original cache") : tr("ΔPPL %"));
+    auto label = [this](double x, double y, const QString& text) {
+        auto* t = new QCPItemText(m_rdPlot);
+        t->position->setCoords(x, y);
+        t->setPositionAlignment(Qt::AlignLeft | Qt::AlignBottom);
+        t->setText(QStringLiteral(" ") + text);
+        t->setColor(m_rdPlot->xAxis->tickLabelColor());
+        t->setFont(QFont(font().family(), 7));
+    };
+    QVector<double> lx, ly;
+    std::vector<const RdPoint*> levels;
+    for (const RdPoint& p : m_rd)
+        if (p.codec == QLatin1String("cachegen")) levels.push_back(&p);
+    if (!levels.empty()) {
+        QCPGraph* line = m_rdPlot->addGraph();
+        line->setName(tr("profile levels"));
+        line->setPen(QPen(style::neutralColor(), 1.2));
+        for (const RdPoint* p : levels) {
+            lx << p->bitsPerValue;
+            ly << yOf(p->deltaPplPct, p->kl);
+        }
+        line->setData(lx, ly, true);
+        line->removeFromLegend();
+    }
+    for (size_t i = 0; i < levels.size(); ++i) {
+        const RdPoint& p = *levels[i];
+        const QColor c = style::levelColor(int(i) + 1, int(levels.size()));
+        QCPGraph* g = m_rdPlot->addGraph();
+        g->setName(p.label);
+        g->setLineStyle(QCPGraph::lsNone);
+        g->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssDisc, c, c, 9));
+        g->setData({p.bitsPerValue}, {yOf(p.deltaPplPct, p.kl)});
+        label(p.bitsPerValue, yOf(p.deltaPplPct, p.kl), p.label);
+    }
     for (const RdPoint& p : m_rd) {
-        const bool level = p.codec == QLatin1String("cachegen");
-        (level ? lx : bx) << p.bitsPerValue;
-        (level ? ly : by) << p.deltaPplPct;
-        auto* text = new QCPItemText(m_rdPlot);
-        text->position->setCoords(p.bitsPerValue, p.deltaPplPct);
-        text->setPositionAlignment(Qt::AlignLeft | Qt::AlignBottom);
-        text->setText(QStringLiteral(" ") + p.label);
-        text->setFont(QFont(font().family(), 7));
+        if (p.codec == QLatin1String("cachegen")) continue;
+        const QColor c = style::baselineColor(p.codec);
+        QCPGraph* g = m_rdPlot->addGraph();
+        g->setName(p.label);
+        g->setLineStyle(QCPGraph::lsNone);
+        g->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssSquare, c, c, 8));
+        g->setData({p.bitsPerValue}, {yOf(p.deltaPplPct, p.kl)});
+        label(p.bitsPerValue, yOf(p.deltaPplPct, p.kl), p.label);
     }
-    m_rdPlot->graph(0)->setData(bx, by);
-    m_rdPlot->graph(1)->setData(lx, ly, true);
-    QVector<double> cx, cy;
-    if (m_hasQuality && m_quality.hasContinuation) {
-        cx << m_quality.bitsPerValue;
-        cy << m_quality.deltaPplPct;
-    }
-    m_rdPlot->graph(2)->setData(cx, cy);
+    QCPGraph* edited = m_rdPlot->addGraph();
+    edited->setName(tr("edited level"));
+    edited->setLineStyle(QCPGraph::lsNone);
+    edited->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssStar, style::accentColor(), style::accentColor(), 16));
+    if (m_hasQuality && m_quality.hasContinuation)
+        edited->setData({m_quality.bitsPerValue}, {yOf(m_quality.deltaPplPct, m_quality.kl)});
     m_rdPlot->rescaleAxes();
     m_rdPlot->xAxis->scaleRange(1.15);
     m_rdPlot->yAxis->scaleRange(1.2);
+    if (m_rdPlot->yAxis->range().lower > 0) m_rdPlot->yAxis->setRangeLower(0);
     m_rdPlot->replot();
+}
+
+void CodecTunerView::clearRdPoints()
+{
+    m_rd.clear();
+    updateRdPlot();
+}
+
+void CodecTunerView::setQualitySources(const QStringList& ids, const QStringList& labels, const QStringList& disabled)
+{
+    const QString current = qualitySource();
+    m_qualitySource->blockSignals(true);
+    m_qualitySource->clear();
+    for (int i = 0; i < ids.size(); ++i) {
+        m_qualitySource->addItem(i < labels.size() ? labels[i] : ids[i], ids[i]);
+        if (disabled.contains(ids[i]))
+            if (auto* model = qobject_cast<QStandardItemModel*>(m_qualitySource->model()))
+                model->item(i)->setEnabled(false);
+    }
+    const int i = m_qualitySource->findData(current);
+    m_qualitySource->setCurrentIndex(std::max(0, i));
+    m_qualitySource->blockSignals(false);
+}
+
+QString CodecTunerView::qualitySource() const
+{
+    return m_qualitySource->currentData().toString();
+}
+
+void CodecTunerView::setStages(const std::vector<CodecStage>& stages)
+{
+    m_stages = stages;
+    QLayout* layout = m_stageBox->layout();
+    while (QLayoutItem* item = layout->takeAt(0)) {
+        delete item->widget();
+        delete item;
+    }
+    for (size_t i = 0; i < m_stages.size(); ++i) {
+        const CodecStage& st = m_stages[i];
+        auto* box = new QCheckBox(st.label);
+        box->setObjectName(QStringLiteral("stage_") + st.id);
+        box->setChecked(st.on);
+        box->setEnabled(st.enabled);
+        box->setToolTip(st.toolTip);
+        connect(box, &QCheckBox::toggled, this, [this, i](bool on) {
+            m_stages[i].on = on;
+            emit stagesChanged();
+            edited();
+        });
+        layout->addWidget(box);
+    }
+    m_stageBox->setVisible(!m_stages.empty());
 }
 
 }  // namespace kvscope

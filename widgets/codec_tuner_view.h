@@ -8,6 +8,8 @@
 // the trial and the quality measurement on workers and hands the figures back as value structs.
 #pragma once
 
+#include "view_data.h"
+
 #include "codec/profile.h"
 #include "eval/layer_sensitivity.h"
 #include "kv/kv_compare.h"
@@ -33,29 +35,6 @@ namespace kvscope {
 
 class BinsTableModel;
 
-struct TrialFigures {  // one level of the edited profile, encoded and decoded once
-    int level = 1;
-    quint64 bytes = 0;
-    double bitsPerValue = 0, ratioVsFp16 = 0, ratioVsInt8 = 0;
-    double encodeSeconds = 0, decodeSeconds = 0;
-    double rms = 0;
-    std::vector<LayerError> layers;
-};
-
-struct QualityFigures {
-    int level = 1;
-    double bitsPerValue = 0;      // of the trial measured
-    bool hasContinuation = false; // ΔPPL and KL need one
-    double deltaPplPct = 0, kl = 0, tokenAgreement = 1;
-    QString originalAnswer, answer;
-};
-
-struct RdPoint {  // one row of evaluateCodecs
-    QString codec;   // "cachegen", "int8", ...
-    QString label;   // "level 2", "int8", ...
-    double bitsPerValue = 0, deltaPplPct = 0;
-};
-
 class CodecTunerView : public QWidget {
     Q_OBJECT
 public:
@@ -79,6 +58,10 @@ public:
     bool hasQuality() const { return m_hasQuality; }
     // Text of a figure label: bits, bytes, fp16, int8, dppl, kl, agreement.
     QString figure(const QString& key) const;
+    bool hasRdPoints() const { return !m_rd.empty(); }
+    const std::vector<RdPoint>& rdPoints() const { return m_rd; }
+    QString qualitySource() const;
+    const std::vector<CodecStage>& stages() const { return m_stages; }
 
 public slots:
     // Shows a profile (its default level selected) for a cache of profile.numLayers layers.
@@ -91,8 +74,16 @@ public slots:
     void setSensitivity(const std::vector<kvscope::LayerSensitivity>& sensitivity);
     void setRdPoints(const std::vector<kvscope::RdPoint>& points);
     void setStatus(const QString& text);
+    void clearRdPoints();
+    // Where quality comes from: ids with labels; ids in `disabled` are listed but not selectable
+    // (a source that has not landed yet says so).
+    void setQualitySources(const QStringList& ids, const QStringList& labels, const QStringList& disabled);
+    // The codec's stages as toggles (empty: the box is hidden).
+    void setStages(const std::vector<kvscope::CodecStage>& stages);
 
 signals:
+    void qualitySourceChanged(const QString& id);
+    void stagesChanged();
     void settingsChanged();  // debounced
     void sensitivityRequested(int bins);
     void evaluateRequested();
@@ -132,10 +123,12 @@ private:
     QPlainTextEdit* m_originalAnswer = nullptr;
     QPlainTextEdit* m_answer = nullptr;
     QCustomPlot* m_rdPlot = nullptr;
+    QComboBox* m_qualitySource = nullptr;
+    QGroupBox* m_stageBox = nullptr;
+    std::vector<CodecStage> m_stages;
+    bool m_useDeltaPpl = false;
     QTimer* m_debounce = nullptr;
 };
 
 }  // namespace kvscope
 
-Q_DECLARE_METATYPE(kvscope::TrialFigures)
-Q_DECLARE_METATYPE(kvscope::QualityFigures)

@@ -1,6 +1,7 @@
 #include "distributions_view.h"
 
 #include "plot_export.h"
+#include "plot_style.h"
 
 #include <qcustomplot.h>
 
@@ -32,6 +33,7 @@ QCustomPlot* makePlot(const QString& objectName, const QString& title)
     text->setObjectName(QStringLiteral("title"));
     plot->plotLayout()->addElement(0, 0, text);
     plot->setInteractions(QCP::iRangeDrag | QCP::iRangeZoom);
+    style::applyPlotStyle(plot);
     return plot;
 }
 
@@ -44,12 +46,12 @@ QCPColorMap* makeColorMap(QCustomPlot* plot, const QString& name)
 {
     auto* map = new QCPColorMap(plot->xAxis, plot->yAxis);
     map->setName(name);
-    map->setGradient(QCPColorGradient(QCPColorGradient::gpThermal));
     map->setInterpolate(false);
     auto* scale = new QCPColorScale(plot);
     plot->plotLayout()->addElement(1, 1, scale);
     scale->setBarWidth(10);
     map->setColorScale(scale);
+    map->setGradient(style::sequentialGradient());  // after setColorScale, which adopts the scale's gradient
     auto* group = new QCPMarginGroup(plot);
     plot->axisRect()->setMarginGroup(QCP::msBottom | QCP::msTop, group);
     scale->setMarginGroup(QCP::msBottom | QCP::msTop, group);
@@ -59,7 +61,7 @@ QCPColorMap* makeColorMap(QCustomPlot* plot, const QString& name)
 QCPItemStraightLine* makeMarker(QCustomPlot* plot)
 {
     auto* line = new QCPItemStraightLine(plot);
-    line->setPen(QPen(QColor(0, 160, 255), 1.5, Qt::DashLine));
+    line->setPen(QPen(style::accentColor(), 1.5, Qt::DashLine));
     line->setVisible(false);
     return line;
 }
@@ -121,8 +123,7 @@ DistributionsView::DistributionsView(QWidget* parent) : QWidget(parent)
     gl->setContentsMargins(0, 0, 0, 0);
     gl->addWidget(m_heatPlot, 0, 0);
     gl->addWidget(m_histPlot, 0, 1);
-    gl->addWidget(m_localityPlot, 1, 0);
-    gl->addWidget(m_tokenPlot, 1, 1);
+    gl->addWidget(m_tokenPlot, 1, 0, 1, 2);
     auto* split = new QSplitter(Qt::Horizontal);
     split->addWidget(grid);
     split->addWidget(outlierBox);
@@ -171,37 +172,14 @@ void DistributionsView::setupPlots()
     auto* bars = new QCPBars(m_histPlot->xAxis, m_histPlot->yAxis);
     bars->setName(tr("histogram"));
     bars->setPen(Qt::NoPen);
-    bars->setBrush(QColor(70, 110, 180));
+    bars->setBrush(style::keyColor());
     installPlotMenu(m_histPlot, QStringLiteral("kv-histogram"));
-
-    m_localityPlot = makePlot(QStringLiteral("localityPlot"), tr("token locality: variance per layer"));
-    m_localityPlot->xAxis->setLabel(tr("layer"));
-    m_localityPlot->yAxis->setLabel(tr("variance along tokens"));
-    m_localityPlot->yAxis->setScaleType(QCPAxis::stLogarithmic);
-    m_localityPlot->yAxis->setTicker(QSharedPointer<QCPAxisTickerLog>(new QCPAxisTickerLog));
-    const struct {
-        const char* name;
-        QColor colour;
-        Qt::PenStyle style;
-    } series[] = {{"K raw", QColor(200, 60, 40), Qt::SolidLine},
-                  {"K delta", QColor(200, 60, 40), Qt::DashLine},
-                  {"V raw", QColor(40, 90, 200), Qt::SolidLine},
-                  {"V delta", QColor(40, 90, 200), Qt::DashLine}};
-    for (const auto& s : series) {
-        QCPGraph* g = m_localityPlot->addGraph();
-        g->setName(QLatin1String(s.name));
-        g->setPen(QPen(s.colour, 1.5, s.style));
-        g->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssCircle, 4));
-    }
-    m_localityPlot->legend->setVisible(true);
-    m_localityPlot->legend->setFont(QFont(font().family(), 8));
-    installPlotMenu(m_localityPlot, QStringLiteral("kv-locality"));
 
     m_tokenPlot = makePlot(QStringLiteral("tokenPlot"), tr("token x channel"));
     m_tokenPlot->xAxis->setLabel(tr("channel"));
     m_tokenPlot->yAxis->setLabel(tr("token"));
     m_tokenMap = makeColorMap(m_tokenPlot, tr("values"));
-    m_tokenMap->setGradient(QCPColorGradient(QCPColorGradient::gpPolar));
+    m_tokenMap->setGradient(style::divergingGradient());
     m_tokenMarker = makeMarker(m_tokenPlot);
     installPlotMenu(m_tokenPlot, QStringLiteral("kv-tokens"));
 }
@@ -235,12 +213,11 @@ void DistributionsView::clear()
     m_heatMap->data()->clear();
     m_tokenMap->data()->clear();
     static_cast<QCPBars*>(m_histPlot->plottable(0))->data()->clear();
-    for (int i = 0; i < m_localityPlot->graphCount(); ++i) m_localityPlot->graph(i)->data()->clear();
     m_outliers->clear();
     m_heatMarker->setVisible(false);
     m_tokenMarker->setVisible(false);
     m_info->setText(tr("No KV cache yet: capture a context or open a KV file."));
-    for (QCustomPlot* p : {m_heatPlot, m_histPlot, m_localityPlot, m_tokenPlot}) p->replot();
+    for (QCustomPlot* p : {m_heatPlot, m_histPlot, m_tokenPlot}) p->replot();
 }
 
 void DistributionsView::setStats(const std::vector<TensorStats>& stats, int headDim)
@@ -259,7 +236,6 @@ void DistributionsView::setStats(const std::vector<TensorStats>& stats, int head
     m_channelSpin->setRange(-1, m_channels - 1);
     m_updating = false;
     m_info->setText(tr("%1 layers x %2 channels").arg(m_layers).arg(m_channels));
-    updateLocality();
     updateHeatmap();
     if (mapMetric() == MapMetric::Entropy) emit entropyRequested(entropyBins());
     onSelectorsChanged();
@@ -325,35 +301,12 @@ void DistributionsView::updateHeatmap()
     m_heatPlot->replot();
 }
 
-void DistributionsView::updateLocality()
-{
-    for (int g = 0; g < 4; ++g) {
-        const KvKind kind = g < 2 ? KvKind::Key : KvKind::Value;
-        const bool delta = g % 2 == 1;
-        QVector<double> x, y;
-        for (const TensorStats& s : m_stats) {
-            if (s.kind != kind) continue;
-            const double v = delta ? s.varianceDelta : s.varianceRaw;
-            if (v <= 0) continue;  // a log axis cannot show it
-            x << s.layer;
-            y << v;
-        }
-        m_localityPlot->graph(g)->setData(x, y, true);
-    }
-    m_localityPlot->rescaleAxes();
-    m_localityPlot->xAxis->setRange(-0.5, std::max(1, m_layers) - 0.5);
-    m_localityPlot->replot();
-}
-
 void DistributionsView::updateOutliers()
 {
     m_outliers->clear();
     const TensorStats* s = find(selectedLayer(), selectedKind());
     if (!s) return;
-    std::vector<float> absmax;
-    for (const ChannelStats& c : s->channels) absmax.push_back(c.absmax);
-    std::nth_element(absmax.begin(), absmax.begin() + ptrdiff_t(absmax.size() / 2), absmax.end());
-    const double median = absmax.empty() ? 0 : absmax[absmax.size() / 2];
+    const double median = medianChannelAbsmax(*s);
     for (int c : s->outlierChannels) {
         const ChannelStats& cs = s->channels[size_t(c)];
         QString text = tr("channel %1").arg(c);
@@ -403,6 +356,7 @@ void DistributionsView::setHistogram(const HistogramData& data)
         y[i] = double(h.counts[size_t(i)]);
     }
     auto* bars = static_cast<QCPBars*>(m_histPlot->plottable(0));
+    bars->setBrush(style::kindColor(data.kind));
     bars->setWidth(width);
     bars->setData(x, y, true);
     bars->setName(data.channel < 0 ? tr("%1 layer %2").arg(kindLetter(data.kind)).arg(data.layer)

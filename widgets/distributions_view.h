@@ -2,15 +2,15 @@
 //   heat map     layer x channel, coloured by per-channel absmax, std, or the entropy of the
 //                quantized symbols at a chosen number of bins (click a cell to select it);
 //   histogram    of the selected layer, or of one channel of it;
-//   locality     per layer, variance along tokens of the raw values vs of the deltas against
-//                each group's anchor (CacheGen's token locality), log scale;
 //   tokens       token x channel values of the selected layer;
 //   outliers     the selected layer's outlier channels; clicking one selects its histogram and
 //                marks it on the heat map and the token view.
 // It only draws. Statistics arrive through setStats(); the entropy map, histograms and token
 // maps are computed by a worker that answers the requests this view emits (DistributionsWorker
-// in the app), and come back as the value structs below.
+// in the app), and come back as the value structs of view_data.h.
 #pragma once
+
+#include "view_data.h"
 
 #include "kv/kv_stats.h"
 #include "kv_metatypes.h"
@@ -30,27 +30,6 @@ class QSpinBox;
 
 namespace kvscope {
 
-struct EntropyMap {   // per-channel entropy of every layer of one kind at `bins`
-    KvKind kind = KvKind::Key;
-    int bins = 0;
-    int layers = 0, channels = 0;
-    std::vector<double> bits;  // (layers, channels)
-};
-
-struct HistogramData {
-    KvKind kind = KvKind::Key;
-    int layer = 0;
-    int channel = -1;  // -1: every channel of the layer
-    Histogram histogram;
-};
-
-struct TokenMapData {
-    KvKind kind = KvKind::Key;
-    int layer = 0;
-    int tokens = 0, stride = 1, channels = 0;
-    std::vector<float> values;  // (tokens, channels)
-};
-
 class DistributionsView : public QWidget {
     Q_OBJECT
 public:
@@ -69,7 +48,6 @@ public:
     // For the window, the screenshot mode and the tests.
     QCustomPlot* heatmapPlot() const { return m_heatPlot; }
     QCustomPlot* histogramPlot() const { return m_histPlot; }
-    QCustomPlot* localityPlot() const { return m_localityPlot; }
     QCustomPlot* tokenPlot() const { return m_tokenPlot; }
     QListWidget* outlierList() const { return m_outliers; }
     QComboBox* kindCombo() const { return m_kindCombo; }
@@ -99,7 +77,6 @@ private:
     void setupPlots();
     void onSelectorsChanged();
     void updateHeatmap();
-    void updateLocality();
     void updateOutliers();
     void updateMarkers();
     void heatmapClicked(QMouseEvent* event);
@@ -119,7 +96,6 @@ private:
     QCustomPlot* m_heatPlot = nullptr;
     QCPColorMap* m_heatMap = nullptr;
     QCustomPlot* m_histPlot = nullptr;
-    QCustomPlot* m_localityPlot = nullptr;
     QCustomPlot* m_tokenPlot = nullptr;
     QCPColorMap* m_tokenMap = nullptr;
     QCPItemStraightLine* m_heatMarker = nullptr;
@@ -129,6 +105,3 @@ private:
 
 }  // namespace kvscope
 
-Q_DECLARE_METATYPE(kvscope::EntropyMap)
-Q_DECLARE_METATYPE(kvscope::HistogramData)
-Q_DECLARE_METATYPE(kvscope::TokenMapData)

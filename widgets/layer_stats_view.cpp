@@ -1,6 +1,7 @@
 #include "layer_stats_view.h"
 
 #include "plot_export.h"
+#include "plot_style.h"
 
 #include <qcustomplot.h>
 
@@ -12,6 +13,8 @@
 #include <QFileInfo>
 #include <QHBoxLayout>
 #include <QLabel>
+#include <QPushButton>
+#include <QSpinBox>
 #include <QMenu>
 #include <QSettings>
 #include <QSplitter>
@@ -29,10 +32,6 @@ namespace {
 // Graph order in the layer plot; tests and CSV rely on it.
 enum LayerGraph { KRaw = 0, KDelta = 1, VRaw = 2, VDelta = 3, LayerGraphCount = 4 };
 
-const QColor kKeyColor(31, 119, 180);
-const QColor kValueColor(255, 127, 14);
-const QColor kChannelColor(76, 114, 176);
-const QColor kOutlierColor(214, 39, 40);
 
 // Shortest text that reads back to the same number, so copied CSV loses nothing.
 template <typename T>
@@ -60,17 +59,27 @@ void putLegendOnTop(QCustomPlot* plot)
     plot->plotLayout()->insertRow(0);
     plot->plotLayout()->addElement(0, 0, plot->legend);
     plot->plotLayout()->setRowStretchFactor(0, 0.001);
+    style::applyPlotStyle(plot);
+    plot->legend->setBorderPen(Qt::NoPen);
+    plot->legend->setBrush(Qt::NoBrush);
 }
 
-// Same definition as core's outlier rule (kv_stats.h): an even count takes the mean of the middle two.
-double median(std::vector<double> v)
+QLabel* titleLabel(const QString& text)
 {
-    if (v.empty()) return 0;
-    const size_t mid = v.size() / 2;
-    std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(mid), v.end());
-    if (v.size() % 2) return v[mid];
-    const double below = *std::max_element(v.begin(), v.begin() + std::ptrdiff_t(mid));
-    return (below + v[mid]) / 2;
+    auto* label = new QLabel(text);
+    QFont f = label->font();
+    f.setBold(true);
+    label->setFont(f);
+    return label;
+}
+
+QLabel* readingLabel(const QString& objectName)
+{
+    auto* label = new QLabel;
+    label->setObjectName(objectName);
+    label->setTextInteractionFlags(Qt::TextSelectableByMouse);
+    label->setWordWrap(true);
+    return label;
 }
 
 }  // namespace
@@ -88,9 +97,7 @@ LayerStatsView::LayerStatsView(QWidget* parent) : QWidget(parent)
     m_logScale = new QCheckBox(tr("Log scale"));
     m_logScale->setObjectName(QStringLiteral("logScale"));
     m_logScale->setChecked(true);
-    m_layerInfo = new QLabel;
-    m_layerInfo->setObjectName(QStringLiteral("layerInfo"));
-    m_layerInfo->setTextInteractionFlags(Qt::TextSelectableByMouse);
+    m_layerInfo = readingLabel(QStringLiteral("layerInfo"));
 
     m_layerPlot = new QCustomPlot;
     m_layerPlot->setObjectName(QStringLiteral("layerPlot"));
@@ -104,6 +111,7 @@ LayerStatsView::LayerStatsView(QWidget* parent) : QWidget(parent)
     auto* layerBox = new QWidget;
     auto* layerLayout = new QVBoxLayout(layerBox);
     layerLayout->setContentsMargins(0, 0, 0, 0);
+    layerLayout->addWidget(titleLabel(tr("1 · Token locality: nearby tokens have similar values")));
     layerLayout->addLayout(layerBar);
     layerLayout->addWidget(m_layerPlot, 1);
     layerLayout->addWidget(m_layerInfo);
@@ -116,10 +124,7 @@ LayerStatsView::LayerStatsView(QWidget* parent) : QWidget(parent)
     m_kindCombo->setObjectName(QStringLiteral("kindCombo"));
     m_kindCombo->addItem(tr("Keys (K)"), int(KvKind::Key));
     m_kindCombo->addItem(tr("Values (V)"), int(KvKind::Value));
-    m_channelInfo = new QLabel;
-    m_channelInfo->setObjectName(QStringLiteral("channelInfo"));
-    m_channelInfo->setTextInteractionFlags(Qt::TextSelectableByMouse);
-    m_channelInfo->setWordWrap(true);
+    m_channelInfo = readingLabel(QStringLiteral("channelInfo"));
 
     m_channelPlot = new QCustomPlot;
     m_channelPlot->setObjectName(QStringLiteral("channelPlot"));
@@ -133,13 +138,49 @@ LayerStatsView::LayerStatsView(QWidget* parent) : QWidget(parent)
     auto* channelBox = new QWidget;
     auto* channelLayout = new QVBoxLayout(channelBox);
     channelLayout->setContentsMargins(0, 0, 0, 0);
+    channelLayout->addWidget(titleLabel(tr("3 · Distributions differ by layer and channel")));
     channelLayout->addLayout(channelBar);
     channelLayout->addWidget(m_channelPlot, 1);
     channelLayout->addWidget(m_channelInfo);
 
+    // Sensitivity section: per layer, the quality cost of quantizing that layer alone.
+    m_sensPlot = new QCustomPlot;
+    m_sensPlot->setObjectName(QStringLiteral("sensitivityPlot"));
+    setupSensitivityPlot();
+    m_sensInfo = readingLabel(QStringLiteral("sensitivityInfo"));
+    m_sensInfo->setText(tr("Not measured yet."));
+    m_sensBins = new QSpinBox;
+    m_sensBins->setObjectName(QStringLiteral("sensitivityBins"));
+    m_sensBins->setRange(4, 64);
+    m_sensBins->setSingleStep(2);
+    m_sensBins->setValue(4);
+    m_sensBins->setSuffix(tr(" bins"));
+    m_sensBins->setToolTip(tr("Each layer's K (then V) alone is quantized to this many bins, the others kept exact"));
+    m_sensButton = new QPushButton(tr("Measure"));
+    m_sensButton->setObjectName(QStringLiteral("sensitivityButton"));
+    m_sensButton->setEnabled(false);
+    connect(m_sensButton, &QPushButton::clicked, this, [this] { emit sensitivityRequested(m_sensBins->value()); });
+    auto* sensBar = new QHBoxLayout;
+    sensBar->addWidget(new QLabel(tr("Quantize one layer alone to")));
+    sensBar->addWidget(m_sensBins);
+    sensBar->addWidget(m_sensButton);
+    sensBar->addStretch(1);
+    auto* sensBox = new QWidget;
+    auto* sensLayout = new QVBoxLayout(sensBox);
+    sensLayout->setContentsMargins(0, 0, 0, 0);
+    sensLayout->addWidget(titleLabel(tr("2 · Layer sensitivity: errors in early layers cost more")));
+    sensLayout->addLayout(sensBar);
+    sensLayout->addWidget(m_sensPlot, 1);
+    sensLayout->addWidget(m_sensInfo);
+
+    auto* top = new QSplitter(Qt::Horizontal);
+    top->setObjectName(QStringLiteral("observationsTopSplitter"));
+    top->addWidget(layerBox);
+    top->addWidget(sensBox);
+    top->setChildrenCollapsible(false);
     auto* splitter = new QSplitter(Qt::Vertical);
     splitter->setObjectName(QStringLiteral("statsSplitter"));
-    splitter->addWidget(layerBox);
+    splitter->addWidget(top);
     splitter->addWidget(channelBox);
     splitter->setChildrenCollapsible(false);
     auto* layout = new QVBoxLayout(this);
@@ -184,10 +225,10 @@ void LayerStatsView::setupLayerPlot()
         Qt::PenStyle style;
         QCPScatterStyle::ScatterShape shape;
     } graphs[LayerGraphCount] = {
-        {"K raw", kKeyColor, Qt::SolidLine, QCPScatterStyle::ssDisc},
-        {"K delta", kKeyColor, Qt::DashLine, QCPScatterStyle::ssCircle},
-        {"V raw", kValueColor, Qt::SolidLine, QCPScatterStyle::ssDisc},
-        {"V delta", kValueColor, Qt::DashLine, QCPScatterStyle::ssCircle},
+        {"K raw", style::keyColor(), Qt::SolidLine, QCPScatterStyle::ssDisc},
+        {"K delta", style::keyColor(), Qt::DashLine, QCPScatterStyle::ssCircle},
+        {"V raw", style::valueColor(), Qt::SolidLine, QCPScatterStyle::ssDisc},
+        {"V delta", style::valueColor(), Qt::DashLine, QCPScatterStyle::ssCircle},
     };
     for (const auto& g : graphs) {
         QCPGraph* graph = plot->addGraph();
@@ -244,12 +285,12 @@ void LayerStatsView::setupChannelPlot()
     m_channelBars->setName(QStringLiteral("channels"));
     m_channelBars->setWidth(0.9);
     m_channelBars->setPen(Qt::NoPen);
-    m_channelBars->setBrush(kChannelColor);
+    m_channelBars->setBrush(style::keyColor());  // the selected kind's colour, set per update
     m_outlierBars = new QCPBars(plot->xAxis, plot->yAxis);
     m_outlierBars->setName(QStringLiteral("outliers"));
     m_outlierBars->setWidth(0.9);
-    m_outlierBars->setPen(QPen(kOutlierColor, 1));  // a pen keeps thin outlier bars visible among 1000s
-    m_outlierBars->setBrush(kOutlierColor);
+    m_outlierBars->setPen(QPen(style::outlierColor(), 1));  // a pen keeps thin outlier bars visible among 1000s
+    m_outlierBars->setBrush(style::outlierColor());
     putLegendOnTop(plot);
 
     plot->setContextMenuPolicy(Qt::CustomContextMenu);
@@ -345,8 +386,8 @@ void LayerStatsView::updateLayerPlot()
 {
     const bool entropy = layerMetric() == LayerMetric::Entropy;
     QVector<double> keys[LayerGraphCount], values[LayerGraphCount];
-    double rawSum[2] = {0, 0}, deltaSum[2] = {0, 0}, ratioSum[2] = {0, 0};
-    int count[2] = {0, 0}, ratioCount[2] = {0, 0};
+    double rawSum[2] = {0, 0}, deltaSum[2] = {0, 0};
+    int count[2] = {0, 0};
     for (const TensorStats& s : m_stats) {
         const int k = s.kind == KvKind::Key ? 0 : 1;
         const double raw = entropy ? s.entropyBits : s.varianceRaw;
@@ -358,10 +399,6 @@ void LayerStatsView::updateLayerPlot()
         rawSum[k] += raw;
         deltaSum[k] += delta;
         ++count[k];
-        if (delta > 0) {
-            ratioSum[k] += raw / delta;
-            ++ratioCount[k];
-        }
     }
     for (int i = 0; i < LayerGraphCount; ++i) m_layerPlot->graph(i)->setData(keys[i], values[i], true);
 
@@ -371,29 +408,40 @@ void LayerStatsView::updateLayerPlot()
     rescaleLayerPlot();
     m_layerPlot->replot();
 
-    QStringList parts;
-    const char* kindNames[2] = {"K", "V"};
-    for (int k = 0; k < 2; ++k) {
-        if (count[k] == 0) continue;
-        if (entropy)
-            parts << tr("%1 %2 → %3 bits")
-                         .arg(QLatin1String(kindNames[k]))
-                         .arg(rawSum[k] / count[k], 0, 'f', 2)
-                         .arg(deltaSum[k] / count[k], 0, 'f', 2);
-        else if (ratioCount[k] > 0)
-            parts
-                << tr("%1 %2×").arg(QLatin1String(kindNames[k])).arg(ratioSum[k] / ratioCount[k], 0, 'f', 2);
-    }
-    if (m_stats.empty())
+    if (m_stats.empty()) {
         m_layerInfo->setText(tr("No statistics: open a KV file (File ▸ Open) or run the synthetic demo."));
-    else if (entropy)
-        m_layerInfo->setText(tr("Entropy per value, raw → delta (mean over layers): %1")
-                                 .arg(parts.join(QStringLiteral(", "))));
-    else
-        m_layerInfo->setText(parts.isEmpty() ? QString()
-                                             : tr("Raw / delta variance (mean over layers): %1 — "
-                                                  "higher means delta coding pays off more")
-                                                   .arg(parts.join(QStringLiteral(", "))));
+    } else if (entropy) {
+        QStringList parts;
+        const char* kindNames[2] = {"K", "V"};
+        for (int k = 0; k < 2; ++k)
+            if (count[k] > 0)
+                parts << tr("%1 %2 → %3 bits")
+                             .arg(QLatin1String(kindNames[k]))
+                             .arg(rawSum[k] / count[k], 0, 'f', 2)
+                             .arg(deltaSum[k] / count[k], 0, 'f', 2);
+        m_layerInfo->setText(tr("Entropy per value, raw → delta (mean over layers): %1").arg(parts.join(QStringLiteral(", "))));
+    } else {
+        m_layerInfo->setText(localityReading());
+    }
+}
+
+QString LayerStatsView::localityReading() const
+{
+    if (m_stats.empty()) return {};
+    const double k = localityRatio(m_stats, KvKind::Key);
+    const double v = localityRatio(m_stats, KvKind::Value);
+    const double all = localityRatio(m_stats);
+    auto fmt = [](double r) { return std::isinf(r) ? QStringLiteral("∞") : QString::number(r, 'f', 2); };
+    const QString figures = tr("raw/delta variance K %1×, V %2×").arg(fmt(k), fmt(v));
+    if (all > 1.05)
+        return tr("Reading: deltas against each group's anchor vary %1× less than the raw values (%2): "
+                  "delta coding pays off on this cache.")
+            .arg(fmt(all), figures);
+    if (all < 0.95)
+        return tr("Reading: deltas against the anchor vary more than the raw values (%1): token locality is weak "
+                  "on this cache, so delta coding does not pay here.")
+            .arg(figures);
+    return tr("Reading: deltas and raw values vary about as much (%1): delta coding gains little here.").arg(figures);
 }
 
 void LayerStatsView::updateLogScale()
@@ -455,6 +503,7 @@ void LayerStatsView::updateChannelPlot()
             (isOutlier[c] ? outlierValues : values).push_back(double(s->channels[c].absmax));
         }
     }
+    m_channelBars->setBrush(style::kindColor(kind));
     m_channelBars->setData(keys, values, true);
     m_outlierBars->setData(outlierKeys, outlierValues, true);
 
@@ -471,7 +520,7 @@ void LayerStatsView::updateChannelPlot()
             auto* line = new QCPItemStraightLine(plot);
             line->point1->setCoords(c - 0.5, 0);
             line->point2->setCoords(c - 0.5, 1);
-            line->setPen(QPen(QColor(0, 0, 0, 120), 1, Qt::DashLine));
+            line->setPen(QPen(style::neutralColor(), 1, Qt::DashLine));
         }
     }
     plot->replot();
@@ -481,18 +530,16 @@ void LayerStatsView::updateChannelPlot()
             layer >= 0 ? tr("No %1 statistics for layer %2.").arg(kindLabel(kind)).arg(layer) : QString());
         return;
     }
-    std::vector<double> absmax;
-    absmax.reserve(s->channels.size());
-    for (const ChannelStats& c : s->channels) absmax.push_back(c.absmax);
-    const double med = median(absmax);
-    QString text = tr("Layer %1 %2: %3 channels, absmax %4 (median channel %5)")
+    const double med = medianChannelAbsmax(*s);
+    QString text = tr("Reading: layer %1 %2: %3 channels, absmax %4 (median channel %5, %6× the median)")
                        .arg(layer)
                        .arg(kindLabel(kind))
                        .arg(numChannels)
                        .arg(double(s->all.absmax), 0, 'g', 4)
-                       .arg(med, 0, 'g', 4);
+                       .arg(med, 0, 'g', 4)
+                       .arg(med > 0 ? double(s->all.absmax) / med : 0.0, 0, 'f', 1);
     if (s->outlierChannels.empty()) {
-        text += tr("; no outlier channels.");
+        text += tr("; no channel above 6× the median.");
     } else {
         QStringList list;
         const size_t shown = std::min<size_t>(s->outlierChannels.size(), 8);
@@ -502,7 +549,7 @@ void LayerStatsView::updateChannelPlot()
             list << QStringLiteral("%1 (%2)").arg(c).arg(v, 0, 'g', 3);
         }
         if (shown < s->outlierChannels.size()) list << tr("… %1 more").arg(s->outlierChannels.size() - shown);
-        text += tr("; %n outlier channel(s), red: %1", nullptr, int(s->outlierChannels.size()))
+        text += tr("; %n outlier channel(s) above 6× the median, in red: %1", nullptr, int(s->outlierChannels.size()))
                     .arg(list.join(QStringLiteral(", ")));
     }
     m_channelInfo->setText(text);
@@ -621,6 +668,102 @@ void LayerStatsView::showContextMenu(Plot which, const QPoint& pos)
             updateChannelPlot();
     });
     menu->popup(plot->mapToGlobal(pos));
+}
+
+void LayerStatsView::setupSensitivityPlot()
+{
+    QCustomPlot* plot = m_sensPlot;
+    plot->setMinimumHeight(180);
+    plot->xAxis->setLabel(tr("layer quantized alone"));
+    plot->yAxis->setLabel(tr("KL vs the original cache"));
+    QSharedPointer<QCPAxisTickerFixed> ticker(new QCPAxisTickerFixed);
+    ticker->setTickStep(1.0);
+    ticker->setScaleStrategy(QCPAxisTickerFixed::ssMultiples);
+    plot->xAxis->setTicker(ticker);
+    auto* group = new QCPBarsGroup(plot);
+    for (KvKind kind : {KvKind::Key, KvKind::Value}) {
+        auto* bars = new QCPBars(plot->xAxis, plot->yAxis);
+        bars->setName(kind == KvKind::Key ? QStringLiteral("K") : QStringLiteral("V"));
+        bars->setBrush(style::kindColor(kind));
+        bars->setPen(Qt::NoPen);
+        bars->setWidth(0.4);
+        bars->setBarsGroup(group);
+    }
+    putLegendOnTop(plot);
+    installPlotMenu(plot, QStringLiteral("layer-sensitivity"));
+}
+
+void LayerStatsView::setSensitivityAvailable(bool available, const QString& note)
+{
+    m_sensButton->setEnabled(available);
+    if (!note.isEmpty()) setSensitivityNote(note);
+}
+
+void LayerStatsView::setSensitivityNote(const QString& note)
+{
+    m_sensInfo->setText(note);
+}
+
+void LayerStatsView::setSensitivity(const std::vector<LayerSensitivity>& sensitivity, int bins)
+{
+    m_sensitivity = sensitivity;
+    m_sensitivityBins = bins;
+    bool anyKl = false;
+    for (const LayerSensitivity& s : sensitivity) anyKl = anyKl || s.keyKl > 0 || s.valueKl > 0;
+    // Without a held-out continuation there is no KL: the reconstruction error stands in.
+    auto metric = [anyKl](const LayerSensitivity& s, KvKind kind) {
+        if (anyKl) return kind == KvKind::Key ? s.keyKl : s.valueKl;
+        return kind == KvKind::Key ? s.keyRms : s.valueRms;
+    };
+    m_sensPlot->yAxis->setLabel(anyKl ? tr("KL vs the original cache") : tr("RMS error of the layer"));
+    double top = 0;
+    for (int k = 0; k < 2; ++k) {
+        QVector<double> x, y;
+        for (const LayerSensitivity& s : sensitivity) {
+            x << s.layer;
+            y << metric(s, KvKind(k));
+            top = std::max(top, y.back());
+        }
+        static_cast<QCPBars*>(m_sensPlot->plottable(k))->setData(x, y, true);
+    }
+    m_sensPlot->xAxis->setRange(-0.6, std::max<int>(1, int(sensitivity.size())) - 0.4);
+    m_sensPlot->yAxis->setRange(0, top > 0 ? top * 1.1 : 1.0);
+    m_sensPlot->replot();
+    if (sensitivity.empty()) {
+        setSensitivityNote(tr("Not measured yet."));
+        return;
+    }
+    // Reading: the first third of the layers against the last third.
+    const size_t n = sensitivity.size();
+    const size_t third = std::max<size_t>(1, n / 3);
+    double early = 0, late = 0;
+    for (size_t i = 0; i < third; ++i) early += metric(sensitivity[i], KvKind::Key) + metric(sensitivity[i], KvKind::Value);
+    for (size_t i = n - third; i < n; ++i) late += metric(sensitivity[i], KvKind::Key) + metric(sensitivity[i], KvKind::Value);
+    const QString what = anyKl ? tr("KL") : tr("RMS error");
+    QString reading;
+    if (late > 0 && early > 1.2 * late)
+        reading = tr("Reading: at %1 bins the first %2 layer(s) cost %3× the %4 of the last %2: early layers are "
+                     "more sensitive, so they deserve more bins.")
+                      .arg(bins).arg(third).arg(early / late, 0, 'f', 1).arg(what);
+    else if (early > 0 && late > 1.2 * early)
+        reading = tr("Reading: at %1 bins the last %2 layer(s) cost %3× the %4 of the first %2: on this cache the "
+                     "deep layers are the sensitive ones.")
+                      .arg(bins).arg(third).arg(late / early, 0, 'f', 1).arg(what);
+    else
+        reading = tr("Reading: at %1 bins early and late layers cost about the same %2 (first %3 vs last %3: %4 vs "
+                     "%5): no layer-wise gradient on this cache.")
+                      .arg(bins).arg(what).arg(third).arg(early, 0, 'g', 3).arg(late, 0, 'g', 3);
+    setSensitivityNote(reading);
+}
+
+QString LayerStatsView::reading(Observation which) const
+{
+    switch (which) {
+    case Observation::Locality: return m_layerInfo->text();
+    case Observation::Sensitivity: return m_sensInfo->text();
+    case Observation::Channels: return m_channelInfo->text();
+    }
+    return {};
 }
 
 }  // namespace kvscope

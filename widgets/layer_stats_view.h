@@ -1,12 +1,18 @@
-// LayerStatsView: what the values of one KV cache look like, drawn from computeAllStats' output.
-//   top:    per layer, variance along tokens of the raw values vs of the deltas against each group's
-//           anchor token (CacheGen's token locality), or the entropy of the quantized symbols, K and V;
-//   bottom: per channel absmax of one layer and kind (picked with two combo boxes), outlier
-//           channels in red.
+// LayerStatsView: CacheGen's three observations about a KV cache as ready views, each with a
+// one-line reading under it:
+//   1 token locality:   per layer, variance along tokens of the raw values vs of the deltas
+//                       against each group's anchor token, or the entropy of the quantized
+//                       symbols, K and V (the reading uses core's localityRatio);
+//   2 layer sensitivity: per layer, the quality cost (KL, or RMS error without a continuation) of
+//                       quantizing that layer alone to a few bins (measured by the app's worker
+//                       when asked: sensitivityRequested);
+//   3 distributions:    per channel absmax of one layer and kind (picked with two combo boxes),
+//                       outlier channels in red (against core's medianChannelAbsmax).
 // It only draws: the stats arrive as a plain vector through setStats(), computed on a worker.
 // Right-click a plot to copy its data as CSV or to save it as PNG, JPG, SVG or PDF (plot_export.h).
 #pragma once
 
+#include "eval/sensitivity.h"
 #include "kv/kv_stats.h"
 #include "kv_metatypes.h"
 
@@ -21,6 +27,8 @@ class QCPBars;
 class QCheckBox;
 class QComboBox;
 class QLabel;
+class QPushButton;
+class QSpinBox;
 class QMouseEvent;
 class QPoint;
 
@@ -31,6 +39,7 @@ class LayerStatsView : public QWidget {
 public:
     enum class Plot { Layers, Channels };
     enum class LayerMetric { Variance, Entropy };
+    enum class Observation { Locality, Sensitivity, Channels };
 
     explicit LayerStatsView(QWidget* parent = nullptr);
     ~LayerStatsView() override;
@@ -40,6 +49,12 @@ public:
     // Channel plot bars, in order: "channels" (non-outliers), "outliers".
     QCustomPlot* layerPlot() const { return m_layerPlot; }
     QCustomPlot* channelPlot() const { return m_channelPlot; }
+    QCustomPlot* sensitivityPlot() const { return m_sensPlot; }
+    QPushButton* sensitivityButton() const { return m_sensButton; }
+    // The one-line reading under an observation's plot.
+    QString reading(Observation which) const;
+    QString localityReading() const;
+    const std::vector<LayerSensitivity>& sensitivity() const { return m_sensitivity; }
     QComboBox* layerCombo() const { return m_layerCombo; }
     QComboBox* kindCombo() const { return m_kindCombo; }
     QComboBox* metricCombo() const { return m_metricCombo; }
@@ -70,14 +85,21 @@ public slots:
     void selectChannels(int layer, kvscope::KvKind kind);
     void setLayerMetric(kvscope::LayerStatsView::LayerMetric metric);
     void copyCsv(kvscope::LayerStatsView::Plot which);
+    // Per-layer sensitivity measured at `bins` (empty: not measured).
+    void setSensitivity(const std::vector<kvscope::LayerSensitivity>& sensitivity, int bins);
+    // Whether the Measure button works (a model and a continuation); note says why not.
+    void setSensitivityAvailable(bool available, const QString& note);
+    void setSensitivityNote(const QString& note);
 
 signals:
     void channelSelectionChanged(int layer, kvscope::KvKind kind);
+    void sensitivityRequested(int bins);
 
 private:
     const TensorStats* find(int layer, KvKind kind) const;
     void setupLayerPlot();
     void setupChannelPlot();
+    void setupSensitivityPlot();
     void updateLayerPlot();
     void updateChannelPlot();
     void updateLogScale();
@@ -93,6 +115,12 @@ private:
 
     QCustomPlot* m_layerPlot = nullptr;
     QCustomPlot* m_channelPlot = nullptr;
+    QCustomPlot* m_sensPlot = nullptr;
+    QLabel* m_sensInfo = nullptr;
+    QSpinBox* m_sensBins = nullptr;
+    QPushButton* m_sensButton = nullptr;
+    std::vector<LayerSensitivity> m_sensitivity;
+    int m_sensitivityBins = 0;
     QCPBars* m_channelBars = nullptr;
     QCPBars* m_outlierBars = nullptr;
     QComboBox* m_metricCombo = nullptr;

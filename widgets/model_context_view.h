@@ -2,9 +2,11 @@
 // being edited (typed, pasted, opened from a file or picked among the samples), its token count and
 // token boundaries (alternating backgrounds, one per token), and the Capture button.
 // It only draws and asks: model loading, tokenization and capture run on the app's workers, which
-// hand back the plain ModelInfo / TokenPieces structs below. Text edits are reported after a short
+// hand back the plain ModelInfo / TokenPieces structs of view_data.h. Text edits are reported after a short
 // pause (contextEdited) so the app can re-tokenize in the background without flooding it.
 #pragma once
+
+#include "view_data.h"
 
 #include <QMetaType>
 #include <QString>
@@ -22,37 +24,6 @@ class QTimer;
 class QToolButton;
 
 namespace kvscope {
-
-// What the dock shows about a model; filled on the worker that opened it.
-struct ModelInfo {
-    QString name;
-    QString path;
-    QString format;        // "gguf", "safetensors", "llama2.c"
-    QString architecture;  // "LlamaForCausalLM"
-    QString modelType;     // "llama", "qwen2"
-    int layers = 0;
-    int heads = 0;
-    int kvHeads = 0;
-    int headDim = 0;
-    int hiddenSize = 0;
-    int intermediateSize = 0;
-    int vocabSize = 0;
-    int maxPositions = 0;
-    quint64 parameters = 0;
-    QString weightTypes;  // "Q4_1 x 210, F32 x 61"
-    QString tokenizer;    // "byte-level BPE (GGUF, gpt2)"
-    bool chat = false;
-    QString fingerprint;
-    QString runtime;  // "libtorch 1.13.0, 2 threads, float32 compute, float16 KV"
-    double loadSeconds = 0;
-};
-
-// The tokens a capture of `text` would run (chat template and BOS included), each decoded alone.
-struct TokenPieces {
-    QString text;               // the context they belong to (stale results are recognised by it)
-    std::vector<int> ids;       // (tokens)
-    QStringList pieces;         // (tokens) decode({id}); partial UTF-8 shows as U+FFFD
-};
 
 class ModelContextView : public QWidget {
     Q_OBJECT
@@ -116,5 +87,3 @@ private:
 
 }  // namespace kvscope
 
-Q_DECLARE_METATYPE(kvscope::ModelInfo)
-Q_DECLARE_METATYPE(kvscope::TokenPieces)

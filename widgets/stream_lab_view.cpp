@@ -1,56 +1,301 @@
 #include "stream_lab_view.h"
 
 #include "plot_export.h"
+#include "plot_style.h"
 
 #include <qcustomplot.h>
 
 #include <QComboBox>
 #include <QDoubleSpinBox>
-#include <QFileDialog>
+#include <QFile>
+#include <QFileInfo>
 #include <QFormLayout>
 #include <QGridLayout>
+#include <QGroupBox>
 #include <QHBoxLayout>
 #include <QHeaderView>
+#include <QImageWriter>
+#include <QJsonArray>
+#include <QJsonDocument>
+#include <QJsonObject>
 #include <QLabel>
 #include <QLineEdit>
+#include <QListWidget>
+#include <QPainter>
+#include <QPdfWriter>
 #include <QPlainTextEdit>
 #include <QPushButton>
+#include <QSaveFile>
 #include <QSplitter>
+#include <QStackedWidget>
 #include <QTableView>
+#include <QTableWidget>
 #include <QVBoxLayout>
+#ifdef KVSCOPE_HAVE_QT_SVG
+#include <QSvgGenerator>
+#endif
 
 #include <algorithm>
+#include <cmath>
 
 namespace kvscope {
 
 namespace {
 
-const char* const kPartNames[6] = {"transfer", "decode", "recompute", "KV load", "prefill", "first token"};
-const QColor kPartColours[6] = {QColor(70, 130, 200), QColor(100, 180, 100), QColor(220, 80, 60),
-                                QColor(160, 160, 160), QColor(230, 170, 50), QColor(120, 80, 160)};
-
-QColor levelColour(int level)
-{
-    static const QColor colours[] = {QColor(215, 50, 40),   // text
-                                     QColor(250, 190, 80), QColor(120, 190, 90), QColor(40, 120, 200),
-                                     QColor(110, 70, 170)};
-    return colours[std::clamp(level, 0, 4)];
-}
+const char* const kPartNames[StreamRunResult::kParts] = {"transfer", "decode", "recompute", "KV load", "prefill",
+                                                          "first token"};
+const char* const kRaceFormat = "kvscope-stream-run";
+constexpr int kRaceVersion = 1;
+// A schedule that drops and recovers: what adaptive streaming is for.
+const char* const kDropAndRecover = "40Mbit:0.3,4Mbit:0.4,40Mbit";
 
 QCustomPlot* makePlot(const QString& name, const QString& x, const QString& y)
 {
     auto* plot = new QCustomPlot;
     plot->setObjectName(name);
-    plot->setMinimumSize(260, 160);
+    plot->setMinimumSize(280, 170);
     plot->xAxis->setLabel(x);
     plot->yAxis->setLabel(y);
     plot->setInteractions(QCP::iRangeDrag | QCP::iRangeZoom);
+    style::applyPlotStyle(plot);
     return plot;
 }
 
 QString seconds(double s) { return QString::number(s, 'f', 3); }
 
+QString policyLabel(const QString& policy)
+{
+    if (policy.startsWith(QLatin1String("level:"))) return QObject::tr("level %1").arg(policy.mid(6));
+    if (policy == QLatin1String("text")) return QObject::tr("text (recompute)");
+    return policy;
+}
+
+// ---- JSON
+
+QJsonArray numbers(const std::vector<double>& v)
+{
+    QJsonArray a;
+    for (double x : v) a.append(x);
+    return a;
+}
+
+QJsonObject configJson(const StreamConfig& c)
+{
+    static const char* const links[] = {"constant", "steps", "trace"};
+    return {{"link", QLatin1String(links[int(c.link)])},
+            {"rate", c.rate},
+            {"trace", c.tracePath},
+            {"trace_scale", c.traceScale},
+            {"rtt_ms", c.rttMs},
+            {"slo_s", c.sloSeconds},
+            {"policies", QJsonArray::fromStringList(c.policies)},
+            {"hardware", c.hardware},
+            {"target_prefill_tok_s", c.prefillTokensPerSecond},
+            {"target_decode_gb_s", c.decodeGBps},
+            {"store", c.store}};
+}
+
+QJsonObject chunkJson(const StreamChunkPoint& c)
+{
+    return {{"index", c.index},         {"level", c.level},           {"local", c.local},
+            {"bytes", double(c.bytes)}, {"sent_s", c.sentS},          {"first_byte_s", c.firstByteS},
+            {"arrived_s", c.arrivedS},  {"job_start_s", c.jobStartS}, {"decoded_s", c.decodedS}};
+}
+
+QJsonObject resultJson(const StreamRunResult& r)
+{
+    QJsonObject parts;
+    for (int i = 0; i < StreamRunResult::kParts; ++i) parts[QLatin1String(kPartNames[i])] = r.parts[i];
+    QJsonArray chunks;
+    for (const StreamChunkPoint& c : r.chunks) chunks.append(chunkJson(c));
+    return {{"run", r.run},
+            {"lane", r.lane},
+            {"policy", r.policy},
+            {"link", r.link},
+            {"hardware", r.hardware},
+            {"modelled", r.modelled},
+            {"slo_s", r.sloSeconds},
+            {"ttft_s", r.ttftSeconds},
+            {"slo_met", r.sloMet},
+            {"ttft_parts", parts},
+            {"chunks", chunks},
+            {"delivered_bytes", double(r.deliveredBytes)},
+            {"capacity_bytes", r.capacityBytes},
+            {"link_s", r.linkSeconds},
+            {"token_agreement", r.tokenAgreement},
+            {"text", r.text},
+            {"reference_text", r.referenceText},
+            {"log", QJsonArray::fromStringList(r.log)}};
+}
+
+// Reads fields with type checks; the first problem is kept, with its place.
+struct Reader {
+    QString file;
+    QString error;
+    bool ok() const { return error.isEmpty(); }
+    void fail(const QString& place, const QString& reason)
+    {
+        if (error.isEmpty()) error = QStringLiteral("%1: %2: %3").arg(file, place, reason);
+    }
+    double number(const QJsonObject& o, const char* key, const QString& place, double lo = -1e300, double hi = 1e300)
+    {
+        const QJsonValue v = o.value(QLatin1String(key));
+        if (v.isUndefined()) return 0;
+        if (!v.isDouble() || !std::isfinite(v.toDouble()) || v.toDouble() < lo || v.toDouble() > hi) {
+            fail(place + QLatin1Char('.') + QLatin1String(key), QStringLiteral("not a number in range"));
+            return 0;
+        }
+        return v.toDouble();
+    }
+    QString string(const QJsonObject& o, const char* key, const QString& place)
+    {
+        const QJsonValue v = o.value(QLatin1String(key));
+        if (v.isUndefined()) return {};
+        if (!v.isString()) fail(place + QLatin1Char('.') + QLatin1String(key), QStringLiteral("not a string"));
+        return v.toString();
+    }
+    QStringList strings(const QJsonObject& o, const char* key, const QString& place)
+    {
+        QStringList out;
+        const QJsonValue v = o.value(QLatin1String(key));
+        if (v.isUndefined()) return out;
+        if (!v.isArray()) {
+            fail(place + QLatin1Char('.') + QLatin1String(key), QStringLiteral("not an array"));
+            return out;
+        }
+        for (const QJsonValue& s : v.toArray()) {
+            if (!s.isString()) fail(place + QLatin1Char('.') + QLatin1String(key), QStringLiteral("not a string"));
+            out << s.toString();
+        }
+        return out;
+    }
+    std::vector<double> doubles(const QJsonObject& o, const char* key, const QString& place)
+    {
+        std::vector<double> out;
+        const QJsonValue v = o.value(QLatin1String(key));
+        if (!v.isArray()) {
+            if (!v.isUndefined()) fail(place + QLatin1Char('.') + QLatin1String(key), QStringLiteral("not an array"));
+            return out;
+        }
+        for (const QJsonValue& x : v.toArray()) {
+            if (!x.isDouble()) fail(place + QLatin1Char('.') + QLatin1String(key), QStringLiteral("not a number"));
+            out.push_back(x.toDouble());
+        }
+        return out;
+    }
+};
+
 }  // namespace
+
+QByteArray raceToJson(const RaceRecord& race)
+{
+    QJsonArray results;
+    for (const StreamRunResult& r : race.results) results.append(resultJson(r));
+    const QJsonObject root{{"format", QLatin1String(kRaceFormat)},
+                           {"version", kRaceVersion},
+                           {"cache", race.cache},
+                           {"config", configJson(race.config)},
+                           {"available", QJsonObject{{"seconds", numbers(race.available.seconds)},
+                                                     {"mbps", numbers(race.available.mbps)}}},
+                           {"results", results}};
+    return QJsonDocument(root).toJson(QJsonDocument::Indented);
+}
+
+bool raceFromJson(const QByteArray& json, const QString& file, RaceRecord* out, QString* error)
+{
+    QJsonParseError parse;
+    const QJsonDocument doc = QJsonDocument::fromJson(json, &parse);
+    auto failWith = [&](const QString& text) {
+        if (error) *error = text;
+        return false;
+    };
+    if (parse.error != QJsonParseError::NoError)
+        return failWith(QStringLiteral("%1: offset %2: %3").arg(file).arg(parse.offset).arg(parse.errorString()));
+    if (!doc.isObject()) return failWith(QStringLiteral("%1: top level: not a JSON object").arg(file));
+    const QJsonObject root = doc.object();
+    if (root.value(QLatin1String("format")).toString() != QLatin1String(kRaceFormat))
+        return failWith(QStringLiteral("%1: format: not a kvscope stream run").arg(file));
+    if (root.value(QLatin1String("version")).toInt(-1) != kRaceVersion)
+        return failWith(QStringLiteral("%1: version: unsupported (this build reads %2)").arg(file).arg(kRaceVersion));
+    Reader rd{file, {}};
+    RaceRecord race;
+    race.cache = rd.string(root, "cache", QStringLiteral("cache"));
+    const QJsonObject c = root.value(QLatin1String("config")).toObject();
+    const QString link = rd.string(c, "link", QStringLiteral("config"));
+    race.config.link = link == QLatin1String("trace")   ? StreamConfig::Trace
+                       : link == QLatin1String("steps") ? StreamConfig::Steps
+                                                        : StreamConfig::Constant;
+    race.config.rate = rd.string(c, "rate", QStringLiteral("config"));
+    race.config.tracePath = rd.string(c, "trace", QStringLiteral("config"));
+    race.config.traceScale = rd.number(c, "trace_scale", QStringLiteral("config"), 0, 1e6);
+    race.config.rttMs = rd.number(c, "rtt_ms", QStringLiteral("config"), 0, 1e6);
+    race.config.sloSeconds = rd.number(c, "slo_s", QStringLiteral("config"), 0, 1e6);
+    race.config.policies = rd.strings(c, "policies", QStringLiteral("config"));
+    race.config.hardware = rd.string(c, "hardware", QStringLiteral("config"));
+    race.config.prefillTokensPerSecond = rd.number(c, "target_prefill_tok_s", QStringLiteral("config"), 0, 1e12);
+    race.config.decodeGBps = rd.number(c, "target_decode_gb_s", QStringLiteral("config"), 0, 1e9);
+    race.config.store = rd.string(c, "store", QStringLiteral("config"));
+    const QJsonObject av = root.value(QLatin1String("available")).toObject();
+    race.available.seconds = rd.doubles(av, "seconds", QStringLiteral("available"));
+    race.available.mbps = rd.doubles(av, "mbps", QStringLiteral("available"));
+    if (race.available.seconds.size() != race.available.mbps.size())
+        rd.fail(QStringLiteral("available"), QStringLiteral("seconds and mbps differ in length"));
+    const QJsonValue results = root.value(QLatin1String("results"));
+    if (!results.isArray()) rd.fail(QStringLiteral("results"), QStringLiteral("not an array"));
+    const QJsonArray list = results.toArray();
+    constexpr int kMaxLanes = 64, kMaxChunks = 1 << 20;
+    if (list.size() > kMaxLanes) rd.fail(QStringLiteral("results"), QStringLiteral("more than %1 runs").arg(kMaxLanes));
+    for (int i = 0; i < list.size() && rd.ok() && i < kMaxLanes; ++i) {
+        const QString place = QStringLiteral("results[%1]").arg(i);
+        if (!list[i].isObject()) {
+            rd.fail(place, QStringLiteral("not an object"));
+            break;
+        }
+        const QJsonObject o = list[i].toObject();
+        StreamRunResult r;
+        r.run = int(rd.number(o, "run", place, 0, 1e9));
+        r.lane = i;
+        r.policy = rd.string(o, "policy", place);
+        r.link = rd.string(o, "link", place);
+        r.hardware = rd.string(o, "hardware", place);
+        r.modelled = o.value(QLatin1String("modelled")).toBool();
+        r.sloSeconds = rd.number(o, "slo_s", place, 0, 1e6);
+        r.ttftSeconds = rd.number(o, "ttft_s", place, 0, 1e6);
+        r.sloMet = o.value(QLatin1String("slo_met")).toBool();
+        const QJsonObject parts = o.value(QLatin1String("ttft_parts")).toObject();
+        for (int p = 0; p < StreamRunResult::kParts; ++p)
+            r.parts[p] = rd.number(parts, kPartNames[p], place + QStringLiteral(".ttft_parts"), 0, 1e6);
+        const QJsonArray chunks = o.value(QLatin1String("chunks")).toArray();
+        if (chunks.size() > kMaxChunks) rd.fail(place + QStringLiteral(".chunks"), QStringLiteral("too many chunks"));
+        for (int k = 0; k < chunks.size() && rd.ok() && k < kMaxChunks; ++k) {
+            const QJsonObject ch = chunks[k].toObject();
+            const QString cp = QStringLiteral("%1.chunks[%2]").arg(place).arg(k);
+            StreamChunkPoint p;
+            p.lane = i;
+            p.index = int(rd.number(ch, "index", cp, 0, kMaxChunks));
+            p.level = int(rd.number(ch, "level", cp, 0, 255));
+            p.local = ch.value(QLatin1String("local")).toBool();
+            p.bytes = quint64(rd.number(ch, "bytes", cp, 0, 1e15));
+            p.sentS = rd.number(ch, "sent_s", cp, 0, 1e6);
+            p.firstByteS = rd.number(ch, "first_byte_s", cp, 0, 1e6);
+            p.arrivedS = rd.number(ch, "arrived_s", cp, 0, 1e6);
+            p.jobStartS = rd.number(ch, "job_start_s", cp, 0, 1e6);
+            p.decodedS = rd.number(ch, "decoded_s", cp, 0, 1e6);
+            r.chunks.push_back(p);
+        }
+        r.deliveredBytes = quint64(rd.number(o, "delivered_bytes", place, 0, 1e15));
+        r.capacityBytes = rd.number(o, "capacity_bytes", place, 0, 1e18);
+        r.linkSeconds = rd.number(o, "link_s", place, 0, 1e6);
+        r.tokenAgreement = rd.number(o, "token_agreement", place, 0, 1);
+        r.text = rd.string(o, "text", place);
+        r.referenceText = rd.string(o, "reference_text", place);
+        r.log = rd.strings(o, "log", place);
+        race.results.push_back(r);
+    }
+    if (!rd.ok()) return failWith(rd.error);
+    *out = race;
+    return true;
+}
 
 // ---- StreamRunsModel
 
@@ -62,6 +307,7 @@ QVariant StreamRunsModel::data(const QModelIndex& index, int role) const
     if (!index.isValid() || index.row() >= rowCount() || index.column() >= ColumnCount) return {};
     const StreamRunResult& r = m_runs[size_t(index.row())];
     if (role == Qt::ForegroundRole && index.column() == MetCol) return QColor(r.sloMet ? Qt::darkGreen : Qt::red);
+    if (role == Qt::DecorationRole && index.column() == PolicyCol) return style::policyColor(r.policy, 8);
     if (role == Qt::ToolTipRole) return r.log.join(QLatin1Char('\n'));
     if (role != Qt::DisplayRole) return {};
     switch (index.column()) {
@@ -80,6 +326,7 @@ QVariant StreamRunsModel::data(const QModelIndex& index, int role) const
         return QStringLiteral("%1 / %2").arg(text).arg(r.chunks.size());
     }
     case AgreementCol: return QString::number(r.tokenAgreement, 'f', 2);
+    case HardwareCol: return r.hardware;
     }
     return {};
 }
@@ -87,8 +334,9 @@ QVariant StreamRunsModel::data(const QModelIndex& index, int role) const
 QVariant StreamRunsModel::headerData(int section, Qt::Orientation orientation, int role) const
 {
     if (role != Qt::DisplayRole || orientation != Qt::Horizontal) return {};
-    static const char* const names[ColumnCount] = {"Run", "Policy", "Link", "SLO s", "TTFT s", "SLO met", "Transfer s",
-                                                  "Decode s", "Recompute s", "Prefill s", "Text chunks", "Agreement"};
+    static const char* const names[ColumnCount] = {"Run",       "Policy",    "Link",        "SLO s",     "TTFT s",
+                                                  "SLO met",   "Transfer s", "Decode s",   "Recompute s", "Prefill s",
+                                                  "Text chunks", "Agreement", "Compute"};
     return section >= 0 && section < ColumnCount ? QVariant(tr(names[section])) : QVariant();
 }
 
@@ -99,183 +347,365 @@ void StreamRunsModel::addRun(const StreamRunResult& run)
     endInsertRows();
 }
 
+void StreamRunsModel::clear()
+{
+    if (m_runs.empty()) return;
+    beginResetModel();
+    m_runs.clear();
+    endResetModel();
+}
+
 // ---- StreamLabView
 
 StreamLabView::StreamLabView(QWidget* parent) : QWidget(parent)
 {
+    // Link: a rate, typed steps, or a trace.
     m_linkKind = new QComboBox;
     m_linkKind->setObjectName(QStringLiteral("streamLinkKind"));
-    m_linkKind->addItems({tr("constant"), tr("steps"), tr("Mahimahi trace")});
+    m_linkKind->addItems({tr("constant"), tr("steps (drop and recovery)"), tr("Mahimahi trace")});
     m_rate = new QLineEdit(QStringLiteral("50Mbit"));
     m_rate->setObjectName(QStringLiteral("streamRate"));
-    m_rate->setToolTip(tr("A rate (50Mbit, 800kbit, 1Gbit) or steps RATE:SECONDS,...,RATE (1Gbit:0.5,50Mbit)"));
+    m_rate->setToolTip(tr("A rate: 50Mbit, 2.5MB (bytes/s), 800kbit"));
+    m_steps = new QTableWidget(0, 2);
+    m_steps->setObjectName(QStringLiteral("streamSteps"));
+    m_steps->setHorizontalHeaderLabels({tr("rate"), tr("for s (empty: rest)")});
+    m_steps->horizontalHeader()->setSectionResizeMode(QHeaderView::Stretch);
+    m_steps->verticalHeader()->setVisible(false);
+    m_steps->setMaximumHeight(120);
+    auto* addStep = new QPushButton(tr("+"));
+    addStep->setToolTip(tr("Add a step"));
+    auto* removeStep = new QPushButton(tr("−"));
+    removeStep->setToolTip(tr("Remove the selected step"));
+    auto* dropPreset = new QPushButton(tr("Drop && recover"));
+    dropPreset->setObjectName(QStringLiteral("streamDropPreset"));
+    dropPreset->setToolTip(tr("40 Mbit/s, a drop to 4 Mbit/s at 0.3 s for 0.4 s, then 40 Mbit/s again"));
+    for (QPushButton* b : {addStep, removeStep}) b->setMaximumWidth(32);
+    connect(addStep, &QPushButton::clicked, this, [this] {
+        const int row = m_steps->rowCount();
+        m_steps->insertRow(row);
+        m_steps->setItem(row, 0, new QTableWidgetItem(QStringLiteral("10Mbit")));
+        m_steps->setItem(row, 1, new QTableWidgetItem(QString()));
+        if (row > 0 && m_steps->item(row - 1, 1) && m_steps->item(row - 1, 1)->text().isEmpty())
+            m_steps->item(row - 1, 1)->setText(QStringLiteral("0.5"));
+    });
+    connect(removeStep, &QPushButton::clicked, this, [this] {
+        const int row = m_steps->currentRow() >= 0 ? m_steps->currentRow() : m_steps->rowCount() - 1;
+        if (row >= 0 && m_steps->rowCount() > 1) m_steps->removeRow(row);
+        emit scheduleEdited();
+    });
+    connect(dropPreset, &QPushButton::clicked, this, [this] { applyStepsPreset(QLatin1String(kDropAndRecover)); });
+    connect(m_steps, &QTableWidget::itemChanged, this, [this] { emit scheduleEdited(); });
+    auto* stepsBox = new QWidget;
+    auto* sl = new QGridLayout(stepsBox);
+    sl->setContentsMargins(0, 0, 0, 0);
+    sl->addWidget(m_steps, 0, 0, 1, 4);
+    sl->addWidget(addStep, 1, 0);
+    sl->addWidget(removeStep, 1, 1);
+    sl->addWidget(dropPreset, 1, 2, 1, 2);
     m_trace = new QLineEdit;
     m_trace->setObjectName(QStringLiteral("streamTrace"));
     m_trace->setPlaceholderText(tr("trace file (.down)"));
-    auto* browse = new QPushButton(tr("…"));
     m_traceScale = new QDoubleSpinBox;
-    m_traceScale->setRange(0.01, 1000);
+    m_traceScale->setObjectName(QStringLiteral("streamTraceScale"));
+    m_traceScale->setRange(0.01, 100);
     m_traceScale->setValue(1.0);
-    m_traceScale->setPrefix(tr("× "));
+    m_traceScale->setPrefix(QStringLiteral("× "));
+    auto* traceBox = new QWidget;
+    auto* tl = new QHBoxLayout(traceBox);
+    tl->setContentsMargins(0, 0, 0, 0);
+    tl->addWidget(m_trace, 1);
+    tl->addWidget(m_traceScale);
+    m_linkStack = new QStackedWidget;
+    m_linkStack->addWidget(m_rate);
+    m_linkStack->addWidget(stepsBox);
+    m_linkStack->addWidget(traceBox);
+    connect(m_linkKind, &QComboBox::currentIndexChanged, this, [this] {
+        updateLinkWidgets();
+        emit scheduleEdited();
+    });
+    connect(m_rate, &QLineEdit::editingFinished, this, &StreamLabView::scheduleEdited);
+    connect(m_trace, &QLineEdit::editingFinished, this, &StreamLabView::scheduleEdited);
+    connect(m_traceScale, &QDoubleSpinBox::valueChanged, this, &StreamLabView::scheduleEdited);
+
     m_rtt = new QDoubleSpinBox;
     m_rtt->setObjectName(QStringLiteral("streamRtt"));
-    m_rtt->setRange(0, 5000);
+    m_rtt->setRange(0, 2000);
     m_rtt->setSuffix(tr(" ms"));
     m_sloSpin = new QDoubleSpinBox;
     m_sloSpin->setObjectName(QStringLiteral("streamSlo"));
     m_sloSpin->setRange(0.01, 600);
-    m_sloSpin->setDecimals(2);
     m_sloSpin->setValue(1.0);
     m_sloSpin->setSuffix(tr(" s"));
-    m_policy = new QComboBox;
-    m_policy->setObjectName(QStringLiteral("streamPolicy"));
+    connect(m_sloSpin, &QDoubleSpinBox::valueChanged, this, &StreamLabView::scheduleEdited);
+
+    m_policies = new QListWidget;
+    m_policies->setObjectName(QStringLiteral("streamPolicies"));
+    m_policies->setMaximumHeight(110);
+    m_policies->setToolTip(tr("The policies raced, back to back on the same link schedule"));
     setLevels(3);
+
+    m_hardware = new QComboBox;
+    m_hardware->setObjectName(QStringLiteral("streamHardware"));
+    for (const HardwarePreset& p : hardwarePresets()) m_hardware->addItem(p.label, p.id);
+    m_hardware->addItem(tr("Custom (modelled)"), QStringLiteral("custom"));
+    m_hardware->setToolTip(tr("Decode, recompute and the question's prefill: measured on this CPU, or modelled "
+                              "from rates (the transfer is always measured on the socket)"));
+    m_prefillRate = new QDoubleSpinBox;
+    m_prefillRate->setObjectName(QStringLiteral("streamPrefillRate"));
+    m_prefillRate->setRange(1, 1e7);
+    m_prefillRate->setDecimals(0);
+    m_prefillRate->setValue(5000);
+    m_prefillRate->setSuffix(tr(" tok/s"));
+    m_decodeRate = new QDoubleSpinBox;
+    m_decodeRate->setObjectName(QStringLiteral("streamDecodeRate"));
+    m_decodeRate->setRange(0.01, 1e4);
+    m_decodeRate->setValue(10);
+    m_decodeRate->setSuffix(tr(" GB/s"));
+    auto* rates = new QHBoxLayout;
+    rates->addWidget(m_prefillRate);
+    rates->addWidget(m_decodeRate);
+    connect(m_hardware, &QComboBox::currentIndexChanged, this, [this] { updateHardwareWidgets(); });
+
     m_store = new QLineEdit;
     m_store->setObjectName(QStringLiteral("streamStore"));
-    m_store->setPlaceholderText(tr("encode the cache now; or a.kvc,b.kvc / folder / redis://127.0.0.1:6379/kv"));
-    m_start = new QPushButton(tr("Start"));
+    m_store->setPlaceholderText(tr("encode the cache now; or a.kvc,b.kvc / folder / redis://"));
+
+    m_start = new QPushButton(tr("Race"));
     m_start->setObjectName(QStringLiteral("streamStart"));
-    m_start->setShortcut(QKeySequence(Qt::CTRL | Qt::Key_Return));
+    m_start->setToolTip(tr("Run every checked policy on the link (Ctrl+T)"));
     m_stop = new QPushButton(tr("Stop"));
     m_stop->setObjectName(QStringLiteral("streamStop"));
+    connect(m_start, &QPushButton::clicked, this, &StreamLabView::startRequested);
+    connect(m_stop, &QPushButton::clicked, this, &StreamLabView::stopRequested);
+    auto* saveRun = new QPushButton(tr("Save run…"));
+    saveRun->setObjectName(QStringLiteral("streamSaveRun"));
+    auto* openRun = new QPushButton(tr("Open run…"));
+    openRun->setObjectName(QStringLiteral("streamOpenRun"));
+    auto* exportFig = new QPushButton(tr("Export figure…"));
+    exportFig->setObjectName(QStringLiteral("streamExportFigure"));
+    connect(saveRun, &QPushButton::clicked, this, &StreamLabView::saveRunRequested);
+    connect(openRun, &QPushButton::clicked, this, &StreamLabView::openRunRequested);
+    connect(exportFig, &QPushButton::clicked, this, &StreamLabView::exportFigureRequested);
+
+    auto* form = new QFormLayout;
+    form->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
+    form->addRow(tr("Link:"), m_linkKind);
+    form->addRow(QString(), m_linkStack);
+    form->addRow(tr("RTT / SLO:"), [this] {
+        auto* w = new QWidget;
+        auto* l = new QHBoxLayout(w);
+        l->setContentsMargins(0, 0, 0, 0);
+        l->addWidget(m_rtt);
+        l->addWidget(m_sloSpin);
+        return w;
+    }());
+    form->addRow(tr("Policies:"), m_policies);
+    form->addRow(tr("Compute:"), m_hardware);
+    form->addRow(QString(), rates);
+    form->addRow(tr("Store:"), m_store);
+    auto* buttons = new QGridLayout;
+    buttons->addWidget(m_start, 0, 0);
+    buttons->addWidget(m_stop, 0, 1);
+    buttons->addWidget(saveRun, 1, 0);
+    buttons->addWidget(openRun, 1, 1);
+    buttons->addWidget(exportFig, 2, 0, 1, 2);
+    m_preview = new QLabel;
+    m_preview->setObjectName(QStringLiteral("streamPreview"));
+    m_preview->setWordWrap(true);
+    m_ttft = new QLabel(tr("TTFT –"));
+    m_ttft->setObjectName(QStringLiteral("streamTtft"));
+    m_ttft->setWordWrap(true);
+    QFont big = m_ttft->font();
+    big.setBold(true);
+    m_ttft->setFont(big);
     m_status = new QLabel;
     m_status->setObjectName(QStringLiteral("streamStatus"));
     m_status->setWordWrap(true);
-    m_ttft = new QLabel(QStringLiteral("TTFT –"));
-    m_ttft->setObjectName(QStringLiteral("streamTtft"));
-    QFont big = m_ttft->font();
-    big.setPointSizeF(big.pointSizeF() * 1.4);
-    big.setBold(true);
-    m_ttft->setFont(big);
 
-    auto* traceRow = new QHBoxLayout;
-    traceRow->addWidget(m_trace, 1);
-    traceRow->addWidget(browse);
-    traceRow->addWidget(m_traceScale);
-    auto* form = new QFormLayout;
-    form->addRow(tr("Link:"), m_linkKind);
-    form->addRow(tr("Rate:"), m_rate);
-    form->addRow(tr("Trace:"), traceRow);
-    form->addRow(tr("RTT:"), m_rtt);
-    form->addRow(tr("SLO:"), m_sloSpin);
-    form->addRow(tr("Policy:"), m_policy);
-    form->addRow(tr("Store:"), m_store);
-    auto* buttons = new QHBoxLayout;
-    buttons->addWidget(m_start);
-    buttons->addWidget(m_stop);
-    auto* controls = new QWidget;
-    auto* cl = new QVBoxLayout(controls);
-    cl->setContentsMargins(0, 0, 0, 0);
-    cl->addLayout(form);
-    cl->addLayout(buttons);
-    cl->addWidget(m_ttft);
-    cl->addWidget(m_status);
-    cl->addStretch(1);
+    auto* setup = new QGroupBox(tr("Race setup"));
+    auto* left = new QVBoxLayout(setup);
+    left->addLayout(form);
+    left->addLayout(buttons);
+    left->addWidget(m_preview);
+    left->addWidget(m_ttft);
+    left->addWidget(m_status);
+    left->addStretch(1);
+    setup->setMinimumWidth(300);
+    setup->setMaximumWidth(380);
 
+    // The figure: four plots, side by side, one lane per policy.
     m_bandwidthPlot = makePlot(QStringLiteral("bandwidthPlot"), tr("time (s)"), tr("Mbit/s"));
-    QCPGraph* available = m_bandwidthPlot->addGraph();
-    available->setName(tr("available"));
-    available->setPen(QPen(QColor(150, 150, 150), 1.5));
-    available->setBrush(QColor(150, 150, 150, 40));
-    available->setLineStyle(QCPGraph::lsStepLeft);
-    QCPGraph* used = m_bandwidthPlot->addGraph();
-    used->setName(tr("used (per chunk)"));
-    used->setPen(QPen(QColor(40, 110, 200), 2));
-    used->setLineStyle(QCPGraph::lsStepLeft);
-    m_bandwidthPlot->legend->setVisible(true);
-    m_bandwidthPlot->legend->setFont(QFont(font().family(), 8));
+    {
+        QCPGraph* available = m_bandwidthPlot->addGraph();
+        available->setName(tr("available"));
+        available->setPen(QPen(style::neutralColor(), 1.5));
+        available->setBrush(QColor(150, 150, 150, 50));
+        available->setLineStyle(QCPGraph::lsStepLeft);
+        m_bandwidthPlot->legend->setVisible(true);
+        m_bandwidthPlot->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignRight);
+    }
     installPlotMenu(m_bandwidthPlot, QStringLiteral("stream-bandwidth"));
-
-    m_timelinePlot = makePlot(QStringLiteral("timelinePlot"), tr("time (s)"), tr("chunk"));
-    // Invisible graph so the CSV export carries the timeline as (arrival, chunk) points.
-    QCPGraph* arrivals = m_timelinePlot->addGraph();
-    arrivals->setName(tr("arrived"));
-    arrivals->setLineStyle(QCPGraph::lsNone);
-    arrivals->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssCircle, 3));
-    m_timelinePlot->yAxis->setRangeReversed(true);
+    m_timelinePlot = makePlot(QStringLiteral("timelinePlot"), tr("time (s)"), QString());
     installPlotMenu(m_timelinePlot, QStringLiteral("stream-timeline"));
-
-    m_ttftPlot = makePlot(QStringLiteral("ttftPlot"), tr("run"), tr("seconds"));
-    QCPBars* below = nullptr;
-    for (int i = 0; i < 6; ++i) {
+    m_levelsPlot = makePlot(QStringLiteral("levelsPlot"), tr("chunk"), tr("level (0 = text)"));
+    m_levelsPlot->legend->setVisible(true);
+    installPlotMenu(m_levelsPlot, QStringLiteral("stream-levels"));
+    m_ttftPlot = makePlot(QStringLiteral("ttftPlot"), QString(), tr("TTFT (s)"));
+    for (int i = 0; i < StreamRunResult::kParts; ++i) {
         auto* bars = new QCPBars(m_ttftPlot->xAxis, m_ttftPlot->yAxis);
         bars->setName(tr(kPartNames[i]));
-        bars->setBrush(kPartColours[i]);
+        bars->setBrush(style::partColor(i));
         bars->setPen(Qt::NoPen);
         bars->setWidth(0.6);
-        if (below) bars->moveAbove(below);
-        below = bars;
+        if (i > 0) bars->moveAbove(static_cast<QCPBars*>(m_ttftPlot->plottable(i - 1)));
     }
     m_ttftPlot->legend->setVisible(true);
-    m_ttftPlot->legend->setFont(QFont(font().family(), 7));
     m_ttftPlot->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignLeft);
     installPlotMenu(m_ttftPlot, QStringLiteral("stream-ttft"));
 
-    m_original = new QPlainTextEdit;
-    m_original->setObjectName(QStringLiteral("streamOriginalAnswer"));
-    m_streamed = new QPlainTextEdit;
-    m_streamed->setObjectName(QStringLiteral("streamAnswer"));
-    for (QPlainTextEdit* e : {m_original, m_streamed}) {
-        e->setReadOnly(true);
-        e->setMaximumHeight(80);
-    }
+    m_figure = new QWidget;
+    m_figure->setObjectName(QStringLiteral("streamFigure"));
+    auto* fig = new QGridLayout(m_figure);
+    fig->setContentsMargins(0, 0, 0, 0);
+    m_figureTitle = new QLabel;
+    m_figureTitle->setObjectName(QStringLiteral("streamFigureTitle"));
+    m_figureTitle->setWordWrap(true);
+    fig->addWidget(m_figureTitle, 0, 0, 1, 2);
+    fig->addWidget(m_timelinePlot, 1, 0);
+    fig->addWidget(m_ttftPlot, 1, 1);
+    fig->addWidget(m_bandwidthPlot, 2, 0);
+    fig->addWidget(m_levelsPlot, 2, 1);
+    fig->setColumnStretch(0, 3);
+    fig->setColumnStretch(1, 2);
+    fig->setRowStretch(1, 3);
+    fig->setRowStretch(2, 2);
+
+    // Results: the runs and the answers.
     m_runs = new StreamRunsModel(this);
     m_table = new QTableView;
     m_table->setObjectName(QStringLiteral("streamRuns"));
     m_table->setModel(m_runs);
-    m_table->verticalHeader()->hide();
+    m_table->setSelectionBehavior(QAbstractItemView::SelectRows);
     m_table->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
-
-    auto* plots = new QWidget;
-    auto* grid = new QGridLayout(plots);
-    grid->setContentsMargins(0, 0, 0, 0);
-    grid->addWidget(m_bandwidthPlot, 0, 0);
-    grid->addWidget(m_timelinePlot, 0, 1);
-    grid->addWidget(m_ttftPlot, 1, 0);
-    auto* answers = new QWidget;
-    auto* al = new QVBoxLayout(answers);
-    al->setContentsMargins(0, 0, 0, 0);
-    al->addWidget(new QLabel(tr("Answer from the original KV")));
-    al->addWidget(m_original);
-    al->addWidget(new QLabel(tr("Answer from the streamed KV")));
-    al->addWidget(m_streamed);
-    al->addStretch(1);
-    grid->addWidget(answers, 1, 1);
-
-    auto* top = new QSplitter(Qt::Horizontal);
-    top->addWidget(controls);
-    top->addWidget(plots);
-    top->setStretchFactor(1, 3);
-    auto* vertical = new QSplitter(Qt::Vertical);
-    vertical->addWidget(top);
-    vertical->addWidget(m_table);
-    vertical->setStretchFactor(0, 4);
-    vertical->setStretchFactor(1, 1);
-    auto* layout = new QVBoxLayout(this);
-    layout->addWidget(vertical);
-
-    connect(browse, &QPushButton::clicked, this, [this] {
-        const QString path = QFileDialog::getOpenFileName(this, tr("Mahimahi trace"), QString(),
-                                                          tr("Traces (*.down *.up *.trace *.txt);;All files (*)"));
-        if (!path.isEmpty()) setTracePath(path);
+    m_table->verticalHeader()->setVisible(false);
+    connect(m_table, &QTableView::clicked, this, [this](const QModelIndex& i) {
+        const StreamRunResult& r = m_runs->runs()[size_t(i.row())];
+        m_original->setPlainText(r.referenceText);
+        m_streamed->setPlainText(r.text);
+        m_streamedLabel->setText(tr("Answer from the streamed KV (run %1, %2)").arg(r.run).arg(r.policy));
     });
-    connect(m_start, &QPushButton::clicked, this, &StreamLabView::startRequested);
-    connect(m_stop, &QPushButton::clicked, this, &StreamLabView::stopRequested);
-    setReady(false, tr("Capture a context with a model open to stream its KV."));
+    m_original = new QPlainTextEdit;
+    m_original->setObjectName(QStringLiteral("streamOriginalAnswer"));
+    m_streamed = new QPlainTextEdit;
+    m_streamed->setObjectName(QStringLiteral("streamStreamedAnswer"));
+    for (QPlainTextEdit* e : {m_original, m_streamed}) e->setReadOnly(true);
+    m_streamedLabel = new QLabel(tr("Answer from the streamed KV"));
+    auto* answers = new QWidget;
+    auto* al = new QGridLayout(answers);
+    al->setContentsMargins(0, 0, 0, 0);
+    al->addWidget(new QLabel(tr("Answer from the original KV")), 0, 0);
+    al->addWidget(m_streamedLabel, 0, 1);
+    al->addWidget(m_original, 1, 0);
+    al->addWidget(m_streamed, 1, 1);
+    auto* results = new QSplitter(Qt::Horizontal);
+    results->setObjectName(QStringLiteral("streamResultsSplitter"));
+    results->addWidget(m_table);
+    results->addWidget(answers);
+    results->setStretchFactor(0, 3);
+    results->setStretchFactor(1, 2);
+
+    auto* right = new QSplitter(Qt::Vertical);
+    right->setObjectName(QStringLiteral("streamRightSplitter"));
+    right->addWidget(m_figure);
+    right->addWidget(results);
+    right->setStretchFactor(0, 4);
+    right->setStretchFactor(1, 1);
+    right->setChildrenCollapsible(false);
+
+    auto* layout = new QHBoxLayout(this);
+    layout->addWidget(setup);
+    layout->addWidget(right, 1);
+
+    applyStepsPreset(QLatin1String(kDropAndRecover));
+    updateLinkWidgets();
+    updateHardwareWidgets();
+    setRunning(false);
+    redrawLive();
+    redrawTtft();
 }
 
 StreamLabView::~StreamLabView() = default;
+
+void StreamLabView::updateLinkWidgets()
+{
+    m_linkStack->setCurrentIndex(m_linkKind->currentIndex());
+}
+
+void StreamLabView::updateHardwareWidgets()
+{
+    const QString id = m_hardware->currentData().toString();
+    for (const HardwarePreset& p : hardwarePresets())
+        if (p.id == id && p.modelled()) {
+            m_prefillRate->setValue(p.prefillTokensPerSecond);
+            m_decodeRate->setValue(p.decodeGBps);
+        }
+    const bool custom = id == QLatin1String("custom");
+    const bool measured = id == QLatin1String("measured");
+    m_prefillRate->setEnabled(custom);
+    m_decodeRate->setEnabled(custom);
+    m_prefillRate->setVisible(!measured);
+    m_decodeRate->setVisible(!measured);
+}
+
+QString StreamLabView::stepsText() const
+{
+    QStringList parts;
+    for (int r = 0; r < m_steps->rowCount(); ++r) {
+        const QString rate = m_steps->item(r, 0) ? m_steps->item(r, 0)->text().trimmed() : QString();
+        const QString dur = m_steps->item(r, 1) ? m_steps->item(r, 1)->text().trimmed() : QString();
+        if (rate.isEmpty()) continue;
+        parts << (dur.isEmpty() || r == m_steps->rowCount() - 1 ? rate : rate + QLatin1Char(':') + dur);
+    }
+    return parts.join(QLatin1Char(','));
+}
+
+void StreamLabView::setStepsText(const QString& steps)
+{
+    m_steps->blockSignals(true);
+    m_steps->setRowCount(0);
+    for (const QString& part : steps.split(QLatin1Char(','), Qt::SkipEmptyParts)) {
+        const int row = m_steps->rowCount();
+        m_steps->insertRow(row);
+        const int colon = part.indexOf(QLatin1Char(':'));
+        m_steps->setItem(row, 0, new QTableWidgetItem(colon < 0 ? part.trimmed() : part.left(colon).trimmed()));
+        m_steps->setItem(row, 1, new QTableWidgetItem(colon < 0 ? QString() : part.mid(colon + 1).trimmed()));
+    }
+    m_steps->blockSignals(false);
+}
+
+void StreamLabView::applyStepsPreset(const QString& steps)
+{
+    setStepsText(steps);
+    emit scheduleEdited();
+}
 
 StreamConfig StreamLabView::config() const
 {
     StreamConfig c;
     c.link = StreamConfig::Link(m_linkKind->currentIndex());
-    c.rate = m_rate->text().trimmed();
+    c.rate = c.link == StreamConfig::Steps ? stepsText() : m_rate->text().trimmed();
     c.tracePath = m_trace->text().trimmed();
     c.traceScale = m_traceScale->value();
     c.rttMs = m_rtt->value();
     c.sloSeconds = m_sloSpin->value();
-    c.policy = m_policy->currentData().toString();
+    c.policies.clear();
+    for (int i = 0; i < m_policies->count(); ++i)
+        if (m_policies->item(i)->checkState() == Qt::Checked) c.policies << m_policies->item(i)->data(Qt::UserRole).toString();
+    c.hardware = m_hardware->currentData().toString();
+    if (c.hardware != QLatin1String("measured")) {
+        c.prefillTokensPerSecond = m_prefillRate->value();
+        c.decodeGBps = m_decodeRate->value();
+    }
     c.store = m_store->text().trimmed();
     return c;
 }
@@ -283,26 +713,45 @@ StreamConfig StreamLabView::config() const
 void StreamLabView::setConfig(const StreamConfig& c)
 {
     m_linkKind->setCurrentIndex(int(c.link));
-    m_rate->setText(c.rate);
+    if (c.link == StreamConfig::Steps)
+        setStepsText(c.rate);
+    else
+        m_rate->setText(c.rate);
     m_trace->setText(c.tracePath);
     m_traceScale->setValue(c.traceScale);
     m_rtt->setValue(c.rttMs);
     m_sloSpin->setValue(c.sloSeconds);
-    const int i = m_policy->findData(c.policy);
-    if (i >= 0) m_policy->setCurrentIndex(i);
+    for (int i = 0; i < m_policies->count(); ++i) {
+        QListWidgetItem* item = m_policies->item(i);
+        item->setCheckState(c.policies.contains(item->data(Qt::UserRole).toString()) ? Qt::Checked : Qt::Unchecked);
+    }
+    int hw = m_hardware->findData(c.hardware);
+    if (hw < 0) hw = c.prefillTokensPerSecond > 0 || c.decodeGBps > 0 ? m_hardware->findData(QStringLiteral("custom")) : 0;
+    m_hardware->setCurrentIndex(hw);
+    if (c.prefillTokensPerSecond > 0) m_prefillRate->setValue(c.prefillTokensPerSecond);
+    if (c.decodeGBps > 0) m_decodeRate->setValue(c.decodeGBps);
     m_store->setText(c.store);
+    updateLinkWidgets();
+    emit scheduleEdited();
 }
 
 void StreamLabView::setLevels(int levels)
 {
-    const QString current = m_policy->currentData().toString();
-    m_policy->clear();
-    m_policy->addItem(tr("adaptive"), QStringLiteral("adaptive"));
-    m_policy->addItem(tr("text (recompute)"), QStringLiteral("text"));
-    m_policy->addItem(tr("int8"), QStringLiteral("int8"));
-    for (int l = 1; l <= levels; ++l) m_policy->addItem(tr("level %1").arg(l), QStringLiteral("level:%1").arg(l));
-    const int i = m_policy->findData(current);
-    m_policy->setCurrentIndex(std::max(0, i));
+    m_levels = std::max(1, levels);
+    QStringList checked;
+    for (int i = 0; i < m_policies->count(); ++i)
+        if (m_policies->item(i)->checkState() == Qt::Checked) checked << m_policies->item(i)->data(Qt::UserRole).toString();
+    if (m_policies->count() == 0) checked = {QStringLiteral("adaptive"), QStringLiteral("text"), QStringLiteral("int8")};
+    m_policies->clear();
+    QStringList ids{QStringLiteral("adaptive"), QStringLiteral("text"), QStringLiteral("int8")};
+    for (int l = 1; l <= m_levels; ++l) ids << QStringLiteral("level:%1").arg(l);
+    for (const QString& id : ids) {
+        auto* item = new QListWidgetItem(policyLabel(id), m_policies);
+        item->setData(Qt::UserRole, id);
+        item->setData(Qt::DecorationRole, style::policyColor(id, m_levels));
+        item->setFlags(Qt::ItemIsEnabled | Qt::ItemIsUserCheckable);
+        item->setCheckState(checked.contains(id) ? Qt::Checked : Qt::Unchecked);
+    }
 }
 
 void StreamLabView::setTracePath(const QString& path)
@@ -322,6 +771,7 @@ void StreamLabView::setReady(bool ready, const QString& note)
 
 void StreamLabView::setRunning(bool running)
 {
+    m_running = running;
     m_start->setEnabled(m_ready && !running);
     m_stop->setEnabled(running);
 }
@@ -330,131 +780,405 @@ void StreamLabView::setStatus(const QString& text) { m_status->setText(text); }
 
 QString StreamLabView::ttftText() const { return m_ttft->text(); }
 
-void StreamLabView::runStarted(const LinkSeries& available)
+int StreamLabView::chunksShown() const
+{
+    int n = 0;
+    for (const auto& lane : m_laneChunks) n += int(lane.size());
+    return n;
+}
+
+int StreamLabView::chunksShown(int lane) const
+{
+    return lane >= 0 && lane < int(m_laneChunks.size()) ? int(m_laneChunks[size_t(lane)].size()) : 0;
+}
+
+void StreamLabView::setSchedulePreview(const LinkSeries& available, const QString& error)
+{
+    if (m_running) return;  // the race's own schedule stays on screen
+    if (!error.isEmpty()) {
+        m_preview->setText(tr("Link: %1").arg(error));
+        return;
+    }
+    double lo = 1e300, hi = 0;
+    for (double v : available.mbps) {
+        lo = std::min(lo, v);
+        hi = std::max(hi, v);
+    }
+    m_preview->setText(available.mbps.empty() ? QString()
+                                              : tr("Link: %1 to %2 Mbit/s over the first %3 s (drawn in the bandwidth plot).")
+                                                    .arg(lo, 0, 'g', 3)
+                                                    .arg(hi, 0, 'g', 3)
+                                                    .arg(available.seconds.empty() ? 0.0 : available.seconds.back(), 0, 'f', 1));
+    if (m_race.results.empty() && m_laneChunks.empty()) {
+        m_race.available = available;
+        redrawLive();
+    }
+}
+
+void StreamLabView::raceStarted(const QStringList& policies, const LinkSeries& available)
 {
     setRunning(true);
-    m_chunks.clear();
-    m_usedT.clear();
-    m_usedMbps.clear();
-    m_slo = config().sloSeconds;
-    m_ttft->setText(tr("TTFT … (SLO %1 s)").arg(m_slo, 0, 'f', 2));
-    m_bandwidthPlot->graph(0)->setData(QVector<double>(available.seconds.begin(), available.seconds.end()),
-                                       QVector<double>(available.mbps.begin(), available.mbps.end()), true);
-    m_bandwidthPlot->graph(1)->data()->clear();
-    m_bandwidthPlot->rescaleAxes();
-    m_bandwidthPlot->yAxis->setRangeLower(0);
-    m_bandwidthPlot->replot();
-    redrawTimeline({});
+    m_race = RaceRecord{};
+    m_race.config = config();
+    m_race.config.policies = policies;
+    m_race.available = available;
+    m_laneChunks.assign(size_t(policies.size()), {});
+    m_currentLane = 0;
+    m_runs->clear();
+    m_original->clear();
+    m_streamed->clear();
+    updateTtftText();
+    redrawLive();
+    redrawTtft();
 }
 
-void StreamLabView::addChunk(const StreamChunkPoint& c)
+void StreamLabView::laneStarted(int lane)
 {
-    m_chunks.push_back(c);
-    // The rate this chunk got while its bytes flowed (first byte to last), as a step.
-    const double span = c.arrivedS - c.firstByteS;
-    if (c.bytes > 0 && span > 0) {
-        m_usedT.push_back(c.firstByteS);
-        m_usedMbps.push_back(double(c.bytes) * 8e-6 / span);
-        m_usedT.push_back(c.arrivedS);
-        m_usedMbps.push_back(0);
-        m_bandwidthPlot->graph(1)->setData(QVector<double>(m_usedT.begin(), m_usedT.end()),
-                                           QVector<double>(m_usedMbps.begin(), m_usedMbps.end()), true);
-        m_bandwidthPlot->rescaleAxes();
-        m_bandwidthPlot->yAxis->setRangeLower(0);
-        m_bandwidthPlot->replot();
-    }
-    redrawTimeline(m_chunks);
+    m_currentLane = lane;
+    updateTtftText();
 }
 
-void StreamLabView::redrawTimeline(const std::vector<StreamChunkPoint>& chunks)
+void StreamLabView::addChunk(const StreamChunkPoint& chunk)
 {
-    m_timelinePlot->clearItems();
-    QVector<double> x, y;
-    double end = 0;
-    for (const StreamChunkPoint& c : chunks) {
-        auto* fetch = new QCPItemRect(m_timelinePlot);
-        fetch->topLeft->setCoords(c.sentS, c.index - 0.35);
-        fetch->bottomRight->setCoords(std::max(c.arrivedS, c.sentS + 1e-4), c.index + 0.35);
-        fetch->setBrush(levelColour(c.level));
-        fetch->setPen(Qt::NoPen);
-        if (c.decodedS > c.jobStartS) {  // the decode or recompute job, thinner
-            auto* job = new QCPItemRect(m_timelinePlot);
-            job->topLeft->setCoords(c.jobStartS, c.index - 0.12);
-            job->bottomRight->setCoords(c.decodedS, c.index + 0.12);
-            job->setBrush(QColor(60, 60, 60));
-            job->setPen(Qt::NoPen);
-        }
-        auto* label = new QCPItemText(m_timelinePlot);
-        label->position->setCoords(std::max(c.arrivedS, c.decodedS), c.index);
-        label->setPositionAlignment(Qt::AlignLeft | Qt::AlignVCenter);
-        label->setFont(QFont(font().family(), 7));
-        label->setText(c.level == 0 ? (c.local ? tr(" T (local)") : tr(" T")) : QStringLiteral(" L%1").arg(c.level));
-        x << c.arrivedS;
-        y << c.index;
-        end = std::max({end, c.arrivedS, c.decodedS});
-    }
-    m_timelinePlot->graph(0)->setData(x, y, true);
-    auto* slo = new QCPItemStraightLine(m_timelinePlot);
-    slo->setPen(QPen(Qt::red, 1, Qt::DashLine));
-    slo->point1->setCoords(m_slo, 0);
-    slo->point2->setCoords(m_slo, 1);
-    m_timelinePlot->xAxis->setRange(0, std::max(end, m_slo) * 1.15);
-    m_timelinePlot->yAxis->setRange(-0.6, std::max<double>(chunks.size(), 1) - 0.4);
-    m_timelinePlot->replot();
-}
-
-void StreamLabView::redrawTtft()
-{
-    const auto& runs = m_runs->runs();
-    for (int p = 0; p < 6; ++p) {
-        auto* bars = static_cast<QCPBars*>(m_ttftPlot->plottable(p));
-        QVector<double> x, y;
-        for (const StreamRunResult& r : runs) {
-            x << r.run;
-            y << r.parts[p];
-        }
-        bars->setData(x, y, true);
-    }
-    m_ttftPlot->clearItems();
-    double top = 0;
-    for (const StreamRunResult& r : runs) {
-        top = std::max({top, r.ttftSeconds, r.sloSeconds});
-        auto* slo = new QCPItemLine(m_ttftPlot);  // each run's SLO over its bar
-        slo->setPen(QPen(Qt::red, 2));
-        slo->start->setCoords(r.run - 0.45, r.sloSeconds);
-        slo->end->setCoords(r.run + 0.45, r.sloSeconds);
-    }
-    m_ttftPlot->xAxis->setRange(0.4, std::max<double>(runs.size(), 1) + 0.6);
-    m_ttftPlot->yAxis->setRange(0, std::max(top, 0.01) * 1.5);  // room for the legend
-    m_ttftPlot->replot();
+    if (chunk.lane < 0 || chunk.lane >= int(m_laneChunks.size())) return;
+    m_laneChunks[size_t(chunk.lane)].push_back(chunk);
+    redrawLive();
 }
 
 void StreamLabView::runFinished(const StreamRunResult& r)
 {
-    m_chunks = r.chunks;
-    redrawTimeline(m_chunks);
+    if (r.lane < 0 || r.lane >= int(m_laneChunks.size())) return;
+    m_laneChunks[size_t(r.lane)] = r.chunks;  // with their decode jobs now
+    if (int(m_race.results.size()) <= r.lane) m_race.results.resize(size_t(r.lane) + 1);
+    m_race.results[size_t(r.lane)] = r;
     m_runs->addRun(r);
-    m_table->scrollToBottom();
+    showAnswer(r.lane);
+    updateTtftText();
+    redrawLive();
     redrawTtft();
-    m_ttft->setText(tr("TTFT %1 s (SLO %2 s, %3)")
-                        .arg(r.ttftSeconds, 0, 'f', 3)
-                        .arg(r.sloSeconds, 0, 'f', 2)
-                        .arg(r.sloMet ? tr("met") : tr("missed")));
-    m_original->setPlainText(r.referenceText);
-    m_streamed->setPlainText(r.text);
+}
+
+void StreamLabView::raceFinished(const RaceRecord& race)
+{
+    const StreamConfig shown = m_race.config;
+    m_race = race;
+    m_race.config.link = shown.link;  // the view's own link widgets stay as they were
     setRunning(false);
-    setStatus(tr("Run %1: %2 chunks, %3 of %4 bytes the link could carry, token agreement %5.")
-                  .arg(r.run)
-                  .arg(r.chunks.size())
-                  .arg(r.deliveredBytes)
-                  .arg(qint64(r.capacityBytes))
-                  .arg(r.tokenAgreement, 0, 'f', 2));
+    m_currentLane = -1;
+    setStatus(tr("Race done: %n policy(ies) on the same link schedule; click a run for its answer.", nullptr,
+                 int(race.results.size())));
+    updateTtftText();
+    redrawLive();
+    redrawTtft();
 }
 
 void StreamLabView::runEnded(const QString& status)
 {
     setRunning(false);
+    m_currentLane = -1;
     setStatus(status);
+    updateTtftText();
+}
+
+void StreamLabView::showRace(const RaceRecord& race)
+{
+    m_race = race;
+    m_laneChunks.clear();
+    for (const StreamRunResult& r : race.results) m_laneChunks.push_back(r.chunks);
+    m_runs->clear();
+    for (const StreamRunResult& r : race.results) m_runs->addRun(r);
+    if (!race.results.empty()) showAnswer(0);
+    m_currentLane = -1;
+    setConfig(race.config);
+    updateTtftText();
+    redrawLive();
+    redrawTtft();
+}
+
+void StreamLabView::showAnswer(int lane)
+{
+    if (lane < 0 || lane >= int(m_race.results.size())) return;
+    const StreamRunResult& r = m_race.results[size_t(lane)];
+    m_original->setPlainText(r.referenceText);
+    m_streamed->setPlainText(r.text);
+    m_streamedLabel->setText(tr("Answer from the streamed KV (%1)").arg(r.policy));
+}
+
+void StreamLabView::updateTtftText()
+{
+    const QStringList& policies = m_race.config.policies;
+    QStringList parts;
+    for (int lane = 0; lane < policies.size(); ++lane) {
+        if (lane < int(m_race.results.size()) && !m_race.results[size_t(lane)].policy.isEmpty()) {
+            const StreamRunResult& r = m_race.results[size_t(lane)];
+            parts << tr("%1 %2 s %3").arg(r.policy).arg(r.ttftSeconds, 0, 'f', 3).arg(r.sloMet ? QStringLiteral("✓") : QStringLiteral("✗"));
+        } else if (lane == m_currentLane) {
+            parts << tr("%1 …").arg(policies[lane]);
+        }
+    }
+    m_ttft->setText(parts.isEmpty() ? tr("TTFT –")
+                                    : tr("TTFT %1 (SLO %2 s)").arg(parts.join(QStringLiteral(" · "))).arg(m_race.config.sloSeconds, 0, 'f', 2));
+    QString title = tr("<b>Stream race</b>");
+    if (!m_race.cache.isEmpty()) title += tr(" on %1").arg(m_race.cache.toHtmlEscaped());
+    if (!m_race.results.empty())
+        title += tr(" · link %1 · SLO %2 s · compute %3")
+                     .arg(m_race.results.front().link.toHtmlEscaped())
+                     .arg(m_race.config.sloSeconds, 0, 'f', 2)
+                     .arg(m_race.results.front().hardware.toHtmlEscaped());
+    m_figureTitle->setText(title);
+}
+
+void StreamLabView::redrawLive()
+{
+    const QStringList& policies = m_race.config.policies;
+    const int lanes = int(m_laneChunks.size());
+    double tMax = m_race.config.sloSeconds;
+
+    // Timeline: lane blocks from top to bottom, one row per chunk.
+    m_timelinePlot->clearItems();
+    int maxChunks = 1;
+    for (const auto& lane : m_laneChunks) {
+        maxChunks = std::max(maxChunks, int(lane.size()));
+        for (const StreamChunkPoint& c : lane) tMax = std::max({tMax, c.arrivedS, c.decodedS});
+    }
+    for (int r = 0; r < int(m_race.results.size()); ++r) tMax = std::max(tMax, m_race.results[size_t(r)].ttftSeconds);
+    const double rowH = 1.0 / double(maxChunks + 1);
+    QSharedPointer<QCPAxisTickerText> laneTicks(new QCPAxisTickerText);
+    for (int lane = 0; lane < lanes; ++lane) {
+        const double base = lanes - 1 - lane;  // first policy on top
+        const QString policy = lane < policies.size() ? policies[lane] : QString();
+        laneTicks->addTick(base + 0.5, policy);
+        for (const StreamChunkPoint& c : m_laneChunks[size_t(lane)]) {
+            const double y0 = base + 0.05 + c.index * rowH, y1 = y0 + rowH * 0.8;
+            auto* fetch = new QCPItemRect(m_timelinePlot);
+            fetch->topLeft->setCoords(c.sentS, y1);
+            fetch->bottomRight->setCoords(std::max(c.arrivedS, c.sentS + 1e-4), y0);
+            // int8 chunks in the int8 baseline colour; cachegen levels on the level scale.
+            const QColor colour = policy == QLatin1String("int8") && c.level > 0 ? style::baselineColor(policy)
+                                                                                  : style::levelColor(c.level, m_levels);
+            fetch->setBrush(colour);
+            fetch->setPen(Qt::NoPen);
+            if (c.decodedS > c.jobStartS && c.jobStartS > 0) {
+                auto* job = new QCPItemRect(m_timelinePlot);
+                job->topLeft->setCoords(c.jobStartS, y0 + (y1 - y0) * 0.7);
+                job->bottomRight->setCoords(c.decodedS, y0 + (y1 - y0) * 0.3);
+                job->setBrush(style::neutralColor());
+                job->setPen(Qt::NoPen);
+            }
+        }
+        if (lane > 0) {
+            auto* sep = new QCPItemStraightLine(m_timelinePlot);
+            sep->point1->setCoords(0, base + 1);
+            sep->point2->setCoords(1, base + 1);
+            sep->setPen(QPen(style::neutralColor(), 0.8, Qt::DotLine));
+        }
+    }
+    auto* slo = new QCPItemStraightLine(m_timelinePlot);
+    slo->point1->setCoords(m_race.config.sloSeconds, 0);
+    slo->point2->setCoords(m_race.config.sloSeconds, 1);
+    slo->setPen(QPen(style::sloColor(), 1.2, Qt::DashLine));
+    auto* sloText = new QCPItemText(m_timelinePlot);
+    sloText->position->setType(QCPItemPosition::ptPlotCoords);
+    sloText->position->setCoords(m_race.config.sloSeconds, std::max(1, lanes));
+    sloText->setPositionAlignment(Qt::AlignLeft | Qt::AlignTop);
+    sloText->setText(tr(" SLO"));
+    sloText->setColor(style::sloColor());
+    m_timelinePlot->yAxis->setTicker(laneTicks);
+    m_timelinePlot->yAxis->setRange(0, std::max(1, lanes));
+    m_timelinePlot->xAxis->setRange(0, tMax * 1.05);
+    m_timelinePlot->replot(QCustomPlot::rpQueuedReplot);
+
+    // Bandwidth: available vs what each lane's chunks got.
+    while (m_bandwidthPlot->graphCount() > 1) m_bandwidthPlot->removeGraph(m_bandwidthPlot->graphCount() - 1);
+    m_bandwidthPlot->graph(0)->setData(QVector<double>(m_race.available.seconds.begin(), m_race.available.seconds.end()),
+                                       QVector<double>(m_race.available.mbps.begin(), m_race.available.mbps.end()), true);
+    double top = 1;
+    for (double v : m_race.available.mbps) top = std::max(top, v);
+    for (int lane = 0; lane < lanes; ++lane) {
+        QCPGraph* g = m_bandwidthPlot->addGraph();
+        const QString policy = lane < policies.size() ? policies[lane] : QString();
+        g->setName(tr("%1 used").arg(policy));
+        g->setPen(QPen(style::policyColor(policy, m_levels), 1.8));
+        g->setLineStyle(QCPGraph::lsStepLeft);
+        QVector<double> t, r;
+        for (const StreamChunkPoint& c : m_laneChunks[size_t(lane)]) {
+            const double dt = c.arrivedS - c.sentS;
+            if (c.bytes == 0 || dt <= 0) continue;
+            const double mbps = double(c.bytes) * 8e-6 / dt;
+            t << c.sentS << c.arrivedS;
+            r << mbps << 0.0;
+            top = std::max(top, mbps);
+        }
+        g->setData(t, r, true);
+    }
+    m_bandwidthPlot->xAxis->setRange(0, tMax * 1.05);
+    m_bandwidthPlot->yAxis->setRange(0, top * 1.15);
+    m_bandwidthPlot->replot(QCustomPlot::rpQueuedReplot);
+
+    // Levels chosen per chunk.
+    m_levelsPlot->clearGraphs();
+    for (int lane = 0; lane < lanes; ++lane) {
+        QCPGraph* g = m_levelsPlot->addGraph();
+        const QString policy = lane < policies.size() ? policies[lane] : QString();
+        g->setName(policy);
+        const QColor c = style::policyColor(policy, m_levels);
+        g->setPen(QPen(c, 1.6));
+        g->setLineStyle(QCPGraph::lsStepCenter);
+        g->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssDisc, c, c, 5));
+        QVector<double> x, y;
+        // Lanes side by side: a small offset so equal levels do not hide each other.
+        const double offset = lanes > 1 ? (lane - (lanes - 1) / 2.0) * 0.06 : 0.0;
+        for (const StreamChunkPoint& ch : m_laneChunks[size_t(lane)]) {
+            x << ch.index;
+            y << ch.level + offset;
+        }
+        g->setData(x, y, true);
+    }
+    QSharedPointer<QCPAxisTickerText> levelTicks(new QCPAxisTickerText);
+    levelTicks->addTick(0, tr("text"));
+    for (int l = 1; l <= m_levels; ++l) levelTicks->addTick(l, QString::number(l));
+    m_levelsPlot->yAxis->setTicker(levelTicks);
+    m_levelsPlot->yAxis->setRange(-0.5, m_levels + 0.5);
+    m_levelsPlot->xAxis->setRange(-0.5, maxChunks - 0.5);
+    m_levelsPlot->replot(QCustomPlot::rpQueuedReplot);
+}
+
+void StreamLabView::redrawTtft()
+{
+    const QStringList& policies = m_race.config.policies;
+    const int lanes = int(policies.size());
+    m_ttftPlot->clearItems();
+    double top = m_race.config.sloSeconds;
+    for (int p = 0; p < StreamRunResult::kParts; ++p) {
+        QVector<double> x, y;
+        for (const StreamRunResult& r : m_race.results) {
+            if (r.policy.isEmpty()) continue;
+            x << r.lane;
+            y << r.parts[p];
+        }
+        static_cast<QCPBars*>(m_ttftPlot->plottable(p))->setData(x, y, true);
+    }
+    QSharedPointer<QCPAxisTickerText> ticks(new QCPAxisTickerText);
+    for (int lane = 0; lane < lanes; ++lane) ticks->addTick(lane, policies[lane]);
+    for (const StreamRunResult& r : m_race.results) {
+        if (r.policy.isEmpty()) continue;
+        top = std::max(top, r.ttftSeconds);
+        auto* label = new QCPItemText(m_ttftPlot);
+        label->position->setCoords(r.lane, r.ttftSeconds);
+        label->setPositionAlignment(Qt::AlignHCenter | Qt::AlignBottom);
+        label->setText(tr("%1 s\nagree %2").arg(r.ttftSeconds, 0, 'f', 2).arg(r.tokenAgreement, 0, 'f', 2));
+        label->setColor(m_ttftPlot->xAxis->tickLabelColor());
+        label->setFont(QFont(font().family(), 7));
+    }
+    auto* slo = new QCPItemStraightLine(m_ttftPlot);
+    slo->point1->setCoords(0, m_race.config.sloSeconds);
+    slo->point2->setCoords(1, m_race.config.sloSeconds);
+    slo->setPen(QPen(style::sloColor(), 1.5, Qt::DashLine));
+    m_ttftPlot->xAxis->setTicker(ticks);
+    m_ttftPlot->xAxis->setRange(-0.6, std::max(1, lanes) - 0.4);
+    m_ttftPlot->yAxis->setRange(0, top * 1.45);  // room for the labels and the legend
+    m_ttftPlot->replot(QCustomPlot::rpQueuedReplot);
+}
+
+bool StreamLabView::saveRace(const QString& path, QString* error) const
+{
+    if (m_race.results.empty()) {
+        if (error) *error = tr("%1: nothing to save: race first").arg(path);
+        return false;
+    }
+    QSaveFile file(path);
+    if (!file.open(QIODevice::WriteOnly) || file.write(raceToJson(m_race)) < 0 || !file.commit()) {
+        if (error) *error = QStringLiteral("%1: %2").arg(path, file.errorString());
+        return false;
+    }
+    return true;
+}
+
+bool StreamLabView::loadRace(const QString& path, QString* error)
+{
+    QFile file(path);
+    constexpr qint64 kMaxBytes = 256 << 20;
+    if (!file.open(QIODevice::ReadOnly)) {
+        if (error) *error = QStringLiteral("%1: %2").arg(path, file.errorString());
+        return false;
+    }
+    if (file.size() > kMaxBytes) {
+        if (error) *error = QStringLiteral("%1: size: larger than 256 MiB").arg(path);
+        return false;
+    }
+    RaceRecord race;
+    if (!raceFromJson(file.readAll(), path, &race, error)) return false;
+    showRace(race);
+    setStatus(tr("Opened %1 (%n run(s)).", nullptr, int(race.results.size())).arg(QFileInfo(path).fileName()));
+    return true;
+}
+
+bool StreamLabView::isRaceFile(const QString& path)
+{
+    QFile file(path);
+    if (!file.open(QIODevice::ReadOnly) || file.size() > (qint64(256) << 20)) return false;
+    // The writer sorts keys, so "format" can sit after the arrays: look at the parsed object.
+    const QJsonDocument doc = QJsonDocument::fromJson(file.readAll());
+    return doc.isObject() && doc.object().value(QLatin1String("format")).toString() == QLatin1String(kRaceFormat);
+}
+
+bool StreamLabView::exportFigure(const QString& path, QString* error)
+{
+    const QString suffix = QFileInfo(path).suffix().toLower();
+    if (!plotImageSuffixes().contains(suffix)) {
+        if (error) *error = tr("%1: unknown image type '%2' (use %3)").arg(path, suffix, plotImageSuffixes().join(QStringLiteral(", ")));
+        return false;
+    }
+    // Render at a readable size even when the page is hidden or small.
+    const QSize before = m_figure->size();
+    const QSize size = m_figure->isVisible() ? before.expandedTo(QSize(1000, 600)) : QSize(1200, 720);
+    if (!m_figure->isVisible() || size != before) {
+        m_figure->resize(size);
+        m_figure->layout()->activate();
+    }
+    for (QCustomPlot* plot : m_figure->findChildren<QCustomPlot*>()) plot->replot(QCustomPlot::rpImmediateRefresh);
+    bool ok = false;
+    QString why;
+    if (suffix == QLatin1String("pdf")) {
+        QPdfWriter pdf(path);
+        pdf.setPageSize(QPageSize(QSizeF(size) * 0.75, QPageSize::Point));
+        pdf.setPageMargins(QMarginsF(0, 0, 0, 0));
+        pdf.setResolution(96);
+        QPainter painter;
+        if (painter.begin(&pdf)) {
+            m_figure->render(&painter, QPoint(), QRegion(), QWidget::DrawChildren);
+            ok = painter.end();
+        }
+        why = tr("cannot write the PDF");
+#ifdef KVSCOPE_HAVE_QT_SVG
+    } else if (suffix == QLatin1String("svg")) {
+        QSvgGenerator svg;
+        svg.setFileName(path);
+        svg.setSize(size);
+        svg.setViewBox(QRect(QPoint(), size));
+        svg.setTitle(tr("kvscope stream race"));
+        QPainter painter;
+        if (painter.begin(&svg)) {
+            m_figure->render(&painter, QPoint(), QRegion(), QWidget::DrawChildren);
+            ok = painter.end();
+        }
+        ok = ok && QFileInfo(path).size() > 0;
+        why = tr("cannot write the SVG");
+#endif
+    } else {
+        QImage image(size * 2, QImage::Format_ARGB32);
+        image.setDevicePixelRatio(2);
+        image.fill(palette().color(QPalette::Window));
+        QPainter painter(&image);
+        m_figure->render(&painter, QPoint(), QRegion(), QWidget::DrawChildren);
+        painter.end();
+        QImageWriter writer(path);
+        ok = writer.write(image);
+        why = writer.errorString();
+    }
+    if (m_figure->size() != before) m_figure->resize(before);
+    if (!ok && error) *error = QStringLiteral("%1: %2").arg(path, why);
+    return ok;
 }
 
 }  // namespace kvscope

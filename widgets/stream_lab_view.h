@@ -1,13 +1,23 @@
-// StreamLabView: set up a streaming run (link, SLO, policy, store), start and stop it, and watch
-//   bandwidth   the link's available rate over time vs the rate each chunk actually got;
-//   timeline    one bar per chunk from request to arrival, coloured by level (text chunks in red,
-//               marked T), its decode or recompute job after it;
-//   TTFT        stacked bar of the time-to-first-token parts per run, against the SLO line;
-//   responses   the answer from the streamed KV next to the one from the original KV;
-//   runs        a table of every run so far (StreamRunsModel).
-// It only draws and collects settings; the app's StreamSession runs the lab on a worker and feeds
-// these value structs back.
+// StreamLabView: the Stream page, a race of streaming policies on one link schedule.
+//   setup       link (constant rate, typed steps of rate and duration with a drop-and-recover
+//               preset, or a Mahimahi trace), RTT, SLO, the policies to race (adaptive, text,
+//               int8, each fixed level), target hardware for the compute parts (measured on this
+//               machine, or a modelled preset, or custom rates), the store;
+//   live plots  side by side, one lane per policy, in its policy colour:
+//               bandwidth  the link's available rate vs the rate each lane's chunks got;
+//               timeline   per lane, one bar per chunk from request to arrival coloured by level
+//                          (the sequential level scale; text in the text colour), its decode or
+//                          recompute job after it, the SLO as a line;
+//               levels     the level each lane chose per chunk;
+//               TTFT       one bar per lane stacked by part, against the SLO, with the answer's
+//                          token agreement on top;
+//   results     a table of every run and the answers (original vs the selected run's).
+// A race can be saved and reopened (JSON, saveRace/loadRace) and exported as one figure
+// (exportFigure: PNG, JPEG, SVG or PDF by suffix). It only draws and collects settings; the app's
+// StreamSession runs the race on a worker and feeds the value structs of view_data.h back.
 #pragma once
+
+#include "view_data.h"
 
 #include <QAbstractTableModel>
 #include <QMetaType>
@@ -22,67 +32,37 @@ class QCustomPlot;
 class QDoubleSpinBox;
 class QLabel;
 class QLineEdit;
+class QListWidget;
 class QPlainTextEdit;
 class QPushButton;
+class QStackedWidget;
 class QTableView;
+class QTableWidget;
 
 namespace kvscope {
-
-struct StreamConfig {
-    enum Link { Constant = 0, Steps = 1, Trace = 2 } link = Constant;
-    QString rate = QStringLiteral("50Mbit");   // Constant: a rate; Steps: RATE:SECONDS,...,RATE
-    QString tracePath;
-    double traceScale = 1.0;
-    double rttMs = 0;
-    double sloSeconds = 1.0;
-    QString policy = QStringLiteral("adaptive");  // adaptive | text | int8 | level:N
-    QString store;  // "" = encode the cache now; else .kvc files "a,b", a folder or redis://HOST:PORT/PREFIX
-};
-
-struct StreamChunkPoint {
-    int index = 0;
-    int level = 0;       // 0 = text
-    bool local = false;  // recomputed after fetching failed
-    quint64 bytes = 0;
-    double sentS = 0, firstByteS = 0, arrivedS = 0;
-    double jobStartS = 0, decodedS = 0;  // 0 until the run finished
-};
-
-struct StreamRunResult {
-    int run = 0;
-    QString policy, link;
-    double sloSeconds = 0, ttftSeconds = 0;
-    bool sloMet = false;
-    // transfer, decode, recompute, kv load, prefill, first token
-    double parts[6] = {0, 0, 0, 0, 0, 0};
-    std::vector<StreamChunkPoint> chunks;
-    quint64 deliveredBytes = 0;
-    double capacityBytes = 0;
-    double tokenAgreement = 0;
-    QString text, referenceText;
-    QStringList log;
-};
-
-struct LinkSeries {  // available rate of the link over link time
-    std::vector<double> seconds, mbps;
-};
 
 class StreamRunsModel : public QAbstractTableModel {
     Q_OBJECT
 public:
     enum Column { RunCol, PolicyCol, LinkCol, SloCol, TtftCol, MetCol, TransferCol, DecodeCol, RecomputeCol,
-                  PrefillCol, TextChunksCol, AgreementCol, ColumnCount };
+                  PrefillCol, TextChunksCol, AgreementCol, HardwareCol, ColumnCount };
     using QAbstractTableModel::QAbstractTableModel;
     int rowCount(const QModelIndex& parent = QModelIndex()) const override;
     int columnCount(const QModelIndex& parent = QModelIndex()) const override;
     QVariant data(const QModelIndex& index, int role = Qt::DisplayRole) const override;
     QVariant headerData(int section, Qt::Orientation orientation, int role = Qt::DisplayRole) const override;
     void addRun(const StreamRunResult& run);
+    void clear();
     const std::vector<StreamRunResult>& runs() const { return m_runs; }
 
 private:
     std::vector<StreamRunResult> m_runs;
 };
+
+// RaceRecord <-> JSON ({"format": "kvscope-stream-run", "version": 1, ...}). fromJson returns
+// false with *error "file: place: reason" for anything it cannot trust.
+QByteArray raceToJson(const RaceRecord& race);
+bool raceFromJson(const QByteArray& json, const QString& file, RaceRecord* race, QString* error);
 
 class StreamLabView : public QWidget {
     Q_OBJECT
@@ -97,59 +77,98 @@ public:
     QPushButton* stopButton() const { return m_stop; }
     QCustomPlot* bandwidthPlot() const { return m_bandwidthPlot; }
     QCustomPlot* timelinePlot() const { return m_timelinePlot; }
+    QCustomPlot* levelsPlot() const { return m_levelsPlot; }
     QCustomPlot* ttftPlot() const { return m_ttftPlot; }
-    int chunksShown() const { return int(m_chunks.size()); }
-    QString ttftText() const;  // the TTFT label
+    QTableWidget* scheduleTable() const { return m_steps; }
+    QListWidget* policyList() const { return m_policies; }
+    int chunksShown() const;       // over every lane of the race shown
+    int chunksShown(int lane) const;
+    QString ttftText() const;      // the race's TTFT line
+    // The race shown (live, finished or opened); results by lane.
+    const RaceRecord& race() const { return m_race; }
+    int levels() const { return m_levels; }
+
+    bool saveRace(const QString& path, QString* error) const;
+    bool loadRace(const QString& path, QString* error);
+    // The plots of the race as one figure; the format follows the suffix.
+    bool exportFigure(const QString& path, QString* error);
+    // Whether a JSON file is a saved race (not a codec profile); reads its first bytes only.
+    static bool isRaceFile(const QString& path);
 
 public slots:
     void setReady(bool ready, const QString& note);  // a cache (and model) to stream
     void setLevels(int levels);                       // offers level:1..levels
     void setTracePath(const QString& path);           // switches the link to the trace
     void setStorePath(const QString& path);
-    void runStarted(const kvscope::LinkSeries& available);
+    // The available rate of the schedule being edited, drawn before any run (from the app).
+    void setSchedulePreview(const kvscope::LinkSeries& available, const QString& error);
+    void raceStarted(const QStringList& policies, const kvscope::LinkSeries& available);
+    void laneStarted(int lane);
     void addChunk(const kvscope::StreamChunkPoint& chunk);
     void runFinished(const kvscope::StreamRunResult& result);
+    void raceFinished(const kvscope::RaceRecord& race);
     void runEnded(const QString& status);  // failed or cancelled
     void setStatus(const QString& text);
+    // Shows a race as it was (a reopened run).
+    void showRace(const kvscope::RaceRecord& race);
 
 signals:
     void startRequested();
     void stopRequested();
+    void saveRunRequested();
+    void openRunRequested();
+    void exportFigureRequested();
+    // The link settings changed: the app answers with setSchedulePreview.
+    void scheduleEdited();
 
 private:
     void setRunning(bool running);
-    void redrawTimeline(const std::vector<StreamChunkPoint>& chunks);
+    void redrawLive();
     void redrawTtft();
+    void updateTtftText();
+    void showAnswer(int lane);
+    void applyStepsPreset(const QString& steps);
+    QString stepsText() const;
+    void setStepsText(const QString& steps);
+    void updateLinkWidgets();
+    void updateHardwareWidgets();
 
-    std::vector<StreamChunkPoint> m_chunks;
-    std::vector<double> m_usedT, m_usedMbps;
-    double m_slo = 1.0;
+    RaceRecord m_race;
+    std::vector<std::vector<StreamChunkPoint>> m_laneChunks;  // live chunks, by lane
+    int m_currentLane = -1;
+    int m_levels = 3;
     bool m_ready = false;
+    bool m_running = false;
 
     QComboBox* m_linkKind = nullptr;
+    QStackedWidget* m_linkStack = nullptr;
     QLineEdit* m_rate = nullptr;
+    QTableWidget* m_steps = nullptr;
     QLineEdit* m_trace = nullptr;
     QDoubleSpinBox* m_traceScale = nullptr;
     QDoubleSpinBox* m_rtt = nullptr;
     QDoubleSpinBox* m_sloSpin = nullptr;
-    QComboBox* m_policy = nullptr;
+    QListWidget* m_policies = nullptr;
+    QComboBox* m_hardware = nullptr;
+    QDoubleSpinBox* m_prefillRate = nullptr;
+    QDoubleSpinBox* m_decodeRate = nullptr;
     QLineEdit* m_store = nullptr;
     QPushButton* m_start = nullptr;
     QPushButton* m_stop = nullptr;
     QLabel* m_status = nullptr;
     QLabel* m_ttft = nullptr;
+    QLabel* m_preview = nullptr;
+    QWidget* m_figure = nullptr;  // what exportFigure renders
+    QLabel* m_figureTitle = nullptr;
     QCustomPlot* m_bandwidthPlot = nullptr;
     QCustomPlot* m_timelinePlot = nullptr;
+    QCustomPlot* m_levelsPlot = nullptr;
     QCustomPlot* m_ttftPlot = nullptr;
     QPlainTextEdit* m_original = nullptr;
     QPlainTextEdit* m_streamed = nullptr;
+    QLabel* m_streamedLabel = nullptr;
     QTableView* m_table = nullptr;
     StreamRunsModel* m_runs = nullptr;
 };
 
 }  // namespace kvscope
-
-Q_DECLARE_METATYPE(kvscope::StreamConfig)
-Q_DECLARE_METATYPE(kvscope::StreamChunkPoint)
-Q_DECLARE_METATYPE(kvscope::StreamRunResult)
-Q_DECLARE_METATYPE(kvscope::LinkSeries)

@@ -21,7 +21,8 @@ json tensorJson(const TensorStats& t, bool perChannel)
     json j = channelJson(t.all);
     j["variance_raw"] = t.varianceRaw;
     j["variance_delta"] = t.varianceDelta;
-    j["delta_variance_ratio"] = number(t.varianceDelta > 0 ? t.varianceRaw / t.varianceDelta : INFINITY);
+    j["delta_variance_ratio"] = number(localityRatio(t));
+    j["median_channel_absmax"] = medianChannelAbsmax(t);
     j["entropy_bits"] = t.entropyBits;
     j["entropy_bits_delta"] = t.entropyBitsDelta;
     j["outlier_channels"] = t.outlierChannels;
@@ -59,16 +60,15 @@ void addStatsCommand(CLI::App& app, Output& out)
                   {"num_kv_heads", s.numKvHeads}, {"head_dim", s.headDim},  {"num_tokens", s.numTokens},
                   {"dtype", dtypeName(kv.dtype())}, {"delta_group", o->stats.deltaGroup}, {"bins", o->stats.bins}};
         json layers = json::array();
-        double raw = 0, delta = 0;
         for (int l = 0; l < s.numLayers; ++l) {
             const TensorStats& k = all[size_t(2 * l)];
             const TensorStats& v = all[size_t(2 * l + 1)];
             layers.push_back({{"layer", l}, {"key", tensorJson(k, o->perChannel)}, {"value", tensorJson(v, o->perChannel)}});
-            raw += k.varianceRaw + v.varianceRaw;
-            delta += k.varianceDelta + v.varianceDelta;
         }
         j["layers"] = layers;
-        j["delta_variance_ratio"] = number(delta > 0 ? raw / delta : INFINITY);
+        j["delta_variance_ratio"] = number(localityRatio(all));
+        j["key_delta_variance_ratio"] = number(localityRatio(all, KvKind::Key));
+        j["value_delta_variance_ratio"] = number(localityRatio(all, KvKind::Value));
         out.emit(j, [](const json& r) {
             std::printf("%s: %d layers, %d kv heads x %d, %d tokens, %s\n", r["file"].get<std::string>().c_str(),
                         r["num_layers"].get<int>(), r["num_kv_heads"].get<int>(), r["head_dim"].get<int>(),

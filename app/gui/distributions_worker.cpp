@@ -1,75 +1,46 @@
 #include "distributions_worker.h"
 
+#include "background_job.h"
+
 #include "kv/kv_maps.h"
 
-#include <QMetaObject>
-
-#include <exception>
 
 namespace kvscope {
 
-DistributionsWorker::DistributionsWorker(QObject* parent) : QObject(parent)
+DistributionsWorker::DistributionsWorker(QObject* parent)
+    : QObject(parent), m_selection(new JobLane(tr("distributions"), this)), m_entropy(new JobLane(tr("entropy map"), this))
 {
-    m_pool.setMaxThreadCount(1);
+    for (JobLane* lane : {m_selection, m_entropy}) connect(lane, &JobLane::failed, this, &DistributionsWorker::failed);
 }
 
 DistributionsWorker::~DistributionsWorker()
 {
-    ++m_selectionGeneration;
-    ++m_entropyGeneration;
-    m_pool.clear();
-    m_pool.waitForDone();
+    delete m_selection;
+    delete m_entropy;
+}
+
+bool DistributionsWorker::isBusy() const
+{
+    return m_selection->isBusy() || m_entropy->isBusy();
 }
 
 void DistributionsWorker::setKv(std::shared_ptr<const KvSet> kv)
 {
-    ++m_selectionGeneration;
-    ++m_entropyGeneration;
+    m_selection->cancel(true);
+    m_entropy->cancel(true);
     m_kv = std::move(kv);
-}
-
-// Runs job(kv) -> std::function<void()> on the pool; the returned closure is delivered on the UI
-// thread unless *generation moved on meanwhile (checked before and after the work).
-template <typename Job>
-void DistributionsWorker::post(std::atomic<quint64>* generation, Job job)
-{
-    if (!m_kv) return;
-    const quint64 mine = ++*generation;
-    const std::shared_ptr<const KvSet> kv = m_kv;
-    ++m_pending;
-    m_pool.start([this, generation, mine, kv, job] {
-        std::function<void()> deliver;
-        QString error;
-        if (*generation == mine) {
-            try {
-                deliver = job(*kv);
-            } catch (const std::exception& e) {
-                error = QString::fromStdString(e.what());
-            }
-        }
-        QMetaObject::invokeMethod(
-            this,
-            [this, generation, mine, deliver, error] {
-                --m_pending;
-                if (*generation != mine) return;
-                if (!error.isEmpty())
-                    emit failed(error);
-                else if (deliver)
-                    deliver();
-            },
-            Qt::QueuedConnection);
-    });
 }
 
 void DistributionsWorker::requestSelection(int layer, KvKind kind, int channel)
 {
-    post(&m_selectionGeneration, [this, layer, kind, channel](const KvSet& kv) -> std::function<void()> {
+    if (!m_kv) return;
+    m_selection->start(QString(), [this, kv = m_kv, layer, kind, channel](JobControl&) -> std::function<void()> {
         HistogramData h;
         h.kind = kind;
         h.layer = layer;
         h.channel = channel;
-        h.histogram = computeHistogram(kv, kind, layer, channel, kHistogramBins);
-        const TokenChannelValues v = tokenChannelValues(kv, kind, layer, kMaxMapTokens);
+        h.histogram = computeHistogram(*kv, kind, layer, channel, kHistogramBins);
+        const TokenChannelValues v = tokenChannelValues(*kv, kind, layer, kMaxMapTokens);
         TokenMapData t;
         t.kind = kind;
         t.layer = layer;
@@ -86,9 +57,10 @@ void DistributionsWorker::requestSelection(int layer, KvKind kind, int channel)
 
 void DistributionsWorker::requestEntropy(int bins)
 {
-    post(&m_entropyGeneration, [this, bins](const KvSet& kv) -> std::function<void()> {
+    if (!m_kv) return;
+    m_entropy->start(QString(), [this, kv = m_kv, bins](JobControl& control) -> std::function<void()> {
         EntropyMap maps[2];
-        const KvShape& sh = kv.shape();
+        const KvShape& sh = kv->shape();
         for (KvKind kind : {KvKind::Key, KvKind::Value}) {
             EntropyMap& m = maps[int(kind)];
             m.kind = kind;
@@ -97,7 +69,8 @@ void DistributionsWorker::requestEntropy(int bins)
             m.channels = sh.channels();
             m.bits.reserve(size_t(sh.numLayers) * size_t(sh.channels()));
             for (int l = 0; l < sh.numLayers; ++l) {
-                const std::vector<double> e = channelEntropies(kv, kind, l, bins);
+                if (control.stopped()) return {};
+                const std::vector<double> e = channelEntropies(*kv, kind, l, bins);
                 m.bits.insert(m.bits.end(), e.begin(), e.end());
             }
         }

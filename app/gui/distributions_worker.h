@@ -1,20 +1,19 @@
 // DistributionsWorker: answers the DistributionsView's requests (histograms, the token x channel
-// map of a layer, the per-channel entropy map at some bins) on a worker thread, for the cache set
-// with setKv(). Latest request wins: an answer to a superseded request is dropped, so a user
-// scrolling through layers never waits for the layers they skipped.
+// map of a layer, the per-channel entropy map at some bins) on JobLanes (background_job.h), for
+// the cache set with setKv(). Latest request wins: an answer to a superseded request is dropped,
+// so a user scrolling through layers never waits for the layers they skipped.
 #pragma once
 
-#include "distributions_view.h"
+#include "view_data.h"
 
 #include "kv/kv_set.h"
 
 #include <QObject>
-#include <QThreadPool>
-
-#include <atomic>
 #include <memory>
 
 namespace kvscope {
+
+class JobLane;
 
 class DistributionsWorker : public QObject {
     Q_OBJECT
@@ -26,7 +25,7 @@ public:
     ~DistributionsWorker() override;  // waits for the job in flight
 
     void setKv(std::shared_ptr<const KvSet> kv);
-    bool isBusy() const { return m_pending > 0; }
+    bool isBusy() const;
 
 public slots:
     void requestSelection(int layer, kvscope::KvKind kind, int channel);
@@ -39,13 +38,9 @@ signals:
     void failed(const QString& message);
 
 private:
-    template <typename Job>
-    void post(std::atomic<quint64>* generation, Job job);
-
-    QThreadPool m_pool;
+    JobLane* m_selection;  // histogram + token map of the selection
+    JobLane* m_entropy;    // entropy maps
     std::shared_ptr<const KvSet> m_kv;
-    std::atomic<quint64> m_selectionGeneration{0}, m_entropyGeneration{0};
-    int m_pending = 0;
 };
 
 }  // namespace kvscope

@@ -5,14 +5,22 @@
 //                                   model is not installed)
 //   kvscope ... --screenshot PATH   once the view is populated, save the window as PNG and quit
 //                                   (exit 1 when loading fails); used for docs and tests
-//   kvscope ... --screenshot DIR    (a path not ending in .png) the same, then one stream lab run
-//                                   when a captured cache allows it, the tuner's quality, and each
-//                                   view rendered to DIR/*.png (resources/screenshots/ for the README)
+//   kvscope ... --screenshot DIR    (a path not ending in .png) the same, then a race of four
+//                                   streaming policies when a captured cache allows it, the codec's
+//                                   rate-distortion evaluation and the layer sensitivity, and every
+//                                   page at 1280x800 and 1920x1080 to DIR/<page>-<W>x<H>.png
+//                                   (resources/screenshots/ for the README)
 #include "main_window.h"
 #include "stream_lab_view.h"
 #include "stream_session.h"
 #include "tuner_session.h"
 #include "codec_tuner_view.h"
+#include "layer_stats_view.h"
+
+#include <QPushButton>
+
+#include <functional>
+#include <memory>
 
 #include "kvscope/config.h"
 
@@ -56,35 +64,69 @@ void arrangeScreenshot(kvscope::MainWindow& window, const QString& path, bool wa
     });
 }
 
-// DIR mode: after the data is shown, one stream run (when possible), then wait for the tuner's
-// figures (at most kSettleMs), then every view to DIR.
+// DIR mode: after the data is shown, a race of four policies on a drop-and-recover link (when a
+// captured cache allows it), the Codec page's rate-distortion evaluation and the layer
+// sensitivity (each waited for at most kSettleMs), then every page at both sizes to DIR.
 void arrangeViewScreenshots(kvscope::MainWindow& window, const QString& dir)
 {
-    constexpr qint64 kSettleMs = 120000;
-    auto finish = [&window, dir] {
+    constexpr qint64 kSettleMs = 240000;
+    auto shoot = [&window, dir] {
+        const QStringList files = window.saveScreenshots(dir);
+        for (const QString& f : files) std::fprintf(stderr, "kvscope: screenshot %s\n", qPrintable(f));
+        QCoreApplication::exit(files.size() >= 10 ? 0 : 1);
+    };
+    // Waits until done() or kSettleMs, then calls next.
+    auto waitFor = [&window](std::function<bool()> done, std::function<void()> next) {
         auto clock = std::make_shared<QElapsedTimer>();
         clock->start();
         auto* poll = new QTimer(&window);
-        QObject::connect(poll, &QTimer::timeout, &window, [&window, dir, clock, poll] {
-            const bool settled = !window.tunerSession()->canMeasureQuality() || window.tunerView()->hasQuality();
-            if (!settled && clock->elapsed() < kSettleMs) return;
+        QObject::connect(poll, &QTimer::timeout, &window, [done, next, clock, poll] {
+            if (!done() && clock->elapsed() < kSettleMs) return;
             poll->stop();
-            const QStringList files = window.saveScreenshots(dir);
-            for (const QString& f : files) std::fprintf(stderr, "kvscope: screenshot %s\n", qPrintable(f));
-            QCoreApplication::exit(files.size() >= 5 ? 0 : 1);
+            poll->deleteLater();
+            next();
         });
         poll->start(200);
     };
-    QObject::connect(&window, &kvscope::MainWindow::dataShown, &window, [&window, finish] {
-        // Let the tuner's first trial start, then stream once.
-        QTimer::singleShot(500, &window, [&window, finish] {
+    auto afterRace = [&window, waitFor, shoot] {
+        kvscope::TunerSession* ts = window.tunerSession();
+        window.showPage(kvscope::MainWindow::Page::Codec);  // starts the rate-distortion evaluation
+        waitFor([&window, ts] { return !ts->canMeasureQuality() || (window.tunerView()->hasRdPoints() && !ts->isBusy()); },
+                [&window, ts, waitFor, shoot] {
+                    if (!ts->canMeasureQuality()) {
+                        shoot();
+                        return;
+                    }
+                    window.statsView()->sensitivityButton()->click();
+                    waitFor([&window, ts] { return !window.statsView()->sensitivity().empty() && !ts->isBusy(); }, shoot);
+                });
+    };
+    QObject::connect(&window, &kvscope::MainWindow::dataShown, &window, [&window, afterRace] {
+        // Let the tuner's first trial start, then race.
+        QTimer::singleShot(500, &window, [&window, afterRace] {
             kvscope::StreamSession* s = window.streamSession();
             if (!s->isReady()) {
-                finish();
+                afterRace();
                 return;
             }
-            QObject::connect(s, &kvscope::StreamSession::runFinished, &window, finish, Qt::SingleShotConnection);
-            QObject::connect(s, &kvscope::StreamSession::failed, &window, finish, Qt::SingleShotConnection);
+            kvscope::StreamConfig c = window.streamView()->config();
+            c.link = kvscope::StreamConfig::Steps;
+            c.rate = QStringLiteral("40Mbit:0.3,4Mbit:0.4,40Mbit");
+            c.sloSeconds = 1.0;
+            c.policies = QStringList{QStringLiteral("adaptive"), QStringLiteral("text"), QStringLiteral("int8"),
+                                     QStringLiteral("level:1")};
+            c.hardware = QStringLiteral("server-gpu");
+            c.prefillTokensPerSecond = 0;
+            c.decodeGBps = 0;
+            for (const kvscope::HardwarePreset& p : kvscope::hardwarePresets())
+                if (p.id == c.hardware) {
+                    c.prefillTokensPerSecond = p.prefillTokensPerSecond;
+                    c.decodeGBps = p.decodeGBps;
+                }
+            window.streamView()->setConfig(c);
+            window.showPage(kvscope::MainWindow::Page::Stream);
+            QObject::connect(s, &kvscope::StreamSession::raceFinished, &window, afterRace, Qt::SingleShotConnection);
+            QObject::connect(s, &kvscope::StreamSession::failed, &window, afterRace, Qt::SingleShotConnection);
             window.startStream();
         });
     });

@@ -9,6 +9,8 @@
 #include "stream_lab_view.h"
 #include "stream_session.h"
 #include "tuner_session.h"
+#include "plot_export.h"
+#include "plot_style.h"
 
 #include "codec/profile.h"
 #include "eval/samples.h"
@@ -23,13 +25,18 @@
 #include <QClipboard>
 #include <QCloseEvent>
 #include <QDir>
-#include <QDockWidget>
 #include <QDragEnterEvent>
 #include <QDropEvent>
 #include <QFile>
 #include <QFileDialog>
 #include <QFileInfo>
 #include <QFormLayout>
+#include <QGroupBox>
+#include <QJsonDocument>
+#include <QJsonObject>
+#include <QSplitter>
+#include <QTabWidget>
+#include <QVBoxLayout>
 #include <QKeySequence>
 #include <QLabel>
 #include <QMenuBar>
@@ -54,6 +61,8 @@ const char* const kSettingsState = "window/state";
 const char* const kSettingsRecent = "recentFiles";
 const char* const kSettingsOpenDir = "window/openDir";
 const char* const kSettingsModelDir = "window/modelDir";
+const char* const kSettingsPage = "layout/page";
+const char* const kSettingsTheme = "layout/theme";
 const char* const kDemoContext = "long_1k";
 
 // Summary rows: key (for summaryField and object names) and label, in display order.
@@ -92,26 +101,19 @@ QString formatBytes(quint64 bytes)
 }
 
 struct KindSummary {
-    double varianceRatio = 0;  // mean over layers of raw/delta variance; 0 when undefined
-    double entropyRaw = 0, entropyDelta = 0;
+    double entropyRaw = 0, entropyDelta = 0;  // means over layers
     int layers = 0;
 };
 
 KindSummary summarize(const std::vector<TensorStats>& stats, KvKind kind)
 {
     KindSummary out;
-    int ratios = 0;
     for (const TensorStats& s : stats) {
         if (s.kind != kind) continue;
         ++out.layers;
         out.entropyRaw += s.entropyBits;
         out.entropyDelta += s.entropyBitsDelta;
-        if (s.varianceDelta > 0) {
-            out.varianceRatio += s.varianceRaw / s.varianceDelta;
-            ++ratios;
-        }
     }
-    if (ratios) out.varianceRatio /= ratios;
     if (out.layers) {
         out.entropyRaw /= out.layers;
         out.entropyDelta /= out.layers;
@@ -141,14 +143,7 @@ MainWindow::MainWindow(bool useSettings, QWidget* parent) : QMainWindow(parent),
 
     m_session = new ModelSession(this);
 
-    m_statsView = new LayerStatsView;
-    setCentralWidget(m_statsView);
-    createSummaryDock();
-    createModelDock();
-    createDistributionsDock();
-    createTunerDock();
-    createStreamDock();
-    if (auto* first = findChild<QDockWidget*>(QStringLiteral("distributionsDock"))) first->raise();
+    createPages();
     connectSession();
     createStatusBar();
     createActions();
@@ -159,6 +154,7 @@ MainWindow::MainWindow(bool useSettings, QWidget* parent) : QMainWindow(parent),
         restoreGeometry(settings.value(QLatin1String(kSettingsGeometry)).toByteArray());
         restoreState(settings.value(QLatin1String(kSettingsState)).toByteArray());
         m_recentFiles = settings.value(QLatin1String(kSettingsRecent)).toStringList();
+        restoreLayout(settings);
     }
     rebuildRecentMenu();
     setBusy(false);
@@ -214,24 +210,19 @@ void MainWindow::createActions()
     quit->setMenuRole(QAction::QuitRole);
 
     m_viewMenu = menuBar()->addMenu(tr("&View"));
-    for (QDockWidget* dock : findChildren<QDockWidget*>()) m_viewMenu->addAction(dock->toggleViewAction());
-    m_viewMenu->addSeparator();
-    // Ctrl+1..4 bring a view to the front (and show it when it was closed).
-    const struct {
-        const char* dock;
-        const char* label;
-    } fronts[] = {{"modelDock", QT_TR_NOOP("Model && Context")}, {"distributionsDock", QT_TR_NOOP("Distributions")},
-                  {"tunerDock", QT_TR_NOOP("Codec Tuner")}, {"streamDock", QT_TR_NOOP("Stream Lab")}};
-    for (int i = 0; i < 4; ++i) {
-        QDockWidget* dock = findChild<QDockWidget*>(QLatin1String(fronts[i].dock));
-        if (!dock) continue;
-        QAction* a = m_viewMenu->addAction(tr("Go to %1").arg(tr(fronts[i].label)), this, [dock] {
-            dock->show();
-            dock->raise();
-            if (dock->widget()) dock->widget()->setFocus();
-        });
+    // Ctrl+1..4 go to a page of the workflow.
+    for (int i = 0; i < m_pages->count(); ++i) {
+        QAction* a = m_viewMenu->addAction(tr("Go to %1").arg(m_pages->tabText(i).replace(QLatin1Char('&'), QStringLiteral("&&"))),
+                                           this, [this, i] { showPage(Page(i)); });
         a->setShortcut(QKeySequence(Qt::CTRL | Qt::Key(Qt::Key_1 + i)));
     }
+    m_viewMenu->addSeparator();
+    QAction* dark = m_viewMenu->addAction(tr("&Dark Theme"));
+    dark->setObjectName(QStringLiteral("darkThemeAction"));
+    dark->setCheckable(true);
+    dark->setChecked(style::theme() == style::Theme::Dark);
+    connect(dark, &QAction::toggled, this, [this](bool on) { setDarkTheme(on); });
+    m_darkAction = dark;
 
     QMenu* tools = menuBar()->addMenu(tr("&Tools"));
     tools->addAction(tr("Open Codec &Profile…"), m_tuner, &CodecTunerView::loadProfileRequested)
@@ -246,13 +237,16 @@ void MainWindow::createActions()
         ->setShortcut(QKeySequence(Qt::CTRL | Qt::Key_T));
     tools->addAction(tr("St&op Stream Run"), m_streamSession, &StreamSession::stop)
         ->setShortcut(QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_T));
+    tools->addAction(tr("Save Stream Run…"), this, &MainWindow::showSaveRaceDialog);
+    tools->addAction(tr("Open Stream Run…"), this, &MainWindow::showOpenRaceDialog);
+    tools->addAction(tr("Export Stream Figure…"), this, &MainWindow::showExportRaceDialog);
 
     QMenu* help = menuBar()->addMenu(tr("&Help"));
     help->addAction(tr("&About kvscope"), this, &MainWindow::showAbout)->setMenuRole(QAction::AboutRole);
     help->addAction(tr("About &Qt"), qApp, &QApplication::aboutQt)->setMenuRole(QAction::AboutQtRole);
 }
 
-void MainWindow::createSummaryDock()
+QWidget* MainWindow::createSummaryPanel()
 {
     m_summaryWidget = new QWidget;
     auto* form = new QFormLayout(m_summaryWidget);
@@ -264,31 +258,159 @@ void MainWindow::createSummaryDock()
         value->setWordWrap(true);
         form->addRow(tr(row.label) + QLatin1Char(':'), value);
     }
+    auto* box = new QGroupBox(tr("KV cache"));
+    auto* layout = new QVBoxLayout(box);
     auto* scroll = new QScrollArea;
     scroll->setWidget(m_summaryWidget);
     scroll->setWidgetResizable(true);
     scroll->setFrameShape(QFrame::NoFrame);
-
-    auto* dock = new QDockWidget(tr("Summary"), this);
-    dock->setObjectName(QStringLiteral("summaryDock"));  // saveState() keys docks by object name
-    dock->setWidget(scroll);
-    dock->setAllowedAreas(Qt::LeftDockWidgetArea | Qt::RightDockWidgetArea);
-    addDockWidget(Qt::LeftDockWidgetArea, dock);
-    resizeDocks({dock}, {330}, Qt::Horizontal);
+    layout->addWidget(scroll);
+    return box;
 }
 
-void MainWindow::createModelDock()
+void MainWindow::createPages()
+{
+    // The workflow, left to right: each page feeds the next one.
+    m_pages = new QTabWidget;
+    m_pages->setObjectName(QStringLiteral("pages"));
+    m_pages->setDocumentMode(true);
+    auto scrolled = [](QWidget* view) {
+        // In a scroll area, so a view's minimum size never forces the window wider than the screen.
+        auto* scroll = new QScrollArea;
+        scroll->setWidget(view);
+        scroll->setWidgetResizable(true);
+        scroll->setFrameShape(QFrame::NoFrame);
+        return scroll;
+    };
+
+    createModelPage();
+    auto* modelPage = new QSplitter(Qt::Horizontal);
+    modelPage->setObjectName(QStringLiteral("modelPageSplitter"));
+    modelPage->addWidget(m_contextView);
+    modelPage->addWidget(createSummaryPanel());
+    modelPage->setStretchFactor(0, 3);
+    modelPage->setStretchFactor(1, 2);
+    modelPage->setChildrenCollapsible(false);
+    m_pages->addTab(modelPage, tr("1 · Model && Context"));
+
+    createDistributionsPage();
+    auto* dist = new QTabWidget;
+    dist->setObjectName(QStringLiteral("distributionsTabs"));
+    dist->addTab(scrolled(m_statsView), tr("Three observations"));
+    dist->addTab(scrolled(m_distributions), tr("Explore layers && channels"));
+    m_pages->addTab(dist, tr("2 · Distributions"));
+
+    createTunerPage();
+    m_pages->addTab(scrolled(m_tuner), tr("3 · Codec"));
+    createStreamPage();
+    m_pages->addTab(scrolled(m_streamView), tr("4 · Stream"));
+    connect(m_pages, &QTabWidget::currentChanged, this, [this](int i) { pageOpened(Page(i)); });
+
+    // The persistent strip: which model and which cache every page is about.
+    m_summaryStrip = new QLabel;
+    m_summaryStrip->setObjectName(QStringLiteral("summaryStrip"));
+    m_summaryStrip->setTextInteractionFlags(Qt::TextSelectableByMouse);
+    m_summaryStrip->setWordWrap(true);
+    m_summaryStrip->setContentsMargins(8, 4, 8, 4);
+    updateSummaryStrip();
+
+    auto* central = new QWidget;
+    auto* layout = new QVBoxLayout(central);
+    layout->setContentsMargins(0, 0, 0, 0);
+    layout->setSpacing(0);
+    layout->addWidget(m_summaryStrip);
+    layout->addWidget(m_pages, 1);
+    setCentralWidget(central);
+}
+
+void MainWindow::showPage(Page page)
+{
+    m_pages->setCurrentIndex(int(page));
+    if (QWidget* w = m_pages->currentWidget()) w->setFocus();
+}
+
+MainWindow::Page MainWindow::currentPage() const
+{
+    return Page(m_pages->currentIndex());
+}
+
+void MainWindow::pageOpened(Page page)
+{
+    // The Codec page's rate-distortion plot fills itself: levels and baselines are evaluated in
+    // the background the first time the page opens for a cache (cancel in the status bar).
+    if (page == Page::Codec && m_tunerSession->canMeasureQuality() && !m_tuner->hasRdPoints() &&
+        !m_tunerSession->isBusy())
+        m_tunerSession->evaluate(m_tuner->profile());
+}
+
+QString MainWindow::summaryStripText() const
+{
+    return m_summaryStrip->text();
+}
+
+void MainWindow::updateSummaryStrip()
+{
+    QStringList parts;
+    if (m_session->hasModel()) {
+        const ModelInfo& m = m_session->modelInfo();
+        parts << tr("<b>Model</b> %1 (%2 layers, %3 KV heads × %4)").arg(m.name.toHtmlEscaped()).arg(m.layers).arg(m.kvHeads).arg(m.headDim);
+    } else {
+        parts << tr("<b>Model</b> none");
+    }
+    if (m_hasData) {
+        const KvSummary& s = m_summary;
+        parts << tr("<b>Cache</b> %1 tokens, %2 layers, %3 (%4)")
+                     .arg(s.shape.numTokens)
+                     .arg(s.shape.numLayers)
+                     .arg(QLocale::c().formattedDataSize(qint64(s.kvBytes)), QString::fromLatin1(dtypeName(s.dtype)));
+        parts << tr("<b>Locality</b> K %1×, V %2×").arg(m_localityK, 0, 'f', 2).arg(m_localityV, 0, 'f', 2);
+        parts << tr("<b>Profile</b> %n level(s), chunks of %1 tokens", nullptr, int(m_tuner->profile().levels.size()))
+                     .arg(m_tuner->profile().chunkTokens);
+    } else {
+        parts << tr("<b>Cache</b> none: capture a context, open a KV file (Ctrl+O) or File ▸ Demo");
+    }
+    m_summaryStrip->setText(parts.join(QStringLiteral(" &nbsp;·&nbsp; ")));
+}
+
+void MainWindow::saveLayout(QSettings& settings) const
+{
+    settings.setValue(QLatin1String(kSettingsPage), m_pages->currentIndex());
+    for (QSplitter* splitter : findChildren<QSplitter*>())
+        if (!splitter->objectName().isEmpty())
+            settings.setValue(QStringLiteral("layout/splitters/") + splitter->objectName(), splitter->saveState());
+    for (QTabWidget* tabs : findChildren<QTabWidget*>())
+        if (!tabs->objectName().isEmpty() && tabs != m_pages)
+            settings.setValue(QStringLiteral("layout/tabs/") + tabs->objectName(), tabs->currentIndex());
+    settings.setValue(QLatin1String(kSettingsTheme), style::theme() == style::Theme::Dark ? "dark" : "light");
+}
+
+void MainWindow::restoreLayout(QSettings& settings)
+{
+    // Splitters are restored once the window is shown and laid out (showEvent): before that they
+    // have no size and would spread the saved sizes anew.
+    for (QSplitter* splitter : findChildren<QSplitter*>()) {
+        const QVariant v = settings.value(QStringLiteral("layout/splitters/") + splitter->objectName());
+        if (v.isValid()) m_pendingSplitters.insert(splitter->objectName(), v.toByteArray());
+    }
+    for (QTabWidget* tabs : findChildren<QTabWidget*>()) {
+        const QVariant v = settings.value(QStringLiteral("layout/tabs/") + tabs->objectName());
+        if (v.isValid() && tabs != m_pages) tabs->setCurrentIndex(v.toInt());
+    }
+    const int page = settings.value(QLatin1String(kSettingsPage), 0).toInt();
+    if (page >= 0 && page < m_pages->count()) m_pages->setCurrentIndex(page);
+    if (settings.value(QLatin1String(kSettingsTheme)).toString() == QLatin1String("dark")) m_darkAction->setChecked(true);
+}
+
+void MainWindow::setDarkTheme(bool on)
+{
+    style::setTheme(on ? style::Theme::Dark : style::Theme::Light, this);
+    if (m_darkAction && m_darkAction->isChecked() != on) m_darkAction->setChecked(on);
+}
+
+void MainWindow::createModelPage()
 {
     m_contextView = new ModelContextView;
     m_contextView->setObjectName(QStringLiteral("modelContextView"));
-    // No '&' in the title: dock tabs and menus read it as a mnemonic, the title bar does not.
-    auto* dock = new QDockWidget(tr("Model / Context"), this);
-    dock->setObjectName(QStringLiteral("modelDock"));
-    dock->setWidget(m_contextView);
-    dock->setAllowedAreas(Qt::LeftDockWidgetArea | Qt::RightDockWidgetArea);
-    addDockWidget(Qt::LeftDockWidgetArea, dock);
-    if (auto* summary = findChild<QDockWidget*>(QStringLiteral("summaryDock"))) tabifyDockWidget(summary, dock);
-    dock->raise();
 
     try {
         QStringList ids;
@@ -307,33 +429,10 @@ void MainWindow::createModelDock()
     connect(m_contextView, &ModelContextView::captureRequested, this, &MainWindow::captureContext);
 }
 
-QDockWidget* MainWindow::addViewDock(QWidget* view, const QString& title, const QString& objectName)
+void MainWindow::createDistributionsPage()
 {
-    auto* dock = new QDockWidget(title, this);
-    dock->setObjectName(objectName);  // saveState() keys docks by object name
-    // In a scroll area, so the views' minimum sizes never force the window wider than the screen.
-    auto* scroll = new QScrollArea;
-    scroll->setWidget(view);
-    scroll->setWidgetResizable(true);
-    scroll->setFrameShape(QFrame::NoFrame);
-    dock->setWidget(scroll);
-    addDockWidget(Qt::RightDockWidgetArea, dock);
-    // The views share the right area as tabs; the first one added stays at the front.
-    const QList<QDockWidget*> docks = viewDocks();
-    if (docks.size() > 1 && docks.front() != dock) tabifyDockWidget(docks.front(), dock);
-    return dock;
-}
-
-QList<QDockWidget*> MainWindow::viewDocks() const
-{
-    QList<QDockWidget*> out;
-    for (const char* name : {"distributionsDock", "tunerDock", "streamDock"})
-        if (auto* dock = findChild<QDockWidget*>(QLatin1String(name))) out << dock;
-    return out;
-}
-
-void MainWindow::createDistributionsDock()
-{
+    m_statsView = new LayerStatsView;
+    m_statsView->setObjectName(QStringLiteral("observationsView"));
     m_distributions = new DistributionsView;
     m_distributions->setObjectName(QStringLiteral("distributionsView"));
     m_distWorker = new DistributionsWorker(this);
@@ -344,11 +443,9 @@ void MainWindow::createDistributionsDock()
     connect(m_distWorker, &DistributionsWorker::entropyReady, m_distributions, &DistributionsView::setEntropyMap);
     connect(m_distWorker, &DistributionsWorker::failed, this,
             [this](const QString& message) { m_phaseLabel->setText(tr("Distributions: %1").arg(message)); });
-    QDockWidget* dock = addViewDock(m_distributions, tr("Distributions"), QStringLiteral("distributionsDock"));
-    resizeDocks({dock}, {640}, Qt::Horizontal);
 }
 
-void MainWindow::createTunerDock()
+void MainWindow::createTunerPage()
 {
     m_tuner = new CodecTunerView;
     m_tuner->setObjectName(QStringLiteral("codecTunerView"));
@@ -376,8 +473,10 @@ void MainWindow::createTunerDock()
         endTask(tr("Codec tuner: %1").arg(message));
         emit errorOccurred(message);
     });
-    connect(m_tuner, &CodecTunerView::sensitivityRequested, this,
-            [this](int bins) { m_tunerSession->measureSensitivity(m_tuner->profile(), bins); });
+    connect(m_tuner, &CodecTunerView::sensitivityRequested, this, [this](int bins) {
+        m_sensitivityBins = bins;
+        m_tunerSession->measureSensitivity(m_tuner->profile(), bins);
+    });
     connect(m_tuner, &CodecTunerView::evaluateRequested, this, [this] { m_tunerSession->evaluate(m_tuner->profile()); });
     connect(m_tuner, &CodecTunerView::autoTuneRequested, this, [this] { m_tunerSession->autoTune(m_tuner->profile()); });
     connect(m_tuner, &CodecTunerView::loadProfileRequested, this, [this] {
@@ -395,10 +494,26 @@ void MainWindow::createTunerDock()
                                                           QStringLiteral("cachegen_config.py"), tr("Python (*.py);;Text (*.txt)"));
         if (!path.isEmpty()) exportLmcache(path);
     });
-    addViewDock(m_tuner, tr("Codec tuner"), QStringLiteral("tunerDock"));
+    // Hooks: a quality suite and the transform codec's stages appear here once core has them.
+    m_tuner->setQualitySources({QStringLiteral("continuation"), QStringLiteral("suite")},
+                               {tr("held-out continuation and one answer"), tr("quality suite (not in core yet)")},
+                               {QStringLiteral("suite")});
+    m_tuner->setStages({
+        {QStringLiteral("delta"), tr("Delta vs anchor"), tr("CacheGen's anchor/delta step (group size above)"), false, true},
+        {QStringLiteral("rope_undo"), tr("Undo RoPE"), tr("Transform codec stage: not in core yet"), false, false},
+        {QStringLiteral("pca"), tr("PCA"), tr("Transform codec stage: not in core yet"), false, false},
+        {QStringLiteral("hadamard"), tr("Hadamard rotation"), tr("Transform codec stage: not in core yet"), false, false},
+    });
+    connect(m_statsView, &LayerStatsView::sensitivityRequested, this, [this](int bins) {
+        m_sensitivityBins = bins;
+        m_tunerSession->measureSensitivity(m_tuner->profile(), bins);
+    });
+    connect(ts, &TunerSession::sensitivityReady, this, [this](const std::vector<LayerSensitivity>& s) {
+        m_statsView->setSensitivity(s, m_sensitivityBins);
+    });
 }
 
-void MainWindow::createStreamDock()
+void MainWindow::createStreamPage()
 {
     m_streamView = new StreamLabView;
     m_streamView->setObjectName(QStringLiteral("streamLabView"));
@@ -410,27 +525,93 @@ void MainWindow::createStreamDock()
         showTask(text, maximum);
         m_streamView->setStatus(text);
     });
-    connect(ss, &StreamSession::runStarted, m_streamView, &StreamLabView::runStarted);
+    connect(ss, &StreamSession::progressChanged, this, [this](int value) { m_progress->setValue(value); });
+    connect(ss, &StreamSession::raceStarted, m_streamView, &StreamLabView::raceStarted);
+    connect(ss, &StreamSession::laneStarted, m_streamView, &StreamLabView::laneStarted);
     connect(ss, &StreamSession::chunkArrived, m_streamView, &StreamLabView::addChunk);
-    connect(ss, &StreamSession::runFinished, this, [this](const StreamRunResult& r) {
-        m_streamView->runFinished(r);
-        endTask(tr("Stream run %1: TTFT %2 s (SLO %3 s %4).")
-                    .arg(r.run)
-                    .arg(r.ttftSeconds, 0, 'f', 3)
-                    .arg(r.sloSeconds, 0, 'f', 2)
-                    .arg(r.sloMet ? tr("met") : tr("missed")));
+    connect(ss, &StreamSession::runFinished, m_streamView, &StreamLabView::runFinished);
+    connect(ss, &StreamSession::raceFinished, this, [this](const RaceRecord& race) {
+        m_streamView->raceFinished(race);
+        QStringList parts;
+        for (const StreamRunResult& r : race.results)
+            parts << tr("%1 %2 s%3").arg(r.policy).arg(r.ttftSeconds, 0, 'f', 3).arg(r.sloMet ? QString() : tr(" (missed)"));
+        endTask(tr("Stream: TTFT %1 (SLO %2 s).").arg(parts.join(QStringLiteral(", "))).arg(race.config.sloSeconds, 0, 'f', 2));
     });
     connect(ss, &StreamSession::failed, this, [this](const QString& message) {
         m_streamView->runEnded(tr("Error: %1").arg(message));
-        endTask(tr("Stream lab: %1").arg(message));
-        reportError(tr("Stream lab"), message);
+        endTask(tr("Stream: %1").arg(message));
+        reportError(tr("Stream"), message);
     });
     connect(ss, &StreamSession::cancelled, this, [this] {
         m_streamView->runEnded(tr("Stopped; the session is ready for another run."));
-        endTask(tr("Stream lab: stopped."));
+        endTask(tr("Stream: stopped."));
     });
-    addViewDock(m_streamView, tr("Stream lab"), QStringLiteral("streamDock"));
+    connect(m_streamView, &StreamLabView::scheduleEdited, this, [this] {
+        // Parsing a schedule and sampling it is cheap: done here, drawn before any race.
+        const StreamConfig c = m_streamView->config();
+        try {
+            m_streamView->setSchedulePreview(StreamSession::availableSeries(c, std::max(2.0 * c.sloSeconds, 1.0)), QString());
+        } catch (const std::exception& e) {
+            m_streamView->setSchedulePreview({}, QString::fromStdString(e.what()));
+        }
+    });
+    connect(m_streamView, &StreamLabView::saveRunRequested, this, &MainWindow::showSaveRaceDialog);
+    connect(m_streamView, &StreamLabView::openRunRequested, this, &MainWindow::showOpenRaceDialog);
+    connect(m_streamView, &StreamLabView::exportFigureRequested, this, &MainWindow::showExportRaceDialog);
 }
+
+void MainWindow::saveRace(const QString& path)
+{
+    QString error;
+    if (!m_streamView->saveRace(path, &error)) {
+        reportError(tr("Could not save the run"), error);
+        return;
+    }
+    m_phaseLabel->setText(tr("Saved the run to %1.").arg(path));
+}
+
+void MainWindow::openRace(const QString& path)
+{
+    QString error;
+    if (!m_streamView->loadRace(path, &error)) {
+        reportError(tr("Could not open the run"), error);
+        return;
+    }
+    showPage(Page::Stream);
+    m_phaseLabel->setText(tr("Opened the run %1.").arg(QFileInfo(path).fileName()));
+}
+
+void MainWindow::exportRaceFigure(const QString& path)
+{
+    QString error;
+    if (!m_streamView->exportFigure(path, &error)) {
+        reportError(tr("Could not export the figure"), error);
+        return;
+    }
+    m_phaseLabel->setText(tr("Exported the stream figure to %1.").arg(path));
+}
+
+void MainWindow::showSaveRaceDialog()
+{
+    const QString path = QFileDialog::getSaveFileName(this, tr("Save Stream Run"), QStringLiteral("stream-run.json"),
+                                                      tr("Stream runs (*.json)"));
+    if (!path.isEmpty()) saveRace(path);
+}
+
+void MainWindow::showOpenRaceDialog()
+{
+    const QString path =
+        QFileDialog::getOpenFileName(this, tr("Open Stream Run"), QString(), tr("Stream runs (*.json);;All files (*)"));
+    if (!path.isEmpty()) openRace(path);
+}
+
+void MainWindow::showExportRaceDialog()
+{
+    const QString path = QFileDialog::getSaveFileName(this, tr("Export Stream Figure"), QStringLiteral("stream-race.png"),
+                                                      plotImageFilter());
+    if (!path.isEmpty()) exportRaceFigure(path);
+}
+
 
 void MainWindow::updateLabSources()
 {
@@ -454,6 +635,17 @@ void MainWindow::updateLabSources()
         m_streamView->setLevels(int(profile.levels.size()));
     }
     m_tuner->setAvailable(bool(kv), m_tunerSession->canMeasureQuality(), m_tunerSession->qualityNote());
+    m_tuner->clearRdPoints();  // the points measured the previous cache
+    m_statsView->setSensitivity({}, 0);
+    m_statsView->setSensitivityAvailable(
+        m_tunerSession->canMeasureSensitivity(),
+        m_tunerSession->canMeasureSensitivity()
+            ? tr("Press Measure: each layer's K, then V, quantized alone and scored against the original (background, "
+                 "cancellable).")
+        : m_tunerSession->canMeasureQuality()
+            ? tr("Needs a held-out continuation to score: capture a sample context (page 1).")
+            : tr("Needs the model this cache came from (open it on page 1): %1").arg(m_tunerSession->qualityNote()));
+    if (currentPage() == Page::Codec) pageOpened(Page::Codec);
     const bool streamable = kv && model && model->runtime().fingerprint() == kv->modelFingerprint &&
                             int(kv->tokens.size()) == kv->shape().numTokens;
     m_streamSession->setSource(streamable ? model : nullptr, kv, QString::fromStdString(sample.question));
@@ -503,7 +695,7 @@ void MainWindow::openProfile(const QString& path)
                                          .toStdString());
         m_tuner->setProfile(p);
         m_streamView->setLevels(int(p.levels.size()));
-        if (auto* dock = findChild<QDockWidget*>(QStringLiteral("tunerDock"))) dock->raise();
+        showPage(Page::Codec);
         m_phaseLabel->setText(tr("Opened the profile %1 (%2 levels).").arg(QFileInfo(path).fileName()).arg(p.levels.size()));
     } catch (const std::exception& e) {
         reportError(tr("Could not open the profile"), QString::fromStdString(e.what()));
@@ -547,36 +739,35 @@ QStringList MainWindow::saveScreenshots(const QString& dir)
 {
     QStringList written;
     QDir().mkpath(dir);
-    auto replotAll = [](QWidget* root) {
-        for (QCustomPlot* plot : root->findChildren<QCustomPlot*>()) plot->replot(QCustomPlot::rpImmediateRefresh);
-    };
-    auto save = [&written, &dir](const QPixmap& pixmap, const QString& name) {
-        const QString path = QDir(dir).filePath(name);
-        if (pixmap.save(path, "PNG")) written << path;
-    };
-    replotAll(this);
-    save(grab(), QStringLiteral("window.png"));
-    // Each view alone at window size: float its dock, resize, grab, put it back.
-    const QByteArray state = saveState();
+    auto* distTabs = findChild<QTabWidget*>(QStringLiteral("distributionsTabs"));
     const struct {
-        const char* dock;
-        const char* file;
-    } views[] = {{"modelDock", "model-context.png"},
-                 {"distributionsDock", "distributions.png"},
-                 {"tunerDock", "codec-tuner.png"},
-                 {"streamDock", "stream-lab.png"}};
-    for (const auto& v : views) {
-        auto* dock = findChild<QDockWidget*>(QLatin1String(v.dock));
-        if (!dock) continue;
-        dock->setFloating(true);
-        dock->resize(1280, 800);
-        dock->show();
-        QApplication::processEvents();
-        replotAll(dock);
-        save(dock->grab(), QLatin1String(v.file));
-        dock->setFloating(false);
+        Page page;
+        int subTab;  // of the Distributions page; -1 none
+        const char* name;
+    } shots[] = {{Page::ModelContext, -1, "model-context"},
+                 {Page::Distributions, 0, "distributions"},
+                 {Page::Distributions, 1, "distributions-explore"},
+                 {Page::Codec, -1, "codec"},
+                 {Page::Stream, -1, "stream"}};
+    const QSize before = size();
+    const int pageBefore = m_pages->currentIndex();
+    const int subBefore = distTabs ? distTabs->currentIndex() : 0;
+    for (const QSize sz : {QSize(1280, 800), QSize(1920, 1080)}) {
+        resize(sz);
+        for (const auto& shot : shots) {
+            m_pages->setCurrentIndex(int(shot.page));
+            if (distTabs && shot.subTab >= 0) distTabs->setCurrentIndex(shot.subTab);
+            // Let layouts settle, then draw every plot at its new size.
+            for (int i = 0; i < 3; ++i) QApplication::processEvents();
+            for (QCustomPlot* plot : findChildren<QCustomPlot*>()) plot->replot(QCustomPlot::rpImmediateRefresh);
+            const QString path =
+                QDir(dir).filePath(QStringLiteral("%1-%2x%3.png").arg(QLatin1String(shot.name)).arg(sz.width()).arg(sz.height()));
+            if (grab().save(path, "PNG")) written << path;
+        }
     }
-    restoreState(state);
+    resize(before);
+    m_pages->setCurrentIndex(pageBefore);
+    if (distTabs) distTabs->setCurrentIndex(subBefore);
     return written;
 }
 
@@ -592,6 +783,7 @@ void MainWindow::connectSession()
     connect(m_session, &ModelSession::modelOpened, this, [this](const ModelInfo& info) {
         setBusy(false);
         m_contextView->setModelInfo(info);
+        updateSummaryStrip();
         m_session->tokenize(m_contextView->contextText());
         m_phaseLabel->setText(tr("Opened %1 in %2 s.").arg(info.name).arg(info.loadSeconds, 0, 'f', 2));
         emit modelShown();
@@ -875,6 +1067,7 @@ void MainWindow::onLoaded(const KvSummary& summary, const std::vector<TensorStat
     if (!summary.source.isEmpty() || summary.synthetic) m_captureOrigin.clear();
     updateLabSources();
     showSummary(summary, stats);
+    updateSummaryStrip();
     setWindowTitle(m_pendingTitle);
     if (!summary.source.isEmpty()) addRecentFile(summary.source);
     if (summary.synthetic && !m_synthNote.isEmpty())
@@ -921,17 +1114,19 @@ void MainWindow::showSummary(const KvSummary& s, const std::vector<TensorStats>&
     set("file_bytes", s.fileBytes >= 0 ? formatBytes(quint64(s.fileBytes)) : QString());
     const KindSummary k = summarize(stats, KvKind::Key);
     const KindSummary v = summarize(stats, KvKind::Value);
-    auto ratio = [this](const KindSummary& ks) {
-        return ks.varianceRatio > 0 ? tr("%1× (mean over layers)").arg(ks.varianceRatio, 0, 'f', 2)
-                                    : QString();
+    // core's localityRatio: the CLI's stats prints the same figure.
+    m_localityK = localityRatio(stats, KvKind::Key);
+    m_localityV = localityRatio(stats, KvKind::Value);
+    auto ratio = [this](const KindSummary& ks, double r) {
+        return ks.layers && r > 0 ? tr("%1× (variance-weighted over layers)").arg(r, 0, 'f', 2) : QString();
     };
     auto entropy = [this](const KindSummary& ks) {
         return ks.layers
                    ? tr("%1 → %2 bits/value").arg(ks.entropyRaw, 0, 'f', 2).arg(ks.entropyDelta, 0, 'f', 2)
                    : QString();
     };
-    set("k_locality", ratio(k));
-    set("v_locality", ratio(v));
+    set("k_locality", ratio(k, m_localityK));
+    set("v_locality", ratio(v, m_localityV));
     set("k_entropy", entropy(k));
     set("v_entropy", entropy(v));
     set("load_time",
@@ -974,6 +1169,17 @@ void MainWindow::rebuildRecentMenu()
     m_recentMenu->setEnabled(!m_recentFiles.isEmpty());
 }
 
+void MainWindow::showEvent(QShowEvent* event)
+{
+    QMainWindow::showEvent(event);
+    if (m_pendingSplitters.isEmpty()) return;
+    if (auto* c = centralWidget(); c && c->layout()) c->layout()->activate();
+    for (QSplitter* splitter : findChildren<QSplitter*>())
+        if (m_pendingSplitters.contains(splitter->objectName()))
+            splitter->restoreState(m_pendingSplitters.value(splitter->objectName()));
+    m_pendingSplitters.clear();
+}
+
 void MainWindow::closeEvent(QCloseEvent* event)
 {
     m_session->cancel();
@@ -984,6 +1190,7 @@ void MainWindow::closeEvent(QCloseEvent* event)
         QSettings settings;
         settings.setValue(QLatin1String(kSettingsGeometry), saveGeometry());
         settings.setValue(QLatin1String(kSettingsState), saveState());
+        saveLayout(settings);
     }
     QMainWindow::closeEvent(event);
 }
@@ -1019,21 +1226,20 @@ void MainWindow::dropEvent(QDropEvent* event)
     event->acceptProposedAction();
     const QFileInfo info(path);
     const QString suffix = info.suffix().toLower();
-    auto raise = [this](const char* dock) {
-        if (auto* d = findChild<QDockWidget*>(QLatin1String(dock))) d->raise();
-    };
     if (info.isDir() || suffix == QLatin1String("gguf"))
         openModel(path);
+    else if (suffix == QLatin1String("json") && StreamLabView::isRaceFile(path))
+        openRace(path);
     else if (suffix == QLatin1String("json"))
         openProfile(path);
     else if (suffix == QLatin1String("txt"))
         openContext(path);
     else if (suffix == QLatin1String("down") || suffix == QLatin1String("up")) {
         m_streamView->setTracePath(path);
-        raise("streamDock");
+        showPage(Page::Stream);
     } else if (suffix == QLatin1String("kvc")) {
         m_streamView->setStorePath(path);
-        raise("streamDock");
+        showPage(Page::Stream);
     } else
         openFile(path);
 }

@@ -1,13 +1,18 @@
-// The kvscope main window: opens a model and a context (Model & context dock, ModelSession) and
-// captures the context's KV, or opens a KV file (file, drag & drop, recent list); either way the
-// cache's statistics are computed on workers through KvLoader and shown in the LayerStatsView at
-// the centre, with a summary dock. It never computes on the UI thread: the status bar shows the
-// phase, progress and a Cancel button for every long task.
+// The kvscope main window: the workflow as four pages (tabs), Model & Context -> Distributions ->
+// Codec -> Stream, under a persistent strip that names the model and the cache every page is
+// about. Page 1 opens a model and a context (ModelSession) and captures the context's KV, or a KV
+// file is opened (file, drag & drop, recent list); the cache's statistics are computed on workers
+// through KvLoader; page 2 shows CacheGen's three observations and an explorer; page 3 the codec
+// tuner (its rate-distortion plot evaluated in the background when the page opens); page 4 the
+// stream race. It never computes on the UI thread: the status bar shows the phase, progress and
+// a Cancel button for every long task. Geometry, page, splitters and theme are saved (QSettings).
 #pragma once
 
 #include "kv_loader.h"
 #include "model_session.h"
 
+#include <QByteArray>
+#include <QHash>
 #include <QMainWindow>
 #include <QString>
 #include <QStringList>
@@ -15,7 +20,8 @@
 #include <vector>
 
 class QAction;
-class QDockWidget;
+class QSettings;
+class QTabWidget;
 class QLabel;
 class QMenu;
 class QMimeData;
@@ -54,8 +60,10 @@ public:
     TunerSession* tunerSession() const { return m_tunerSession; }
     StreamLabView* streamView() const { return m_streamView; }
     StreamSession* streamSession() const { return m_streamSession; }
-    // The docks of the four views and the summary, by object name (for --screenshot and tests).
-    QList<QDockWidget*> viewDocks() const;
+    enum class Page { ModelContext = 0, Distributions = 1, Codec = 2, Stream = 3 };
+    Page currentPage() const;
+    QTabWidget* pages() const { return m_pages; }
+    QString summaryStripText() const;
     // A model, capture, KV read or statistics job is running.
     bool isLoading() const;
     bool hasData() const { return m_hasData; }
@@ -92,6 +100,15 @@ public slots:
     // Renders the window with each view in front, plus each view alone, as PNG files into dir.
     // @return the files written.
     QStringList saveScreenshots(const QString& dir);
+    void showPage(kvscope::MainWindow::Page page);
+    void setDarkTheme(bool on);
+    // A stream race: save (JSON), open, export as a figure (PNG/JPEG/SVG/PDF by suffix).
+    void saveRace(const QString& path);
+    void openRace(const QString& path);
+    void exportRaceFigure(const QString& path);
+    void showSaveRaceDialog();
+    void showOpenRaceDialog();
+    void showExportRaceDialog();
     void saveKv(const QString& path);
     void cancelLoad();
     void showOpenDialog();
@@ -114,22 +131,27 @@ signals:
 
 protected:
     void closeEvent(QCloseEvent* event) override;
+    void showEvent(QShowEvent* event) override;
     void dragEnterEvent(QDragEnterEvent* event) override;
     void dropEvent(QDropEvent* event) override;
 
 private:
     void createActions();
-    void createSummaryDock();
-    void createModelDock();
-    void createDistributionsDock();
-    void createTunerDock();
-    void createStreamDock();
+    void createPages();
+    QWidget* createSummaryPanel();
+    void createModelPage();
+    void createDistributionsPage();
+    void createTunerPage();
+    void createStreamPage();
+    void pageOpened(Page page);
+    void updateSummaryStrip();
+    void saveLayout(QSettings& settings) const;
+    void restoreLayout(QSettings& settings);
     void updateLabSources();
     // Status bar for the tuner's and the stream lab's tasks.
     void showTask(const QString& text, int maximum);
     void endTask(const QString& text);
     void reportError(const QString& title, const QString& message);
-    QDockWidget* addViewDock(QWidget* view, const QString& title, const QString& objectName);
     void connectSession();
     void showError(const QString& title, const QString& message);
     void createStatusBar();
@@ -166,6 +188,12 @@ private:
     StreamSession* m_streamSession = nullptr;
     QString m_captureOrigin;  // the context (sample id or file name) of the capture being shown
     QWidget* m_summaryWidget = nullptr;
+    QLabel* m_summaryStrip = nullptr;
+    QTabWidget* m_pages = nullptr;
+    QAction* m_darkAction = nullptr;
+    double m_localityK = 0, m_localityV = 0;
+    int m_sensitivityBins = 4;
+    QHash<QString, QByteArray> m_pendingSplitters;  // saved splitter states, applied on first show
     QMenu* m_recentMenu = nullptr;
     QMenu* m_viewMenu = nullptr;
     QAction* m_cancelAction = nullptr;

@@ -4,24 +4,22 @@
 //              typing stays live while a capture runs (latest request wins);
 //   capture:   prefill of the context in an InferenceSession on the job pool, progress per block of
 //              RuntimeOptions::prefillBlock tokens, then exportKv().
-// Results reach the UI thread as plain values through queued signals. cancel() takes effect at
-// once for the UI (results of a cancelled job are dropped by generation number) and stops the
-// worker at its next progress tick. Only public, torch-free core headers are included here.
+// Each runs on a JobLane (background_job.h): results, progress and errors reach the UI thread as
+// plain values through signals; cancel() takes effect at once for the UI and stops the worker at
+// its next progress tick. Only public, torch-free core headers are included here.
 #pragma once
 
-#include "model_context_view.h"
+#include "view_data.h"
 
 #include "kv/kv_set.h"
 
 #include <QObject>
 #include <QString>
-#include <QThreadPool>
-
-#include <atomic>
 #include <memory>
 
 namespace kvscope {
 
+class JobLane;
 class Model;
 
 class ModelSession : public QObject {
@@ -32,7 +30,7 @@ public:
     ~ModelSession() override;
 
     bool hasModel() const { return bool(m_model); }
-    bool isBusy() const { return m_busy; }
+    bool isBusy() const;
     const ModelInfo& modelInfo() const { return m_info; }
     // The open model, for the tuner and the stream lab (null before one opened).
     std::shared_ptr<const Model> model() const { return m_model; }
@@ -63,18 +61,10 @@ signals:
     void cancelled();
 
 private:
-    void begin();
-    void end();
-
-    QThreadPool m_jobPool;       // open and capture, one at a time
-    QThreadPool m_tokenizePool;  // tokenization, one at a time
+    JobLane* m_job;       // open and capture, one at a time
+    JobLane* m_tokenize;  // tokenization, latest request wins, never blocks a capture
     std::shared_ptr<const Model> m_model;
     ModelInfo m_info;
-    quint64 m_generation = 0;          // bumped per job and by cancel(); older results are dropped
-    // Bumped per tokenize request and per model; workers read it to skip superseded requests.
-    std::atomic<quint64> m_tokenizeGeneration{0};
-    std::shared_ptr<std::atomic<bool>> m_stop;  // the running job's stop flag
-    bool m_busy = false;
 };
 
 }  // namespace kvscope

@@ -1,5 +1,7 @@
 #include "stream_session.h"
 
+#include "background_job.h"
+
 #include "codec/chunk_codec.h"
 #include "codec/container.h"
 #include "model/model.h"
@@ -11,10 +13,9 @@
 #include <QDir>
 #include <QFile>
 #include <QFileInfo>
-#include <QMetaObject>
 #include <QTemporaryDir>
 
-#include <exception>
+#include <algorithm>
 
 namespace kvscope {
 
@@ -22,17 +23,6 @@ namespace {
 
 // Points of the available-rate curve: fine enough to show a trace's texture.
 constexpr double kLinkStepSeconds = 0.02;
-
-QString messageOf(std::exception_ptr error)
-{
-    try {
-        std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-        return QString::fromStdString(e.what());
-    } catch (...) {
-        return QObject::tr("stream: unexpected error");
-    }
-}
 
 LinkSchedule scheduleFor(const StreamConfig& c)
 {
@@ -48,9 +38,10 @@ LinkSchedule scheduleFor(const StreamConfig& c)
 }
 
 // One chunk's timeline as the plots take it (the job and decode times are known only at the end).
-StreamChunkPoint chunkPoint(const ChunkEvent& e)
+StreamChunkPoint chunkPoint(const ChunkEvent& e, int lane)
 {
     StreamChunkPoint c;
+    c.lane = lane;
     c.index = e.index;
     c.level = e.level;
     c.local = e.local;
@@ -63,7 +54,7 @@ StreamChunkPoint chunkPoint(const ChunkEvent& e)
     return c;
 }
 
-LinkSeries availableSeries(const LinkSchedule& s, double seconds)
+LinkSeries seriesOf(const LinkSchedule& s, double seconds)
 {
     LinkSeries out;
     for (double t = 0; t <= seconds; t += kLinkStepSeconds) {
@@ -85,16 +76,27 @@ struct StreamSession::Rig {
     int levels = 0;
 };
 
-StreamSession::StreamSession(QObject* parent) : QObject(parent)
+StreamSession::StreamSession(QObject* parent) : QObject(parent), m_lane(new JobLane(tr("stream"), this))
 {
-    m_pool.setMaxThreadCount(1);
+    connect(m_lane, &JobLane::phaseChanged, this, &StreamSession::phaseChanged);
+    connect(m_lane, &JobLane::progressChanged, this, &StreamSession::progressChanged);
+    connect(m_lane, &JobLane::failed, this, &StreamSession::failed);
+    connect(m_lane, &JobLane::cancelled, this, &StreamSession::cancelled);
 }
 
 StreamSession::~StreamSession()
 {
-    if (m_stop) *m_stop = true;
-    m_pool.waitForDone();
-    // The rig (server thread, streamer) goes with the last reference, after the worker is done.
+    delete m_lane;  // stops and waits; the rig (server thread, streamer) goes with its last reference
+}
+
+bool StreamSession::isRunning() const
+{
+    return m_lane->isBusy();
+}
+
+LinkSeries StreamSession::availableSeries(const StreamConfig& config, double seconds)
+{
+    return seriesOf(scheduleFor(config), seconds);
 }
 
 void StreamSession::setSource(std::shared_ptr<const Model> model, std::shared_ptr<const KvSet> kv,
@@ -108,131 +110,132 @@ void StreamSession::setSource(std::shared_ptr<const Model> model, std::shared_pt
 
 void StreamSession::start(const StreamConfig& config, const CodecProfile& profile)
 {
-    if (m_running || !isReady()) return;
-    m_running = true;
-    const quint64 mine = ++m_generation;
-    m_stop = std::make_shared<std::atomic<bool>>(false);
-    const std::shared_ptr<std::atomic<bool>> stop = m_stop;
-    const int run = ++m_runs;
+    if (isRunning() || !isReady()) return;
+    const int firstRun = m_runs + 1;
+    m_runs += int(std::max<qsizetype>(1, config.policies.size()));
     const std::shared_ptr<const Model> model = m_model;
     const std::shared_ptr<const KvSet> kv = m_kv;
     const std::string question = m_question;
     if (!m_rig) m_rig = std::make_shared<Rig>();
     const std::shared_ptr<Rig> rig = m_rig;
-    emit phaseChanged(tr("Stream lab: preparing run %1…").arg(run), 0);
 
-    // Posts `f` to the UI thread unless this run was stopped or superseded meanwhile.
-    auto post = [this, mine](std::function<void()> f) {
-        QMetaObject::invokeMethod(
-            this,
-            [this, mine, f] {
-                if (mine == m_generation) f();
-            },
-            Qt::QueuedConnection);
-    };
-
-    m_pool.start([this, post, stop, run, model, kv, question, rig, config, profile] {
-        StreamRunResult out;
-        QString error;
-        try {
-            const LinkSchedule schedule = scheduleFor(config);
-            const std::string key = std::to_string(reinterpret_cast<uintptr_t>(kv.get())) + "|" +
-                                    std::to_string(reinterpret_cast<uintptr_t>(model.get())) + "|" +
-                                    config.store.toStdString() + "|" + std::to_string(config.rttMs) + "|" +
-                                    (config.store.isEmpty() ? profileToJson(profile) : std::string());
-            if (rig->key != key || !rig->server || rig->server->dead()) {
-                rig->streamer.reset();
-                rig->server.reset();
-                rig->dir.reset();
-                rig->key.clear();
-                rig->model = model;
-                rig->kv = kv;
-                std::string store = config.store.toStdString();
-                if (store.empty()) {
-                    post([this] { emit phaseChanged(tr("Stream lab: encoding the cache (cachegen and int8)…"), 0); });
-                    rig->dir = std::make_unique<QTemporaryDir>(QDir::temp().filePath(QStringLiteral("kvscope-lab-XXXXXX")));
-                    if (!rig->dir->isValid()) throw Error("stream lab: cannot create a temporary folder");
-                    CodecParams p;
-                    p.codec = CodecId::CacheGen;
-                    p.shape = kv->shape();
-                    p.dtype = kv->dtype();
-                    p.profile = profile;
-                    p.profile.numLayers = kv->shape().numLayers;
-                    p.profile.tables = TableMode::InBand;  // calibrated tables travel with profiles, not here
-                    const std::string cg = QFile::encodeName(rig->dir->filePath(QStringLiteral("context.cachegen.kvc"))).toStdString();
-                    const std::string i8 = QFile::encodeName(rig->dir->filePath(QStringLiteral("context.int8.kvc"))).toStdString();
-                    writeKvc(*kv, p, cg);
-                    CodecParams q = p;
-                    q.codec = CodecId::Int8;
-                    writeKvc(*kv, q, i8);
-                    store = cg + "," + i8;
-                }
-                ServerOptions so;
-                so.link = schedule;
-                so.rttSeconds = config.rttMs / 1000.0;
-                rig->server = std::make_unique<ChunkServer>(std::shared_ptr<ChunkStore>(openStore(store)), so);
-                rig->server->start();
-                post([this] { emit phaseChanged(tr("Stream lab: reference answer from the original cache…"), 0); });
-                rig->streamer = std::make_unique<Streamer>(*model, "127.0.0.1", rig->server->port(), kv->tokens,
-                                                           model->questionTokens(question), *kv);
-                rig->streamer->prepare(StreamOptions{}, "stream lab");
-                rig->levels = rig->streamer->cachegen().params().numLevels();
-                rig->key = key;
+    m_lane->start(tr("Stream: preparing…"), [this, firstRun, model, kv, question, rig, config,
+                                               profile](JobControl& control) -> std::function<void()> {
+        QStringList policies = config.policies;
+        if (policies.isEmpty()) policies << QStringLiteral("adaptive");
+        std::vector<Policy> parsed;
+        for (const QString& p : policies) parsed.push_back(parsePolicy(p.toStdString()));
+        const LinkSchedule schedule = scheduleFor(config);
+        const std::string key = std::to_string(reinterpret_cast<uintptr_t>(kv.get())) + "|" +
+                                std::to_string(reinterpret_cast<uintptr_t>(model.get())) + "|" +
+                                config.store.toStdString() + "|" + std::to_string(config.rttMs) + "|" +
+                                (config.store.isEmpty() ? profileToJson(profile) : std::string());
+        if (rig->key != key || !rig->server || rig->server->dead()) {
+            rig->streamer.reset();
+            rig->server.reset();
+            rig->dir.reset();
+            rig->key.clear();
+            rig->model = model;
+            rig->kv = kv;
+            std::string store = config.store.toStdString();
+            if (store.empty()) {
+                control.phase(tr("Stream: encoding the cache (cachegen and int8)…"));
+                rig->dir = std::make_unique<QTemporaryDir>(QDir::temp().filePath(QStringLiteral("kvscope-lab-XXXXXX")));
+                if (!rig->dir->isValid()) throw Error("stream lab: cannot create a temporary folder");
+                CodecParams p;
+                p.codec = CodecId::CacheGen;
+                p.shape = kv->shape();
+                p.dtype = kv->dtype();
+                p.profile = profile;
+                p.profile.numLayers = kv->shape().numLayers;
+                p.profile.tables = TableMode::InBand;  // calibrated tables travel with profiles, not here
+                const std::string cg = QFile::encodeName(rig->dir->filePath(QStringLiteral("context.cachegen.kvc"))).toStdString();
+                const std::string i8 = QFile::encodeName(rig->dir->filePath(QStringLiteral("context.int8.kvc"))).toStdString();
+                writeKvc(*kv, p, cg);
+                CodecParams q = p;
+                q.codec = CodecId::Int8;
+                writeKvc(*kv, q, i8);
+                store = cg + "," + i8;
             }
-            if (*stop) throw Error("stream: cancelled");
-            rig->server->pacer().setSchedule(schedule);
+            if (control.stopped()) throw Error("stream: cancelled");
+            ServerOptions so;
+            so.link = schedule;
+            so.rttSeconds = config.rttMs / 1000.0;
+            rig->server = std::make_unique<ChunkServer>(std::shared_ptr<ChunkStore>(openStore(store)), so);
+            rig->server->start();
+            control.phase(tr("Stream: reference answer from the original cache…"));
+            rig->streamer = std::make_unique<Streamer>(*model, "127.0.0.1", rig->server->port(), kv->tokens,
+                                                       model->questionTokens(question), *kv);
+            rig->streamer->prepare(StreamOptions{}, "stream lab");
+            rig->levels = rig->streamer->cachegen().params().numLevels();
+            rig->key = key;
+        }
+        if (control.stopped()) throw Error("stream: cancelled");
+
+        RaceRecord race;
+        race.config = config;
+        race.config.policies = policies;
+        race.cache = QStringLiteral("%1 tokens of %2").arg(kv->shape().numTokens).arg(QString::fromStdString(kv->modelName));
+        race.available = seriesOf(schedule, std::max(2.0 * config.sloSeconds, 1.0));
+        control.post([this, policies, available = race.available] { emit raceStarted(policies, available); });
+        TargetHardware target;
+        target.prefillTokensPerSecond = config.prefillTokensPerSecond;
+        target.decodeGBps = config.decodeGBps;
+        const QString link = QString::fromStdString(schedule.describe()) +
+                             (config.rttMs > 0 ? QStringLiteral(", RTT %1 ms").arg(config.rttMs) : QString());
+        const QString hardware =
+            target.enabled() ? tr("modelled: prefill %1 tok/s, decode %2 GB/s")
+                                   .arg(config.prefillTokensPerSecond, 0, 'f', 0)
+                                   .arg(config.decodeGBps, 0, 'g', 3)
+                             : tr("measured on this machine");
+        for (int lane = 0; lane < int(parsed.size()); ++lane) {
+            control.phase(tr("Stream: %1 (%2 of %3)…").arg(policies[lane]).arg(lane + 1).arg(parsed.size()),
+                          int(parsed.size()));
+            control.progress(lane, int(parsed.size()));
+            control.post([this, lane] { emit laneStarted(lane); });
+            rig->server->pacer().setSchedule(schedule);  // every lane sees the schedule from its start
             StreamOptions options;
-            options.policy = parsePolicy(config.policy.toStdString());
+            options.policy = parsed[size_t(lane)];
             options.sloSeconds = config.sloSeconds;
-            options.onChunk = [post, stop, this](const ChunkEvent& e) {
-                const StreamChunkPoint c = chunkPoint(e);
-                post([this, c] { emit chunkArrived(c); });
-                return !*stop;
+            options.target = target;
+            options.onChunk = [this, &control, lane](const ChunkEvent& e) {
+                const StreamChunkPoint c = chunkPoint(e, lane);
+                control.post([this, c] { emit chunkArrived(c); });
+                return !control.stopped();
             };
-            const LinkSeries available = availableSeries(schedule, std::max(2.0 * config.sloSeconds, 1.0));
-            post([this, available, run] {
-                emit phaseChanged(tr("Stream lab: run %1 streaming…").arg(run), 0);
-                emit runStarted(available);
-            });
             const StreamResult r = rig->streamer->run(options, &rig->server->pacer(), 0.0);
-            out.run = run;
+            StreamRunResult out;
+            out.run = firstRun + lane;
+            out.lane = lane;
             out.policy = QString::fromStdString(r.policy);
-            out.link = QString::fromStdString(schedule.describe()) +
-                       (config.rttMs > 0 ? QStringLiteral(", RTT %1 ms").arg(config.rttMs) : QString());
+            out.link = link;
+            out.hardware = hardware;
+            out.modelled = target.enabled();
             out.sloSeconds = r.sloSeconds;
             out.ttftSeconds = r.ttftSeconds;
             out.sloMet = r.sloMet;
-            const TtftPart* parts[6] = {&r.transfer, &r.decode, &r.recompute, &r.kvLoad, &r.prefill, &r.firstToken};
-            for (int i = 0; i < 6; ++i) out.parts[i] = parts[i]->seconds;
-            for (const ChunkEvent& e : r.chunks) out.chunks.push_back(chunkPoint(e));
+            const TtftPart* parts[StreamRunResult::kParts] = {&r.transfer, &r.decode,  &r.recompute,
+                                                              &r.kvLoad,   &r.prefill, &r.firstToken};
+            for (int i = 0; i < StreamRunResult::kParts; ++i) out.parts[i] = parts[i]->seconds;
+            for (const ChunkEvent& e : r.chunks) out.chunks.push_back(chunkPoint(e, lane));
             out.deliveredBytes = r.deliveredBytes;
             out.capacityBytes = r.capacityBytes;
+            out.linkSeconds = r.linkSeconds;
             out.tokenAgreement = r.tokenAgreement;
             out.text = QString::fromStdString(r.text);
             out.referenceText = QString::fromStdString(rig->streamer->referenceText());
             for (const std::string& line : r.log) out.log << QString::fromStdString(line);
-        } catch (...) {
-            error = messageOf(std::current_exception());
+            race.results.push_back(out);
+            control.post([this, out] { emit runFinished(out); });
         }
-        post([this, out, error] {
-            m_running = false;
-            m_stop.reset();
-            if (error.isEmpty())
-                emit runFinished(out);
-            else
-                emit failed(error);
-        });
+        control.progress(int(parsed.size()), int(parsed.size()));
+        return [this, race] { emit raceFinished(race); };
     });
 }
 
 void StreamSession::stop()
 {
-    if (!m_running) return;
-    if (m_stop) *m_stop = true;
-    ++m_generation;  // what the worker still reports is dropped
-    m_running = false;
-    m_stop.reset();
-    emit cancelled();
+    m_lane->cancel();
 }
 
 }  // namespace kvscope

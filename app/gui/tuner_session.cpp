@@ -1,5 +1,7 @@
 #include "tuner_session.h"
 
+#include "background_job.h"
+
 #include "codec/chunk_codec.h"
 #include "eval/codec_trial.h"
 #include "eval/evaluate.h"
@@ -9,11 +11,7 @@
 #include "kv/kv_compare.h"
 #include "model/model.h"
 
-#include <QElapsedTimer>
-#include <QMetaObject>
-
-#include <exception>
-#include <new>
+#include <mutex>
 
 namespace kvscope {
 
@@ -23,19 +21,6 @@ namespace {
 // scoring pass stays well under a second on the default model.
 constexpr int kMaxContinuation = 128;
 constexpr int kAnswerTokens = 32;
-
-QString messageOf(std::exception_ptr error)
-{
-    try {
-        std::rethrow_exception(error);
-    } catch (const std::bad_alloc&) {
-        return QObject::tr("codec tuner: not enough memory");
-    } catch (const std::exception& e) {
-        return QString::fromStdString(e.what());
-    } catch (...) {
-        return QObject::tr("codec tuner: unexpected error");
-    }
-}
 
 CodecParams paramsFor(const KvSet& kv, const CodecProfile& profile)
 {
@@ -70,35 +55,49 @@ struct TunerSession::Shared {
     }
 };
 
-TunerSession::TunerSession(QObject* parent) : QObject(parent)
+TunerSession::TunerSession(QObject* parent)
+    : QObject(parent),
+      m_trials(new JobLane(tr("codec tuner"), this)),
+      m_quality(new JobLane(tr("codec tuner"), this)),
+      m_long(new JobLane(tr("codec tuner"), this))
 {
-    m_trialPool.setMaxThreadCount(1);
-    m_qualityPool.setMaxThreadCount(1);
-    m_longPool.setMaxThreadCount(1);
+    for (JobLane* lane : {m_trials, m_quality, m_long}) connect(lane, &JobLane::failed, this, &TunerSession::failed);
+    connect(m_long, &JobLane::phaseChanged, this, &TunerSession::phaseChanged);
+    connect(m_long, &JobLane::progressChanged, this, &TunerSession::progressChanged);
+    connect(m_long, &JobLane::cancelled, this, &TunerSession::cancelled);
+    connect(m_long, &JobLane::finished, this, [this] {
+        emit longTaskDone(tr("%1: done in %2 s.").arg(m_longTitle).arg(m_long->lastSeconds(), 0, 'f', 1));
+    });
 }
 
 TunerSession::~TunerSession()
 {
-    ++m_trialGeneration;
-    ++m_qualityGeneration;
-    if (m_stop) *m_stop = true;
-    m_trialPool.clear();
-    m_qualityPool.clear();
-    m_trialPool.waitForDone();
-    m_qualityPool.waitForDone();
-    m_longPool.waitForDone();
+    delete m_trials;
+    delete m_quality;
+    delete m_long;
+}
+
+bool TunerSession::isBusy() const
+{
+    return m_long->isBusy();
+}
+
+bool TunerSession::isTrialRunning() const
+{
+    return m_trials->isBusy();
 }
 
 void TunerSession::setSource(std::shared_ptr<const Model> model, std::shared_ptr<const KvSet> kv,
                              const SampleContext& sample)
 {
     cancel();
-    ++m_trialGeneration;
-    ++m_qualityGeneration;
+    m_trials->cancel(true);
+    m_quality->cancel(true);
     m_kv = kv;
     m_shared = std::make_shared<Shared>();
     m_shared->kv = kv;
     m_qualityOk = false;
+    m_hasContinuation = false;
     if (!kv) {
         m_qualityNote = tr("No cache.");
         return;
@@ -128,6 +127,7 @@ void TunerSession::setSource(std::shared_ptr<const Model> model, std::shared_ptr
         return;
     }
     m_qualityOk = true;
+    m_hasContinuation = !task.continuation.empty();
     m_qualityNote = task.continuation.empty()
                         ? tr("Quality: answers compared; no held-out continuation, so no ΔPPL or KL (use a sample "
                              "context).")
@@ -139,145 +139,67 @@ void TunerSession::setSource(std::shared_ptr<const Model> model, std::shared_ptr
 void TunerSession::requestTrial(const CodecProfile& profile, int level)
 {
     if (!m_kv) return;
-    const quint64 mine = ++m_trialGeneration;
     const std::shared_ptr<Shared> shared = m_shared;
-    ++m_trialsInFlight;
-    m_trialPool.clear();  // a queued, not yet started trial is superseded
-    m_trialPool.start([this, mine, shared, profile, level] {
+    m_trials->start(QString(), [this, shared, profile, level](JobControl&) -> std::function<void()> {
+        const KvSet& kv = *shared->kv;
+        const CodecParams params = paramsFor(kv, profile);
+        validateProfile(params.profile, "codec tuner");
+        CodecTrial trial = runCodecTrial(kv, params, level);
+        const KvError err = compareKv(kv, trial.decoded);
+        const double values = double(kv.shape().totalValues());
         TrialFigures t;
-        std::shared_ptr<const KvSet> decoded;
-        QString error;
-        if (m_trialGeneration == mine) {
-            try {
-                const KvSet& kv = *shared->kv;
-                const CodecParams params = paramsFor(kv, profile);
-                validateProfile(params.profile, "codec tuner");
-                CodecTrial trial = runCodecTrial(kv, params, level);
-                const KvError err = compareKv(kv, trial.decoded);
-                const double values = double(kv.shape().totalValues());
-                t.level = level;
-                t.bytes = trial.bytes;
-                t.bitsPerValue = trial.bitsPerValue;
-                t.ratioVsFp16 = values * 2.0 / double(std::max<uint64_t>(1, trial.bytes));
-                t.ratioVsInt8 = double(int8Bytes(kv.shape())) / double(std::max<uint64_t>(1, trial.bytes));
-                t.encodeSeconds = trial.encodeSeconds;
-                t.decodeSeconds = trial.decodeSeconds;
-                t.rms = err.rms;
-                t.layers = err.layers;
-                decoded = std::make_shared<const KvSet>(std::move(trial.decoded));
-            } catch (...) {
-                error = messageOf(std::current_exception());
-            }
-        }
-        QMetaObject::invokeMethod(
-            this,
-            [this, mine, t, decoded, error] {
-                // The count only feeds isTrialRunning(); a superseded trial drops its figures.
-                m_trialsInFlight = m_trialGeneration == mine ? 0 : std::max(0, m_trialsInFlight - 1);
-                if (m_trialGeneration != mine) return;
-                if (!error.isEmpty()) {
-                    emit failed(error);
-                    return;
-                }
-                emit trialReady(t);
-                if (m_qualityOk && decoded) startQuality(decoded, t.level, t.bitsPerValue);
-            },
-            Qt::QueuedConnection);
+        t.level = level;
+        t.bytes = trial.bytes;
+        t.bitsPerValue = trial.bitsPerValue;
+        t.ratioVsFp16 = values * 2.0 / double(std::max<uint64_t>(1, trial.bytes));
+        t.ratioVsInt8 = double(int8Bytes(kv.shape())) / double(std::max<uint64_t>(1, trial.bytes));
+        t.encodeSeconds = trial.encodeSeconds;
+        t.decodeSeconds = trial.decodeSeconds;
+        t.rms = err.rms;
+        t.layers = err.layers;
+        auto decoded = std::make_shared<const KvSet>(std::move(trial.decoded));
+        return [this, t, decoded] {
+            emit trialReady(t);
+            if (m_qualityOk) startQuality(decoded, t.level, t.bitsPerValue);
+        };
     });
 }
 
 void TunerSession::startQuality(std::shared_ptr<const KvSet> decoded, int level, double bits)
 {
-    const quint64 mine = ++m_qualityGeneration;
     const std::shared_ptr<Shared> shared = m_shared;
-    m_qualityPool.clear();
-    m_qualityPool.start([this, mine, shared, decoded, level, bits] {
-        if (m_qualityGeneration != mine) return;
+    m_quality->start(QString(), [this, shared, decoded, level, bits](JobControl& control) -> std::function<void()> {
+        const QualityReference& ref = shared->reference();
+        if (control.stopped()) return {};
+        const Quality m = ref.measure(*decoded);
         QualityFigures q;
-        QString error;
-        try {
-            const QualityReference& ref = shared->reference();
-            if (m_qualityGeneration != mine) return;
-            const Quality m = ref.measure(*decoded);
-            q.level = level;
-            q.bitsPerValue = bits;
-            q.hasContinuation = !ref.task().continuation.empty();
-            q.deltaPplPct = m.deltaPplPct;
-            q.kl = m.kl;
-            q.tokenAgreement = m.tokenAgreement;
-            q.originalAnswer = shared->decode(ref.original().answer);
-            q.answer = shared->decode(m.answer);
-        } catch (...) {
-            error = messageOf(std::current_exception());
-        }
-        QMetaObject::invokeMethod(
-            this,
-            [this, mine, q, error] {
-                if (m_qualityGeneration != mine) return;
-                if (!error.isEmpty())
-                    emit failed(error);
-                else
-                    emit qualityReady(q);
-            },
-            Qt::QueuedConnection);
+        q.level = level;
+        q.bitsPerValue = bits;
+        q.hasContinuation = !ref.task().continuation.empty();
+        q.deltaPplPct = m.deltaPplPct;
+        q.kl = m.kl;
+        q.tokenAgreement = m.tokenAgreement;
+        q.originalAnswer = shared->decode(ref.original().answer);
+        q.answer = shared->decode(m.answer);
+        return [this, q] { emit qualityReady(q); };
     });
 }
 
-// Runs work(shared, progress) on the long-task pool; progress(done, total) reports and returns
-// false once cancel() was called. work returns a closure delivered on the UI thread.
-template <typename Work>
-void TunerSession::runLong(const QString& title, Work work)
+// Runs work(shared, control) on the long-task lane; control.progress(done, total) reports and
+// returns false once cancel() was called. work returns a closure delivered on the UI thread.
+void TunerSession::runLong(const QString& title, LongWork work)
 {
-    if (!m_qualityOk || m_longBusy) return;
-    m_longBusy = true;
-    const quint64 mine = ++m_longGeneration;
-    m_stop = std::make_shared<std::atomic<bool>>(false);
-    const std::shared_ptr<std::atomic<bool>> stop = m_stop;
+    if (!m_qualityOk || m_long->isBusy()) return;
+    m_longTitle = title;
     const std::shared_ptr<Shared> shared = m_shared;
-    emit phaseChanged(title, 0);
-    m_longPool.start([this, mine, stop, shared, work, title] {
-        auto progress = [this, mine, stop, title](int done, int total) {
-            QMetaObject::invokeMethod(
-                this,
-                [this, mine, done, total, title] {
-                    if (m_longGeneration != mine) return;
-                    emit phaseChanged(title, total);
-                    emit progressChanged(done);
-                },
-                Qt::QueuedConnection);
-            return !*stop;
-        };
-        std::function<void()> deliver;
-        QString error;
-        QElapsedTimer clock;
-        clock.start();
-        try {
-            deliver = work(*shared, progress);
-        } catch (...) {
-            error = messageOf(std::current_exception());
-        }
-        const double seconds = double(clock.elapsed()) / 1000.0;
-        QMetaObject::invokeMethod(
-            this,
-            [this, mine, deliver, error, title, seconds] {
-                if (m_longGeneration != mine) return;  // cancelled: already reported
-                m_longBusy = false;
-                m_stop.reset();
-                if (!error.isEmpty()) {
-                    emit failed(error);
-                    return;
-                }
-                deliver();
-                emit longTaskDone(tr("%1: done in %2 s.").arg(title).arg(seconds, 0, 'f', 1));
-            },
-            Qt::QueuedConnection);
-    });
+    m_long->start(title, [shared, work](JobControl& control) { return work(*shared, control); });
 }
 
 void TunerSession::measureSensitivity(const CodecProfile& profile, int bins)
 {
     runLong(tr("Measuring per-layer sensitivity at %1 bins").arg(bins),
-            [this, profile, bins](Shared& s, const std::function<bool(int, int)>& progress) -> std::function<void()> {
+            [this, profile, bins](Shared& s, JobControl& control) -> std::function<void()> {
+                auto progress = [&control](int done, int total) { return control.progress(done, total); };
                 const auto result =
                     measureLayerSensitivity(s.reference(), *s.kv, paramsFor(*s.kv, profile), bins, progress);
                 return [this, result] { emit sensitivityReady(result); };
@@ -287,7 +209,8 @@ void TunerSession::measureSensitivity(const CodecProfile& profile, int bins)
 void TunerSession::evaluate(const CodecProfile& profile)
 {
     runLong(tr("Evaluating the levels and the baselines"),
-            [this, profile](Shared& s, const std::function<bool(int, int)>& progress) -> std::function<void()> {
+            [this, profile](Shared& s, JobControl& control) -> std::function<void()> {
+                auto progress = [&control](int done, int total) { return control.progress(done, total); };
                 EvalPlan plan;
                 plan.cachegen = paramsFor(*s.kv, profile);
                 plan.textRecompute = false;  // exact by construction; its cost is a prefill, not a size
@@ -300,6 +223,7 @@ void TunerSession::evaluate(const CodecProfile& profile)
                     p.label = r.codec == "cachegen" ? QString::fromStdString(r.levelName) : p.codec;
                     p.bitsPerValue = r.bitsPerValue;
                     p.deltaPplPct = r.quality.deltaPplPct;
+                    p.kl = r.quality.kl;
                     points.push_back(p);
                 }
                 return [this, points] { emit evaluated(points); };
@@ -309,7 +233,8 @@ void TunerSession::evaluate(const CodecProfile& profile)
 void TunerSession::autoTune(const CodecProfile& profile)
 {
     runLong(tr("Auto-tuning bins per layer"),
-            [this, profile](Shared& s, const std::function<bool(int, int)>& progress) -> std::function<void()> {
+            [this, profile](Shared& s, JobControl& control) -> std::function<void()> {
+                auto progress = [&control](int done, int total) { return control.progress(done, total); };
                 const QualityReference& ref = s.reference();
                 if (ref.task().continuation.empty())
                     throw std::runtime_error("auto-tune needs a context with a held-out continuation (a sample context)");
@@ -333,12 +258,7 @@ void TunerSession::autoTune(const CodecProfile& profile)
 
 void TunerSession::cancel()
 {
-    if (!m_longBusy) return;
-    if (m_stop) *m_stop = true;
-    ++m_longGeneration;
-    m_longBusy = false;
-    m_stop.reset();
-    emit cancelled();
+    m_long->cancel();
 }
 
 }  // namespace kvscope

@@ -6,25 +6,24 @@
 //                 the continuation and one answer from the original cache) is built once;
 //   long tasks:   per-layer sensitivity, evaluateCodecs (levels + baselines), tuneProfile: one at a
 //                 time, with progress and cancel through the status bar.
-// Results reach the UI thread as value structs through queued calls.
+// Each kind of work runs on its own JobLane (background_job.h); results reach the UI thread as
+// the value structs of view_data.h.
 #pragma once
 
-#include "codec_tuner_view.h"
+#include "view_data.h"
 
 #include "eval/samples.h"
 #include "kv/kv_set.h"
 
 #include <QObject>
-#include <QThreadPool>
-
-#include <atomic>
+#include <functional>
 #include <memory>
-#include <mutex>
 
 namespace kvscope {
 
+class JobControl;
+class JobLane;
 class Model;
-class QualityReference;
 
 class TunerSession : public QObject {
     Q_OBJECT
@@ -37,9 +36,11 @@ public:
     void setSource(std::shared_ptr<const Model> model, std::shared_ptr<const KvSet> kv, const SampleContext& sample);
     bool hasCache() const { return bool(m_kv); }
     bool canMeasureQuality() const { return m_qualityOk; }
+    // Per-layer sensitivity scores a held-out continuation: a sample context has one.
+    bool canMeasureSensitivity() const { return m_qualityOk && m_hasContinuation; }
     QString qualityNote() const { return m_qualityNote; }
-    bool isBusy() const { return m_longBusy; }
-    bool isTrialRunning() const { return m_trialsInFlight > 0; }
+    bool isBusy() const;  // a long task runs
+    bool isTrialRunning() const;
 
 public slots:
     void requestTrial(const kvscope::CodecProfile& profile, int level);
@@ -62,20 +63,19 @@ signals:
 
 private:
     struct Shared;  // the cache, the model and the lazily built reference, shared with workers
-    template <typename Work>
-    void runLong(const QString& title, Work work);
+    using LongWork = std::function<std::function<void()>(Shared&, JobControl&)>;
+    void runLong(const QString& title, LongWork work);
     void startQuality(std::shared_ptr<const KvSet> decoded, int level, double bits);
 
-    QThreadPool m_trialPool, m_qualityPool, m_longPool;
+    JobLane* m_trials;   // latest trial wins
+    JobLane* m_quality;  // latest quality measurement wins
+    JobLane* m_long;     // sensitivity, evaluation, tuning: one at a time, cancellable
     std::shared_ptr<Shared> m_shared;
     std::shared_ptr<const KvSet> m_kv;
     bool m_qualityOk = false;
+    bool m_hasContinuation = false;
     QString m_qualityNote;
-    std::atomic<quint64> m_trialGeneration{0}, m_qualityGeneration{0};
-    quint64 m_longGeneration = 0;
-    std::shared_ptr<std::atomic<bool>> m_stop;
-    bool m_longBusy = false;
-    int m_trialsInFlight = 0;
+    QString m_longTitle;
 };
 
 }  // namespace kvscope

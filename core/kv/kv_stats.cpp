@@ -246,10 +246,7 @@ TensorStats computeUnchecked(const KvSet& kv, KvKind kind, int layer, const Stat
     // Outliers against the median channel absmax (mean of the two middle values for an even count).
     std::vector<float> absmax(nc);
     for (size_t c = 0; c < nc; ++c) absmax[c] = st.channels[c].absmax;
-    std::vector<float> sorted = absmax;
-    std::sort(sorted.begin(), sorted.end());
-    const double median = C % 2 ? sorted[size_t(C) / 2]
-                                : 0.5 * (double(sorted[size_t(C) / 2 - 1]) + sorted[size_t(C) / 2]);
+    const double median = medianChannelAbsmax(st);
     const double threshold = double(opt.outlierFactor) * median;
     for (int c = 0; c < C; ++c)
         if (absmax[size_t(c)] > threshold) st.outlierChannels.push_back(c);
@@ -345,6 +342,52 @@ Histogram computeHistogram(const KvSet& kv, KvKind kind, int layer, int channel,
         }
     }
     return hist;
+}
+
+double medianChannelAbsmax(const TensorStats& t)
+{
+    const size_t n = t.channels.size();
+    if (n == 0) return 0.0;
+    std::vector<float> sorted(n);
+    for (size_t c = 0; c < n; ++c) sorted[c] = t.channels[c].absmax;
+    std::sort(sorted.begin(), sorted.end());
+    return n % 2 ? double(sorted[n / 2]) : 0.5 * (double(sorted[n / 2 - 1]) + double(sorted[n / 2]));
+}
+
+namespace {
+
+double ratioOf(double raw, double delta)
+{
+    if (delta > 0) return raw / delta;
+    return raw > 0 ? std::numeric_limits<double>::infinity() : 0.0;
+}
+
+}  // namespace
+
+double localityRatio(const TensorStats& t)
+{
+    return ratioOf(t.varianceRaw, t.varianceDelta);
+}
+
+double localityRatio(const std::vector<TensorStats>& stats)
+{
+    double raw = 0, delta = 0;
+    for (const TensorStats& t : stats) {
+        raw += t.varianceRaw;
+        delta += t.varianceDelta;
+    }
+    return ratioOf(raw, delta);
+}
+
+double localityRatio(const std::vector<TensorStats>& stats, KvKind kind)
+{
+    double raw = 0, delta = 0;
+    for (const TensorStats& t : stats) {
+        if (t.kind != kind) continue;
+        raw += t.varianceRaw;
+        delta += t.varianceDelta;
+    }
+    return ratioOf(raw, delta);
 }
 
 }  // namespace kvscope

@@ -38,6 +38,19 @@ struct TensorStats {              // one kind (K or V) of one layer
     std::vector<int> outlierChannels;
 };
 
+// The figures the GUI and the CLI both print, defined once so they cannot disagree.
+// Median of the per-channel absmax (an even count takes the mean of the two middle values), the
+// reference of the outlier rule; 0 for a tensor without channels.
+double medianChannelAbsmax(const TensorStats& t);
+// Token locality of one tensor: varianceRaw / varianceDelta (+inf when varianceDelta is 0 and
+// varianceRaw is not; 0 when both are 0).
+double localityRatio(const TensorStats& t);
+// Token locality of a whole cache, or of one kind when kind is given: the sum of varianceRaw over
+// the tensors divided by the sum of varianceDelta (a variance-weighted mean, so near-constant
+// layers do not dominate), with the same conventions for zero sums.
+double localityRatio(const std::vector<TensorStats>& stats);
+double localityRatio(const std::vector<TensorStats>& stats, KvKind kind);
+
 struct StatsOptions {
     int deltaGroup = 10;
     int bins = 32;                // CacheGen's "bins": 2*(bins/2-1)+1 levels

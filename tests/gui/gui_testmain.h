@@ -7,6 +7,14 @@
 #include <QStandardPaths>
 #include <QtTest/QtTest>
 
+// The shared test data (models, tokenizers, traces): $KVSCOPE_SHARED_DIR, else ../shared next to
+// the source tree (where the main checkout keeps it).
+inline QString kvscopeSharedDir()
+{
+    const QString env = qEnvironmentVariable("KVSCOPE_SHARED_DIR");
+    return env.isEmpty() ? QStringLiteral(KVSCOPE_SOURCE_DIR "/../shared") : env;
+}
+
 #define KVSCOPE_GUI_TEST_MAIN(TestObject)                                   \
     int main(int argc, char** argv)                                         \
     {                                                                       \

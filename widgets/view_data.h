@@ -1,0 +1,194 @@
+// The plain value structs the views draw and the app's sessions fill, in one header without
+// QWidget, so the sessions (workers that call core) never include a view. Every struct is safe
+// to copy across threads and is declared as a Qt meta-type for queued signals.
+#pragma once
+
+#include "kv/kv_compare.h"
+#include "eval/sensitivity.h"
+#include "kv/kv_stats.h"
+#include "kv_metatypes.h"
+
+#include <QMetaType>
+#include <QString>
+#include <QStringList>
+
+#include <vector>
+
+namespace kvscope {
+
+// ---- Model & context -------------------------------------------------------------------------
+
+// What the Model & context page shows about a model; filled on the worker that opened it.
+struct ModelInfo {
+    QString name;
+    QString path;
+    QString format;        // "gguf", "safetensors", "llama2.c"
+    QString architecture;  // "LlamaForCausalLM"
+    QString modelType;     // "llama", "qwen2"
+    int layers = 0;
+    int heads = 0;
+    int kvHeads = 0;
+    int headDim = 0;
+    int hiddenSize = 0;
+    int intermediateSize = 0;
+    int vocabSize = 0;
+    int maxPositions = 0;
+    quint64 parameters = 0;
+    QString weightTypes;  // "Q4_1 x 210, F32 x 61"
+    QString tokenizer;    // "byte-level BPE (GGUF, gpt2)"
+    bool chat = false;
+    QString fingerprint;
+    QString runtime;  // "libtorch 1.13.0, 2 threads, float32 compute, float16 KV"
+    double loadSeconds = 0;
+};
+
+// The tokens a capture of `text` would run (chat template and BOS included), each decoded alone.
+struct TokenPieces {
+    QString text;               // the context they belong to (stale results are recognised by it)
+    std::vector<int> ids;       // (tokens)
+    QStringList pieces;         // (tokens) decode({id}); partial UTF-8 shows as U+FFFD
+};
+
+// ---- Distributions ---------------------------------------------------------------------------
+
+struct EntropyMap {   // per-channel entropy of every layer of one kind at `bins`
+    KvKind kind = KvKind::Key;
+    int bins = 0;
+    int layers = 0, channels = 0;
+    std::vector<double> bits;  // (layers, channels)
+};
+
+struct HistogramData {
+    KvKind kind = KvKind::Key;
+    int layer = 0;
+    int channel = -1;  // -1: every channel of the layer
+    Histogram histogram;
+};
+
+struct TokenMapData {
+    KvKind kind = KvKind::Key;
+    int layer = 0;
+    int tokens = 0, stride = 1, channels = 0;
+    std::vector<float> values;  // (tokens, channels)
+};
+
+// ---- Codec -----------------------------------------------------------------------------------
+
+struct TrialFigures {  // one level of the edited profile, encoded and decoded once
+    int level = 1;
+    quint64 bytes = 0;
+    double bitsPerValue = 0, ratioVsFp16 = 0, ratioVsInt8 = 0;
+    double encodeSeconds = 0, decodeSeconds = 0;
+    double rms = 0;
+    std::vector<LayerError> layers;
+};
+
+struct QualityFigures {
+    int level = 1;
+    double bitsPerValue = 0;      // of the trial measured
+    bool hasContinuation = false; // ΔPPL and KL need one
+    double deltaPplPct = 0, kl = 0, tokenAgreement = 1;
+    QString originalAnswer, answer;
+};
+
+struct RdPoint {  // one row of evaluateCodecs
+    QString codec;   // "cachegen", "int8", ...
+    QString label;   // "level 2", "int8", ...
+    double bitsPerValue = 0, deltaPplPct = 0, kl = 0;
+};
+
+// A codec stage the user can switch on and off (the transform codec's stages); the tuner shows
+// whatever list the app hands it.
+struct CodecStage {
+    QString id;       // stable key, e.g. "delta", "rope_undo", "pca", "hadamard"
+    QString label;
+    QString toolTip;
+    bool enabled = true;    // can be toggled now
+    bool on = false;
+};
+
+// ---- Stream ----------------------------------------------------------------------------------
+
+// Target hardware for the compute parts of TTFT (decode, recompute, the question's prefill).
+// Zero rates: measured on this machine. Otherwise modelled from the rates (transfer is always
+// measured on the socket).
+struct HardwarePreset {
+    QString id, label;
+    double prefillTokensPerSecond = 0;
+    double decodeGBps = 0;
+    bool modelled() const { return prefillTokensPerSecond > 0 || decodeGBps > 0; }
+};
+// The presets the Stream page offers, "measured" first.
+std::vector<HardwarePreset> hardwarePresets();
+
+struct StreamConfig {
+    enum Link { Constant = 0, Steps = 1, Trace = 2 } link = Constant;
+    QString rate = QStringLiteral("50Mbit");   // Constant: a rate; Steps: RATE:SECONDS,...,RATE
+    QString tracePath;
+    double traceScale = 1.0;
+    double rttMs = 0;
+    double sloSeconds = 1.0;
+    // The policies raced, back to back on the same link schedule: adaptive | text | int8 | level:N.
+    // One entry is a single run.
+    QStringList policies{QStringLiteral("adaptive")};
+    QString hardware = QStringLiteral("measured");  // a HardwarePreset id, or "custom"
+    double prefillTokensPerSecond = 0, decodeGBps = 0;  // the preset's rates (0 = measured)
+    QString store;  // "" = encode the cache now; else .kvc files "a,b", a folder or redis://HOST:PORT/PREFIX
+};
+
+struct StreamChunkPoint {
+    int lane = 0;        // index of the policy in the race
+    int index = 0;
+    int level = 0;       // 0 = text
+    bool local = false;  // recomputed after fetching failed
+    quint64 bytes = 0;
+    double sentS = 0, firstByteS = 0, arrivedS = 0;
+    double jobStartS = 0, decodedS = 0;  // 0 until the run finished
+};
+
+struct StreamRunResult {
+    int run = 0;
+    int lane = 0;
+    QString policy, link, hardware;
+    bool modelled = false;  // compute parts modelled on target hardware
+    double sloSeconds = 0, ttftSeconds = 0;
+    bool sloMet = false;
+    static constexpr int kParts = 6;
+    // transfer, decode, recompute, kv load, prefill, first token
+    double parts[kParts] = {0, 0, 0, 0, 0, 0};
+    std::vector<StreamChunkPoint> chunks;
+    quint64 deliveredBytes = 0;
+    double capacityBytes = 0;
+    double linkSeconds = 0;
+    double tokenAgreement = 0;
+    QString text, referenceText;
+    QStringList log;
+};
+
+struct LinkSeries {  // available rate of the link over link time
+    std::vector<double> seconds, mbps;
+};
+
+// A whole race: what was run, on what, and every policy's result; what Save/Open run keep.
+struct RaceRecord {
+    StreamConfig config;
+    QString cache;  // "978 tokens of SmolLM2-135M-Instruct"
+    LinkSeries available;
+    std::vector<StreamRunResult> results;  // by lane
+};
+
+}  // namespace kvscope
+
+Q_DECLARE_METATYPE(kvscope::ModelInfo)
+Q_DECLARE_METATYPE(kvscope::TokenPieces)
+Q_DECLARE_METATYPE(kvscope::EntropyMap)
+Q_DECLARE_METATYPE(kvscope::HistogramData)
+Q_DECLARE_METATYPE(kvscope::TokenMapData)
+Q_DECLARE_METATYPE(kvscope::TrialFigures)
+Q_DECLARE_METATYPE(kvscope::QualityFigures)
+Q_DECLARE_METATYPE(kvscope::RdPoint)
+Q_DECLARE_METATYPE(kvscope::StreamConfig)
+Q_DECLARE_METATYPE(kvscope::StreamChunkPoint)
+Q_DECLARE_METATYPE(kvscope::StreamRunResult)
+Q_DECLARE_METATYPE(kvscope::LinkSeries)
+Q_DECLARE_METATYPE(kvscope::RaceRecord)
