@@ -329,6 +329,9 @@ CodecProfile profileFromJson(const std::string& text, const std::string& src)
         j = json::parse(text);
     } catch (const json::parse_error& e) {
         throw inputError(src, "byte " + std::to_string(e.byte), "not valid JSON");
+    } catch (const json::exception& e) {
+        // A number beyond double's range (1e309) is out_of_range, not a parse_error.
+        throw inputError(src, "", std::string("not valid JSON (") + e.what() + ")");
     }
     if (!j.is_object()) throw inputError(src, "", "a profile must be a JSON object");
     if (getString(j, "format", "", src) != "kvscope-profile")
