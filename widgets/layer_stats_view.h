@@ -12,7 +12,7 @@
 // Right-click a plot to copy its data as CSV or to save it as PNG, JPG, SVG or PDF (plot_export.h).
 #pragma once
 
-#include "eval/sensitivity.h"
+#include "eval/layer_sensitivity.h"
 #include "kv/kv_stats.h"
 #include "kv_metatypes.h"
 

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "kv/kv_compare.h"
-#include "eval/sensitivity.h"
+#include "eval/layer_sensitivity.h"
 #include "kv/kv_stats.h"
 #include "kv_metatypes.h"
 
