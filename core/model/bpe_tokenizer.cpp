@@ -569,6 +569,13 @@ void parseModel(Impl& t, const json& m)
         if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
             it.value().get<int64_t>() > (1 << 30))
             throw t.err("model.vocab", "id of \"" + it.key() + "\" is not a valid integer");
+        // The id tables are dense (one string per id): ids far beyond the entry count would make
+        // a small file allocate gigabytes. Real vocabularies are dense; allow generous gaps.
+        const size_t idLimit = 2 * m["vocab"].size() + 1024;
+        if (uint64_t(it.value().get<int64_t>()) >= idLimit)
+            throw t.err("model.vocab", "id " + std::to_string(it.value().get<int64_t>()) + " of \"" + it.key() +
+                                           "\" is far beyond the " + std::to_string(m["vocab"].size()) +
+                                           " entries (at most " + std::to_string(idLimit - 1) + ")");
         const int32_t id = it.value().get<int32_t>();
         t.vocab[it.key()] = id;
         maxId = std::max(maxId, id);
@@ -619,6 +626,13 @@ void parseAdded(Impl& t, const json& j, bool haveNormalizer)
             !e.contains("content") || !e["content"].is_string() || e["id"].get<int64_t>() < 0 ||
             e["id"].get<int64_t>() > (1 << 30))
             throw t.err(place, "needs an integer id and a string content");
+        // As for the vocabulary: the id tables are dense, so an id is bounded by the entries.
+        const size_t idLimit = 2 * (t.idToToken.size() + j.size()) + 1024;
+        if (uint64_t(e["id"].get<int64_t>()) >= idLimit)
+            throw t.err(place, "id " + std::to_string(e["id"].get<int64_t>()) + " is far beyond the " +
+                                   std::to_string(t.idToToken.size()) + " vocabulary ids and " +
+                                   std::to_string(j.size()) + " added tokens (at most " +
+                                   std::to_string(idLimit - 1) + ")");
         for (const char* k : {"lstrip", "rstrip", "single_word"})
             if (!isFalse(e, k)) throw t.err(place, std::string(k) + " not supported");
         const bool special = isTrue(e, "special");

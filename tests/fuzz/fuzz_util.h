@@ -3,8 +3,8 @@
 // MemFile is one anonymous in-memory file (memfd) per process, rewritten for every input and
 // named by its /proc/self/fd path, so a path-taking reader (mmap, fopen, HDF5) sees exactly the
 // input bytes and nothing is left on disk, whatever happens to the process.
-// TempDir is a folder for readers that take a folder; it is removed at exit (a crash may leave
-// it behind in $TMPDIR, named kvscope-fuzz-*).
+// TempDir is a folder for readers that take a folder, in $TMPDIR, else /dev/shm, else /tmp; it is
+// removed at exit (a crash may leave it behind, named kvscope-fuzz-*).
 #pragma once
 
 #include <cstddef>
@@ -53,8 +53,12 @@ class TempDir {
 public:
     TempDir()
     {
+        // tmpfs when there is one: a file write per input on a disk file system costs more than
+        // the reader under test.
         const char* base = std::getenv("TMPDIR");
-        std::string pattern = std::string(base && *base ? base : "/tmp") + "/kvscope-fuzz-XXXXXX";
+        const bool shm = ::access("/dev/shm", W_OK) == 0;
+        std::string pattern =
+            std::string(base && *base ? base : shm ? "/dev/shm" : "/tmp") + "/kvscope-fuzz-XXXXXX";
         if (!::mkdtemp(pattern.data())) {
             std::perror("mkdtemp");
             std::abort();
