@@ -555,6 +555,16 @@ SuiteReference::SuiteReference(const Model& model, Suite suite, const SuiteOptio
                 std::fprintf(stderr, "warning: %s; recomputing\n", e.what());
             }
         }
+        if (haveKv && it.original.attnMass.empty()) {
+            // Cached before attention mass was recorded: one prefill adds it, the K/V are unchanged.
+            InferenceSession s(rt);
+            s.append(it.context, nullptr, nullptr, [&](int done, int all) {
+                return !progress || progress("prefill " + it.id, done, all);
+            });
+            it.original.attnMass = s.exportKv().attnMass;
+            ++prefills_;
+            if (options_.useCache) writeKvH5(it.original, kvPath);
+        }
         if (!haveKv) {
             InferenceSession s(rt);
             s.append(it.context, nullptr, nullptr, [&](int done, int all) {

@@ -201,6 +201,10 @@ struct InferenceSession::State {
     // how many query positions they cover.
     std::vector<torch::Tensor> querySq;
     int64_t queryCount = 0;
+    // Per layer (kv_heads, slots) sums over query heads and queries of the softmax probability each
+    // cache slot received, and (slots) how many recorded queries saw each slot.
+    std::vector<torch::Tensor> attnMass;
+    torch::Tensor attnSeen;
 
     void reserve(const LlamaRuntime::Impl& d, int needed)
     {
@@ -334,6 +338,27 @@ torch::Tensor InferenceSession::State::forwardBlock(const LlamaRuntime::Impl& d,
         const torch::Tensor qg = q.reshape({KH, groups, T, hd});
         const torch::Tensor scores = torch::matmul(qg, K.transpose(-1, -2)) * scale + mask;  // (KH, g, T, S)
         const torch::Tensor probs = torch::softmax(scores, -1);
+        if (recordQueries) {
+            // Attention mass per slot: sum over the group's query heads and the block's queries.
+            if (s_->attnMass.size() < d.layers.size()) s_->attnMass.resize(d.layers.size());
+            const torch::Tensor m = probs.sum({1, 2});  // (KH, S)
+            torch::Tensor& acc = s_->attnMass[l];
+            if (!acc.defined() || acc.size(1) < S) {
+                torch::Tensor grown = torch::zeros({KH, S});
+                if (acc.defined()) grown.narrow(1, 0, acc.size(1)).copy_(acc);
+                acc = grown;
+            }
+            acc.narrow(1, 0, S).add_(m);
+            if (l == 0) {
+                const torch::Tensor seen = (mask > -1e30f).to(torch::kFloat32).sum(0);  // (S)
+                if (!s_->attnSeen.defined() || s_->attnSeen.size(0) < S) {
+                    torch::Tensor grown = torch::zeros({S});
+                    if (s_->attnSeen.defined()) grown.narrow(0, 0, s_->attnSeen.size(0)).copy_(s_->attnSeen);
+                    s_->attnSeen = grown;
+                }
+                s_->attnSeen.narrow(0, 0, S).add_(seen);
+            }
+        }
         const torch::Tensor o = torch::matmul(probs, V).reshape({H, T, hd}).transpose(0, 1).reshape({T, H * hd});
         x = x + d.linear(o, L.wo);
         const torch::Tensor h2 = rmsNorm(x, L.postNorm, c.rmsNormEps);
@@ -358,6 +383,19 @@ void InferenceSession::exportCodecStatistics(KvSet& kv) const
             const torch::Tensor m = (acc / double(s_->queryCount)).contiguous();
             kv.querySq.emplace_back(m.data_ptr<float>(), m.data_ptr<float>() + m.numel());
         }
+    kv.attnMass.clear();
+    const int T = s_->length;
+    if (T > 0 && s_->attnMass.size() == d.layers.size() && s_->attnSeen.defined() && s_->attnSeen.size(0) >= T) {
+        const torch::Tensor seen = s_->attnSeen.narrow(0, 0, T).clamp_min(1.0f) * float(groups);
+        for (const torch::Tensor& acc : s_->attnMass) {
+            if (!acc.defined() || acc.size(1) < T) {
+                kv.attnMass.clear();
+                break;
+            }
+            const torch::Tensor m = (acc.narrow(1, 0, T) / seen.unsqueeze(0)).contiguous();
+            kv.attnMass.emplace_back(m.data_ptr<float>(), m.data_ptr<float>() + m.numel());
+        }
+    }
     kv.valueWeight.clear();
     for (const Layer& L : d.layers) {
         // wo (hidden, H * hd): head h's columns; M_g = sum_h W_h^T W_h over the group's heads.
