@@ -46,8 +46,8 @@ PY
 
 # 3. Rows on the eval split (each process measures fp16 too: it is the bar).
 E="eval --suite $SUITE --split eval --threads 1 --json $CACHE"
-"$CLI" $E --profile "$WORK/tp.json" --baselines none --levels all > "$OUT/transform.json"
-"$CLI" $E --profile "$WORK/tp_imp.json" --baselines none --levels all > "$OUT/transform_importance.json"
+"$CLI" $E --codec transform --profile "$WORK/tp.json" --baselines none --levels all > "$OUT/transform.json"
+"$CLI" $E --codec transform --profile "$WORK/tp_imp.json" --baselines none --levels all > "$OUT/transform_importance.json"
 "$CLI" $E --baselines int8,kivi2,kivi4 --levels all > "$OUT/baselines_cachegen_default.json"
 "$CLI" $E --profile samples/profiles/smollm2-135m-instruct.json --baselines none --levels all > "$OUT/cachegen_tuned.json"
-"$CLI" $E --profile "$WORK/tq.json" --baselines none --levels all > "$OUT/turboquant_like.json"
+"$CLI" $E --codec transform --profile "$WORK/tq.json" --baselines none --levels all > "$OUT/turboquant_like.json"
