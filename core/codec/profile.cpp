@@ -152,6 +152,10 @@ void validateProfile(const CodecProfile& p, const std::string& src)
             throw inputError(src, "transform.sink_tokens", std::to_string(s.sinkTokens) + " is outside 0..4096");
         if (s.recentTokens < 0 || s.recentTokens > 65536)
             throw inputError(src, "transform.recent_tokens", std::to_string(s.recentTokens) + " is outside 0..65536");
+        if (!(s.importanceQuantile >= 0 && s.importanceQuantile <= 1))
+            throw inputError(src, "transform.importance_quantile", "is outside 0..1");
+        if (!(s.importancePower >= 0 && s.importancePower <= 8))
+            throw inputError(src, "transform.importance_power", "is outside 0..8");
         if (p.transformLevels.size() > 64) throw inputError(src, "transform.levels", "more than 64 levels");
         if (p.transformDefaultLevel < 1 || p.transformDefaultLevel > int(p.transformLevels.size()))
             throw inputError(src, "transform.default_level", std::to_string(p.transformDefaultLevel) + " names no level");
@@ -295,6 +299,15 @@ void parseTransformJson(const json& t, CodecProfile& p, const std::string& src)
     s.entropy = TransformEntropy(choice("entropy", "rans", {"fixed", "rans"}));
     s.sinkTokens = getInt(t, "sink_tokens", 4, src);
     s.recentTokens = getInt(t, "recent_tokens", 0, src);
+    s.tokenImportance = getBool(t, "token_importance", false, src, "transform");
+    if (t.contains("importance_quantile")) {
+        if (!t.at("importance_quantile").is_number()) throw inputError(src, "transform.importance_quantile", "must be a number");
+        s.importanceQuantile = t.at("importance_quantile").get<double>();
+    }
+    if (t.contains("importance_power")) {
+        if (!t.at("importance_power").is_number()) throw inputError(src, "transform.importance_power", "must be a number");
+        s.importancePower = t.at("importance_power").get<double>();
+    }
     p.transformDefaultLevel = getInt(t, "default_level", 1, src);
     if (!t.contains("levels") || !t.at("levels").is_array() || t.at("levels").empty() || t.at("levels").size() > 64)
         throw inputError(src, "transform.levels", "must be an array of 1 to 64 levels");
@@ -434,6 +447,11 @@ std::string profileToJson(const CodecProfile& p)
         t["entropy"] = entropyName(s.entropy);
         t["sink_tokens"] = s.sinkTokens;
         t["recent_tokens"] = s.recentTokens;
+        if (s.tokenImportance) {
+            t["token_importance"] = true;
+            t["importance_quantile"] = s.importanceQuantile;
+            t["importance_power"] = s.importancePower;
+        }
         t["default_level"] = p.transformDefaultLevel;
         json tl = json::array();
         for (const TransformLevel& l : p.transformLevels) {

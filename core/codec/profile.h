@@ -19,6 +19,8 @@
 //   "transform": { "rope_undo": true, "basis": "pca", "across_heads": true,      (version 2, optional:
 //                  "weighting": "attention", "allocation": "waterfill",            the transform codec)
 //                  "entropy": "rans", "sink_tokens": 4, "recent_tokens": 0,
+//                  "token_importance": false, "importance_quantile": 0.75,
+//                  "importance_power": 0.5,        (token importance: written only when on)
 //                  "default_level": 1,
 //                  "levels": [ {"name": "t 0.01", "key_theta": 0.01, "value_theta": 0.01,
 //                               "key_layer_scale": [...], "value_layer_scale": [...], "measured": {...}} ],

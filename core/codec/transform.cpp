@@ -516,6 +516,9 @@ namespace {
 
 const uint8_t kModelMagic[4] = {'K', 'V', 'T', 'R'};
 constexpr uint16_t kModelVersion = 1;
+// Version 2 adds, after recent_tokens: u8 token_importance (1), f32 importance_quantile, f32
+// importance_power. Written only when token importance is on, so other models stay version 1.
+constexpr uint16_t kModelVersionImportance = 2;
 
 struct Writer {
     std::vector<uint8_t>& b;
@@ -563,11 +566,12 @@ void serializeTransformModel(const TransformModel& m, std::vector<uint8_t>& out)
 {
     Writer w{out};
     for (uint8_t c : kModelMagic) w.u8(c);
-    w.u16(kModelVersion);
+    w.u16(m.settings.tokenImportance ? kModelVersionImportance : kModelVersion);
     const TransformSettings& s = m.settings;
     w.u8(s.ropeUndo), w.u8(uint8_t(s.basis)), w.u8(s.acrossHeads), w.u8(uint8_t(s.weighting));
     w.u8(uint8_t(s.allocation)), w.u8(uint8_t(s.entropy));
     w.u32(uint32_t(s.sinkTokens)), w.u32(uint32_t(s.recentTokens));
+    if (s.tokenImportance) w.u8(1), w.f32(float(s.importanceQuantile)), w.f32(float(s.importancePower));
     w.u32(uint32_t(m.numLayers)), w.u32(uint32_t(m.heads)), w.u32(uint32_t(m.headDim));
     w.u32(uint32_t(m.numLevels()));
     w.u32(uint32_t(m.ropeInvFreq.size()));
@@ -630,8 +634,8 @@ TransformModel parseTransformModel(const uint8_t* data, size_t size, const KvSha
     Reader r{data, data + size, where};
     if (std::memcmp(r.take(4, "magic"), kModelMagic, 4) != 0) throw Error(where + ": not a transform model (bad magic)");
     const uint16_t version = r.u16("version");
-    if (version != kModelVersion)
-        throw Error(where + ": transform model version " + std::to_string(version) + " is not supported (this build reads 1)");
+    if (version != kModelVersion && version != kModelVersionImportance)
+        throw Error(where + ": transform model version " + std::to_string(version) + " is not supported (this build reads 1, 2)");
     TransformModel m;
     TransformSettings& s = m.settings;
     const uint8_t rope = r.u8("settings"), basis = r.u8("settings"), across = r.u8("settings"),
@@ -643,6 +647,14 @@ TransformModel parseTransformModel(const uint8_t* data, size_t size, const KvSha
     const uint32_t sink = r.u32("sink_tokens"), recent = r.u32("recent_tokens");
     if (sink > 4096 || recent > 65536) throw Error(where + ": sink_tokens or recent_tokens out of range");
     s.sinkTokens = int(sink), s.recentTokens = int(recent);
+    if (version == kModelVersionImportance) {
+        if (r.u8("token_importance") != 1) throw Error(where + ": token_importance must be 1 in a version-2 model");
+        s.tokenImportance = true;
+        s.importanceQuantile = r.f32("importance_quantile");
+        s.importancePower = r.f32("importance_power");
+        if (!(s.importanceQuantile >= 0 && s.importanceQuantile <= 1) || !(s.importancePower >= 0 && s.importancePower <= 8))
+            throw Error(where + ": importance_quantile or importance_power out of range");
+    }
     const uint32_t L = r.u32("num_layers"), H = r.u32("heads"), D = r.u32("head_dim"), levels = r.u32("num_levels");
     if (int(L) != shape.numLayers || int(H) != shape.numKvHeads || int(D) != shape.headDim)
         throw Error(where + ": the model is for " + std::to_string(L) + " layers x " + std::to_string(H) + " heads x " +
@@ -720,11 +732,22 @@ void prepareTransform(CodecParams& p, const KvSet& kv, const std::string& source
         throw inputError(source, "transform.rope_undo",
                          "the KV cache carries no RoPE parameters (captured before they were recorded): recapture it or "
                          "set \"rope_undo\": false");
+    if (s.tokenImportance) {
+        bool ok = int(kv.attnMass.size()) == kv.shape().numLayers;
+        for (const auto& a : kv.attnMass) ok = ok && a.size() == size_t(kv.shape().numKvHeads) * size_t(kv.shape().numTokens);
+        if (!ok)
+            throw inputError(source, "transform.token_importance",
+                             "the KV cache carries no attention mass (captured before it was recorded): recapture it or set "
+                             "\"token_importance\": false");
+    }
     TransformModel m;
     if (!pr.transformModel.empty()) {
         m = parseTransformModel(pr.transformModel.data(), pr.transformModel.size(), kv.shape(), source + ": transform.model");
         if (!(m.settings == s))
             throw inputError(source, "transform", "the switches differ from those the model was calibrated with: recalibrate");
+        m.settings.tokenImportance = s.tokenImportance;  // encoder-side, independent of calibration
+        m.settings.importanceQuantile = s.importanceQuantile;
+        m.settings.importancePower = s.importancePower;
         if (m.numLevels() != int(pr.transformLevels.size()))
             throw inputError(source, "transform.levels", "the calibrated model has " + std::to_string(m.numLevels()) +
                                                              " levels, the profile lists " + std::to_string(pr.transformLevels.size()) +

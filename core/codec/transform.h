@@ -53,6 +53,17 @@
 // 6. Sinks and recent tokens: the first sink_tokens and the last recent_tokens tokens of the cache
 //    are stored as fp16, untouched (attention sinks carry outsized norms; recent tokens matter most).
 //
+// 7. Token importance (token_importance, off by default). An error in token t's key or value
+//    reaches the output in proportion to the attention t receives (mass is concentrated on few
+//    tokens). With w_t = sum over KV heads of KvSet::attnMass (mean probability t receives in the
+//    prefill) and w_ref the importance_quantile of w over the layer's coded tokens, token t gets
+//    class c_t = clamp(rint(importance_power * log2(w_ref / w_t)), 0, 3) in its layer (keys and
+//    values alike) and every coded component of it the step 2^c_t Delta_j. With weight w_t on
+//    its distortion, the optimum is theta_t ~ theta / w_t, i.e. power 0.5. Classes travel as 2 bits
+//    per coded token at the head of each block's stream; each class's rows are one symbol stream
+//    whose tables are the level's tables folded for the coarser step (symbol q -> rint(q / 2^c),
+//    escapes to escapes), so the decoder derives them without side information.
+//
 // Where the side information lives: a TransformModel (means, A, steps, tables per level) is fitted
 // by `kvscope-cli calibrate --codec transform` on calibration caches and stored in the profile;
 // the container carries the model it was encoded with (transform section, FORMAT.md) so every
@@ -91,6 +102,12 @@ struct TransformSettings {
     TransformEntropy entropy = TransformEntropy::Rans;
     int sinkTokens = 4;    // 0..4096
     int recentTokens = 0;  // 0..65536
+    // Token importance (READ ME FIRST, 7): per-token step multipliers from the attention mass each
+    // token received. Encoder-side choices; only the flag changes the payload layout. operator==
+    // ignores these (a calibrated model serves with and without them).
+    bool tokenImportance = false;
+    double importanceQuantile = 0.75;  // w_ref = this quantile of the layer's token importance, 0..1
+    double importancePower = 0.5;      // log2 multiplier = power * log2(w_ref / w_t), rounded, 0..3
     bool operator==(const TransformSettings& o) const;
 };
 

@@ -7,6 +7,7 @@
 
 #include "common/half.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace kvscope::detail {
@@ -55,6 +56,77 @@ void buildTables(const TransformLevelBlock& lb, bool forDecoding, std::vector<Co
     }
 }
 
+constexpr int kImportanceClasses = 4;  // step multipliers 1, 2, 4, 8
+
+// Class of every token of the cache in `layer` (READ ME FIRST, 7): 0 for raw tokens.
+std::vector<uint8_t> importanceClasses(const TransformModel& m, const KvSet& kv, int layer)
+{
+    const int T = kv.shape().numTokens, H = kv.shape().numKvHeads;
+    const std::vector<float>& a = kv.attnMass[size_t(layer)];
+    std::vector<double> w(static_cast<size_t>(T), 0.0);
+    for (int h = 0; h < H; ++h)
+        for (int t = 0; t < T; ++t) w[size_t(t)] += double(a[size_t(h) * T + t]);
+    std::vector<double> coded;
+    for (int t = 0; t < T; ++t)
+        if (!rawToken(m, T, t)) coded.push_back(w[size_t(t)]);
+    std::vector<uint8_t> cls(static_cast<size_t>(T), 0);
+    if (coded.empty()) return cls;
+    const size_t qi = std::min(coded.size() - 1, size_t(m.settings.importanceQuantile * double(coded.size() - 1) + 0.5));
+    std::nth_element(coded.begin(), coded.begin() + std::ptrdiff_t(qi), coded.end());
+    const double ref = std::max(coded[qi], 1e-30);
+    for (int t = 0; t < T; ++t) {
+        if (rawToken(m, T, t)) continue;
+        const double c = std::nearbyint(m.settings.importancePower * std::log2(ref / std::max(w[size_t(t)], 1e-30)));
+        cls[size_t(t)] = uint8_t(std::max(0.0, std::min(double(kImportanceClasses - 1), c)));
+    }
+    return cls;
+}
+
+// The level's table for component k folded for step multiplier 2^c: symbol q (|q| < M) goes to
+// rint(q / 2^c) (halves away from zero), |q'| >= M' = ceil(M / 2^c) and the escapes to the escapes.
+// Sums are preserved, and every folded symbol receives at least one original one.
+std::vector<uint16_t> foldedFreq(const std::vector<uint16_t>& f, int M, int c, int& Mout)
+{
+    const int mult = 1 << c;
+    const int Mf = std::max(1, (M + mult - 1) / mult);
+    Mout = Mf;
+    std::vector<uint32_t> acc(size_t(2 * Mf + 1), 0);
+    for (int s = 0; s <= 2 * M; ++s) {
+        int sf;
+        if (s == 0) sf = 0;
+        else if (s == 2 * M) sf = 2 * Mf;
+        else {
+            const int q = s - M;
+            const int qf = q >= 0 ? (q + mult / 2) / mult : -((-q + mult / 2) / mult);
+            sf = qf <= -Mf ? 0 : qf >= Mf ? 2 * Mf : qf + Mf;
+        }
+        acc[size_t(sf)] += f[size_t(s)];
+    }
+    return std::vector<uint16_t>(acc.begin(), acc.end());
+}
+
+int foldedMax(int M, int c)
+{
+    const int mult = 1 << c;
+    return std::max(1, (M + mult - 1) / mult);
+}
+
+void buildClassTables(const TransformLevelBlock& lb, int c, bool forDecoding, std::vector<CodingTable>& tables)
+{
+    if (c == 0) return buildTables(lb, forDecoding, tables);
+    tables.resize(lb.freq.size());
+    int k = 0;
+    for (size_t j = 0; j < lb.step.size(); ++j) {
+        if (!(lb.step[j] > 0)) continue;
+        ProbTable t;
+        int Mf = 0;
+        t.freq = foldedFreq(lb.freq[size_t(k)], lb.maxQ[j], c, Mf);
+        t.alphabet = int(t.freq.size());
+        toCodingTable(t, &tables[size_t(k)], forDecoding);
+        ++k;
+    }
+}
+
 struct BlockPayload {
     std::vector<uint16_t> raw;  // (H, raw tokens, D)
     std::vector<uint8_t> escapes, stream;
@@ -87,6 +159,12 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
 
     const std::vector<int> coded = codedList(lb);
     const int K = int(coded.size()), R = int(codedTokens.size());
+    const bool imp = m.settings.tokenImportance;
+    std::vector<uint8_t> rowClass(static_cast<size_t>(R), 0);
+    if (imp) {
+        const std::vector<uint8_t> cls = importanceClasses(m, kv, layer);
+        for (int r = 0; r < R; ++r) rowClass[size_t(r)] = cls[size_t(t0 + codedTokens[size_t(r)])];
+    }
     std::vector<uint8_t> sym(size_t(R) * K);
     std::vector<float> v(static_cast<size_t>(C));
     for (int r = 0; r < R; ++r) {
@@ -98,8 +176,9 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
             const float* e = &b.encode[size_t(j) * C];
             float z = 0;
             for (int c = 0; c < C; ++c) z += e[c] * v[size_t(c)];
-            const int M = lb.maxQ[size_t(j)];
-            const double qd = std::nearbyint(double(z) / double(lb.step[size_t(j)]));
+            const int c = rowClass[size_t(r)];
+            const int M = foldedMax(lb.maxQ[size_t(j)], c);
+            const double qd = std::nearbyint(double(z) / (double(lb.step[size_t(j)]) * double(1 << c)));
             const int64_t q = int64_t(std::max(-2147483647.0, std::min(2147483647.0, qd)));
             int s;
             if (q <= -M || q >= M) {
@@ -111,7 +190,31 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
             sym[size_t(r) * K + size_t(k)] = uint8_t(s);
         }
     }
-    if (m.settings.entropy == TransformEntropy::Rans) {
+    if (imp) {  // 2 bits per coded token, LSB first
+        std::vector<uint8_t> packed(size_t(R + 3) / 4, 0);
+        for (int r = 0; r < R; ++r) packed[size_t(r) / 4] |= uint8_t(rowClass[size_t(r)] << (2 * (r % 4)));
+        out.stream.insert(out.stream.end(), packed.begin(), packed.end());
+    }
+    if (m.settings.entropy == TransformEntropy::Rans && imp) {
+        // One stream per class present, in class order, each prefixed by its u32 byte count.
+        thread_local std::vector<CodingTable> tables;
+        std::vector<uint8_t> rows, part;
+        for (int c = 0; c < kImportanceClasses; ++c) {
+            rows.clear();
+            int nr = 0;
+            for (int r = 0; r < R; ++r)
+                if (rowClass[size_t(r)] == c) {
+                    rows.insert(rows.end(), sym.begin() + std::ptrdiff_t(size_t(r) * K), sym.begin() + std::ptrdiff_t(size_t(r + 1) * K));
+                    ++nr;
+                }
+            if (nr == 0) continue;
+            buildClassTables(lb, c, false, tables);
+            part.clear();
+            encodeSymbolMatrix(rows.data(), nr, K, tables.data(), part);
+            putU32(out.stream, uint32_t(part.size()));
+            out.stream.insert(out.stream.end(), part.begin(), part.end());
+        }
+    } else if (m.settings.entropy == TransformEntropy::Rans) {
         thread_local std::vector<CodingTable> tables;
         buildTables(lb, false, tables);
         encodeSymbolMatrix(sym.data(), R, K, tables.data(), out.stream);
@@ -120,7 +223,7 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
         int bits = 0;
         for (int r = 0; r < R; ++r)
             for (int k = 0; k < K; ++k) {
-                const int w = bitsFor(2 * lb.maxQ[size_t(coded[size_t(k)])] + 1);
+                const int w = bitsFor(2 * foldedMax(lb.maxQ[size_t(coded[size_t(k)])], rowClass[size_t(r)]) + 1);
                 acc |= uint64_t(sym[size_t(r) * K + size_t(k)]) << bits;
                 bits += w;
                 while (bits >= 8) {
@@ -147,19 +250,53 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
     std::vector<int> codedTokens, rawTokens;
     for (int t = 0; t < n; ++t) (rawToken(m, T, t0 + t) ? rawTokens : codedTokens).push_back(t);
     const int R = int(codedTokens.size());
+    const bool imp = m.settings.tokenImportance;
+    std::vector<uint8_t> rowClass(static_cast<size_t>(R), 0);
+    if (imp) {
+        const size_t nb = size_t(R + 3) / 4;
+        if (streamBytes < nb) throw Error(where + ": token classes are truncated");
+        for (int r = 0; r < R; ++r) rowClass[size_t(r)] = uint8_t((stream[size_t(r) / 4] >> (2 * (r % 4))) & 3);
+        stream += nb;
+        streamBytes -= nb;
+    }
 
     std::vector<uint8_t> sym(size_t(R) * K);
-    if (m.settings.entropy == TransformEntropy::Rans) {
+    if (m.settings.entropy == TransformEntropy::Rans && imp) {
+        thread_local std::vector<CodingTable> tables;
+        std::vector<uint8_t> rows;
+        size_t pos = 0;
+        for (int c = 0; c < kImportanceClasses; ++c) {
+            int nr = 0;
+            for (int r = 0; r < R; ++r) nr += rowClass[size_t(r)] == c;
+            if (nr == 0) continue;
+            if (streamBytes - pos < 4) throw Error(where + ": class stream size is truncated");
+            const size_t len = getU32(stream + pos);
+            pos += 4;
+            if (len > streamBytes - pos) throw Error(where + ": class stream is truncated");
+            buildClassTables(lb, c, true, tables);
+            rows.assign(size_t(nr) * K, 0);
+            decodeSymbolMatrix(stream + pos, len, nr, K, tables.data(), rows.data(), where);
+            pos += len;
+            int i = 0;
+            for (int r = 0; r < R; ++r)
+                if (rowClass[size_t(r)] == c) {
+                    std::copy(rows.begin() + std::ptrdiff_t(size_t(i) * K), rows.begin() + std::ptrdiff_t(size_t(i + 1) * K),
+                              sym.begin() + std::ptrdiff_t(size_t(r) * K));
+                    ++i;
+                }
+        }
+        if (pos != streamBytes) throw Error(where + ": class streams leave unused bytes");
+    } else if (m.settings.entropy == TransformEntropy::Rans) {
         thread_local std::vector<CodingTable> tables;
         buildTables(lb, true, tables);
         decodeSymbolMatrix(stream, streamBytes, R, K, tables.data(), sym.data(), where);
     } else {
         uint64_t totalBits = 0;
-        std::vector<int> width(static_cast<size_t>(K));
-        for (int k = 0; k < K; ++k) {
-            width[size_t(k)] = bitsFor(2 * lb.maxQ[size_t(coded[size_t(k)])] + 1);
-            totalBits += uint64_t(width[size_t(k)]) * uint64_t(R);
-        }
+        std::vector<int> width(size_t(kImportanceClasses) * K);  // [class * K + k]
+        for (int c = 0; c < kImportanceClasses; ++c)
+            for (int k = 0; k < K; ++k) width[size_t(c) * K + size_t(k)] = bitsFor(2 * foldedMax(lb.maxQ[size_t(coded[size_t(k)])], c) + 1);
+        for (int r = 0; r < R; ++r)
+            for (int k = 0; k < K; ++k) totalBits += uint64_t(width[size_t(rowClass[size_t(r)]) * K + size_t(k)]);
         if (streamBytes != (totalBits + 7) / 8)
             throw Error(where + ": fixed-width symbols take " + std::to_string((totalBits + 7) / 8) + " bytes, the block has " +
                         std::to_string(streamBytes));
@@ -168,7 +305,7 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
         size_t pos = 0;
         for (int r = 0; r < R; ++r)
             for (int k = 0; k < K; ++k) {
-                const int w = width[size_t(k)];
+                const int w = width[size_t(rowClass[size_t(r)]) * K + size_t(k)];
                 while (bits < w) {
                     acc |= uint64_t(stream[pos++]) << bits;
                     bits += 8;
@@ -176,7 +313,7 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
                 const int s = int(acc & ((uint64_t(1) << w) - 1));
                 acc >>= w;
                 bits -= w;
-                if (s > 2 * lb.maxQ[size_t(coded[size_t(k)])])
+                if (s > 2 * foldedMax(lb.maxQ[size_t(coded[size_t(k)])], rowClass[size_t(r)]))
                     throw Error(where + ": fixed-width symbol " + std::to_string(s) + " is outside its alphabet");
                 sym[size_t(r) * K + size_t(k)] = uint8_t(s);
             }
@@ -195,9 +332,11 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
     const uint8_t* const eend = esc + escBytes;
     for (int r = 0; r < R; ++r) {
         const int t = codedTokens[size_t(r)];
+        const int cls = rowClass[size_t(r)];
+        const float mult = float(1 << cls);
         for (int c = 0; c < C; ++c) v[size_t(c)] = b.mean[size_t(c)];
         for (int k = 0; k < K; ++k) {
-            const int M = lb.maxQ[size_t(coded[size_t(k)])];
+            const int M = foldedMax(lb.maxQ[size_t(coded[size_t(k)])], cls);
             const int s = sym[size_t(r) * K + size_t(k)];
             int64_t q = s - M;
             if (s == 0 || s == 2 * M) {
@@ -213,7 +352,7 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
                     throw Error(where + ": escape value does not match its symbol");
             }
             if (q == 0) continue;
-            const float zq = float(q) * step[size_t(k)];
+            const float zq = float(q) * step[size_t(k)] * mult;
             const float* a = &acol[size_t(k) * C];
             for (int c = 0; c < C; ++c) v[size_t(c)] += a[c] * zq;
         }

@@ -555,6 +555,22 @@ SuiteReference::SuiteReference(const Model& model, Suite suite, const SuiteOptio
                 std::fprintf(stderr, "warning: %s; recomputing\n", e.what());
             }
         }
+        if (haveKv && (it.original.attnMass.empty() || !it.original.hasRope() || it.original.querySq.empty())) {
+            // Cached before the codec statistics (RoPE table, query moments, attention mass) were
+            // recorded: one prefill adds them, the K/V are unchanged.
+            InferenceSession s(rt);
+            s.append(it.context, nullptr, nullptr, [&](int done, int all) {
+                return !progress || progress("prefill " + it.id, done, all);
+            });
+            const KvSet fresh = s.exportKv();
+            it.original.ropeInvFreq = fresh.ropeInvFreq;
+            it.original.ropePosition0 = fresh.ropePosition0;
+            it.original.querySq = fresh.querySq;
+            it.original.valueWeight = fresh.valueWeight;
+            it.original.attnMass = fresh.attnMass;
+            ++prefills_;
+            if (options_.useCache) writeKvH5(it.original, kvPath);
+        }
         if (!haveKv) {
             InferenceSession s(rt);
             s.append(it.context, nullptr, nullptr, [&](int done, int all) {

@@ -490,6 +490,9 @@ void writeFile(const KvSet& kv, const std::string& tmpPath, const H5WriteOptions
             if (size_t(l) < kv.querySq.size() && !kv.querySq[size_t(l)].empty())
                 writeF32Dataset(f, g.get(), "query_sq", kv.querySq[size_t(l)], {H, D},
                                 "/layers/" + name + "/query_sq");
+            if (size_t(l) < kv.attnMass.size() && !kv.attnMass[size_t(l)].empty())
+                writeF32Dataset(f, g.get(), "attn_mass", kv.attnMass[size_t(l)], {H, hsize_t(sh.numTokens)},
+                                "/layers/" + name + "/attn_mass");
             if (size_t(l) < kv.valueWeight.size() && !kv.valueWeight[size_t(l)].empty())
                 writeF32Dataset(f, g.get(), "value_weight", kv.valueWeight[size_t(l)], {H, D, D},
                                 "/layers/" + name + "/value_weight");
@@ -831,24 +834,30 @@ KvSet readKvH5(const std::string& path)
         if (p0 < 0 || p0 > int64_t(1) << 30) f.fail("attribute rope_position0", std::to_string(p0) + " is out of range");
         kv.ropePosition0 = int(p0);
     }
-    bool anyQ = false, anyV = false;
-    std::vector<std::vector<float>> q(size_t(info.shape.numLayers)), w(size_t(info.shape.numLayers));
+    bool anyQ = false, anyV = false, anyA = false;
+    std::vector<std::vector<float>> q(size_t(info.shape.numLayers)), w(size_t(info.shape.numLayers)),
+        a(size_t(info.shape.numLayers));
     for (int l = 0; l < info.shape.numLayers; ++l) {
         const std::string group = layerGroupName(l, info.shape.numLayers);
         Hid g = f.check(H5Gopen2(root, ("layers/" + group).c_str(), H5P_DEFAULT), H5Gclose, "/layers/" + group,
                         "cannot open group");
         q[size_t(l)] = readOptionalF32(f, g.get(), "query_sq", H * D, "/layers/" + group + "/query_sq");
         w[size_t(l)] = readOptionalF32(f, g.get(), "value_weight", H * D * D, "/layers/" + group + "/value_weight");
+        a[size_t(l)] = readOptionalF32(f, g.get(), "attn_mass", H * size_t(info.shape.numTokens),
+                                       "/layers/" + group + "/attn_mass");
+        anyA = anyA || !a[size_t(l)].empty();
         anyQ = anyQ || !q[size_t(l)].empty();
         anyV = anyV || !w[size_t(l)].empty();
     }
     for (int l = 0; l < info.shape.numLayers; ++l) {
         const std::string group = layerGroupName(l, info.shape.numLayers);
         if (anyQ && q[size_t(l)].empty()) f.fail("/layers/" + group + "/query_sq", "missing while other layers have it");
+        if (anyA && a[size_t(l)].empty()) f.fail("/layers/" + group + "/attn_mass", "missing while other layers have it");
         if (anyV && w[size_t(l)].empty()) f.fail("/layers/" + group + "/value_weight", "missing while other layers have it");
     }
     if (anyQ) kv.querySq = std::move(q);
     if (anyV) kv.valueWeight = std::move(w);
+    if (anyA) kv.attnMass = std::move(a);
     return kv;
 }
 

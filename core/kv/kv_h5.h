@@ -7,6 +7,7 @@
 //                fp16 as h5py's half type (reads as <f2), bf16 as uint16 with attr dtype="bfloat16"
 //   /rope_inv_freq  float32 (head_dim/2), optional, with root attr rope_position0: the RoPE the keys carry
 //   /layers/NN/query_sq      float32 (kv_heads, head_dim), optional (KvSet::querySq)
+//   /layers/NN/attn_mass     float32 (kv_heads, tokens), optional (KvSet::attnMass)
 //   /layers/NN/value_weight  float32 (kv_heads, head_dim, head_dim), optional (KvSet::valueWeight)
 // Layer groups are named with two digits ("00".."99"), three when num_layers > 100, four when
 // num_layers > 1000. /tokens may be empty (token ids unknown, e.g. synthetic caches); otherwise its

@@ -103,6 +103,10 @@ public:
     // of W_o,head^T W_o,head (head_dim x head_dim), so the o_proj output error of a value error e
     // is e^T M_h e (summed with the attention weights).
     std::vector<std::vector<float>> valueWeight;  // per layer (kv_heads, head_dim, head_dim)
+    // attnMass[l][h * tokens + t]: attention token t received during the prefill, summed over the
+    // query heads of KV group h and over the queries that see it, divided by the number of those
+    // queries and by the group size (the mean softmax probability it gets). Empty when not captured.
+    std::vector<std::vector<float>> attnMass;     // per layer (kv_heads * tokens)
     bool hasRope() const { return !ropeInvFreq.empty(); }
 
 private:

@@ -117,8 +117,11 @@ std::pair<torch::Tensor, torch::Tensor> ropeTablesAt(const torch::Tensor& invFre
 //   q (H, T, hd), query head h reads KV head h / (H / KH); K, V (KH, >= P+T, hd) fp32.
 //   window > 0: query at p sees keys j with p - window < j <= p. softcap > 0: scores become
 //   softcap * tanh(score / softcap). Returns (H, T, hd).
+//   mass (optional, (KH, >= P+T)): adds each key's attention probability summed over the group's
+//   query heads and the T queries, from a second pass over the key blocks with the final
+//   normaliser (what a codec weights token errors by; nothing the forward pass uses).
 torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& K, const torch::Tensor& V, int P, int window,
-                     double scale, double softcap, int keyBlock)
+                     double scale, double softcap, int keyBlock, torch::Tensor* mass = nullptr)
 {
     const int64_t H = q.size(0), T = q.size(1), hd = q.size(2), KH = K.size(0), groups = H / KH;
     const int64_t S = P + T;
@@ -148,6 +151,19 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& K, const torch
         l.mul_(corr).add_(s.sum(-1, /*keepdim=*/true));
         acc.mul_(corr).baddbmm_(s, Vb);
         m = mNew;
+    }
+    if (mass) {
+        for (int64_t k0 = first; k0 < S; k0 += keyBlock) {
+            const int64_t B = std::min<int64_t>(keyBlock, S - k0);
+            torch::Tensor sc = torch::bmm(qg, K.narrow(1, k0, B).transpose(1, 2));  // (KH, g*T, B)
+            if (softcap > 0) sc = torch::tanh(sc / softcap) * softcap;
+            const torch::Tensor qpos = torch::arange(P, S, torch::kLong).unsqueeze(1);
+            const torch::Tensor kpos = torch::arange(k0, k0 + B, torch::kLong).unsqueeze(0);
+            torch::Tensor allowed = kpos <= qpos;
+            if (window > 0) allowed = allowed & (kpos > qpos - window);
+            sc.view({KH, groups, T, B}).add_(torch::zeros({T, B}).masked_fill(allowed.logical_not(), -INFINITY));
+            mass->narrow(1, k0, B).add_(sc.sub_(m).exp_().div_(l).sum(1));  // (KH, B)
+        }
     }
     return (acc / l).view({H, T, hd});
 }
@@ -277,6 +293,10 @@ struct InferenceSession::State {
     // how many query positions they cover.
     std::vector<torch::Tensor> querySq;
     int64_t queryCount = 0;
+    // Per layer (kv_heads, slots) sums over query heads and queries of the softmax probability each
+    // cache slot received, and (slots) how many recorded queries saw each slot.
+    std::vector<torch::Tensor> attnMass;
+    torch::Tensor attnSeen;
 
     void reserve(const LlamaRuntime::Impl& d, int needed)
     {
@@ -417,8 +437,36 @@ torch::Tensor InferenceSession::State::forwardBlock(const LlamaRuntime::Impl& d,
         s_->values[l].narrow(1, P, T).copy_(v.to(d.kvType));
         torch::Tensor o;
         if (!maskGlobal.defined()) {
+            torch::Tensor* mass = nullptr;
+            if (recordQueries) {
+                // Attention mass per slot (sum over the group's query heads and the block's queries),
+                // and at layer 0 how many queries could see each slot: a codec weights token errors
+                // by their ratio.
+                if (s_->attnMass.size() < d.layers.size()) s_->attnMass.resize(d.layers.size());
+                torch::Tensor& acc = s_->attnMass[l];
+                if (!acc.defined() || acc.size(1) < S) {
+                    torch::Tensor grown = torch::zeros({KH, S});
+                    if (acc.defined()) grown.narrow(1, 0, acc.size(1)).copy_(acc);
+                    acc = grown;
+                }
+                mass = &acc;
+                if (l == 0) {
+                    const int w = L.sliding ? c.slidingWindow : 0;
+                    const torch::Tensor j = torch::arange(0, S, torch::kLong);
+                    torch::Tensor hi = torch::full({S}, int64_t(S - 1), torch::kLong);
+                    if (w > 0) hi = torch::minimum(hi, j + (w - 1));
+                    const torch::Tensor lo = torch::maximum(j, torch::full({S}, int64_t(P), torch::kLong));
+                    const torch::Tensor seen = (hi - lo + 1).clamp_min(0).to(torch::kFloat32);
+                    if (!s_->attnSeen.defined() || s_->attnSeen.size(0) < S) {
+                        torch::Tensor grown = torch::zeros({S});
+                        if (s_->attnSeen.defined()) grown.narrow(0, 0, s_->attnSeen.size(0)).copy_(s_->attnSeen);
+                        s_->attnSeen = grown;
+                    }
+                    s_->attnSeen.narrow(0, 0, S).add_(seen);
+                }
+            }
             o = attend(q, s_->keys[l], s_->values[l], P, L.sliding ? c.slidingWindow : 0, scale, c.attnSoftcap,
-                       d.options.keyBlock);
+                       d.options.keyBlock, mass);
         } else {  // an explicit (T, S) mask: dense scores, for small T (branches)
             const torch::Tensor K = s_->keys[l].narrow(1, 0, S).unsqueeze(1);    // (KH, 1, S, hd)
             const torch::Tensor V = s_->values[l].narrow(1, 0, S).unsqueeze(1);  // (KH, 1, S, hd)
@@ -457,6 +505,19 @@ void InferenceSession::exportCodecStatistics(KvSet& kv) const
             const torch::Tensor m = (acc / double(s_->queryCount)).contiguous();
             kv.querySq.emplace_back(m.data_ptr<float>(), m.data_ptr<float>() + m.numel());
         }
+    kv.attnMass.clear();
+    const int T = s_->length;
+    if (T > 0 && s_->attnMass.size() == d.layers.size() && s_->attnSeen.defined() && s_->attnSeen.size(0) >= T) {
+        const torch::Tensor seen = s_->attnSeen.narrow(0, 0, T).clamp_min(1.0f) * float(groups);
+        for (const torch::Tensor& acc : s_->attnMass) {
+            if (!acc.defined() || acc.size(1) < T) {
+                kv.attnMass.clear();
+                break;
+            }
+            const torch::Tensor m = (acc.narrow(1, 0, T) / seen.unsqueeze(0)).contiguous();
+            kv.attnMass.emplace_back(m.data_ptr<float>(), m.data_ptr<float>() + m.numel());
+        }
+    }
     kv.valueWeight.clear();
     for (const Layer& L : d.layers) {
         // wo (hidden, H * hd): head h's columns; M_g = sum_h W_h^T W_h over the group's heads.

@@ -1,0 +1,53 @@
+#!/bin/sh
+# Reruns the iso-quality table of the transform codec (with and without token importance) next to
+# the baselines on the quality suite: calibrated on the tune split (even items of facts.json),
+# judged on the eval split (odd items). Writes one JSON per run under samples/suites/results/.
+#   sh samples/suites/iso_table.sh [build/dev/app/cli/kvscope-cli]
+# SUITE_CACHE=dir uses another reference cache (default: $XDG_CACHE_HOME/kvscope/suite-ref).
+set -eu
+CLI=${1:-build/dev/app/cli/kvscope-cli}
+SUITE=samples/suites/facts.json
+OUT=samples/suites/results
+WORK=${WORK:-/tmp/kvscope-iso}
+CACHE=${SUITE_CACHE:+--suite-cache $SUITE_CACHE}
+mkdir -p "$OUT" "$WORK"
+
+# 1. Calibration caches: the tune split's contexts (items 0, 2, 4, 6), captured.
+python3 - "$SUITE" "$WORK" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for i, it in enumerate(d["items"]):
+    if i % 2 == 0:
+        open(f"{sys.argv[2]}/tune{i}.txt", "w").write(it["context"])
+PY
+for i in 0 2 4 6; do
+    [ -f "$WORK/tune$i.h5" ] || "$CLI" capture --context "$WORK/tune$i.txt" --out "$WORK/tune$i.h5" --threads 1
+done
+CAL="$WORK/tune0.h5 $WORK/tune2.h5 $WORK/tune4.h5 $WORK/tune6.h5"
+
+# 2. Profiles. The transform profile with every stage on; token importance is an encoder switch
+#    on the same calibrated model. TurboQuant-like: Hadamard, uniform, mse, fixed, RoPE kept.
+"$CLI" calibrate --codec transform $CAL --out "$WORK/tp.json" --json \
+    --thetas 0.03,0.01,0.01,0.003 --value-thetas 0.003,0.001,0.0003,0.0003 > "$OUT/calibrate_transform.json"
+python3 - "$WORK" <<'PY'
+import json, sys
+w = sys.argv[1]
+p = json.load(open(f"{w}/tp.json"))
+p["transform"]["token_importance"] = True
+json.dump(p, open(f"{w}/tp_imp.json", "w"))
+q = json.load(open(f"{w}/tp.json"))
+q["transform"].update({"basis": "hadamard", "allocation": "uniform", "weighting": "mse", "entropy": "fixed",
+                       "rope_undo": False, "across_heads": False})
+q["transform"].pop("model", None)
+json.dump(q, open(f"{w}/tq_base.json", "w"))
+PY
+"$CLI" calibrate --codec transform $CAL --profile "$WORK/tq_base.json" --out "$WORK/tq.json" --json \
+    --thetas 0.01,0.003,0.001 > "$OUT/calibrate_turboquant.json"
+
+# 3. Rows on the eval split (each process measures fp16 too: it is the bar).
+E="eval --suite $SUITE --split eval --threads 1 --json $CACHE"
+"$CLI" $E --codec transform --profile "$WORK/tp.json" --baselines none --levels all > "$OUT/transform.json"
+"$CLI" $E --codec transform --profile "$WORK/tp_imp.json" --baselines none --levels all > "$OUT/transform_importance.json"
+"$CLI" $E --baselines int8,kivi2,kivi4 --levels all > "$OUT/baselines_cachegen_default.json"
+"$CLI" $E --profile samples/profiles/smollm2-135m-instruct.json --baselines none --levels all > "$OUT/cachegen_tuned.json"
+"$CLI" $E --codec transform --profile "$WORK/tq.json" --baselines none --levels all > "$OUT/turboquant_like.json"
