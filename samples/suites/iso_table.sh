@@ -44,10 +44,15 @@ PY
 "$CLI" calibrate --codec transform $CAL --profile "$WORK/tq_base.json" --out "$WORK/tq.json" --json \
     --thetas 0.01,0.003,0.001 > "$OUT/calibrate_turboquant.json"
 
-# 3. Rows on the eval split (each process measures fp16 too: it is the bar).
+# 3. Rows on the eval split (each process measures fp16 too: it is the bar). These are the
+#    commands behind samples/suites/results/*.json.
 E="eval --suite $SUITE --split eval --threads 1 --json $CACHE"
-"$CLI" $E --codec transform --profile "$WORK/tp.json" --baselines none --levels all > "$OUT/transform.json"
-"$CLI" $E --codec transform --profile "$WORK/tp_imp.json" --baselines none --levels all > "$OUT/transform_importance.json"
-"$CLI" $E --baselines int8,kivi2,kivi4 --levels all > "$OUT/baselines_cachegen_default.json"
-"$CLI" $E --profile samples/profiles/smollm2-135m-instruct.json --baselines none --levels all > "$OUT/cachegen_tuned.json"
+"$CLI" $E --codec transform --profile "$WORK/tp.json" --baselines none --levels 2,3,4 > "$OUT/transform.json"
+"$CLI" $E --codec transform --profile "$WORK/tp_imp.json" --baselines none --levels 3,4 > "$OUT/transform_importance.json"
+"$CLI" $E --baselines int8 --levels none > "$OUT/int8.json"
+"$CLI" $E --codec transform --profile "$WORK/tp_imp.json" --baselines none --levels 1,2 > "$OUT/transform_importance_l12.json"
+"$CLI" $E --codec transform --profile "$WORK/tp.json" --baselines none --levels 1 > "$OUT/transform_l1.json"
+"$CLI" $E --baselines kivi2,kivi4 --levels none > "$OUT/kivi.json"
 "$CLI" $E --codec transform --profile "$WORK/tq.json" --baselines none --levels all > "$OUT/turboquant_like.json"
+"$CLI" $E --baselines none --levels all > "$OUT/cachegen_default.json"
+"$CLI" $E --profile samples/profiles/smollm2-135m-instruct.json --baselines none --levels all > "$OUT/cachegen_tuned.json"
