@@ -18,6 +18,8 @@ packages=(
   libtorch-dev libopenblas0-openmp libpcre2-dev libicu-dev libsentencepiece-dev
   # streaming lab: the Redis chunk store (hiredis client; the tests start their own redis-server)
   libhiredis-dev redis-server
+  # stream --link kernel: a veth pair in a network namespace shaped by tc (ip, tc)
+  iproute2
   # the embedded default model comes from a PyPI wheel (installer/fetch_model.sh)
   python3-pip
   # tests: headless GUI, h5py to check our HDF5 files from Python, clang for the libFuzzer target
