@@ -67,15 +67,6 @@ KvSet codecRoundTrip(const CodecParams& p, const KvSet& kv, int level, const Lev
     return out;
 }
 
-bool sameBytes(const KvSet& a, const KvSet& b)
-{
-    if (!(a.shape() == b.shape()) || a.dtype() != b.dtype()) return false;
-    for (int l = 0; l < a.shape().numLayers; ++l)
-        for (KvKind k : kKinds)
-            if (std::memcmp(a.data(k, l), b.data(k, l), a.tensorBytes()) != 0) return false;
-    return true;
-}
-
 // First differing value, for failure messages.
 QString firstDifference(const KvSet& a, const KvSet& b)
 {

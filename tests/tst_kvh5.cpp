@@ -83,15 +83,6 @@ KvSet makeKv(const KvShape& shape, DType dtype)
     return kv;
 }
 
-bool sameBytes(const KvSet& a, const KvSet& b)
-{
-    if (!(a.shape() == b.shape()) || a.dtype() != b.dtype()) return false;
-    for (int l = 0; l < a.shape().numLayers; ++l)
-        for (KvKind k : {KvKind::Key, KvKind::Value})
-            if (std::memcmp(a.data(k, l), b.data(k, l), a.tensorBytes()) != 0) return false;
-    return true;
-}
-
 // Files in `dir` other than `keep`, e.g. leftover temporaries.
 QStringList strayFiles(const QString& dir, const QStringList& keep)
 {

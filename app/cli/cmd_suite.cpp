@@ -319,7 +319,6 @@ json sweepSuite(const EvalOpts& o, const SuiteCliOpts& so, SweepGrid grid)
     grid.base = base.profile;
     if (grid.chunkTokens.empty()) grid.chunkTokens = {base.profile.chunkTokens};
     if (grid.deltaGroups.empty()) grid.deltaGroups = {base.profile.deltaGroup};
-    const int L = model->spec().config.numLayers;
     const double t0 = nowSeconds();
 
     CodecParams f = base;
@@ -336,19 +335,7 @@ json sweepSuite(const EvalOpts& o, const SuiteCliOpts& so, SweepGrid grid)
                 for (int delta : grid.deltaGroups)
                     for (Quantizer kq : grid.keyQuantizers)
                         for (Quantizer vq : grid.valueQuantizers) {
-                            CodecParams p = base;
-                            p.codec = CodecId::CacheGen;
-                            CodecProfile& pr = p.profile;
-                            pr.numLayers = L;
-                            pr.chunkTokens = chunk;
-                            pr.deltaGroup = delta;
-                            pr.keyQuantizer = kq;
-                            pr.valueQuantizer = vq;
-                            pr.levelTables.clear();
-                            pr.tableChannels = 0;
-                            pr.levels = {CodecLevel{"sweep", cachegenGroupBins(true, kb, L), cachegenGroupBins(false, vb, L), ""}};
-                            pr.defaultLevel = 1;
-                            validateProfile(pr, "sweep point K " + groupBinsText(kb) + " V " + groupBinsText(vb));
+                            const CodecParams p = sweepPointParams(base, chunk, delta, kq, vq, kb, vb);
                             std::fprintf(stderr, "point %zu/%zu: K %s V %s chunk %d delta %d\n", pointParams.size() + 1, total,
                                          groupBinsText(kb).c_str(), groupBinsText(vb).c_str(), chunk, delta);
                             const SuiteCodecRow r = evaluateSuiteCodec(tuneRef, p, 1, {}, progress);

@@ -189,16 +189,7 @@ EntropyBenchResult benchEntropy(const KvSet& kv, const CodecParams& p, int level
             if (shared) {
                 t = &sharedTabs[size_t(u % (2 * L))];
             } else {
-                thread_local std::vector<uint32_t> flat;
-                const size_t stride = countUnit(q, roles, flat);
-                tab.tables.resize(size_t(roles) * C);
-                for (int role = 0; role < roles; ++role)
-                    for (int c = 0; c < C; ++c) {
-                        const size_t i = size_t(role) * C + size_t(c);
-                        const int a = quant::alphabetSize(role ? q.spec.anchorBins : q.spec.bins);
-                        buildCodingTable(flat.data() + i * stride, a, &tab.tables[i], false);
-                        serializeCodingTable(tab.tables[i], a, out.tables);
-                    }
+                inBandUnitTables(q, roles, tab, out.tables);
             }
             for (int h = 0; h < H; ++h) encodeHeadStreamV2(q.spec, h, q.sym.data(), *t, out.streams[size_t(h)]);
         });

@@ -17,10 +17,25 @@ QuantizedBlock quantizeUnit(const CodecParams& p, const KvSet& kv, KvKind kind, 
     return q;
 }
 
+void inBandUnitTables(const QuantizedBlock& q, int roles, UnitTables& tab, std::vector<uint8_t>& serialized)
+{
+    thread_local std::vector<uint32_t> flat;
+    const size_t stride = countUnit(q, roles, flat);
+    const int C = q.spec.channels();
+    tab.tables.resize(size_t(roles) * C);
+    for (int role = 0; role < roles; ++role)
+        for (int c = 0; c < C; ++c) {
+            const size_t i = size_t(role) * C + size_t(c);
+            const int a = quant::alphabetSize(role ? q.spec.anchorBins : q.spec.bins);
+            buildCodingTable(flat.data() + i * stride, a, &tab.tables[i], false);
+            serializeCodingTable(tab.tables[i], a, serialized);
+        }
+}
+
 std::vector<uint8_t> encodeCacheGenChunk(const CodecParams& p, const KvSet& kv, int chunk, int level,
                                          const LevelTables* shared)
 {
-    const int L = p.shape.numLayers, H = p.shape.numKvHeads, C = p.shape.channels();
+    const int L = p.shape.numLayers, H = p.shape.numKvHeads;
     const int t0 = p.chunkStart(chunk), n = p.chunkLength(chunk);
     KVSCOPE_ASSERT((p.profile.tables == TableMode::Shared) == (shared != nullptr));
     const int roles = numRoles(p);
@@ -38,16 +53,7 @@ std::vector<uint8_t> encodeCacheGenChunk(const CodecParams& p, const KvSet& kv, 
         if (shared) {
             sharedUnitTables(p, *shared, kind, layer, false, tab);
         } else {
-            thread_local std::vector<uint32_t> flat;
-            const size_t stride = countUnit(q, roles, flat);
-            tab.tables.resize(size_t(roles) * C);
-            for (int role = 0; role < roles; ++role)
-                for (int c = 0; c < C; ++c) {
-                    const size_t i = size_t(role) * C + size_t(c);
-                    const int a = quant::alphabetSize(role ? b.anchorBins : b.bins);
-                    buildCodingTable(flat.data() + i * stride, a, &tab.tables[i], false);
-                    serializeCodingTable(tab.tables[i], a, tableBytes[size_t(u)]);
-                }
+            inBandUnitTables(q, roles, tab, tableBytes[size_t(u)]);
         }
         for (int h = 0; h < H; ++h) {
             if (p.entropy == EntropyLayout::Rans4x8) encodeHeadStream(b, h, sym.data(), tab, streams[size_t(u)][size_t(h)]);

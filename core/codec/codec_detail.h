@@ -119,6 +119,11 @@ QuantizedBlock quantizeUnit(const CodecParams& p, const KvSet& kv, KvKind kind, 
 // Counts a quantized block's symbols per (role, channel) into flat; returns the stride between tables.
 size_t countUnit(const QuantizedBlock& q, int roles, std::vector<uint32_t>& flat);
 
+// The per-(role, channel) coding tables of one block built from its own symbol counts (in-band
+// mode): fills tab for encoding and appends their serialised form to `serialized`.
+struct UnitTables;
+void inBandUnitTables(const QuantizedBlock& q, int roles, UnitTables& tab, std::vector<uint8_t>& serialized);
+
 std::vector<uint8_t> encodeCacheGenChunk(const CodecParams& p, const KvSet& kv, int chunk, int level,
                                          const LevelTables* shared);
 void decodeCacheGenChunk(const CodecParams& p, const uint8_t* data, size_t size, int chunk, int level,

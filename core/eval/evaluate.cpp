@@ -8,19 +8,6 @@
 
 namespace kvscope {
 
-namespace {
-
-bool sameBytes(const KvSet& a, const KvSet& b)
-{
-    if (!(a.shape() == b.shape()) || a.dtype() != b.dtype()) return false;
-    for (int l = 0; l < a.shape().numLayers; ++l)
-        for (KvKind k : {KvKind::Key, KvKind::Value})
-            if (std::memcmp(a.data(k, l), b.data(k, l), a.tensorBytes()) != 0) return false;
-    return true;
-}
-
-}  // namespace
-
 std::vector<EvalRow> evaluateCodecs(const LlamaRuntime& runtime, const QualityReference& ref, const KvSet& original,
                                     const EvalPlan& plan, const EvalProgress& progress)
 {

@@ -618,19 +618,6 @@ SuiteReference::~SuiteReference() = default;
 
 // ---- candidates --------------------------------------------------------------------------------
 
-namespace {
-
-bool sameBytes(const KvSet& a, const KvSet& b)
-{
-    if (!(a.shape() == b.shape()) || a.dtype() != b.dtype()) return false;
-    for (int l = 0; l < a.shape().numLayers; ++l)
-        for (KvKind k : {KvKind::Key, KvKind::Value})
-            if (std::memcmp(a.data(k, l), b.data(k, l), a.tensorBytes()) != 0) return false;
-    return true;
-}
-
-}  // namespace
-
 SuiteResult summarizeSuite(const SuiteReference& ref, std::vector<ItemScore> scores, const SuiteEvalOptions& options)
 {
     const auto& items = ref.items();

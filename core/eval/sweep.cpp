@@ -75,6 +75,25 @@ std::string groupBinsText(const std::vector<int>& groups)
     return s;
 }
 
+CodecParams sweepPointParams(CodecParams base, int chunk, int delta, Quantizer keyQuantizer, Quantizer valueQuantizer,
+                             const std::vector<int>& keyGroups, const std::vector<int>& valueGroups)
+{
+    const int L = base.shape.numLayers;
+    base.codec = CodecId::CacheGen;
+    CodecProfile& pr = base.profile;
+    pr.numLayers = L;
+    pr.chunkTokens = chunk;
+    pr.deltaGroup = delta;
+    pr.keyQuantizer = keyQuantizer;
+    pr.valueQuantizer = valueQuantizer;
+    pr.levelTables.clear();
+    pr.tableChannels = 0;
+    pr.levels = {CodecLevel{"sweep", cachegenGroupBins(true, keyGroups, L), cachegenGroupBins(false, valueGroups, L), ""}};
+    pr.defaultLevel = 1;
+    validateProfile(pr, "sweep point K " + groupBinsText(keyGroups) + " V " + groupBinsText(valueGroups));
+    return base;
+}
+
 std::vector<SweepPoint> runSweep(const QualityReference& ref, const KvSet& original, const SweepGrid& grid,
                                  const std::function<bool(int, int)>& progress)
 {
@@ -99,22 +118,11 @@ std::vector<SweepPoint> runSweep(const QualityReference& ref, const KvSet& origi
                 for (int delta : grid.deltaGroups)
                     for (Quantizer kq : grid.keyQuantizers)
                         for (Quantizer vq : grid.valueQuantizers) {
-                            CodecParams p;
-                            p.codec = CodecId::CacheGen;
-                            p.shape = shape;
-                            p.dtype = original.dtype();
-                            p.profile = grid.base;
-                            CodecProfile& pr = p.profile;
-                            pr.numLayers = L;
-                            pr.chunkTokens = chunk;
-                            pr.deltaGroup = delta;
-                            pr.keyQuantizer = kq;
-                            pr.valueQuantizer = vq;
-                            pr.levelTables.clear();
-                            pr.tableChannels = 0;
-                            pr.levels = {CodecLevel{"sweep", cachegenGroupBins(true, kb, L), cachegenGroupBins(false, vb, L), ""}};
-                            pr.defaultLevel = 1;
-                            validateProfile(pr, "sweep point K " + groupBinsText(kb) + " V " + groupBinsText(vb));
+                            CodecParams base;
+                            base.shape = shape;
+                            base.dtype = original.dtype();
+                            base.profile = grid.base;
+                            const CodecParams p = sweepPointParams(base, chunk, delta, kq, vq, kb, vb);
                             SweepPoint s = measurePoint(ref, original, p, grid.answers);
                             s.keyGroups = kb;
                             s.valueGroups = vb;

@@ -47,6 +47,11 @@ struct SweepPoint {
 std::vector<SweepPoint> runSweep(const QualityReference& ref, const KvSet& original, const SweepGrid& grid,
                                  const std::function<bool(int, int)>& progress = {});
 
+// The CacheGen parameters of one grid point: base (shape, dtype and the profile's other settings)
+// with these axes and one level of these per-group bins; validated (throws kvscope::Error).
+CodecParams sweepPointParams(CodecParams base, int chunk, int delta, Quantizer keyQuantizer, Quantizer valueQuantizer,
+                             const std::vector<int>& keyGroups, const std::vector<int>& valueGroups);
+
 // "16" or "32/16/16": one value or one per layer group, '/'-separated. Throws on bad text.
 std::vector<int> parseGroupBins(const std::string& text);
 std::string groupBinsText(const std::vector<int>& groups);

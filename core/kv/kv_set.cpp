@@ -155,4 +155,13 @@ void KvSet::writeRows(KvKind kind, int layer, int head, int t0, int n, const flo
     }
 }
 
+bool sameBytes(const KvSet& a, const KvSet& b)
+{
+    if (!(a.shape() == b.shape()) || a.dtype() != b.dtype()) return false;
+    for (int l = 0; l < a.shape().numLayers; ++l)
+        for (KvKind k : {KvKind::Key, KvKind::Value})
+            if (std::memcmp(a.data(k, l), b.data(k, l), a.tensorBytes()) != 0) return false;
+    return true;
+}
+
 }  // namespace kvscope

@@ -121,6 +121,10 @@ private:
     std::vector<std::vector<uint8_t>> m_values;  // per layer
 };
 
+// True when a and b have the same shape, dtype and stored bytes (metadata is not compared): a
+// decoded cache that is bit-exact with its original.
+bool sameBytes(const KvSet& a, const KvSet& b);
+
 // A synthetic cache with the structure real ones show (see synthetic.cpp): tokens correlated
 // along the sequence, per-channel offsets, and a few key channels with large magnitude.
 // Deterministic for a given seed. For tests and demos only until a model runtime captures real KV.
