@@ -18,6 +18,13 @@ struct GpuCodec {
     std::vector<std::vector<uint8_t>> tables;  // shared mode: serialised tables per level
     std::vector<const uint8_t*> tablePtrs;
     std::vector<uint64_t> tableBytes;
+    // transform codec: the model flattened (means and decode matrices point into p.transform)
+    kvscope_cuda_transform tf{};
+    std::shared_ptr<const TransformModel> model;
+    std::vector<const float*> tfMean, tfDecode;
+    std::vector<float> tfStep;
+    std::vector<uint8_t> tfMaxQ;
+    std::vector<uint16_t> tfFreq;
 
     GpuCodec() = default;
     GpuCodec(const GpuCodec&) = delete;
