@@ -253,6 +253,9 @@ inline std::string errorMessage(const Codec& c, const ErrorInfo& e)
                                           "unexpected bytes after the probability tables",
                                           "entropy-coded stream is corrupt",
                                           "probability table offset outside its block"};
+    if (c.codec == 6)
+        return (e.block >= 0 && e.block < 2 * c.L ? std::string(kindName(e.block / c.L)) + " layer " + std::to_string(e.block % c.L) + ": "
+                                                  : std::string()) + tfReason(e.code);
     const char* reason = e.code >= 0 && e.code <= 8 ? reasons[e.code] : "unknown device error";
     std::string where;
     if (e.block >= 0 && e.block < 2 * c.L) where = std::string(kindName(e.block / c.L)) + " layer " + std::to_string(e.block % c.L) + ": ";

@@ -104,8 +104,9 @@ typedef struct kvscope_cuda_timing {
     double wall_ms;       /* kvscope_cuda_decode from call to return */
     double h2d_ms;        /* sum of the host-to-device copies (CUDA events) */
     double table_ms;      /* sum of the table kernels (in-band tables) */
-    double kernel_ms;     /* sum of the stream decode kernels */
+    double kernel_ms;     /* sum of the stream decode kernels (transform: the GEMM and raw-token kernels) */
     double stage_ms;      /* host copies into pinned staging (pageable input only) */
+    double entropy_ms;    /* transform: the symbol kernel (classes, rANS, escapes); not in kernel_ms */
     uint64_t h2d_bytes;
     uint64_t output_bytes; /* bytes written for the decoded chunks */
     int batches;
