@@ -169,6 +169,7 @@ struct TfChunkDesc {
     uint64_t zq;       // elements of the slot's scratch
     uint64_t comps;    // elements of the component store: the level's first TfComp
     uint64_t tables;   // elements of the table store: the level's first start
+    uint64_t tileK;    // elements of the tile-range store: the level's first entry
 };
 
 constexpr int kTfSymbolThreads = 32;
@@ -189,7 +190,8 @@ __global__ void tfSymbolsKernel(const uint8_t* batch, const TfComp* comps, const
 // RoPE and store epilogue. A failed chunk's tiles return before any barrier (uniformly).
 __global__ void __launch_bounds__(kTfThreads) tfGemmKernel(const uint8_t* batch, int blocksPerChunk, const uint16_t* At,
                                                            const float* mean, const TfComp* comps, const float* zq,
-                                                           const double* rope, const ErrorInfo* errs, void* out)
+                                                           const uint32_t* tileK, const double* rope, const ErrorInfo* errs,
+                                                           void* out)
 {
     __shared__ TfTileShm shm;
     const int ci = int(blockIdx.z) / blocksPerChunk, b = int(blockIdx.z) % blocksPerChunk;
@@ -202,10 +204,12 @@ __global__ void __launch_bounds__(kTfThreads) tfGemmKernel(const uint8_t* batch,
     const uint16_t* A = At + size_t(b) * C * C;
     TfAcc acc;
     tfInitAcc(tid, cd.g, mean + size_t(b) * C, unit0, &acc);
-    for (int k0 = 0; k0 < bp.K; k0 += kTfTileK) {
-        tfLoadTile(tid, cd.g, bp, cp, zq + cd.zq + bp.zq, A, row0, unit0, k0, &shm);
+    const uint32_t* kr = tileK + cd.tileK + bp.tileK + 2 * size_t(blockIdx.x);
+    const int kEnd = int(kr[1]);
+    for (int k0 = int(kr[0]); k0 < kEnd; k0 += kTfTileK) {
+        tfLoadTile(tid, cd.g, bp, cp, zq + cd.zq + bp.zq, A, row0, unit0, k0, kEnd, &shm);
         __syncthreads();
-        tfComputeTile(tid, min(kTfTileK, bp.K - k0), &shm, &acc);
+        tfComputeTile(tid, min(kTfTileK, kEnd - k0), &shm, &acc);
         __syncthreads();
     }
     tfStoreTile(tid, cd.g, b, rope, row0, unit0, &acc, out);
@@ -291,7 +295,8 @@ struct kvscope_cuda_decoder {
     TfComp* tfComps = nullptr;              // every level's components
     uint16_t* tfTables = nullptr;           // every level's start tables
     double* tfRope = nullptr;               // T x D/2 x {cos, sin}
-    std::vector<uint64_t> tfCompBase, tfTableBase;  // per level
+    uint32_t* tfTileK = nullptr;            // every level's k range per (block, unit tile)
+    std::vector<uint64_t> tfCompBase, tfTableBase, tfTileBase;  // per level
     kvscope_cuda_timing timing{};
     std::string firstError;
     int firstErrorCode = KVSCOPE_CUDA_OK;
@@ -482,6 +487,7 @@ int launchTransformBatch(kvscope_cuda_decoder* d, Slot& s, const kvscope_cuda_ch
         cd.zq = zq;
         cd.comps = d->tfCompBase[size_t(ch.level - 1)];
         cd.tables = d->tfTableBase[size_t(ch.level - 1)];
+        cd.tileK = d->tfTileBase[size_t(ch.level - 1)];
         zq += pl.zqElems;
         maxR = std::max(maxR, pl.geom.R);
         maxRaw = std::max(maxRaw, (pl.geom.n - pl.geom.R) * C);
@@ -532,7 +538,8 @@ int launchTransformBatch(kvscope_cuda_decoder* d, Slot& s, const kvscope_cuda_ch
     if (maxR > 0) {
         const dim3 grid(unsigned((units + kTfTileUnits - 1) / kTfTileUnits), unsigned((maxR + kTfTileRows - 1) / kTfTileRows),
                         unsigned(count * B));
-        tfGemmKernel<<<grid, kTfThreads, 0, s.stream>>>(s.batch, B, d->tfAt, d->tfMean, d->tfComps, s.zq, d->tfRope, s.errs, d->out);
+        tfGemmKernel<<<grid, kTfThreads, 0, s.stream>>>(s.batch, B, d->tfAt, d->tfMean, d->tfComps, s.zq, d->tfTileK, d->tfRope, s.errs,
+                                                        d->out);
     }
     if (maxRaw > 0)
         tfRawKernel<<<dim3(unsigned((maxRaw + 255) / 256), unsigned(count * B)), 256, 0, s.stream>>>(s.batch, B, s.errs, d->out);
@@ -609,17 +616,21 @@ extern "C" int kvscope_cuda_decoder_create(const kvscope_cuda_codec* codec, int 
         const TfModel& m = d->codec.tf;
         std::vector<TfComp> comps;
         std::vector<uint16_t> tables;
+        std::vector<uint32_t> tileK;
         for (const TfLevel& lv : m.levels) {
             d->tfCompBase.push_back(comps.size());
             d->tfTableBase.push_back(tables.size());
+            d->tfTileBase.push_back(tileK.size());
             comps.insert(comps.end(), lv.comps.begin(), lv.comps.end());
             tables.insert(tables.end(), lv.tables.begin(), lv.tables.end());
+            tileK.insert(tileK.end(), lv.tileK.begin(), lv.tileK.end());
         }
         if (int r = upload(&d->tfAt, m.At, "the decode matrices")) return bail(r);
         if (int r = upload(&d->tfMean, m.mean, "the transform means")) return bail(r);
         if (int r = upload(&d->tfComps, comps, "the transform components")) return bail(r);
         if (int r = upload(&d->tfTables, tables, "the transform tables")) return bail(r);
         if (int r = upload(&d->tfRope, d->codec.rope, "the RoPE table")) return bail(r);
+        if (int r = upload(&d->tfTileK, tileK, "the GEMM tile ranges")) return bail(r);
     }
     for (Slot& s : d->slots) {
         if (cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking) != cudaSuccess)
@@ -638,7 +649,7 @@ extern "C" void kvscope_cuda_decoder_destroy(kvscope_cuda_decoder* d)
     for (Slot& s : d->slots) releaseSlot(s);
     if (d->out) cudaFree(d->out);
     if (d->shared) cudaFree(d->shared);
-    for (void* p : {(void*)d->tfAt, (void*)d->tfMean, (void*)d->tfComps, (void*)d->tfTables, (void*)d->tfRope})
+    for (void* p : {(void*)d->tfAt, (void*)d->tfMean, (void*)d->tfComps, (void*)d->tfTables, (void*)d->tfRope, (void*)d->tfTileK})
         if (p) cudaFree(p);
     delete d;
 }

@@ -21,6 +21,9 @@
 //                           (c, c + ceil(D/2)) of one head so that the epilogue re-applies RoPE
 //                           to keys in registers and writes the output dtype straight into the
 //                           whole-cache layout of decode_core.h.
+//                           A unit tile only visits the components [k_begin, k_end) whose decode
+//                           columns are not all zero there (per-head bases: its own head's), see
+//                           transform_plan.h tileRanges for why skipping the rest stays exact.
 //     tfRawTokens           one thread per raw value: fp16 bits copied through storeOut.
 // - Bit-exactness with the CPU decoder (transform_chunk.cpp decodeBlock):
 //   * zq is (float(q) * step) * 2^class, two float32 products rounded separately, and components
@@ -82,7 +85,7 @@ struct TfBlockPlan {
     uint32_t strOffset, strSize;   // classes + streams (rANS) or packed symbols (fixed)
     uint32_t comps;                // element offset of the level block's K TfComp entries
     int32_t K;                     // coded components
-    int32_t pad;
+    uint32_t tileK;                // element offset of the level block's k range per unit tile (2 each)
     uint64_t zq;                   // element offset of this block's R x K scratch (chunk-relative)
 };
 
@@ -296,19 +299,19 @@ KVS_HD void tfUnitColumns(int D, int u, int* c1, int* c2, int* i)
 // Loads k tile [k0, k0 + 32) for the tile at (row0, unit0): zq rows and decode-matrix columns
 // (At: C x C fp16 bits, row j = column j of A, i.e. At[j * C + c] = A[c][j]).
 KVS_HD void tfLoadTile(int tid, const TfGeom& g, const TfBlockPlan& bp, const TfComp* comps, const float* zq,
-                       const uint16_t* At, int row0, int unit0, int k0, TfTileShm* shm)
+                       const uint16_t* At, int row0, int unit0, int k0, int kEnd, TfTileShm* shm)
 {
     const int C = g.H * g.D, units = g.H * ((g.D + 1) / 2);
     for (int e = tid; e < kTfTileRows * kTfTileK; e += kTfThreads) {
         const int rr = e / kTfTileK, kk = e % kTfTileK;
         const int r = row0 + rr, k = k0 + kk;
-        shm->z[rr][kk] = r < g.R && k < bp.K ? zq[size_t(r) * bp.K + k] : 0.0f;
+        shm->z[rr][kk] = r < g.R && k < kEnd ? zq[size_t(r) * bp.K + k] : 0.0f;
     }
     for (int e = tid; e < kTfTileK * kTfTileUnits; e += kTfThreads) {
         const int kk = e / kTfTileUnits, uu = e % kTfTileUnits;
         const int k = k0 + kk, u = unit0 + uu;
         float v1 = 0.0f, v2 = 0.0f;
-        if (k < bp.K && u < units) {
+        if (k < kEnd && u < units) {
             int c1, c2, i;
             tfUnitColumns(g.D, u, &c1, &c2, &i);
             const uint16_t* row = At + size_t(comps[k].j) * C;

@@ -21,6 +21,8 @@ struct TfLevel {
     std::vector<uint32_t> compOffset; // per block (2L): first entry in comps
     std::vector<int32_t> K;           // per block: coded components
     std::vector<uint16_t> tables;     // start tables (2 M_c + 2 entries), TfComp::tab offsets
+    std::vector<uint32_t> tileK;      // per block and unit tile: k_begin, k_end (tileRanges)
+    std::vector<uint32_t> tileOffset; // per block: first entry in tileK
 };
 
 // A validated copy of kvscope_cuda_transform, in the kernels' layout.
@@ -53,6 +55,8 @@ inline std::vector<uint32_t> tfFoldedFreq(const uint16_t* f, int M, int c)
     }
     return acc;
 }
+
+inline void tileRanges(TfModel& m, int L, int H, int D);
 
 inline bool makeTfModel(const kvscope_cuda_transform* in, int L, int H, int D, int levels, TfModel* out, std::string* why)
 {
@@ -133,8 +137,53 @@ inline bool makeTfModel(const kvscope_cuda_transform* in, int L, int H, int D, i
         m.levels.push_back(std::move(lv));
     }
     if (m.entropy == 1 && fpos != in->freq_count) return bad("frequency tables have unused entries");
+    tileRanges(m, L, H, D);
     *out = std::move(m);
     return true;
+}
+
+// The components a unit tile of the GEMM visits. Outside [k_begin, k_end) every decode entry of
+// the tile's columns is +-0, so the CPU's terms acc + (+-0) * z are skipped: exact as long as
+// acc is never -0 (then adding a signed zero leaves it unchanged) and z is finite (0 * inf would
+// be NaN). acc starts at mean[c] and round-to-nearest gives -0 only from -0 + -0, so "no mean is
+// -0" keeps acc off -0; z = q * step * 2^c with |q| < 2^31 and c <= 3 stays finite when every
+// step is below 2^-34 FLT_MAX. When either check fails the tile visits every component.
+inline void tileRanges(TfModel& m, int L, int H, int D)
+{
+    const int B = 2 * L, C = H * D, units = H * ((D + 1) / 2);
+    const int tiles = (units + kTfTileUnits - 1) / kTfTileUnits;
+    for (TfLevel& lv : m.levels) {
+        bool finite = true;
+        for (const TfComp& cp : lv.comps) finite = finite && cp.step < 3.4028234e38f / 17179869184.0f;
+        lv.tileK.clear();
+        lv.tileOffset.clear();
+        for (int b = 0; b < B; ++b) {
+            lv.tileOffset.push_back(uint32_t(lv.tileK.size()));
+            const int K = lv.K[size_t(b)];
+            bool negZeroMean = false;
+            for (int c = 0; c < C; ++c) negZeroMean = negZeroMean || floatBits(m.mean[size_t(b) * C + c]) == 0x80000000u;
+            const TfComp* comps = lv.comps.data() + lv.compOffset[size_t(b)];
+            for (int t = 0; t < tiles; ++t) {
+                int kb = 0, ke = K;
+                if (finite && !negZeroMean) {
+                    kb = K, ke = 0;
+                    for (int k = 0; k < K; ++k) {
+                        const uint16_t* row = m.At.data() + (size_t(b) * C + size_t(comps[k].j)) * C;
+                        bool nz = false;
+                        for (int u = t * kTfTileUnits; u < units && u < (t + 1) * kTfTileUnits && !nz; ++u) {
+                            int c1, c2, i;
+                            tfUnitColumns(D, u, &c1, &c2, &i);
+                            nz = (row[c1] & 0x7fffu) || (c2 >= 0 && (row[c2] & 0x7fffu));
+                        }
+                        if (nz) kb = k < kb ? k : kb, ke = k + 1;
+                    }
+                    if (kb >= ke) kb = ke = 0;
+                }
+                lv.tileK.push_back(uint32_t(kb));
+                lv.tileK.push_back(uint32_t(ke));
+            }
+        }
+    }
 }
 
 // {cos a, sin a} of a = (position0 + t) * inv_freq[i] for every token t < T and pair i < D/2, in
@@ -202,6 +251,7 @@ inline bool planTransformChunk(const TfModel& m, int L, int H, int D, int T, int
         if (off >= (uint64_t(1) << 32)) break;  // reported below
         bp.comps = lv.compOffset[size_t(b)];
         bp.K = lv.K[size_t(b)];
+        bp.tileK = lv.tileOffset[size_t(b)];
         bp.zq = zq;
         zq += uint64_t(R) * uint64_t(bp.K);
     }
@@ -256,10 +306,12 @@ inline bool emulateTransformChunk(const TfModel& m, const TfChunkPlan& plan, int
         for (int row0 = 0; row0 < g.R; row0 += kTfTileRows)
             for (int unit0 = 0; unit0 < units; unit0 += kTfTileUnits) {
                 for (int tid = 0; tid < kTfThreads; ++tid) tfInitAcc(tid, g, mean, unit0, &acc[size_t(tid)]);
-                for (int k0 = 0; k0 < bp.K; k0 += kTfTileK) {
+                const uint32_t* kr = lv.tileK.data() + bp.tileK + 2 * size_t(unit0 / kTfTileUnits);
+                const int kEnd = int(kr[1]);
+                for (int k0 = int(kr[0]); k0 < kEnd; k0 += kTfTileK) {
                     for (int tid = 0; tid < kTfThreads; ++tid)
-                        tfLoadTile(tid, g, bp, comps, zq.data() + bp.zq, At, row0, unit0, k0, &shm);
-                    const int kc = bp.K - k0 < kTfTileK ? bp.K - k0 : kTfTileK;
+                        tfLoadTile(tid, g, bp, comps, zq.data() + bp.zq, At, row0, unit0, k0, kEnd, &shm);
+                    const int kc = kEnd - k0 < kTfTileK ? kEnd - k0 : kTfTileK;
                     for (int tid = 0; tid < kTfThreads; ++tid) tfComputeTile(tid, kc, &shm, &acc[size_t(tid)]);
                 }
                 for (int tid = 0; tid < kTfThreads; ++tid)

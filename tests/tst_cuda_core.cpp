@@ -125,11 +125,24 @@ class TestCudaCore : public QObject {
     // the emulated kernels, and compares the whole cache byte for byte. Also checks the entropy
     // stage alone: for streams without token classes, the emulated symbol decoder against
     // kvscope::decodeSymbolMatrix on the same stream and tables.
-    void checkTransform(const CodecParams& p, const KvSet& kv)
+    // Returns (through *visited) the share of GEMM terms the unit tiles visit (tileRanges).
+    void checkTransform(const CodecParams& p, const KvSet& kv, double* visited = nullptr)
     {
         Emu emu;
         std::string why;
         QVERIFY2(makeEmu(p, nullptr, &emu, &why), why.c_str());
+        if (visited) {
+            double seen = 0, all = 0;
+            for (const gpu::TfLevel& lv : emu.codec.tf.levels)
+                for (size_t b = 0; b < lv.K.size(); ++b) {
+                    const size_t tiles = (lv.tileOffset.size() > b + 1 ? lv.tileOffset[b + 1] : lv.tileK.size()) / 2 - lv.tileOffset[b] / 2;
+                    for (size_t t = 0; t < tiles; ++t) {
+                        seen += lv.tileK[lv.tileOffset[b] + 2 * t + 1] - lv.tileK[lv.tileOffset[b] + 2 * t];
+                        all += lv.K[b];
+                    }
+                }
+            *visited = all > 0 ? seen / all : 1.0;
+        }
         const TransformModel& m = *p.transform;
         for (int level = 1; level <= p.numLevels(); ++level) {
             KvSet cpu(p.shape, p.dtype);
@@ -440,7 +453,9 @@ private slots:
         QFETCH(QString, variant);
         const std::string v = variant.toStdString();
         const DType dt = v == "f16-output" ? DType::F16 : v == "bf16-output" ? DType::BF16 : DType::F32;
-        const KvShape shape{3, 2, 16, 300};
+        // per-head bases on 4 heads x 32: two unit tiles, each of two heads, can skip the others
+        const bool blocky = v == "per-head" || v == "hadamard-uncalibrated";
+        const KvShape shape = blocky ? KvShape{2, 4, 32, 200} : KvShape{3, 2, 16, 300};
         const KvSet calib = transformCache(shape, 21, dt), kv = transformCache(shape, 22, dt);
         TransformSettings s;
         if (v == "importance" || v == "importance-fixed") s.tokenImportance = true;
@@ -454,7 +469,38 @@ private slots:
         CodecParams p = transformParams(kv, s, v == "recent" ? 128 : 64);
         if (v == "hadamard-uncalibrated") prepareTransform(p, kv, "test cache");
         else calibrateTransform(p, {&calib}, kv);
-        checkTransform(p, kv);
+        double visited = 1;
+        checkTransform(p, kv, &visited);
+        qInfo("%s: the GEMM tiles visit %.0f%% of the components", v.c_str(), 100 * visited);
+        if (blocky) QVERIFY2(visited < 0.75, "per-head decode matrices should let tiles skip other heads' components");
+    }
+
+    // The GEMM skips other heads' components only where that is exact: a -0 mean in a block, or
+    // steps large enough for q * step to overflow, make the tiles visit every component again.
+    void transformTileRanges()
+    {
+        const KvShape shape{2, 4, 32, 200};
+        const KvSet calib = transformCache(shape, 61), kv = transformCache(shape, 62);
+        TransformSettings s;
+        s.acrossHeads = false;
+        CodecParams p = transformParams(kv, s, 64);
+        calibrateTransform(p, {&calib}, kv);
+        Emu emu;
+        std::string why;
+        QVERIFY2(makeEmu(p, nullptr, &emu, &why), why.c_str());
+        gpu::TfModel m = emu.codec.tf;
+        auto full = [&](int level, int b) {
+            const gpu::TfLevel& lv = m.levels[size_t(level - 1)];
+            return lv.tileK[lv.tileOffset[size_t(b)]] == 0 && int(lv.tileK[lv.tileOffset[size_t(b)] + 1]) == lv.K[size_t(b)] &&
+                   lv.tileK[lv.tileOffset[size_t(b)] + 2] == 0 && int(lv.tileK[lv.tileOffset[size_t(b)] + 3]) == lv.K[size_t(b)];
+        };
+        QVERIFY(!full(3, 0) && !full(3, 1));
+        m.mean[5] = -0.0f;  // block 0
+        gpu::tileRanges(m, shape.numLayers, shape.numKvHeads, shape.headDim);
+        QVERIFY(full(3, 0) && !full(3, 1));
+        m.levels[2].comps[0].step = 1e30f;
+        gpu::tileRanges(m, shape.numLayers, shape.numKvHeads, shape.headDim);
+        QVERIFY(full(3, 1) && !full(2, 1));
     }
 
     // The committed transform golden file decodes to the CPU decoder's bytes through the kernels.
