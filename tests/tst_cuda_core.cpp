@@ -568,13 +568,18 @@ private slots:
     }
 
     // Optional: a real captured cache (KVSCOPE_REAL_KV=path.h5, with the capture's RoPE table,
-    // query statistics and o_proj weights): the transform model calibrated on the file itself,
-    // every level and chunk decoded by both decoders, with and without token importance.
+    // query statistics, o_proj weights and attention mass): the transform model calibrated on
+    // KVSCOPE_REAL_KV_CALIB (another capture of the same model; default: the file itself), every
+    // level and chunk decoded by both decoders, with and without token importance. Stages the
+    // capture has no data for are switched off (and reported).
     void transformRealKv()
     {
         const QByteArray path = qgetenv("KVSCOPE_REAL_KV");
         if (path.isEmpty()) QSKIP("set KVSCOPE_REAL_KV to a captured KV file (HDF5) to check transform parity on real KV");
         const KvSet kv = readKvH5(path.toStdString());
+        const QByteArray calibPath = qgetenv("KVSCOPE_REAL_KV_CALIB");
+        const KvSet calib = calibPath.isEmpty() ? KvSet(KvShape{1, 1, 1, 1}, DType::F16) : readKvH5(calibPath.toStdString());
+        const KvSet& cal = calibPath.isEmpty() ? kv : calib;
         qInfo("real KV: %s, %d layers x %d heads x %d x %d tokens; rope %d, query_sq %d, value_weight %d, attn_mass %d",
               kv.modelName.c_str(), kv.shape().numLayers, kv.shape().numKvHeads, kv.shape().headDim, kv.shape().numTokens,
               int(kv.hasRope()), int(!kv.querySq.empty()), int(!kv.valueWeight.empty()), int(!kv.attnMass.empty()));
@@ -583,8 +588,12 @@ private slots:
             s.tokenImportance = imp == 1 && !kv.attnMass.empty();
             if (kv.querySq.empty() || kv.valueWeight.empty()) s.weighting = TransformWeighting::Mse;
             if (!kv.hasRope()) s.ropeUndo = false;
+            if (cal.querySq.empty() || cal.valueWeight.empty()) s.weighting = TransformWeighting::Mse;
+            if (!cal.hasRope()) s.ropeUndo = false;
             CodecParams p = transformParams(kv, s, 256);
-            calibrateTransform(p, {&kv}, kv);
+            calibrateTransform(p, {&cal}, kv);
+            qInfo("calibrated on %s: rope_undo %d, weighting %s, token_importance %d", calibPath.isEmpty() ? "the file itself" : calibPath.constData(),
+                  int(s.ropeUndo), weightingName(s.weighting), int(s.tokenImportance));
             checkTransform(p, kv);
         }
     }
