@@ -9,7 +9,7 @@ QuantizedBlock quantizeUnit(const CodecParams& p, const KvSet& kv, KvKind kind, 
 {
     QuantizedBlock q;
     q.spec = cachegenBlockSpec(p, kind, layer, level, n);
-    std::vector<float> x;
+    thread_local std::vector<float> x;  // reused: a fresh block-sized buffer per unit costs page faults
     readBlock(kv, kind, layer, t0, n, x);
     q.sym.resize(x.size());
     q.scales.resize(size_t(q.spec.numScales()));

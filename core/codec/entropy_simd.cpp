@@ -255,16 +255,7 @@ KVS_AVX512 void rowAvx512(W32Stream& s, const W32Row& r)
 // The encoder, 16 symbols a step from the last to the first (D % 16 == 0): gather the symbols'
 // start | freq << 16, emit the low words of the states that need renormalising (compressed, in
 // lane order, as one block in front of the words already written), and divide by the frequency
-// in double precision (exact after one correction: x / f < 2^20 and 1/f is correctly rounded).
-alignas(64) const struct Reciprocals {
-    double r[rans::kProbScale + 1];
-    Reciprocals()
-    {
-        r[0] = 0;
-        for (uint32_t f = 1; f <= rans::kProbScale; ++f) r[f] = 1.0 / double(f);
-    }
-} kRcp;
-
+// in single precision with an exact correction.
 KVS_AVX512 void encodeAvx512(const W32EncJob& j, uint32_t* x, uint16_t*& words)
 {
     const int D = j.D;
@@ -287,13 +278,16 @@ KVS_AVX512 void encodeAvx512(const W32EncJob& j, uint32_t* x, uint16_t*& words)
             _mm256_mask_storeu_epi16(w, __mmask16((1u << cnt) - 1u),
                                      _mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(need, st)));
             st = _mm512_mask_srli_epi32(st, need, st, 16);
-            const __m512d rlo = _mm512_i32gather_pd(_mm512_castsi512_si256(freq), kRcp.r, 8);
-            const __m512d rhi = _mm512_i32gather_pd(_mm512_extracti64x4_epi64(freq, 1), kRcp.r, 8);
-            const __m256i qlo = _mm512_cvttpd_epu32(_mm512_mul_pd(_mm512_cvtepu32_pd(_mm512_castsi512_si256(st)), rlo));
-            const __m256i qhi = _mm512_cvttpd_epu32(_mm512_mul_pd(_mm512_cvtepu32_pd(_mm512_extracti64x4_epi64(st, 1)), rhi));
-            __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(qlo), qhi, 1);
+            // q = floor(st / freq) in float32: st < 2^20 freq, so float(st) * (1 / freq) is within
+            // 0.2 of the true quotient (three roundings of 2^-24 on a value < 2^20) and one
+            // correction either way makes it exact; r = st - q freq wraps to its signed value.
+            const __m512 rcp = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_cvtepi32_ps(freq));
+            __m512i q = _mm512_cvttps_epi32(_mm512_mul_ps(_mm512_cvtepu32_ps(st), rcp));
             __m512i r = _mm512_sub_epi32(st, _mm512_mullo_epi32(q, freq));
-            const __mmask16 over = _mm512_cmpge_epu32_mask(r, freq);
+            const __mmask16 under = _mm512_cmplt_epi32_mask(r, _mm512_setzero_si512());
+            q = _mm512_mask_sub_epi32(q, under, q, one);
+            r = _mm512_mask_add_epi32(r, under, r, freq);
+            const __mmask16 over = _mm512_cmpge_epi32_mask(r, freq);
             q = _mm512_mask_add_epi32(q, over, q, one);
             r = _mm512_mask_sub_epi32(r, over, r, freq);
             st = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(q, rans::kProbBits), r), _mm512_and_si512(sf, lo16));
