@@ -123,16 +123,19 @@ void serializeFreq(const uint16_t* freq, int alphabet, std::vector<uint8_t>& out
         out.push_back(0);
         return;
     }
-    out.push_back(uint8_t(lo));
-    out.push_back(uint8_t(hi));
+    uint8_t buf[2 + 2 * kMaxAlphabet];  // every varint is 1 or 2 bytes (freq - 1 < 2^12)
+    size_t n = 0;
+    buf[n++] = uint8_t(lo);
+    buf[n++] = uint8_t(hi);
     for (int s = lo; s <= hi; ++s) {
-        uint32_t v = freq[s] - 1u;
-        while (v >= 0x80) {
-            out.push_back(uint8_t(v | 0x80));
-            v >>= 7;
-        }
-        out.push_back(uint8_t(v));
+        const uint32_t v = freq[s] - 1u;
+        buf[n] = uint8_t(v | 0x80);
+        buf[n + 1] = uint8_t(v >> 7);
+        const size_t two = v >= 0x80;
+        buf[n] = two ? buf[n] : uint8_t(v);
+        n += 1 + two;
     }
+    out.insert(out.end(), buf, buf + n);
 }
 
 ProbTable fromFreq(const uint16_t* freq, int alphabet)
