@@ -6,8 +6,10 @@
 
 #include "codec/container.h"
 #include "codec/profile.h"
+#include "codec/transform.h"
 #include "common/crc32.h"
 #include "common/error.h"
+#include "common/file_io.h"
 #include "kv/kv_set.h"
 #include "model/model.h"
 #include "stream/client.h"
@@ -15,6 +17,7 @@
 #include "stream/protocol.h"
 #include "stream/server.h"
 #include "stream/store.h"
+#include "stream/streamer.h"
 
 #include <QFile>
 #include <QJsonArray>
@@ -97,6 +100,8 @@ bool closedSoon(const Socket& s, double seconds)
         return e.kind() == NetError::Closed;
     }
 }
+
+size_t expectElemBytes(const KvSet& kv) { return kv.tensorBytes() / (size_t(kv.shape().numKvHeads) * kv.shape().numTokens * kv.shape().headDim); }
 
 int freePort()
 {
@@ -430,6 +435,99 @@ private slots:
             }
         }
         QVERIFY(refused);
+    }
+
+    // A real transform-coded capture (codec 6) streamed through the chunk server: the skeleton
+    // carries the transform section (basis, steps, tables), and the cache the streamer assembles
+    // from the fetched payloads equals, byte for byte, a local decode of the same file at the same
+    // levels; a level mix as well as a fixed level.
+    void streamTransform()
+    {
+        const std::string modelPath = defaultModelPath();
+        if (!QFile::exists(QString::fromStdString(modelPath)))
+            QSKIP("the default model is absent (installer/fetch_model.sh fetches it)");
+        RuntimeOptions ro;
+        ro.threads = 1;
+        const std::unique_ptr<Model> m = Model::open("", "", ro);
+        const std::string text = readSmallFile(KVSCOPE_SOURCE_DIR "/samples/contexts/story.txt", 1u << 20);
+        const std::vector<int32_t> tokens = m->contextTokens(text);
+        const std::vector<int32_t> question = m->questionTokens("Who is the story about?");
+        InferenceSession s(m->runtime());
+        s.append(tokens, nullptr);
+        const KvSet original = s.exportKv();
+        QVERIFY(original.hasRope());
+
+        CodecParams p;
+        p.codec = CodecId::Transform;
+        p.shape = original.shape();
+        p.dtype = original.dtype();
+        p.profile = defaultProfile(original.shape().numLayers);
+        p.profile.transformLevels = defaultTransformLevels();
+        prepareTransform(p, original, "test");
+        const std::string file = path("story.transform.kvc");
+        writeKvc(original, p, file);
+        const auto local = KvcReader::openFile(file);
+        QCOMPARE(int(local->params().codec), int(CodecId::Transform));
+        const int levels = local->params().numLevels(), chunks = local->params().numChunks();
+        QVERIFY(levels >= 3);
+
+        // The protocol carries codec 6: the skeleton is the file's, transform section included.
+        ServerOptions so;
+        so.link = LinkSchedule::parse("400Mbit");
+        auto server = serve(file, so);
+        {
+            ChunkClient c("127.0.0.1", server->port());
+            const Reply sk = c.request(request(FrameType::SkeletonRequest, kvcContextKey(*local), CodecId::Transform),
+                                       64u << 20, monoSeconds() + 30);
+            QCOMPARE(int(sk.type), int(FrameType::Skeleton));
+            QVERIFY(sk.payload == local->skeleton());
+            QVERIFY(KvcReader::fromSkeleton(sk.payload, "remote")->params().transform != nullptr);
+        }
+
+        Streamer st(*m, "127.0.0.1", server->port(), tokens, question, original);
+        st.setCodec(CodecId::Transform);
+        StreamOptions opt;
+        opt.sloSeconds = 60;
+        opt.qualityTokens = 2;
+        opt.keepCache = true;
+        st.prepare(opt, "tst_stream");
+        QCOMPARE(st.cachegen().params().numLevels(), levels);
+        // A fixed level, then adaptive (its own mix on this link; the chunks it recomputes from text
+        // are the model's, not the file's): every fetched chunk decodes exactly as the local file does.
+        const KvShape& shape = original.shape();
+        const size_t elem = expectElemBytes(original);
+        for (const char* policy : {"level:2", "adaptive"}) {
+            opt.policy = parsePolicy(policy);
+            const StreamResult r = st.run(opt, &server->pacer());
+            QVERIFY(r.cache);
+            std::vector<int> mix;
+            int fetched = 0;
+            for (const ChunkEvent& e : r.chunks) {
+                mix.push_back(std::max(1, e.level));
+                fetched += e.level >= 1;
+            }
+            QCOMPARE(int(mix.size()), chunks);
+            if (std::string(policy) == "level:2") QCOMPARE(fetched, chunks);
+            const KvSet expect = local->decodeAll(mix);
+            for (const ChunkEvent& e : r.chunks) {
+                if (e.level < 1) continue;
+                const int t0 = local->params().chunkStart(e.index), n = local->params().chunkLength(e.index);
+                for (int l = 0; l < shape.numLayers; ++l)
+                    for (KvKind k : {KvKind::Key, KvKind::Value})
+                        for (int h = 0; h < shape.numKvHeads; ++h) {
+                            const size_t off = (size_t(h) * shape.numTokens + size_t(t0)) * shape.headDim * elem;
+                            QVERIFY2(std::memcmp(expect.data(k, l) + off, r.cache->data(k, l) + off,
+                                                 size_t(n) * shape.headDim * elem) == 0,
+                                     policy);
+                        }
+            }
+            std::string levelsText;
+            for (const ChunkEvent& e : r.chunks) levelsText += e.level >= 1 ? std::to_string(e.level) : std::string("T");
+            // Adaptive next, under the SLO level 2 just took: text recompute alone would not make it.
+            opt.sloSeconds = r.ttftSeconds;
+            std::printf("TRANSFORM %s: levels %s, TTFT %.3f s, %llu bytes\n", policy, levelsText.c_str(), r.ttftSeconds,
+                        (unsigned long long)r.deliveredBytes);
+        }
     }
 
     // kvscope-cli stream on the default model: the JSON contract, the pacing invariant over the
