@@ -39,7 +39,7 @@ namespace {
 
 // Link options shared by stream and serve.
 struct LinkOpts {
-    std::string bandwidth, trace, mode = "pacer";
+    std::string bandwidth, trace, mode = "pacer", congestion = "cubic";
     double traceScale = 1.0, rttMs = 0, lossPct = 0;
 
     bool required = false;
@@ -58,6 +58,10 @@ struct LinkOpts {
             ->check(CLI::IsMember({"pacer", "kernel"}))
             ->capture_default_str();
         sub->add_option("--loss", lossPct, "random loss in percent on the reply direction (--link kernel only)")
+            ->capture_default_str();
+        sub->add_option("--congestion", congestion,
+                        "--link kernel: TCP congestion control in the link's namespace (cubic, reno, bbr; 'system' keeps "
+                        "the system default)")
             ->capture_default_str();
     }
     LinkSchedule schedule() const
@@ -281,7 +285,12 @@ void addStreamCommand(CLI::App& app, Output& out)
                 std::fprintf(stderr, "stream: --link kernel: %s; falling back to the in-process pacer\n", why.c_str());
             } else {
                 KernelLink::cleanupOnSignal();
-                kernel = std::make_unique<KernelLink>(KernelLinkOptions{schedule, o->link.rttMs / 1000.0, o->link.lossPct});
+                KernelLinkOptions ko;
+                ko.schedule = schedule;
+                ko.rttSeconds = o->link.rttMs / 1000.0;
+                ko.lossPercent = o->link.lossPct;
+                ko.congestion = o->link.congestion == "system" ? "" : o->link.congestion;
+                kernel = std::make_unique<KernelLink>(ko);
                 linkMode = "kernel";
                 host = kernel->serverAddress();
                 srv.host = host;
@@ -474,7 +483,10 @@ void addStreamCommand(CLI::App& app, Output& out)
                                     {"first_token_s", so.target.firstTokenSeconds >= 0 ? number(so.target.firstTokenSeconds) : json(nullptr)},
                                     {"citation", so.target.citation}};
         j["link_mode"] = linkMode;
-        if (kernel) j["kernel_link"] = kernel->describe();
+        if (kernel) {
+            j["kernel_link"] = kernel->describe();
+            j["kernel_congestion"] = kernel->congestion();
+        }
         j["measured_decode_ms_per_chunk"] = 1e3 * streamer.measuredDecodeSecondsPerToken() * streamer.cachegen().params().profile.chunkTokens;
         j["level_distortion"] = streamer.levelDistortion();
         j["level_distortion_source"] = streamer.distortionSource();

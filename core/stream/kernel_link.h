@@ -8,7 +8,7 @@
 //    creates the socket from a thread that entered it; the socket stays there), the client
 //    connects from here to 10.213.N.2, so replies leave through kvsNb.
 //  - Shaping on kvsNb's egress (the reply direction): netem (delay = the RTT, optional random
-//    loss) as the root qdisc, tbf (rate, burst, 100 ms of queue) as its child. Requests and ACKs
+//    loss) as the root qdisc, tbf (rate, burst, 1 s of queue at the mean rate) as its child. Requests and ACKs
 //    travel back unshaped and undelayed, so the path's round trip is the netem delay. A kernel
 //    without sch_netem gets tbf alone as the root qdisc; the RTT is then added by the chunk server
 //    (kernelDelay() false) and loss is refused.
@@ -16,6 +16,12 @@
 //    the schedule's mean rate over the coming tick (capacityBytes(t, t + tick) / tick) with
 //    `tc qdisc change`, written to one long-lived `tc -batch` process (no fork per tick). The capacity of every tick is the schedule's; the shape within a tick is
 //    tbf's. A tick with no capacity (a trace's gap) gets a floor of 8 kbit/s (tbf needs a rate).
+//  - Congestion control: the server's sockets use cubic by default (TCP_CONGESTION on the
+//    listening socket). Many systems default to BBR, which paces at the largest delivery rate seen over
+//    the last ~10 round trips: with the sub-millisecond RTT of a veth pair that window is ~10 ms,
+//    so every 50 ms low tick of a cellular trace resets the estimate, and BBR climbs back only by
+//    its 1.25x probing steps; it carried 6-72% of a trace's capacity. Cubic fills tbf's queue and
+//    keeps it full.
 //  - Needs root or CAP_NET_ADMIN and the ip and tc tools (iproute2): available() says which is
 //    missing, and callers fall back to the in-process pacer.
 //  - Clean-up: the destructor stops the thread and deletes the namespace (which deletes both veth
@@ -28,6 +34,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -39,6 +46,9 @@ struct KernelLinkOptions {
     double rttSeconds = 0;
     double lossPercent = 0;   // random loss on the reply direction, 0..100
     double tickSeconds = 0.05;
+    // TCP congestion control of the server's (sending) sockets: "" keeps the namespace's default.
+    // Set with TCP_CONGESTION on the listening socket; accepted sockets inherit it.
+    std::string congestion = "cubic";
 };
 
 class KernelLink {
@@ -65,6 +75,7 @@ public:
     // caller must add the RTT itself (ChunkServer's rttSeconds); loss is unavailable.
     bool kernelDelay() const { return m_netem; }
     std::string describe() const;
+    const std::string& congestion() const { return m_congestion; }  // in force in the namespace
 
     // SIGINT and SIGTERM delete every live KernelLink's namespace, then exit(130/143).
     static void cleanupOnSignal();
@@ -75,8 +86,11 @@ private:
     void closeBatch();
     void shaperLoop(double epoch);
     void destroy();
+    // Runs fn on a thread that entered the namespace; returns its error text ("" when none).
+    std::string inNamespace(const std::function<void()>& fn) const;
 
     KernelLinkOptions m_opt;
+    std::string m_congestion;
     std::string m_netns, m_hostDev, m_nsDev, m_serverAddr, m_clientAddr;
     std::thread m_thread;
     std::mutex m_mutex;
