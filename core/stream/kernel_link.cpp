@@ -12,7 +12,9 @@
 #include <cstring>
 #include <dirent.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 #include <netinet/tcp.h>
 #include <sched.h>
 #include <csignal>
@@ -218,6 +220,18 @@ KernelLink::KernelLink(const KernelLinkOptions& options) : m_opt(options)
         mustRun({"ip", "-n", m_netns, "addr", "add", m_serverAddr + "/30", "dev", m_nsDev});
         mustRun({"ip", "-n", m_netns, "link", "set", m_nsDev, "up"});
         mustRun({"ip", "-n", m_netns, "link", "set", "lo", "up"});
+        // The kick socket (see shaperLoop): UDP from inside the namespace to the discard port of
+        // the client's address, out through the shaped device.
+        const std::string kerr = inNamespace([&] {
+            m_kickFd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+            sockaddr_in a{};
+            a.sin_family = AF_INET;
+            a.sin_port = htons(9);
+            ::inet_pton(AF_INET, m_clientAddr.c_str(), &a.sin_addr);
+            m_kickAddr = a;
+            if (m_kickFd < 0) throw Error(std::string("kernel link: kick socket: ") + std::strerror(errno));
+        });
+        if (!kerr.empty()) throw Error(kerr);
         // Permanent neighbour entries both ways: ARP on a shaped link would otherwise take part.
         // A stale entry's probe waits in tbf's queue behind the data (or in a trace's gap) and,
         // unanswered in time, marks the neighbour failed: every packet is dropped until it
@@ -268,6 +282,8 @@ KernelLink::~KernelLink() { destroy(); }
 void KernelLink::destroy()
 {
     stopShaping();
+    if (m_kickFd >= 0) ::close(m_kickFd);
+    m_kickFd = -1;
     if (m_created) {
         runTool({"ip", "netns", "del", m_netns}, nullptr);  // deletes both veth ends
         runTool({"ip", "link", "del", m_hostDev}, nullptr);  // normally gone already
@@ -331,11 +347,15 @@ void KernelLink::closeBatch()
 
 void KernelLink::setRate(double bytesPerSecond, bool add)
 {
-    // Bucket: 5 ms at the rate, at least 3 full-size packets. Queue: kQueueSeconds at the
+    // Bucket: 2 ms at the rate, at least 2 full-size frames. Every `tc qdisc change` refills
+    // tbf's bucket (tbf_change sets tokens = buffer), so a backlogged sender gets the bucket free
+    // at every tick on top of rate x tick: the rate is lowered by that much, so that the tick
+    // carries its capacity (burst + rate x tick), not up to 10% more. Queue: kQueueSeconds at the
     // schedule's mean rate, the same at every tick: a rate drop drains the queue slower instead of
     // dropping what it holds.
-    const double rate = std::max(1000.0, bytesPerSecond);
-    const uint64_t burst = uint64_t(std::max(3.0 * 1514, rate * 0.005));
+    const double tick = m_opt.tickSeconds;
+    const uint64_t burst = uint64_t(std::max(2.0 * 1514, bytesPerSecond * 0.002));
+    const double rate = std::max(1000.0, add ? bytesPerSecond : bytesPerSecond - double(burst) / tick);
     const uint64_t limit = uint64_t(std::max(double(kQueueMinBytes), m_opt.schedule.meanBytesPerSecond() * kQueueSeconds));
     if (!add && m_batchFd >= 0) {
         char line[256];
@@ -417,21 +437,42 @@ void KernelLink::stopShaping()
     closeBatch();
 }
 
+void KernelLink::kick()
+{
+    // Unconnected: the port unreachable that comes back is not reported to the next send.
+    if (m_kickFd >= 0)
+        (void)::sendto(m_kickFd, "k", 1, MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<const sockaddr*>(&m_kickAddr),
+                       sizeof m_kickAddr);
+    ++m_kicks;
+}
+
 void KernelLink::shaperLoop(double epoch)
 {
     const double tick = m_opt.tickSeconds;
     double next = std::ceil((monoSeconds() - epoch) / tick + 1e-9) * tick;  // link time of the next tick
+    double lastRate = 0;
     std::unique_lock<std::mutex> lock(m_mutex);
     while (!m_stop) {
         const auto until = std::chrono::steady_clock::time_point(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
             std::chrono::duration<double>(epoch + next)));
         if (m_cv.wait_until(lock, until, [this] { return m_stop; })) break;
         lock.unlock();
+        const double rate = m_opt.schedule.capacityBytes(next, next + tick) / tick;
         try {
-            setRate(m_opt.schedule.capacityBytes(next, next + tick) / tick, false);
+            setRate(rate, false);
         } catch (const std::exception& e) {
             std::fprintf(stderr, "%s\n", e.what());
         }
+        if (rate > lastRate) {
+            // tbf does not look at its queue again when its rate changes: a packet that found no
+            // tokens at a gap's crawl armed a timer for when the crawl would have paid for it (a
+            // full frame at 8 kbit/s: 1.5 s), and the link would sit idle until then. A datagram
+            // through the same qdisc, once tc has applied the change, makes it dequeue now (43
+            // bytes on the wire per rising tick, under 1 kB/s).
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            kick();
+        }
+        lastRate = rate;
         lock.lock();
         next += tick;
         const double now = monoSeconds() - epoch;

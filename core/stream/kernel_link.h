@@ -14,8 +14,14 @@
 //    (kernelDelay() false) and loss is refused.
 //  - Following a schedule: once start() is called, a thread sets tbf's rate every tick (50 ms) to
 //    the schedule's mean rate over the coming tick (capacityBytes(t, t + tick) / tick) with
-//    `tc qdisc change`, written to one long-lived `tc -batch` process (no fork per tick). The capacity of every tick is the schedule's; the shape within a tick is
+//    `tc qdisc change`, written to one long-lived `tc -batch` process (no fork per tick). The
+//    capacity of every tick is the schedule's; the shape within a tick is
 //    tbf's. A tick with no capacity (a trace's gap) gets a floor of 8 kbit/s (tbf needs a rate).
+//    Two tbf properties are compensated: every change refills the bucket (so the rate is set
+//    that much lower: bucket + rate x tick = the tick's capacity), and a change does not make tbf
+//    look at its queue again (a frame that found no tokens at a gap's crawl waits for a timer
+//    armed at the crawl's rate, up to 1.5 s): after every rising tick a 1-byte UDP datagram
+//    ("kick") goes out through the same qdisc, whose enqueue makes it dequeue at the new rate.
 //  - Congestion control: the server's sockets use cubic by default (TCP_CONGESTION on the
 //    listening socket). Many systems default to BBR, which paces at the largest delivery rate seen over
 //    the last ~10 round trips: with the sub-millisecond RTT of a veth pair that window is ~10 ms,
@@ -31,6 +37,8 @@
 
 #include "stream/link.h"
 #include "stream/net.h"
+
+#include <netinet/in.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -71,6 +79,7 @@ public:
     void start(double offsetSeconds);
     void stopShaping();
     int rateChanges() const { return m_changes; }
+    int kicks() const { return m_kicks; }  // rate rises after which the queue was woken
     // False when the kernel lacks the netem qdisc: then tbf alone is the root qdisc and the
     // caller must add the RTT itself (ChunkServer's rttSeconds); loss is unavailable.
     bool kernelDelay() const { return m_netem; }
@@ -85,6 +94,7 @@ private:
     void openBatch();
     void closeBatch();
     void shaperLoop(double epoch);
+    void kick();
     void destroy();
     // Runs fn on a thread that entered the namespace; returns its error text ("" when none).
     std::string inNamespace(const std::function<void()>& fn) const;
@@ -100,6 +110,9 @@ private:
     bool m_created = false;
     bool m_netem = true;
     int m_batchFd = -1;
+    int m_kickFd = -1;
+    sockaddr_in m_kickAddr{};
+    std::atomic<int> m_kicks{0};
     int m_batchPid = -1;
 };
 
