@@ -577,6 +577,34 @@ private slots:
         }
     }
 
+    // kvscope-cli stream --codec transform: the store is encoded with the transform codec (a model
+    // fitted on the cache, no profile), streamed, and every run's cache scored (KL, delta PPL).
+    void streamCliTransform()
+    {
+        if (!QFile::exists(QString::fromStdString(defaultModelPath())))
+            QSKIP("the default model is absent (installer/fetch_model.sh fetches it)");
+        QProcess cli;
+        cli.start(kCli, {"stream", "--context", KVSCOPE_SOURCE_DIR "/samples/contexts/story.txt", "--codec", "transform",
+                         "--bandwidth", "400Mbit", "--rtt", "2", "--slo", "60", "--policy", "level:1,level:3",
+                         "--quality-tokens", "2", "--threads", "1", "--json"});
+        QVERIFY(cli.waitForFinished(900000));
+        QVERIFY2(cli.exitCode() == 0, cli.readAllStandardError().constData());
+        const QJsonObject j = QJsonDocument::fromJson(cli.readAllStandardOutput()).object();
+        QCOMPARE(j["codec"].toString(), QString("transform"));
+        const QJsonArray policies = j["policies"].toArray();
+        QCOMPARE(policies.size(), 2);
+        for (const QJsonValue& pv : policies) {
+            const QJsonObject p = pv.toObject();
+            QVERIFY(p["mean_kl"].isDouble() && p["mean_kl"].toDouble() > 0);
+            QVERIFY(p["mean_delta_ppl_pct"].isDouble());
+            for (const QJsonValue& cv : p["chunks"].toArray()) QCOMPARE(cv.toObject()["source"].toString(), QString("link"));
+        }
+        // More bits, less distortion: the transform codec's level 3 scores below its level 1.
+        QVERIFY(policies[1].toObject()["mean_kl"].toDouble() < policies[0].toObject()["mean_kl"].toDouble());
+        std::printf("TRANSFORM CLI: level 1 KL %.5f, level 3 KL %.5f\n", policies[0].toObject()["mean_kl"].toDouble(),
+                    policies[1].toObject()["mean_kl"].toDouble());
+    }
+
     // kvscope-cli stream on the default model: the JSON contract, the pacing invariant over the
     // run, adaptive meeting an easy SLO under a bandwidth drop, and a server dying mid-stream.
     void streamCli()
