@@ -33,10 +33,7 @@
 //    an estimate that is too high costs more than one that is too low.
 //  - Before any chunk has been measured there is no estimate: the first request goes at the
 //    file's default level, unless a prior estimate (the previous run's, kept by the Streamer) is
-//    given, which is then discounted by kPriorDiscount. Either way the streamer's first choice is
-//    a fetch (allowText false) and it keeps one request in flight until that reply has measured
-//    the link: a prior from another point of a cellular trace can be wrong by 10x, and text
-//    choices are committed the moment they are made.
+//    given, which is then discounted by kPriorDiscount.
 #pragma once
 
 #include <cstdint>

@@ -540,11 +540,6 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         in.tailSeconds = tailSeconds;
         in.slo = opt.sloSeconds * (1.0 - kSloSafety);
         in.horizon = opt.horizon;
-        // Until this run has measured a chunk, the estimate is a prior from another point of the
-        // link: a text choice on it would be committed at once (no request to wait for), and the
-        // planner would go on choosing on the same guess. So the first choice is a fetch, whose
-        // reply measures the link; text is open again from the next choice on.
-        in.allowText = estimator.valid();
         const PlanResult pr = planChunks(in);
         ev.throughputEstimate = thr;
         ev.predictedTtftS = pr.predictedTtft;
