@@ -235,7 +235,7 @@ KernelLink::KernelLink(const KernelLinkOptions& options) : m_opt(options)
         // Permanent neighbour entries both ways: ARP on a shaped link would otherwise take part.
         // A stale entry's probe waits in tbf's queue behind the data (or in a trace's gap) and,
         // unanswered in time, marks the neighbour failed: every packet is dropped until it
-        // resolves again (a 6 s outage at a run's start, seen on the T-Mobile trace).
+        // resolves again.
         const std::string hostMac = linkAddress({"ip", "-o", "link", "show", "dev", m_hostDev});
         const std::string nsMac = linkAddress({"ip", "-n", m_netns, "-o", "link", "show", "dev", m_nsDev});
         mustRun({"ip", "neigh", "replace", m_serverAddr, "lladdr", nsMac, "dev", m_hostDev, "nud", "permanent"});
