@@ -7,7 +7,9 @@
 // their arrival, and a sender thread that answers them in order. With rttSeconds set, a reply's
 // first byte leaves no earlier than its request's arrival + rttSeconds (the path's round trip
 // folded into the sending side), so a client that keeps the next request in flight finds the link
-// busy without a gap, exactly as on a real path.
+// busy without a gap, exactly as on a real path. A connection whose next request is already due
+// when a reply ends keeps its busy period open at the pacer, so the capacity of a late wake-up
+// at the end of one reply is made up in the next, as a link whose queue never emptied would.
 //
 // Robustness: requests are at most kMaxRequestBytes; a peer that sends no complete request for
 // idleTimeout seconds while nothing is owed to it, or that stops reading for ioTimeout seconds, is
