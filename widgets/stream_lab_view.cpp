@@ -130,6 +130,7 @@ QJsonObject resultJson(const StreamRunResult& r)
             {"slo_s", r.sloSeconds},
             {"ttft_s", r.ttftSeconds},
             {"slo_met", r.sloMet},
+            {"start_s", r.startS},
             {"ttft_parts", parts},
             {"chunks", chunks},
             {"delivered_bytes", double(r.deliveredBytes)},
@@ -286,6 +287,7 @@ bool raceFromJson(const QByteArray& json, const QString& file, RaceRecord* out, 
         r.sloSeconds = rd.number(o, "slo_s", place, 0, 1e6);
         r.ttftSeconds = rd.number(o, "ttft_s", place, 0, 1e6);
         r.sloMet = o.value(QLatin1String("slo_met")).toBool();
+        r.startS = rd.number(o, "start_s", place, 0, 1e6);
         const QJsonObject parts = o.value(QLatin1String("ttft_parts")).toObject();
         for (int p = 0; p < StreamRunResult::kParts; ++p)
             r.parts[p] = rd.number(parts, kPartNames[p], place + QStringLiteral(".ttft_parts"), 0, 1e6);
@@ -1305,6 +1307,19 @@ bool StreamLabView::exportFigure(const QString& path, QString* error)
 
 // ---- Drawing the link
 
+namespace {
+
+// Drawn rates to two significant figures, at least 0.1 Mbit/s: steps a user would type (and equal
+// cells compare equal, so runs merge into one step).
+double roundRate(double mbps)
+{
+    mbps = std::max(0.1, mbps);
+    const double scale = std::pow(10.0, std::floor(std::log10(mbps)) - 1);
+    return std::round(mbps / scale) * scale;
+}
+
+}  // namespace
+
 bool StreamLabView::eventFilter(QObject* watched, QEvent* event)
 {
     if (watched != m_bandwidthPlot || !m_drawLink->isChecked() || m_running) return QWidget::eventFilter(watched, event);
@@ -1348,17 +1363,15 @@ void StreamLabView::beginDraw()
         for (int i = 0; i < cells; ++i) {
             const double mid = (i + 0.5) * kDrawStepSeconds;
             while (k + 1 < a.seconds.size() && a.seconds[k + 1] <= mid) ++k;
-            m_drawMbps[size_t(i)] = a.mbps[k];
+            m_drawMbps[size_t(i)] = roundRate(a.mbps[k]);
         }
     }
 }
 
+
 void StreamLabView::paintDraw(double t0, double t1, double mbps)
 {
-    // Rates to two significant figures, at least 0.1 Mbit/s: steps a user would type.
-    mbps = std::max(0.1, mbps);
-    const double scale = std::pow(10.0, std::floor(std::log10(mbps)) - 1);
-    mbps = std::round(mbps / scale) * scale;
+    mbps = roundRate(mbps);
     const int first = std::max(0, int(std::floor(t0 / kDrawStepSeconds + 1e-9)));
     const int last = int(std::ceil(t1 / kDrawStepSeconds - 1e-9));  // exclusive
     if (last > int(m_drawMbps.size())) m_drawMbps.resize(size_t(last), m_drawMbps.empty() ? mbps : m_drawMbps.back());

@@ -163,6 +163,7 @@ struct StreamRunResult {
     bool modelled = false;  // compute parts modelled on target hardware
     double sloSeconds = 0, ttftSeconds = 0;
     bool sloMet = false;
+    double startS = 0;  // when this run began, seconds since the race began (back to back: after the lanes before)
     static constexpr int kParts = 6;
     // transfer, decode, recompute, kv load, prefill, first token
     double parts[kParts] = {0, 0, 0, 0, 0, 0};

@@ -308,6 +308,7 @@ void StreamSession::start(const StreamConfig& config, const CodecProfile& profil
                                                         .arg(target.prefillTokensPerSecond, 0, 'f', 0)
                                                         .arg(target.decodeGBps, 0, 'g', 3)
                                                   : tr("measured on this machine");
+        const double raceStart = monoSeconds();
         std::mutex qualityMutex;  // one quality pass at a time: they share the runtime's cores
 
         // One lane's run, on the thread that calls it; returns its result for the table.
@@ -323,6 +324,7 @@ void StreamSession::start(const StreamConfig& config, const CodecProfile& profil
                 control.post([this, c] { emit chunkArrived(c); });
                 return !control.stopped();
             };
+            const double startS = monoSeconds() - raceStart;
             StreamResult r = streamer.run(options, pacer, 0.0);
             StreamRunResult out;
             out.run = firstRun + lane;
@@ -334,6 +336,7 @@ void StreamSession::start(const StreamConfig& config, const CodecProfile& profil
             out.sloSeconds = r.sloSeconds;
             out.ttftSeconds = r.ttftSeconds;
             out.sloMet = r.sloMet;
+            out.startS = startS;
             const TtftPart* parts[StreamRunResult::kParts] = {&r.transfer, &r.decode,  &r.recompute,
                                                               &r.kvLoad,   &r.prefill, &r.firstToken};
             for (int i = 0; i < StreamRunResult::kParts; ++i) {
