@@ -620,7 +620,13 @@ StreamLabView::StreamLabView(QWidget* parent) : QWidget(parent)
         m_bandwidthPlot->setInteraction(QCP::iRangeZoom, !on);
         m_bandwidthPlot->setCursor(on ? Qt::CrossCursor : Qt::ArrowCursor);
         if (on) {
+            // Show the schedule being edited, scaled to its own rates, so a stroke lands where it is aimed.
+            beginDraw();
+            showDrawGrid();
+            double top = 1;
+            for (double v : m_drawMbps) top = std::max(top, v);
             m_bandwidthPlot->xAxis->setRange(0, std::max(2.0 * m_sloSpin->value(), 1.0));
+            m_bandwidthPlot->yAxis->setRange(0, top * 1.3);
             m_bandwidthPlot->replot(QCustomPlot::rpQueuedReplot);
             setStatus(tr("Drag over the bandwidth plot to draw the link's rate; release to use it."));
         }
