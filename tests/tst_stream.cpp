@@ -1,7 +1,8 @@
 // The streaming lab on real sockets (core/stream): pacing accuracy through the chunk
 // server at 1 Mbit/s..1 Gbit/s and on a real cellular trace, byte-exact chunk round trips from a
-// .kvc and from Redis, bad frames and idle peers, injected faults, and `kvscope-cli stream` on the
-// default model (its JSON contract, and adaptive meeting an easy SLO).
+// .kvc and from Redis, bad frames and idle peers, injected faults, a transform-coded capture
+// streamed byte-exact, the kernel-shaped link across a gap, and `kvscope-cli stream` on the
+// default model (its JSON contract, adaptive meeting an easy SLO, --codec transform).
 #include "testmain.h"
 
 #include "codec/container.h"
