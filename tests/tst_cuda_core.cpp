@@ -583,18 +583,20 @@ private slots:
         qInfo("real KV: %s, %d layers x %d heads x %d x %d tokens; rope %d, query_sq %d, value_weight %d, attn_mass %d",
               kv.modelName.c_str(), kv.shape().numLayers, kv.shape().numKvHeads, kv.shape().headDim, kv.shape().numTokens,
               int(kv.hasRope()), int(!kv.querySq.empty()), int(!kv.valueWeight.empty()), int(!kv.attnMass.empty()));
-        for (int imp = 0; imp < 2; ++imp) {
-            TransformSettings s;
-            s.tokenImportance = imp == 1 && !kv.attnMass.empty();
-            if (kv.querySq.empty() || kv.valueWeight.empty()) s.weighting = TransformWeighting::Mse;
-            if (!kv.hasRope()) s.ropeUndo = false;
-            if (cal.querySq.empty() || cal.valueWeight.empty()) s.weighting = TransformWeighting::Mse;
-            if (!cal.hasRope()) s.ropeUndo = false;
-            CodecParams p = transformParams(kv, s, 256);
-            calibrateTransform(p, {&cal}, kv);
+        TransformSettings s;
+        if (kv.querySq.empty() || kv.valueWeight.empty() || cal.querySq.empty() || cal.valueWeight.empty())
+            s.weighting = TransformWeighting::Mse;
+        if (!kv.hasRope() || !cal.hasRope()) s.ropeUndo = false;
+        CodecParams p = transformParams(kv, s, 256);
+        calibrateTransform(p, {&cal}, kv);  // one fit: token importance is an encoder-side switch
+        for (int imp = 0; imp < (kv.attnMass.empty() ? 1 : 2); ++imp) {
+            CodecParams q = p;
+            q.profile.transform.tokenImportance = imp == 1;
+            q.transform.reset();
+            prepareTransform(q, kv, "test cache");
             qInfo("calibrated on %s: rope_undo %d, weighting %s, token_importance %d", calibPath.isEmpty() ? "the file itself" : calibPath.constData(),
-                  int(s.ropeUndo), weightingName(s.weighting), int(s.tokenImportance));
-            checkTransform(p, kv);
+                  int(s.ropeUndo), weightingName(s.weighting), imp);
+            checkTransform(q, kv);
         }
     }
 
