@@ -439,12 +439,12 @@ private slots:
     // The transform codec (codec 6) over its stage switches: calibrated PCA across heads with
     // RoPE undone and attention weighting (the default), token importance, fixed-width symbols,
     // no RoPE undo, per-head bases, MSE weighting with uniform allocation, recent tokens, the
-    // uncalibrated Hadamard fallback, bf16 and fp16 output, short last chunks.
+    // uncalibrated Hadamard fallback, bf16 and fp16 output, short last chunks, RD-optimised rounding.
     void transformParity_data()
     {
         QTest::addColumn<QString>("variant");
         for (const char* v : {"default", "importance", "importance-fixed", "fixed", "rope-off", "per-head", "mse-uniform",
-                              "recent", "hadamard-uncalibrated", "f16-output", "bf16-output", "no-sinks"})
+                              "recent", "hadamard-uncalibrated", "f16-output", "bf16-output", "no-sinks", "rdo"})
             QTest::newRow(v) << QString(v);
     }
 
@@ -465,6 +465,7 @@ private slots:
         if (v == "mse-uniform") s.weighting = TransformWeighting::Mse, s.allocation = TransformAllocation::Uniform;
         if (v == "recent") s.recentTokens = 40;
         if (v == "no-sinks") s.sinkTokens = 0;
+        if (v == "rdo") s.rdoLambda = 1.0;  // encoder-side rounding: the payload format is unchanged
         if (v == "hadamard-uncalibrated") s.basis = TransformBasis::Hadamard;
         CodecParams p = transformParams(kv, s, v == "recent" ? 128 : 64);
         if (v == "hadamard-uncalibrated") prepareTransform(p, kv, "test cache");
