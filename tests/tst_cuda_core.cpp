@@ -439,12 +439,12 @@ private slots:
     // The transform codec (codec 6) over its stage switches: calibrated PCA across heads with
     // RoPE undone and attention weighting (the default), token importance, fixed-width symbols,
     // no RoPE undo, per-head bases, MSE weighting with uniform allocation, recent tokens, the
-    // uncalibrated Hadamard fallback, bf16 and fp16 output, short last chunks.
+    // uncalibrated Hadamard fallback, bf16 and fp16 output, short last chunks, RD-optimised rounding.
     void transformParity_data()
     {
         QTest::addColumn<QString>("variant");
         for (const char* v : {"default", "importance", "importance-fixed", "fixed", "rope-off", "per-head", "mse-uniform",
-                              "recent", "hadamard-uncalibrated", "f16-output", "bf16-output", "no-sinks"})
+                              "recent", "hadamard-uncalibrated", "f16-output", "bf16-output", "no-sinks", "rdo"})
             QTest::newRow(v) << QString(v);
     }
 
@@ -465,6 +465,7 @@ private slots:
         if (v == "mse-uniform") s.weighting = TransformWeighting::Mse, s.allocation = TransformAllocation::Uniform;
         if (v == "recent") s.recentTokens = 40;
         if (v == "no-sinks") s.sinkTokens = 0;
+        if (v == "rdo") s.rdoLambda = 1.0;  // encoder-side rounding: the payload format is unchanged
         if (v == "hadamard-uncalibrated") s.basis = TransformBasis::Hadamard;
         CodecParams p = transformParams(kv, s, v == "recent" ? 128 : 64);
         if (v == "hadamard-uncalibrated") prepareTransform(p, kv, "test cache");
@@ -583,18 +584,20 @@ private slots:
         qInfo("real KV: %s, %d layers x %d heads x %d x %d tokens; rope %d, query_sq %d, value_weight %d, attn_mass %d",
               kv.modelName.c_str(), kv.shape().numLayers, kv.shape().numKvHeads, kv.shape().headDim, kv.shape().numTokens,
               int(kv.hasRope()), int(!kv.querySq.empty()), int(!kv.valueWeight.empty()), int(!kv.attnMass.empty()));
-        for (int imp = 0; imp < 2; ++imp) {
-            TransformSettings s;
-            s.tokenImportance = imp == 1 && !kv.attnMass.empty();
-            if (kv.querySq.empty() || kv.valueWeight.empty()) s.weighting = TransformWeighting::Mse;
-            if (!kv.hasRope()) s.ropeUndo = false;
-            if (cal.querySq.empty() || cal.valueWeight.empty()) s.weighting = TransformWeighting::Mse;
-            if (!cal.hasRope()) s.ropeUndo = false;
-            CodecParams p = transformParams(kv, s, 256);
-            calibrateTransform(p, {&cal}, kv);
+        TransformSettings s;
+        if (kv.querySq.empty() || kv.valueWeight.empty() || cal.querySq.empty() || cal.valueWeight.empty())
+            s.weighting = TransformWeighting::Mse;
+        if (!kv.hasRope() || !cal.hasRope()) s.ropeUndo = false;
+        CodecParams p = transformParams(kv, s, 256);
+        calibrateTransform(p, {&cal}, kv);  // one fit: token importance is an encoder-side switch
+        for (int imp = 0; imp < (kv.attnMass.empty() ? 1 : 2); ++imp) {
+            CodecParams q = p;
+            q.profile.transform.tokenImportance = imp == 1;
+            q.transform.reset();
+            prepareTransform(q, kv, "test cache");
             qInfo("calibrated on %s: rope_undo %d, weighting %s, token_importance %d", calibPath.isEmpty() ? "the file itself" : calibPath.constData(),
-                  int(s.ropeUndo), weightingName(s.weighting), int(s.tokenImportance));
-            checkTransform(p, kv);
+                  int(s.ropeUndo), weightingName(s.weighting), imp);
+            checkTransform(q, kv);
         }
     }
 
