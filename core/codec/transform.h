@@ -39,7 +39,9 @@
 //    ~Delta^2/12 = theta); the others take 0 bits, are not coded and reconstruct as the mean.
 //    theta = t_kind * layer_scale[l] * lambda_bar_kind, where lambda_bar_kind is the mean of
 //    lambda over every layer and component of that kind (so t is dimensionless) and t, layer_scale
-//    are the level's settings. allocation "uniform" instead codes every component at the same rate:
+//    are the level's settings (`tune --codec transform` learns t and layer_scale on tuning
+//    contexts: theta per (kind, layer) ~ 1 / its measured KL per unit distortion, eval/tune_transform.h).
+//    allocation "uniform" instead codes every component at the same rate:
 //    Delta_j = sqrt(12 theta lambda_j / lambda_bar_block) (same mean error, equal bits).
 //
 // 5. Quantization and coding. q_j = rint(z_j / Delta_j), symbol = clamp(q_j, -M_j, M_j) + M_j with
