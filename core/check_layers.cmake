@@ -1,13 +1,20 @@
 # Checks every #include of core/ and widgets/ against the layer chart of core/README.md.
 # Run by the build before any core stage compiles:  cmake -DROOT=<source dir> -P check_layers.cmake
 # A violation stops the build with one line per offending include.
+cmake_minimum_required(VERSION 3.25)
 #
-# Layers: a file's layer is its folder, except kv/kv_h5.* (kvio, the only HDF5 code).
+# Layers: a file's layer is its folder, except kv/kv_h5.* (kvio, the only HDF5 code) and the
+# torch-free model readers and tokenizers of model/ (modelio, the files named by modelio_files).
+set(modelio_files "gguf;ggml_quants;llama2c;llama2c_tokenizer;safetensors;hf_config;llama_weights;bpe_tokenizer;tokenizer;utf8;spm_tokenizer;spm_backend;spm_module;gguf_tokenizer")
 # Project includes ("folder/file.h") a layer may use:
 set(allow_common  "common/")
 set(allow_kv      "common/;kv/")
 set(allow_codec   "common/;kv/kv_set.h;codec/")
 set(allow_kvio    "common/;kv/")
+set(allow_modelio "common/")
+foreach(m IN LISTS modelio_files)
+  list(APPEND allow_modelio "model/${m}.h")
+endforeach()
 set(allow_model   "common/;kv/kv_set.h;model/")
 set(allow_stream  "common/;kv/;codec/;model/;stream/")
 set(allow_eval    "common/;kv/;codec/;model/;eval/")
@@ -47,8 +54,11 @@ file(GLOB_RECURSE files RELATIVE ${ROOT}
   ${ROOT}/core/*.h ${ROOT}/core/*.cpp ${ROOT}/widgets/*.h ${ROOT}/widgets/*.cpp)
 set(errors "")
 foreach(f IN LISTS files)
+  get_filename_component(stem ${f} NAME_WE)
   if(f MATCHES "^core/kv/kv_h5\\.")
     set(layer kvio)
+  elseif(f MATCHES "^core/model/" AND stem IN_LIST modelio_files)
+    set(layer modelio)
   elseif(f MATCHES "^core/([a-z]+)/")
     set(layer ${CMAKE_MATCH_1})
   elseif(f MATCHES "^widgets/")
@@ -81,6 +91,9 @@ foreach(f IN LISTS files)
       endif()
       if(NOT ok)
         string(REPLACE ";" ", " allowed "${allow_${layer}}")
+        if(layer STREQUAL "modelio")
+          set(allowed "common/ and the modelio headers of model/ (modelio_files)")
+        endif()
         list(APPEND errors "${f}: includes \"${inc}\" but ${layer} may include only ${allowed}")
       endif()
     elseif(line MATCHES "include[ \t]*<([^>]+)>")
