@@ -5,6 +5,7 @@
 #include "decode_core.h"
 #include "decode_plan.h"
 #include "kvscope_cuda.h"
+#include "transform_core.h"
 
 #include <cuda_runtime.h>
 
@@ -157,6 +158,74 @@ __global__ void baselineKernel(const uint8_t* batch, void* out)
     decodeBaselineHead(batch + cd.payload, cd.g, idx / cd.g.H, idx % cd.g.H, out);
 }
 
+// ---- transform codec (transform_core.h) ------------------------------------------------------
+
+// One transform chunk of a batch: geometry, payload and plan offsets (bytes, batch-relative),
+// scratch offset (elements) and where the chunk's level starts in the component and table stores.
+struct TfChunkDesc {
+    TfGeom g;
+    uint64_t payload;  // bytes: the chunk payload
+    uint64_t plan;     // bytes: TfBlockPlan[2L]
+    uint64_t zq;       // elements of the slot's scratch
+    uint64_t comps;    // elements of the component store: the level's first TfComp
+    uint64_t tables;   // elements of the table store: the level's first start
+    uint64_t tileK;    // elements of the tile-range store: the level's first entry
+};
+
+constexpr int kTfSymbolThreads = 32;
+
+// One thread per (chunk, block): classes, symbols, escapes -> zq.
+__global__ void tfSymbolsKernel(const uint8_t* batch, const TfComp* comps, const uint16_t* tables, float* zq, ErrorInfo* errs)
+{
+    const TfChunkDesc cd = reinterpret_cast<const TfChunkDesc*>(batch)[blockIdx.y];
+    const int b = int(blockIdx.x * blockDim.x + threadIdx.x);
+    if (b >= 2 * cd.g.L) return;
+    const TfBlockPlan bp = reinterpret_cast<const TfBlockPlan*>(batch + cd.plan)[b];
+    const int32_t code = tfDecodeBlockSymbols(batch + cd.payload, cd.g, bp, comps + cd.comps + bp.comps, tables + cd.tables,
+                                              zq + cd.zq + bp.zq);
+    if (code != kOk) setError(&errs[blockIdx.y], code, b, 0);
+}
+
+// One 256-thread tile per (unit tile, row tile, chunk * 2L + block): the exact-order GEMM with the
+// RoPE and store epilogue. A failed chunk's tiles return before any barrier (uniformly).
+__global__ void __launch_bounds__(kTfThreads) tfGemmKernel(const uint8_t* batch, int blocksPerChunk, const uint16_t* At,
+                                                           const float* mean, const TfComp* comps, const float* zq,
+                                                           const uint32_t* tileK, const double* rope, const ErrorInfo* errs,
+                                                           void* out)
+{
+    __shared__ TfTileShm shm;
+    const int ci = int(blockIdx.z) / blocksPerChunk, b = int(blockIdx.z) % blocksPerChunk;
+    const TfChunkDesc cd = reinterpret_cast<const TfChunkDesc*>(batch)[ci];
+    const int row0 = int(blockIdx.y) * kTfTileRows, unit0 = int(blockIdx.x) * kTfTileUnits;
+    if (row0 >= cd.g.R || errs[ci].code != kOk) return;
+    const TfBlockPlan bp = reinterpret_cast<const TfBlockPlan*>(batch + cd.plan)[b];
+    const int C = cd.g.H * cd.g.D, tid = int(threadIdx.x);
+    const TfComp* cp = comps + cd.comps + bp.comps;
+    const uint16_t* A = At + size_t(b) * C * C;
+    TfAcc acc;
+    tfInitAcc(tid, cd.g, mean + size_t(b) * C, unit0, &acc);
+    const uint32_t* kr = tileK + cd.tileK + bp.tileK + 2 * size_t(blockIdx.x);
+    const int kEnd = int(kr[1]);
+    for (int k0 = int(kr[0]); k0 < kEnd; k0 += kTfTileK) {
+        tfLoadTile(tid, cd.g, bp, cp, zq + cd.zq + bp.zq, A, row0, unit0, k0, kEnd, &shm);
+        __syncthreads();
+        tfComputeTile(tid, min(kTfTileK, kEnd - k0), &shm, &acc);
+        __syncthreads();
+    }
+    tfStoreTile(tid, cd.g, b, rope, row0, unit0, &acc, out);
+}
+
+// One thread per raw (sink / recent) value of (chunk * 2L + block).
+__global__ void tfRawKernel(const uint8_t* batch, int blocksPerChunk, const ErrorInfo* errs, void* out)
+{
+    const int ci = int(blockIdx.y) / blocksPerChunk, b = int(blockIdx.y) % blocksPerChunk;
+    const TfChunkDesc cd = reinterpret_cast<const TfChunkDesc*>(batch)[ci];
+    const uint32_t e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= uint32_t(cd.g.n - cd.g.R) * uint32_t(cd.g.H * cd.g.D) || errs[ci].code != kOk) return;
+    const TfBlockPlan bp = reinterpret_cast<const TfBlockPlan*>(batch + cd.plan)[b];
+    tfRawValue(batch + cd.payload, cd.g, bp, b, e, out);
+}
+
 template <typename T>
 int grow(T** p, size_t* cap, size_t need, const char* what)
 {
@@ -203,6 +272,8 @@ struct Slot {
     size_t offsetsCap = 0;
     ErrorInfo* errs = nullptr;
     size_t errsCap = 0;
+    float* zq = nullptr;            // transform: dequantized components of the batch
+    size_t zqCap = 0;
     ErrorInfo* hostErrs = nullptr;  // pinned
     size_t hostErrsCap = 0;
     bool busy = false;
@@ -218,6 +289,14 @@ struct kvscope_cuda_decoder {
     uint16_t* shared = nullptr;           // table stores of every level (table_mode 1)
     std::vector<uint64_t> sharedOffset;   // per level, elements
     Slot slots[2];
+    // transform codec: the model on the device
+    uint16_t* tfAt = nullptr;               // 2L x C x C fp16 (transposed decode matrices)
+    float* tfMean = nullptr;                // 2L x C
+    TfComp* tfComps = nullptr;              // every level's components
+    uint16_t* tfTables = nullptr;           // every level's start tables
+    double* tfRope = nullptr;               // T x D/2 x {cos, sin}
+    uint32_t* tfTileK = nullptr;            // every level's k range per (block, unit tile)
+    std::vector<uint64_t> tfCompBase, tfTableBase, tfTileBase;  // per level
     kvscope_cuda_timing timing{};
     std::string firstError;
     int firstErrorCode = KVSCOPE_CUDA_OK;
@@ -236,6 +315,7 @@ void releaseSlot(Slot& s)
     if (s.store) cudaFree(s.store);
     if (s.offsets) cudaFree(s.offsets);
     if (s.errs) cudaFree(s.errs);
+    if (s.zq) cudaFree(s.zq);
     if (s.stream) cudaStreamDestroy(s.stream);
     s = Slot{};
 }
@@ -247,12 +327,13 @@ int finishSlot(kvscope_cuda_decoder* d, Slot& s)
     s.busy = false;
     KVS_CUDA_TRY(cudaStreamSynchronize(s.stream), "decode kernels");
     float ms = 0;
-    const bool cachegen = d->codec.codec == 0;
+    const bool cachegen = d->codec.codec == 0, transform = d->codec.codec == 6;
     if (cudaEventElapsedTime(&ms, s.ev[0], s.ev[1]) == cudaSuccess) d->timing.h2d_ms += ms;
     if (cachegen && d->codec.tableMode == 0 && cudaEventElapsedTime(&ms, s.ev[1], s.ev[2]) == cudaSuccess)
         d->timing.table_ms += ms;
+    if (transform && cudaEventElapsedTime(&ms, s.ev[1], s.ev[2]) == cudaSuccess) d->timing.entropy_ms += ms;
     if (cudaEventElapsedTime(&ms, s.ev[2], s.ev[3]) == cudaSuccess) d->timing.kernel_ms += ms;
-    if (!cachegen) return KVSCOPE_CUDA_OK;
+    if (!cachegen && !transform) return KVSCOPE_CUDA_OK;
     for (size_t i = 0; i < s.chunks.size(); ++i)
         if (s.hostErrs[i].code != kOk && d->firstErrorCode == KVSCOPE_CUDA_OK) {
             d->firstErrorCode = KVSCOPE_CUDA_EDATA;
@@ -382,6 +463,109 @@ int launchBatch(kvscope_cuda_decoder* d, Slot& s, const kvscope_cuda_chunk* chun
     return KVSCOPE_CUDA_OK;
 }
 
+// The transform codec's batch: [TfChunkDesc x count][TfBlockPlan x 2L per chunk][payloads]; the
+// symbol kernel, then the GEMM and raw-token kernels, on the slot's stream.
+int launchTransformBatch(kvscope_cuda_decoder* d, Slot& s, const kvscope_cuda_chunk* chunks,
+                         const std::vector<TfChunkPlan>& plans, int first, int last)
+{
+    const Codec& c = d->codec;
+    const int count = last - first, B = 2 * c.L, C = c.C();
+    const size_t planBytes = align16(size_t(B) * sizeof(TfBlockPlan));
+    const size_t headBytes = align16(count * sizeof(TfChunkDesc)) + size_t(count) * planBytes;
+    std::vector<TfChunkDesc> descs(static_cast<size_t>(count));
+    std::vector<bool> pinned(static_cast<size_t>(count));
+    size_t pos = headBytes, stagedEnd = headBytes;
+    uint64_t zq = 0;
+    int maxR = 0, maxRaw = 0;
+    for (int i = 0; i < count; ++i) {
+        const kvscope_cuda_chunk& ch = chunks[first + i];
+        const TfChunkPlan& pl = plans[size_t(first + i)];
+        TfChunkDesc& cd = descs[size_t(i)];
+        cd.g = pl.geom;
+        cd.plan = align16(count * sizeof(TfChunkDesc)) + size_t(i) * planBytes;
+        cd.payload = pos;
+        cd.zq = zq;
+        cd.comps = d->tfCompBase[size_t(ch.level - 1)];
+        cd.tables = d->tfTableBase[size_t(ch.level - 1)];
+        cd.tileK = d->tfTileBase[size_t(ch.level - 1)];
+        zq += pl.zqElems;
+        maxR = std::max(maxR, pl.geom.R);
+        maxRaw = std::max(maxRaw, (pl.geom.n - pl.geom.R) * C);
+        pinned[size_t(i)] = isPinned(ch.data);
+        pos = align16(pos + ch.size);
+        if (!pinned[size_t(i)]) stagedEnd = pos;
+    }
+    if (int r = growPinned(&s.pinned, &s.pinnedCap, stagedEnd)) return r;
+    if (int r = grow(&s.batch, &s.batchCap, pos, "a chunk batch")) return r;
+    if (int r = grow(&s.zq, &s.zqCap, size_t(zq), "dequantized components")) return r;
+    if (int r = grow(&s.errs, &s.errsCap, size_t(count), "error records")) return r;
+    if (s.hostErrsCap < size_t(count)) {
+        if (s.hostErrs) cudaFreeHost(s.hostErrs);
+        s.hostErrs = nullptr;
+        s.hostErrsCap = 0;
+        KVS_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&s.hostErrs), size_t(count) * sizeof(ErrorInfo)), "cudaMallocHost");
+        s.hostErrsCap = size_t(count);
+    }
+    const double t0 = nowMs();
+    std::memcpy(s.pinned, descs.data(), count * sizeof(TfChunkDesc));
+    for (int i = 0; i < count; ++i) {
+        const TfChunkPlan& pl = plans[size_t(first + i)];
+        std::memcpy(s.pinned + descs[size_t(i)].plan, pl.blocks.data(), pl.blocks.size() * sizeof(TfBlockPlan));
+        if (!pinned[size_t(i)] && chunks[first + i].size)
+            std::memcpy(s.pinned + descs[size_t(i)].payload, chunks[first + i].data, chunks[first + i].size);
+    }
+    d->timing.stage_ms += nowMs() - t0;
+    KVS_CUDA_TRY(cudaEventRecord(s.ev[0], s.stream), "cudaEventRecord");
+    KVS_CUDA_TRY(cudaMemcpyAsync(s.batch, s.pinned, headBytes, cudaMemcpyHostToDevice, s.stream), "cudaMemcpyAsync");
+    uint64_t h2d = headBytes;
+    for (int i = 0; i < count; ++i) {
+        const kvscope_cuda_chunk& ch = chunks[first + i];
+        d->timing.output_bytes += uint64_t(B) * c.H * uint64_t(plans[size_t(first + i)].geom.n) * c.D * c.dtypeBytes();
+        if (!ch.size) continue;
+        const uint8_t* src = pinned[size_t(i)] ? ch.data : s.pinned + descs[size_t(i)].payload;
+        KVS_CUDA_TRY(cudaMemcpyAsync(s.batch + descs[size_t(i)].payload, src, ch.size, cudaMemcpyHostToDevice, s.stream),
+                     "cudaMemcpyAsync");
+        h2d += ch.size;
+    }
+    d->timing.h2d_bytes += h2d;
+    KVS_CUDA_TRY(cudaMemsetAsync(s.errs, 0, size_t(count) * sizeof(ErrorInfo), s.stream), "cudaMemsetAsync");
+    KVS_CUDA_TRY(cudaEventRecord(s.ev[1], s.stream), "cudaEventRecord");
+    tfSymbolsKernel<<<dim3((B + kTfSymbolThreads - 1) / kTfSymbolThreads, count), kTfSymbolThreads, 0, s.stream>>>(
+        s.batch, d->tfComps, d->tfTables, s.zq, s.errs);
+    KVS_CUDA_TRY(cudaGetLastError(), "transform symbol kernel");
+    KVS_CUDA_TRY(cudaEventRecord(s.ev[2], s.stream), "cudaEventRecord");
+    const int units = c.H * ((c.D + 1) / 2);
+    if (maxR > 0) {
+        const dim3 grid(unsigned((units + kTfTileUnits - 1) / kTfTileUnits), unsigned((maxR + kTfTileRows - 1) / kTfTileRows),
+                        unsigned(count * B));
+        tfGemmKernel<<<grid, kTfThreads, 0, s.stream>>>(s.batch, B, d->tfAt, d->tfMean, d->tfComps, s.zq, d->tfTileK, d->tfRope, s.errs,
+                                                        d->out);
+    }
+    if (maxRaw > 0)
+        tfRawKernel<<<dim3(unsigned((maxRaw + 255) / 256), unsigned(count * B)), 256, 0, s.stream>>>(s.batch, B, s.errs, d->out);
+    KVS_CUDA_TRY(cudaGetLastError(), "transform GEMM kernels");
+    KVS_CUDA_TRY(cudaEventRecord(s.ev[3], s.stream), "cudaEventRecord");
+    KVS_CUDA_TRY(cudaMemcpyAsync(s.hostErrs, s.errs, size_t(count) * sizeof(ErrorInfo), cudaMemcpyDeviceToHost, s.stream),
+                 "cudaMemcpyAsync");
+    s.chunks.assign(chunks + first, chunks + last);
+    s.busy = true;
+    ++d->timing.batches;
+    return KVSCOPE_CUDA_OK;
+}
+
+template <typename T>
+int upload(T** dst, const std::vector<T>& src, const char* what)
+{
+    if (cudaMalloc(reinterpret_cast<void**>(dst), std::max<size_t>(src.size(), 1) * sizeof(T)) != cudaSuccess) {
+        cudaGetLastError();
+        *dst = nullptr;
+        return fail(KVSCOPE_CUDA_ERUNTIME, std::string("cudaMalloc for ") + what + " failed");
+    }
+    if (!src.empty() && cudaMemcpy(*dst, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice) != cudaSuccess)
+        return fail(KVSCOPE_CUDA_ERUNTIME, std::string("cudaMemcpy of ") + what + " failed");
+    return KVSCOPE_CUDA_OK;
+}
+
 }  // namespace
 
 extern "C" int kvscope_cuda_decoder_create(const kvscope_cuda_codec* codec, int device, uint64_t batchBytes,
@@ -428,6 +612,26 @@ extern "C" int kvscope_cuda_decoder_create(const kvscope_cuda_codec* codec, int 
             if (cudaMemcpy(d->shared + d->sharedOffset[l], stores[l].data(), stores[l].size() * 2, cudaMemcpyHostToDevice) != cudaSuccess)
                 return bail(fail(KVSCOPE_CUDA_ERUNTIME, "cudaMemcpy of shared probability tables failed"));
     }
+    if (d->codec.codec == 6) {  // the model, once per decoder
+        const TfModel& m = d->codec.tf;
+        std::vector<TfComp> comps;
+        std::vector<uint16_t> tables;
+        std::vector<uint32_t> tileK;
+        for (const TfLevel& lv : m.levels) {
+            d->tfCompBase.push_back(comps.size());
+            d->tfTableBase.push_back(tables.size());
+            d->tfTileBase.push_back(tileK.size());
+            comps.insert(comps.end(), lv.comps.begin(), lv.comps.end());
+            tables.insert(tables.end(), lv.tables.begin(), lv.tables.end());
+            tileK.insert(tileK.end(), lv.tileK.begin(), lv.tileK.end());
+        }
+        if (int r = upload(&d->tfAt, m.At, "the decode matrices")) return bail(r);
+        if (int r = upload(&d->tfMean, m.mean, "the transform means")) return bail(r);
+        if (int r = upload(&d->tfComps, comps, "the transform components")) return bail(r);
+        if (int r = upload(&d->tfTables, tables, "the transform tables")) return bail(r);
+        if (int r = upload(&d->tfRope, d->codec.rope, "the RoPE table")) return bail(r);
+        if (int r = upload(&d->tfTileK, tileK, "the GEMM tile ranges")) return bail(r);
+    }
     for (Slot& s : d->slots) {
         if (cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking) != cudaSuccess)
             return bail(fail(KVSCOPE_CUDA_ERUNTIME, "cudaStreamCreate failed"));
@@ -445,6 +649,8 @@ extern "C" void kvscope_cuda_decoder_destroy(kvscope_cuda_decoder* d)
     for (Slot& s : d->slots) releaseSlot(s);
     if (d->out) cudaFree(d->out);
     if (d->shared) cudaFree(d->shared);
+    for (void* p : {(void*)d->tfAt, (void*)d->tfMean, (void*)d->tfComps, (void*)d->tfTables, (void*)d->tfRope, (void*)d->tfTileK})
+        if (p) cudaFree(p);
     delete d;
 }
 
@@ -457,12 +663,16 @@ extern "C" int kvscope_cuda_decode(kvscope_cuda_decoder* d, const kvscope_cuda_c
     d->firstErrorCode = KVSCOPE_CUDA_OK;
     KVS_CUDA_TRY(cudaSetDevice(d->device), "cudaSetDevice");
     // Every payload's layout is checked before anything is launched.
-    std::vector<ChunkPlan> plans(static_cast<size_t>(count));
+    const bool transform = d->codec.codec == 6;
+    std::vector<ChunkPlan> plans(transform ? 0 : size_t(count));
+    std::vector<TfChunkPlan> tfPlans(transform ? size_t(count) : 0);
     std::set<int> seen;
     for (int i = 0; i < count; ++i) {
         const kvscope_cuda_chunk& ch = chunks[i];
         std::string why;
-        if (!planChunk(d->codec, ch.chunk, ch.level, ch.data, ch.size, &plans[size_t(i)], &why))
+        const bool ok = transform ? planTransform(d->codec, ch.chunk, ch.level, ch.data, ch.size, &tfPlans[size_t(i)], &why)
+                                  : planChunk(d->codec, ch.chunk, ch.level, ch.data, ch.size, &plans[size_t(i)], &why);
+        if (!ok)
             return fail(KVSCOPE_CUDA_EDATA, "chunk " + std::to_string(ch.chunk) + " (level " + std::to_string(ch.level) + "): " + why);
         if (!seen.insert(ch.chunk).second)
             return fail(KVSCOPE_CUDA_EINVAL, "chunk " + std::to_string(ch.chunk) + " listed twice in one call");
@@ -471,10 +681,18 @@ extern "C" int kvscope_cuda_decode(kvscope_cuda_decoder* d, const kvscope_cuda_c
     for (int first = 0; first < count; ++batch) {
         int last = first + 1;
         uint64_t bytes = chunks[first].size;
-        while (last < count && last - first < 1024 && bytes + chunks[last].size <= d->batchBytes) bytes += chunks[last++].size;
+        if (transform) {  // also bounded by the scratch (1 GiB of floats) and the grid's z extent
+            const int maxChunks = std::max(1, 65535 / (2 * d->codec.L));
+            uint64_t zq = tfPlans[size_t(first)].zqElems;
+            while (last < count && last - first < maxChunks && bytes + chunks[last].size <= d->batchBytes &&
+                   zq + tfPlans[size_t(last)].zqElems <= (uint64_t(1) << 28))
+                bytes += chunks[last].size, zq += tfPlans[size_t(last++)].zqElems;
+        } else {
+            while (last < count && last - first < 1024 && bytes + chunks[last].size <= d->batchBytes) bytes += chunks[last++].size;
+        }
         Slot& s = d->slots[batch % 2];
         if (int r = finishSlot(d, s)) return r;
-        if (int r = launchBatch(d, s, chunks, plans, first, last)) {
+        if (int r = transform ? launchTransformBatch(d, s, chunks, tfPlans, first, last) : launchBatch(d, s, chunks, plans, first, last)) {
             const std::string why = kvscope_cuda_last_error();
             for (Slot& o : d->slots) {  // nothing may still read the staging buffers
                 cudaStreamSynchronize(o.stream);

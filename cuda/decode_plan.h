@@ -8,6 +8,7 @@
 
 #include "decode_core.h"
 #include "kvscope_cuda.h"
+#include "transform_plan.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -26,6 +27,8 @@ struct Codec {
     int layout = 2;             // cachegen streams: 1 (format 1.x) or 2 (format 2.x)
     std::vector<int> bins[2];   // per kind: level-major (level - 1) * L + layer
     std::vector<std::vector<uint8_t>> sharedBlobs;  // table_mode 1: per level
+    TfModel tf;                 // codec 6
+    std::vector<double> rope;   // codec 6 with rope_undo: ropeTable(tf, T, D)
 
     int C() const { return H * D; }
     int roles() const { return deltaGroup >= 2 ? 2 : 1; }
@@ -49,8 +52,8 @@ inline bool makeCodec(const kvscope_cuda_codec& in, Codec* out, std::string* why
     };
     if (in.codec == 3 || in.codec == 4 || in.codec == 5)
         return bad(std::string("codec ") + (in.codec == 5 ? "zstd" : in.codec == 3 ? "kivi2" : "kivi4") +
-                   " has no GPU decoder (cachegen, fp16 and int8 do); decode it on the CPU");
-    if (in.codec < 0 || in.codec > 2) return bad("unknown codec " + std::to_string(in.codec));
+                   " has no GPU decoder (cachegen, fp16, int8 and transform do); decode it on the CPU");
+    if (in.codec < 0 || (in.codec > 2 && in.codec != 6)) return bad("unknown codec " + std::to_string(in.codec));
     if (in.dtype < 0 || in.dtype > 2) return bad("unknown dtype " + std::to_string(in.dtype));
     c.codec = in.codec;
     c.dtype = in.dtype;
@@ -60,6 +63,14 @@ inline bool makeCodec(const kvscope_cuda_codec& in, Codec* out, std::string* why
                    std::to_string(c.T) + " outside the limits");
     if (c.N < 1 || c.N > 8192) return bad("chunk_tokens " + std::to_string(c.N) + " outside 1..8192");
     if (c.outputElems() > (uint64_t(1) << 36)) return bad("cache too large");
+    if (c.codec == 6) {
+        c.levels = in.num_levels;
+        if (c.levels < 1 || c.levels > 64) return bad("num_levels " + std::to_string(c.levels) + " outside 1..64");
+        if (!makeTfModel(in.transform, c.L, c.H, c.D, c.levels, &c.tf, why)) return false;
+        c.rope = ropeTable(c.tf, c.T, c.D);
+        *out = std::move(c);
+        return true;
+    }
     if (c.codec != 0) {
         if (in.num_levels != 1) return bad("baselines have one level");
         *out = std::move(c);
@@ -242,6 +253,9 @@ inline std::string errorMessage(const Codec& c, const ErrorInfo& e)
                                           "unexpected bytes after the probability tables",
                                           "entropy-coded stream is corrupt",
                                           "probability table offset outside its block"};
+    if (c.codec == 6)
+        return (e.block >= 0 && e.block < 2 * c.L ? std::string(kindName(e.block / c.L)) + " layer " + std::to_string(e.block % c.L) + ": "
+                                                  : std::string()) + tfReason(e.code);
     const char* reason = e.code >= 0 && e.code <= 8 ? reasons[e.code] : "unknown device error";
     std::string where;
     if (e.block >= 0 && e.block < 2 * c.L) where = std::string(kindName(e.block / c.L)) + " layer " + std::to_string(e.block % c.L) + ": ";
@@ -295,6 +309,29 @@ inline bool buildSharedStore(const Codec& c, int level, const uint8_t* blob, uin
     return true;
 }
 
+// planTransformChunk after the checks every codec shares (chunk, level, payload size).
+inline bool planTransform(const Codec& c, int chunk, int level, const uint8_t* data, uint64_t size, TfChunkPlan* plan,
+                          std::string* why)
+{
+    if (chunk < 0 || chunk >= c.numChunks()) {
+        *why = "chunk " + std::to_string(chunk) + " does not exist (the cache has " + std::to_string(c.numChunks()) + ")";
+        return false;
+    }
+    if (level < 1 || level > c.levels) {
+        *why = "level " + std::to_string(level) + " does not exist (the codec has " + std::to_string(c.levels) + ")";
+        return false;
+    }
+    if (size >= (uint64_t(1) << 32)) {
+        *why = "payload of " + std::to_string(size) + " bytes exceeds 4 GiB";
+        return false;
+    }
+    if (size > 0 && !data) {
+        *why = "payload pointer is null";
+        return false;
+    }
+    return planTransformChunk(c.tf, c.L, c.H, c.D, c.T, c.dtype, chunk * c.N, c.chunkLength(chunk), level, data, size, plan, why);
+}
+
 // Runs the kernels' per-thread code on the host, in the kernels' decomposition and order:
 // the scan kernel (one thread per block), the build kernel (one per table), the decode kernel
 // (one per (block, head), each with its own anchor scratch). `out` is the whole-cache output
@@ -303,6 +340,11 @@ inline bool buildSharedStore(const Codec& c, int level, const uint8_t* blob, uin
 inline bool emulateDecodeChunk(const Codec& c, int chunk, int level, const uint8_t* data, uint64_t size,
                                const std::vector<std::vector<uint16_t>>& shared, void* out, std::string* why)
 {
+    if (c.codec == 6) {
+        TfChunkPlan tp;
+        if (!planTransform(c, chunk, level, data, size, &tp, why)) return false;
+        return emulateTransformChunk(c.tf, tp, level, data, c.rope, out, why);
+    }
     ChunkPlan plan;
     if (!planChunk(c, chunk, level, data, size, &plan, why)) return false;
     const ChunkGeom& g = plan.geom;

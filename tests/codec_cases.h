@@ -3,6 +3,7 @@
 #pragma once
 
 #include "codec/chunk_codec.h"
+#include "codec/transform.h"
 #include "common/half.h"
 
 #include <cmath>
@@ -110,6 +111,65 @@ inline bool sameOutput(const std::vector<uint8_t>& a, const std::vector<uint8_t>
     return true;
 }
 
+
+// A float32 cache with what the transform codec's stages read: RoPE inverse frequencies (and a
+// nonzero position0), query second moments, o_proj weights and attention mass, all deterministic.
+inline KvSet transformCache(const KvShape& shape, uint64_t seed, DType dtype = DType::F32, int position0 = 5)
+{
+    SyntheticSpec spec;
+    spec.shape = shape;
+    spec.dtype = dtype;
+    spec.seed = seed;
+    KvSet kv = makeSyntheticKv(spec);
+    const int L = shape.numLayers, H = shape.numKvHeads, D = shape.headDim, T = shape.numTokens;
+    for (int i = 0; i < D / 2; ++i) kv.ropeInvFreq.push_back(float(std::pow(500000.0, -2.0 * i / D)));
+    kv.ropePosition0 = position0;
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> u(0.2f, 3.0f);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (int l = 0; l < L; ++l) {
+        std::vector<float> q(size_t(H) * D), w(size_t(H) * D * D, 0.0f), mass(size_t(H) * T);
+        for (float& x : q) x = u(rng);
+        for (int h = 0; h < H; ++h) {  // M_h = B^T B / D: symmetric positive definite
+            std::vector<float> b(size_t(D) * D);
+            for (float& x : b) x = nd(rng);
+            for (int i = 0; i < D; ++i)
+                for (int j = 0; j < D; ++j) {
+                    double acc = 0;
+                    for (int k = 0; k < D; ++k) acc += double(b[size_t(k) * D + i]) * b[size_t(k) * D + j];
+                    w[(size_t(h) * D + i) * D + j] = float(acc / D + (i == j ? 0.1 : 0.0));
+                }
+            for (int t = 0; t < T; ++t)
+                mass[size_t(h) * T + t] = t % 37 == 0 ? 0.3f : 0.001f * std::exp(2.5f * std::sin(0.21f * float(t + 5 * l + h)));
+        }
+        kv.querySq.push_back(q);
+        kv.valueWeight.push_back(w);
+        kv.attnMass.push_back(mass);
+    }
+    return kv;
+}
+
+inline CodecParams transformParams(const KvSet& kv, const TransformSettings& s, int chunkTokens)
+{
+    CodecParams p;
+    p.codec = CodecId::Transform;
+    p.shape = kv.shape();
+    p.dtype = kv.dtype();
+    p.profile = defaultProfile(kv.shape().numLayers);
+    p.profile.chunkTokens = chunkTokens;
+    p.profile.transform = s;
+    p.profile.transformLevels = defaultTransformLevels();
+    return p;
+}
+
+// Calibrates the transform model on `calib` into the profile (what `calibrate --codec transform`
+// stores), then prepares p for encoding `kv` with it.
+inline void calibrateTransform(CodecParams& p, const std::vector<const KvSet*>& calib, const KvSet& kv)
+{
+    const TransformModel m = fitTransform(p.profile.transform, p.profile.transformLevels, calib);
+    serializeTransformModel(m, p.profile.transformModel);
+    prepareTransform(p, kv, "test cache");
+}
 
 // The parity cases of both suites: (name, case).
 inline std::vector<std::pair<const char*, Case>> parityCases()

@@ -234,6 +234,90 @@ private slots:
         QVERIFY(refused > 50);
     }
 
+    // The transform codec on the device: every level of a few stage settings (the default,
+    // token importance, fixed-width symbols, no RoPE undo, recent tokens with bf16 output), all
+    // chunks in one call and one chunk per call (small batches), against the CPU decoder's bytes.
+    void transformMatchesCpu_data()
+    {
+        QTest::addColumn<QString>("variant");
+        for (const char* v : {"default", "importance", "fixed", "rope-off", "recent-bf16"}) QTest::newRow(v) << QString(v);
+    }
+
+    void transformMatchesCpu()
+    {
+        QFETCH(QString, variant);
+        const std::string v = variant.toStdString();
+        const KvShape shape{3, 2, 64, 700};
+        const DType dt = v == "recent-bf16" ? DType::BF16 : DType::F16;
+        const KvSet calib = transformCache(shape, 41, dt), kv = transformCache(shape, 42, dt);
+        TransformSettings s;
+        s.tokenImportance = v == "importance";
+        if (v == "fixed") s.entropy = TransformEntropy::Fixed;
+        if (v == "rope-off") s.ropeUndo = false;
+        if (v == "recent-bf16") s.recentTokens = 100;
+        CodecParams p = transformParams(kv, s, 128);
+        calibrateTransform(p, {&calib}, kv);
+        const auto codec = gpuCodec(p, nullptr);
+        for (int level = 1; level <= p.numLevels(); ++level) {
+            KvSet cpu(p.shape, p.dtype);
+            std::vector<std::vector<uint8_t>> payloads;
+            std::vector<kvscope_cuda_chunk> chunks;
+            for (int ch = 0; ch < p.numChunks(); ++ch) {
+                payloads.push_back(encodeChunk(p, kv, ch, level, nullptr));
+                decodeChunk(p, payloads.back().data(), payloads.back().size(), ch, level, nullptr, cpu, "cpu");
+            }
+            for (int ch = 0; ch < p.numChunks(); ++ch) chunks.push_back({ch, level, payloads[size_t(ch)].data(), payloads[size_t(ch)].size()});
+            for (int batch : {0, 1}) {
+                Decoder dec;
+                QCOMPARE(kvscope_cuda_decoder_create(&codec->c, 0, batch, &dec.d), 0);
+                QVERIFY2(kvscope_cuda_decode(dec.d, chunks.data(), int(chunks.size())) == 0, kvscope_cuda_last_error());
+                kvscope_cuda_timing t{};
+                kvscope_cuda_decoder_timing(dec.d, &t);
+                if (batch == 1) QCOMPARE(t.batches, p.numChunks());
+                QVERIFY2(deviceOutput(dec.d) == flatten(cpu), qPrintable(QString("level %1, batch %2").arg(level).arg(batch)));
+            }
+        }
+    }
+
+    // Corrupt transform payloads come back as KVSCOPE_CUDA_EDATA exactly when the CPU refuses them.
+    void transformCorruptInput()
+    {
+        const KvShape shape{2, 2, 16, 100};
+        const KvSet calib = transformCache(shape, 51), kv = transformCache(shape, 52);
+        TransformSettings s;
+        s.tokenImportance = true;
+        CodecParams p = transformParams(kv, s, 64);
+        calibrateTransform(p, {&calib}, kv);
+        const auto codec = gpuCodec(p, nullptr);
+        const std::vector<uint8_t> good = encodeChunk(p, kv, 1, 3, nullptr);
+        Decoder dec;
+        QCOMPARE(kvscope_cuda_decoder_create(&codec->c, 0, 0, &dec.d), 0);
+        std::mt19937 rng(9);
+        int refused = 0;
+        for (int i = 0; i < 200; ++i) {
+            std::vector<uint8_t> bad = good;
+            if (i < 5) bad.resize(bad.size() * size_t(i) / 5);
+            else bad[rng() % bad.size()] ^= uint8_t(1u << (rng() % 8));
+            KvSet cpu(p.shape, p.dtype);
+            bool cpuOk = true;
+            try {
+                decodeChunk(p, bad.data(), bad.size(), 1, 3, nullptr, cpu, "cpu");
+            } catch (const Error&) {
+                cpuOk = false;
+            }
+            const kvscope_cuda_chunk ch{1, 3, bad.data(), bad.size()};
+            const int rc = kvscope_cuda_decode(dec.d, &ch, 1);
+            QVERIFY2(rc == 0 || rc == KVSCOPE_CUDA_EDATA, kvscope_cuda_last_error());
+            QVERIFY2(cpuOk == (rc == 0), qPrintable(QString("case %1: CPU %2, GPU %3").arg(i).arg(cpuOk).arg(kvscope_cuda_last_error())));
+            if (rc != 0) ++refused;
+            else {
+                size_t diff = 0;
+                QVERIFY(sameOutput(deviceOutput(dec.d), flatten(cpu), p.dtype, &diff));
+            }
+        }
+        QVERIFY(refused > 20);
+    }
+
     void baselinesAndRefusals()
     {
         Case c;

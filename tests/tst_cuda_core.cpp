@@ -10,6 +10,8 @@
 #include "codec/chunk_codec.h"
 #include "codec/container.h"
 #include "codec/gpu_decode.h"
+#include "codec/symbol_stream.h"
+#include "codec/transform.h"
 #include "common/half.h"
 #include "decode_plan.h"
 #include "kv/kv_h5.h"
@@ -119,6 +121,84 @@ class TestCudaCore : public QObject {
         ++m_acceptedSame;
     }
 
+    // Encodes kv with p (prepared) at every level, decodes every chunk with the CPU decoder and
+    // the emulated kernels, and compares the whole cache byte for byte. Also checks the entropy
+    // stage alone: for streams without token classes, the emulated symbol decoder against
+    // kvscope::decodeSymbolMatrix on the same stream and tables.
+    // Returns (through *visited) the share of GEMM terms the unit tiles visit (tileRanges).
+    void checkTransform(const CodecParams& p, const KvSet& kv, double* visited = nullptr)
+    {
+        Emu emu;
+        std::string why;
+        QVERIFY2(makeEmu(p, nullptr, &emu, &why), why.c_str());
+        if (visited) {
+            double seen = 0, all = 0;
+            for (const gpu::TfLevel& lv : emu.codec.tf.levels)
+                for (size_t b = 0; b < lv.K.size(); ++b) {
+                    const size_t tiles = (lv.tileOffset.size() > b + 1 ? lv.tileOffset[b + 1] : lv.tileK.size()) / 2 - lv.tileOffset[b] / 2;
+                    for (size_t t = 0; t < tiles; ++t) {
+                        seen += lv.tileK[lv.tileOffset[b] + 2 * t + 1] - lv.tileK[lv.tileOffset[b] + 2 * t];
+                        all += lv.K[b];
+                    }
+                }
+            *visited = all > 0 ? seen / all : 1.0;
+        }
+        const TransformModel& m = *p.transform;
+        for (int level = 1; level <= p.numLevels(); ++level) {
+            KvSet cpu(p.shape, p.dtype);
+            std::vector<uint8_t> out(emu.codec.outputElems() * emu.codec.dtypeBytes(), 0xAB);
+            for (int ch = 0; ch < p.numChunks(); ++ch) {
+                const auto pl = encodeChunk(p, kv, ch, level, nullptr);
+                decodeChunk(p, pl.data(), pl.size(), ch, level, nullptr, cpu, "cpu");
+                QVERIFY2(gpu::emulateDecodeChunk(emu.codec, ch, level, pl.data(), pl.size(), emu.shared, out.data(), &why),
+                         why.c_str());
+                if (m.settings.entropy == TransformEntropy::Rans && !m.settings.tokenImportance) checkEntropyStage(p, emu, ch, level, pl);
+            }
+            const std::vector<uint8_t> ref = flatten(cpu);
+            QCOMPARE(out.size(), ref.size());
+            if (std::memcmp(out.data(), ref.data(), ref.size()) != 0) {
+                size_t i = 0;
+                while (out[i] == ref[i]) ++i;
+                QFAIL(qPrintable(QString("level %1: first differing byte %2 of %3").arg(level).arg(i).arg(ref.size())));
+            }
+            ++m_transformDecodes;
+            m_valuesChecked += p.shape.totalValues();
+        }
+    }
+
+    void checkEntropyStage(const CodecParams& p, const Emu& emu, int ch, int level, const std::vector<uint8_t>& pl)
+    {
+        gpu::TfChunkPlan plan;
+        std::string why;
+        QVERIFY2(gpu::planTransform(emu.codec, ch, level, pl.data(), pl.size(), &plan, &why), why.c_str());
+        const TransformModel& m = *p.transform;
+        const gpu::TfLevel& lv = emu.codec.tf.levels[size_t(level - 1)];
+        for (int b = 0; b < 2 * p.shape.numLayers; ++b) {
+            const gpu::TfBlockPlan& bp = plan.blocks[size_t(b)];
+            const TransformLevelBlock& lb = m.levelBlock(level, KvKind(b / p.shape.numLayers), b % p.shape.numLayers);
+            std::vector<CodingTable> tables(lb.freq.size());
+            for (size_t k = 0; k < lb.freq.size(); ++k) {
+                ProbTable t;
+                t.alphabet = int(lb.freq[k].size());
+                t.freq = lb.freq[k];
+                toCodingTable(t, &tables[k], true);
+            }
+            QCOMPARE(int(tables.size()), bp.K);
+            const int R = plan.geom.R;
+            std::vector<uint8_t> sym(size_t(R) * bp.K);
+            decodeSymbolMatrix(pl.data() + bp.strOffset, bp.strSize, R, bp.K, tables.data(), sym.data(), "cpu");
+            std::vector<float> z(sym.size(), -1.0f);
+            QCOMPARE(gpu::tfDecodeMatrix(pl.data() + bp.strOffset, bp.strSize, R, bp.K, lv.comps.data() + bp.comps,
+                                         lv.tables.data(), 0, nullptr, R, z.data()),
+                     int32_t(gpu::kOk));
+            for (size_t i = 0; i < sym.size(); ++i)
+                if (z[i] != float(sym[i])) QFAIL(qPrintable(QString("block %1: symbol %2 differs").arg(b).arg(i)));
+            m_entropySymbols += sym.size();
+        }
+    }
+
+    int m_transformDecodes = 0;
+    size_t m_entropySymbols = 0;
     int m_parityChecks = 0, m_refused = 0, m_acceptedSame = 0;
     size_t m_valuesChecked = 0;
 
@@ -356,9 +436,176 @@ private slots:
         }
     }
 
+    // The transform codec (codec 6) over its stage switches: calibrated PCA across heads with
+    // RoPE undone and attention weighting (the default), token importance, fixed-width symbols,
+    // no RoPE undo, per-head bases, MSE weighting with uniform allocation, recent tokens, the
+    // uncalibrated Hadamard fallback, bf16 and fp16 output, short last chunks, RD-optimised rounding.
+    void transformParity_data()
+    {
+        QTest::addColumn<QString>("variant");
+        for (const char* v : {"default", "importance", "importance-fixed", "fixed", "rope-off", "per-head", "mse-uniform",
+                              "recent", "hadamard-uncalibrated", "f16-output", "bf16-output", "no-sinks", "rdo"})
+            QTest::newRow(v) << QString(v);
+    }
+
+    void transformParity()
+    {
+        QFETCH(QString, variant);
+        const std::string v = variant.toStdString();
+        const DType dt = v == "f16-output" ? DType::F16 : v == "bf16-output" ? DType::BF16 : DType::F32;
+        // per-head bases on 4 heads x 32: two unit tiles, each of two heads, can skip the others
+        const bool blocky = v == "per-head" || v == "hadamard-uncalibrated";
+        const KvShape shape = blocky ? KvShape{2, 4, 32, 200} : KvShape{3, 2, 16, 300};
+        const KvSet calib = transformCache(shape, 21, dt), kv = transformCache(shape, 22, dt);
+        TransformSettings s;
+        if (v == "importance" || v == "importance-fixed") s.tokenImportance = true;
+        if (v == "fixed" || v == "importance-fixed") s.entropy = TransformEntropy::Fixed;
+        if (v == "rope-off") s.ropeUndo = false;
+        if (v == "per-head") s.acrossHeads = false;
+        if (v == "mse-uniform") s.weighting = TransformWeighting::Mse, s.allocation = TransformAllocation::Uniform;
+        if (v == "recent") s.recentTokens = 40;
+        if (v == "no-sinks") s.sinkTokens = 0;
+        if (v == "rdo") s.rdoLambda = 1.0;  // encoder-side rounding: the payload format is unchanged
+        if (v == "hadamard-uncalibrated") s.basis = TransformBasis::Hadamard;
+        CodecParams p = transformParams(kv, s, v == "recent" ? 128 : 64);
+        if (v == "hadamard-uncalibrated") prepareTransform(p, kv, "test cache");
+        else calibrateTransform(p, {&calib}, kv);
+        double visited = 1;
+        checkTransform(p, kv, &visited);
+        qInfo("%s: the GEMM tiles visit %.0f%% of the components", v.c_str(), 100 * visited);
+        if (blocky) QVERIFY2(visited < 0.75, "per-head decode matrices should let tiles skip other heads' components");
+    }
+
+    // The GEMM skips other heads' components only where that is exact: a -0 mean in a block, or
+    // steps large enough for q * step to overflow, make the tiles visit every component again.
+    void transformTileRanges()
+    {
+        const KvShape shape{2, 4, 32, 200};
+        const KvSet calib = transformCache(shape, 61), kv = transformCache(shape, 62);
+        TransformSettings s;
+        s.acrossHeads = false;
+        CodecParams p = transformParams(kv, s, 64);
+        calibrateTransform(p, {&calib}, kv);
+        Emu emu;
+        std::string why;
+        QVERIFY2(makeEmu(p, nullptr, &emu, &why), why.c_str());
+        gpu::TfModel m = emu.codec.tf;
+        auto full = [&](int level, int b) {
+            const gpu::TfLevel& lv = m.levels[size_t(level - 1)];
+            return lv.tileK[lv.tileOffset[size_t(b)]] == 0 && int(lv.tileK[lv.tileOffset[size_t(b)] + 1]) == lv.K[size_t(b)] &&
+                   lv.tileK[lv.tileOffset[size_t(b)] + 2] == 0 && int(lv.tileK[lv.tileOffset[size_t(b)] + 3]) == lv.K[size_t(b)];
+        };
+        QVERIFY(!full(3, 0) && !full(3, 1));
+        m.mean[5] = -0.0f;  // block 0
+        gpu::tileRanges(m, shape.numLayers, shape.numKvHeads, shape.headDim);
+        QVERIFY(full(3, 0) && !full(3, 1));
+        m.levels[2].comps[0].step = 1e30f;
+        gpu::tileRanges(m, shape.numLayers, shape.numKvHeads, shape.headDim);
+        QVERIFY(full(3, 1) && !full(2, 1));
+    }
+
+    // The committed transform golden file decodes to the CPU decoder's bytes through the kernels.
+    void transformGolden()
+    {
+        const auto reader = KvcReader::openFile(std::string(KVSCOPE_TEST_DATA) + "/golden-transform/transform_synthetic.kvc");
+        const CodecParams& p = reader->params();
+        QCOMPARE(int(p.codec), int(CodecId::Transform));
+        Emu emu;
+        std::string why;
+        QVERIFY2(makeEmu(p, nullptr, &emu, &why), why.c_str());
+        for (int level = 1; level <= p.numLevels(); ++level) {
+            const KvSet cpu = reader->decodeAll({level});
+            std::vector<uint8_t> out(emu.codec.outputElems() * emu.codec.dtypeBytes());
+            for (int ch = 0; ch < p.numChunks(); ++ch) {
+                const auto pl = reader->readChunk(ch, level);
+                QVERIFY2(gpu::emulateDecodeChunk(emu.codec, ch, level, pl.data(), pl.size(), emu.shared, out.data(), &why),
+                         why.c_str());
+            }
+            QVERIFY(out == flatten(cpu));
+        }
+    }
+
+    // Corrupt transform payloads: the emulated kernels refuse exactly when the CPU decoder does.
+    void transformCorrupt_data()
+    {
+        QTest::addColumn<int>("mode");
+        QTest::newRow("rans") << 0;
+        QTest::newRow("rans, token importance") << 1;
+        QTest::newRow("fixed, token importance") << 2;
+    }
+
+    void transformCorrupt()
+    {
+        QFETCH(int, mode);
+        const KvShape shape{2, 2, 16, 100};
+        const KvSet calib = transformCache(shape, 31), kv = transformCache(shape, 32);
+        TransformSettings s;
+        s.tokenImportance = mode >= 1;
+        if (mode == 2) s.entropy = TransformEntropy::Fixed;
+        CodecParams p = transformParams(kv, s, 64);
+        calibrateTransform(p, {&calib}, kv);
+        Emu emu;
+        std::string why;
+        QVERIFY2(makeEmu(p, nullptr, &emu, &why), why.c_str());
+        const int chunk = 1, level = 3;  // the short last chunk
+        const std::vector<uint8_t> good = encodeChunk(p, kv, chunk, level, nullptr);
+        m_refused = m_acceptedSame = 0;
+        checkSame(p, nullptr, emu, chunk, level, good, "intact");
+        QCOMPARE(m_acceptedSame, 1);
+        for (size_t cut : {size_t(0), size_t(3), size_t(16), good.size() / 3, good.size() / 2, good.size() - 1}) {
+            std::vector<uint8_t> bad(good.begin(), good.begin() + std::ptrdiff_t(cut));
+            checkSame(p, nullptr, emu, chunk, level, bad, QString("truncated to %1").arg(cut));
+        }
+        std::mt19937 rng(5);
+        for (int i = 0; i < 300; ++i) {
+            std::vector<uint8_t> bad = good;
+            const size_t at = i < 64 ? size_t(i) : rng() % good.size();
+            bad[at] ^= uint8_t(1u << (rng() % 8));
+            checkSame(p, nullptr, emu, chunk, level, bad, QString("byte %1 flipped").arg(at));
+        }
+        qInfo("transform mode %d: %d corrupt payloads refused by both, %d accepted by both with equal output", mode,
+              m_refused, m_acceptedSame);
+        QVERIFY(m_refused > 20);
+    }
+
+    // Optional: a real captured cache (KVSCOPE_REAL_KV=path.h5, with the capture's RoPE table,
+    // query statistics, o_proj weights and attention mass): the transform model calibrated on
+    // KVSCOPE_REAL_KV_CALIB (another capture of the same model; default: the file itself), every
+    // level and chunk decoded by both decoders, with and without token importance. Stages the
+    // capture has no data for are switched off (and reported).
+    void transformRealKv()
+    {
+        const QByteArray path = qgetenv("KVSCOPE_REAL_KV");
+        if (path.isEmpty()) QSKIP("set KVSCOPE_REAL_KV to a captured KV file (HDF5) to check transform parity on real KV");
+        const KvSet kv = readKvH5(path.toStdString());
+        const QByteArray calibPath = qgetenv("KVSCOPE_REAL_KV_CALIB");
+        const KvSet calib = calibPath.isEmpty() ? KvSet(KvShape{1, 1, 1, 1}, DType::F16) : readKvH5(calibPath.toStdString());
+        const KvSet& cal = calibPath.isEmpty() ? kv : calib;
+        qInfo("real KV: %s, %d layers x %d heads x %d x %d tokens; rope %d, query_sq %d, value_weight %d, attn_mass %d",
+              kv.modelName.c_str(), kv.shape().numLayers, kv.shape().numKvHeads, kv.shape().headDim, kv.shape().numTokens,
+              int(kv.hasRope()), int(!kv.querySq.empty()), int(!kv.valueWeight.empty()), int(!kv.attnMass.empty()));
+        TransformSettings s;
+        if (kv.querySq.empty() || kv.valueWeight.empty() || cal.querySq.empty() || cal.valueWeight.empty())
+            s.weighting = TransformWeighting::Mse;
+        if (!kv.hasRope() || !cal.hasRope()) s.ropeUndo = false;
+        CodecParams p = transformParams(kv, s, 256);
+        calibrateTransform(p, {&cal}, kv);  // one fit: token importance is an encoder-side switch
+        for (int imp = 0; imp < (kv.attnMass.empty() ? 1 : 2); ++imp) {
+            CodecParams q = p;
+            q.profile.transform.tokenImportance = imp == 1;
+            q.transform.reset();
+            prepareTransform(q, kv, "test cache");
+            qInfo("calibrated on %s: rope_undo %d, weighting %s, token_importance %d", calibPath.isEmpty() ? "the file itself" : calibPath.constData(),
+                  int(s.ropeUndo), weightingName(s.weighting), imp);
+            checkTransform(q, kv);
+        }
+    }
+
     void cleanupTestCase()
     {
-        qInfo("parity: %d whole-cache decodes, %zu values, all bit-exact", m_parityChecks, m_valuesChecked);
+        qInfo("parity: %d whole-cache decodes (%d transform), %zu values, all bit-exact; %zu transform symbols checked "
+              "against decodeSymbolMatrix", m_parityChecks + m_transformDecodes, m_transformDecodes, m_valuesChecked,
+              m_entropySymbols);
     }
 };
 

@@ -3,6 +3,7 @@
 #include "testmain.h"
 
 #include "codec/quantize.h"
+#include "codec/simd_path.h"
 #include "common/error.h"
 #include "common/half.h"
 
@@ -84,6 +85,9 @@ private slots:
     void nonFiniteInputThrows_data();
     void nonFiniteInputThrows();
     void blockSpecLayout();
+    void simdPathsAgree_data();
+    void simdPathsAgree();
+    void simdPathsRefuseNonFinite();
 };
 
 void TestQuantize::errorWithinHalfAStep_data()
@@ -319,6 +323,97 @@ void TestQuantize::blockSpecLayout()
     QCOMPARE(b.numScales(), kHeads * kHeadDim);
     QVERIFY(!b.isAnchor(0));
     QCOMPARE(b.binsFor(0), 16);
+}
+
+
+void TestQuantize::simdPathsAgree_data()
+{
+    QTest::addColumn<int>("heads");
+    QTest::addColumn<int>("headDim");
+    QTest::addColumn<int>("bins");
+    QTest::addColumn<int>("delta");
+    QTest::addColumn<bool>("ties");
+    QTest::newRow("3x64 32 bins delta 10") << 3 << 64 << 32 << 10 << false;
+    QTest::newRow("3x64 16 bins no delta") << 3 << 64 << 16 << 0 << false;
+    QTest::newRow("2x5 256 bins delta 4 (tails only)") << 2 << 5 << 256 << 4 << false;
+    QTest::newRow("3x21 4 bins delta 2 (16 + tail)") << 3 << 21 << 4 << 2 << false;
+    QTest::newRow("2x16 32 bins, exact half-step ties") << 2 << 16 << 32 << 0 << true;
+}
+
+// The AVX2 and AVX-512 quantiser rows (per-token scales) give the scalar reference's bytes.
+void TestQuantize::simdPathsAgree()
+{
+    QFETCH(int, heads);
+    QFETCH(int, headDim);
+    QFETCH(int, bins);
+    QFETCH(int, delta);
+    QFETCH(bool, ties);
+    BlockSpec b;
+    b.heads = heads, b.tokens = 41, b.headDim = headDim, b.bins = bins, b.anchorBins = bins, b.deltaGroup = delta;
+    b.quantizer = Quantizer::PerToken;
+    std::mt19937_64 rng(uint64_t(heads * 1000 + headDim * 10 + bins));
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    std::vector<float> x(size_t(heads) * b.tokens * headDim);
+    const int maxL = quant::maxLevel(bins);
+    for (size_t i = 0; i < x.size(); ++i) {
+        // Ties: a token's absmax is maxL * 0.5 (fp16-exact scale 0.5), every other value an odd
+        // multiple of 0.25, so x / scale lands exactly halfway between two levels.
+        x[i] = ties ? (i % 7 == 0 ? float(maxL) * 0.5f : 0.25f * float(2 * int(rng() % size_t(maxL + 1)) - maxL))
+                    : n01(rng) * (i % 11 == 0 ? 8.0f : 1.0f);
+    }
+    if (ties)
+        for (int h = 0; h < heads; ++h)
+            for (int t = 0; t < b.tokens; ++t) x[(size_t(h) * b.tokens + t) * headDim] = float(maxL) * 0.5f;
+    const SimdPath saved = simdPath();
+    setSimdPath(SimdPath::Scalar);
+    std::vector<uint8_t> ref(x.size());
+    std::vector<uint16_t> refScales(size_t(b.numScales()));
+    quant::quantizeBlock(b, x.data(), ref.data(), refScales.data());
+    int compared = 0;
+    for (SimdPath p : {SimdPath::Avx2, SimdPath::Avx512}) {
+        if (!simdPathSupported(p)) continue;
+        setSimdPath(p);
+        std::vector<uint8_t> sym(x.size());
+        std::vector<uint16_t> scales(size_t(b.numScales()));
+        quant::quantizeBlock(b, x.data(), sym.data(), scales.data());
+        QVERIFY2(sym == ref, simdPathName(p));
+        QVERIFY2(scales == refScales, simdPathName(p));
+        ++compared;
+    }
+    setSimdPath(saved);
+    if (ties) {  // x / scale = k + 1/2 rounds to the even level: 0.25 -> 0, 0.75 -> 2, -0.75 -> -2
+        QCOMPARE(halfToFloat(refScales[0]), 0.5f);
+        int seen = 0;
+        for (size_t i = 0; i < x.size(); ++i) {
+            const int want = x[i] == 0.25f ? 0 : x[i] == 0.75f ? 2 : x[i] == -0.75f ? -2 : 99;
+            if (want == 99) continue;
+            QCOMPARE(int(ref[i]) - maxL, want);
+            ++seen;
+        }
+        QVERIFY(seen > 10);
+    }
+    if (compared == 0) QSKIP("this CPU has no AVX2");
+}
+
+// A NaN or infinity in the vector part or in the tail of a row is refused on every path.
+void TestQuantize::simdPathsRefuseNonFinite()
+{
+    BlockSpec b;
+    b.heads = 1, b.tokens = 2, b.headDim = 37, b.bins = 32, b.anchorBins = 32, b.deltaGroup = 0;
+    const SimdPath saved = simdPath();
+    for (SimdPath p : {SimdPath::Scalar, SimdPath::Avx2, SimdPath::Avx512}) {
+        if (!simdPathSupported(p)) continue;
+        setSimdPath(p);
+        for (int at : {3, 20, 36, 37 + 35})
+            for (float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+                std::vector<float> x(size_t(b.tokens) * b.headDim, 0.5f);
+                x[size_t(at)] = bad;
+                std::vector<uint8_t> sym(x.size());
+                std::vector<uint16_t> scales(size_t(b.numScales()));
+                QVERIFY_THROWS_EXCEPTION(Error, quant::quantizeBlock(b, x.data(), sym.data(), scales.data()));
+            }
+    }
+    setSimdPath(saved);
 }
 
 KVSCOPE_TEST_MAIN(TestQuantize)

@@ -361,7 +361,7 @@ void TestRuntime::phi3FusedProjections()
         const std::vector<std::string> parts =
             attn ? std::vector<std::string>{"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}
                  : std::vector<std::string>{"mlp.gate_proj.weight", "mlp.up_proj.weight"};
-        HostTensor f{{0, t.shape[1]}, {}};
+        HostTensor f{{0, t.shape[1]}, {}, {}, 0};
         for (const std::string& part : parts) {
             const HostTensor& p = w.tensors.at(prefix + part);
             f.shape[0] += p.shape[0];

@@ -127,6 +127,36 @@ private slots:
             QVERIFY(sameCpp >= (p["name"].toString() == "plain_capital" ? 5u : 64u));
         }
     }
+
+    // Weights kept in their Q4_1 blocks and expanded tile by tile per matmul: the same greedy
+    // tokens on every prompt, logits within 1e-4 of the expanded model, the same fingerprint
+    // (KV files record it), and the weights take the file's size instead of 4 bytes each.
+    void packedWeightsMatchExpanded()
+    {
+        RuntimeOptions o;
+        o.kvDtype = DType::F32;
+        o.weights = RuntimeOptions::Weights::Packed;
+        const std::unique_ptr<Model> packed = Model::open("", "", o);
+        QVERIFY(packed->runtime().packedWeights());
+        QVERIFY(!m_model->runtime().packedWeights());  // Auto expands a model this small
+        QCOMPARE(packed->runtime().fingerprint(), m_model->runtime().fingerprint());
+        QVERIFY(packed->spec().weightBytes < 120'000'000);  // Q4_1: 0.75 bytes per weight (+ fp32 norms)
+        QCOMPARE(packed->spec().parameters, m_model->spec().parameters);
+        for (const auto& pv : m_ref["prompts"].toArray()) {
+            const QJsonObject p = pv.toObject();
+            const std::vector<int32_t> prompt = ids(p["ids"].toArray());
+            InferenceSession a(packed->runtime()), b(m_model->runtime());
+            std::vector<float> la, lb;
+            a.append(prompt, &la);
+            b.append(prompt, &lb);
+            float maxDiff = 0;
+            for (size_t i = 0; i < la.size(); ++i) maxDiff = std::max(maxDiff, std::fabs(la[i] - lb[i]));
+            QVERIFY2(maxDiff < 1e-4f, qPrintable(QString::number(maxDiff)));
+            InferenceSession g(packed->runtime());
+            const std::vector<int32_t> got = generate(g, prompt, 64, SamplingOptions{}).tokens;
+            QCOMPARE(got, ids(p["numpy_fp32"].toObject()["greedy"].toObject()["ids"].toArray()));
+        }
+    }
 };
 
 KVSCOPE_TEST_MAIN(TestSmolLM2)

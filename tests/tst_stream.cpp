@@ -1,20 +1,25 @@
 // The streaming lab on real sockets (core/stream): pacing accuracy through the chunk
 // server at 1 Mbit/s..1 Gbit/s and on a real cellular trace, byte-exact chunk round trips from a
-// .kvc and from Redis, bad frames and idle peers, injected faults, and `kvscope-cli stream` on the
-// default model (its JSON contract, and adaptive meeting an easy SLO).
+// .kvc and from Redis, bad frames and idle peers, injected faults, a transform-coded capture
+// streamed byte-exact, the kernel-shaped link across a gap, and `kvscope-cli stream` on the
+// default model (its JSON contract, adaptive meeting an easy SLO, --codec transform).
 #include "testmain.h"
 
 #include "codec/container.h"
 #include "codec/profile.h"
+#include "codec/transform.h"
 #include "common/crc32.h"
 #include "common/error.h"
+#include "common/file_io.h"
 #include "kv/kv_set.h"
 #include "model/model.h"
 #include "stream/client.h"
+#include "stream/kernel_link.h"
 #include "stream/link.h"
 #include "stream/protocol.h"
 #include "stream/server.h"
 #include "stream/store.h"
+#include "stream/streamer.h"
 
 #include <QFile>
 #include <QJsonArray>
@@ -23,6 +28,7 @@
 #include <QProcess>
 #include <QTemporaryDir>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -97,6 +103,8 @@ bool closedSoon(const Socket& s, double seconds)
         return e.kind() == NetError::Closed;
     }
 }
+
+size_t expectElemBytes(const KvSet& kv) { return kv.tensorBytes() / (size_t(kv.shape().numKvHeads) * kv.shape().numTokens * kv.shape().headDim); }
 
 int freePort()
 {
@@ -430,6 +438,172 @@ private slots:
             }
         }
         QVERIFY(refused);
+    }
+
+    // --link kernel on a schedule with a 600 ms gap (cellular traces have gaps up to 1.4 s): TCP
+    // through the tc-shaped veth pair carries the schedule's capacity within 5% (cubic, a deep
+    // queue that holds the gap's data, tbf woken when the rate rises, the bucket refill per rate
+    // change paid for). Needs root or CAP_NET_ADMIN.
+    void kernelLinkGap()
+    {
+        std::string why;
+        if (!KernelLink::available(&why)) QSKIP(why.c_str());
+        KernelLinkOptions ko;
+        ko.schedule = LinkSchedule::parse("20Mbit:0.3,10kbit:0.6,20Mbit");
+        KernelLink link(ko);
+        QCOMPARE(QString::fromStdString(link.congestion()), QString("cubic"));
+        Socket listener = link.listen(link.serverAddress(), 0);
+        const int port = listener.localPort();
+        const size_t total = size_t(3) << 20;
+        std::thread server([&] {
+            Socket c = listener.accept(monoSeconds() + 10);
+            if (!c.valid()) return;
+            std::vector<uint8_t> buf(total, 0x5A);
+            try {
+                c.sendAll(buf.data(), buf.size(), monoSeconds() + 30);
+                char b;
+                c.recvSome(&b, 1, monoSeconds() + 30);  // until the client has everything
+            } catch (const NetError&) {
+            }
+        });
+        Socket c = Socket::connectTcp(link.serverAddress(), port, 5);
+        link.start(0);
+        const double t0 = monoSeconds();
+        std::vector<uint8_t> got(total);
+        c.recvAll(got.data(), got.size(), t0 + 30);
+        const double elapsed = monoSeconds() - t0;
+        c.close();
+        server.join();
+        link.stopShaping();
+        // The schedule's time for these bytes (headers ride on top: 1448 payload bytes per 1514 on
+        // the wire, +4.6%, so the link carries the payload slower than its rate by that much).
+        const double wire = double(total) * 1514.0 / 1448.0;
+        const double ideal = ko.schedule.timeForBytes(0, wire);
+        std::printf("KERNEL gap: %zu bytes in %.3f s, ideal %.3f s (%+.1f%%), %d rate changes, %d kicks\n", total, elapsed, ideal,
+                    100 * (elapsed / ideal - 1), link.rateChanges(), link.kicks());
+        QVERIFY(std::all_of(got.begin(), got.end(), [](uint8_t b) { return b == 0x5A; }));
+        QVERIFY2(std::abs(elapsed / ideal - 1) < 0.05, qPrintable(QString("elapsed %1 s, ideal %2 s").arg(elapsed).arg(ideal)));
+    }
+
+    // A real transform-coded capture (codec 6) streamed through the chunk server: the skeleton
+    // carries the transform section (basis, steps, tables), and the cache the streamer assembles
+    // from the fetched payloads equals, byte for byte, a local decode of the same file at the same
+    // levels; a level mix as well as a fixed level.
+    void streamTransform()
+    {
+        const std::string modelPath = defaultModelPath();
+        if (!QFile::exists(QString::fromStdString(modelPath)))
+            QSKIP("the default model is absent (installer/fetch_model.sh fetches it)");
+        RuntimeOptions ro;
+        ro.threads = 1;
+        const std::unique_ptr<Model> m = Model::open("", "", ro);
+        const std::string text = readSmallFile(KVSCOPE_SOURCE_DIR "/samples/contexts/story.txt", 1u << 20);
+        const std::vector<int32_t> tokens = m->contextTokens(text);
+        const std::vector<int32_t> question = m->questionTokens("Who is the story about?");
+        InferenceSession s(m->runtime());
+        s.append(tokens, nullptr);
+        const KvSet original = s.exportKv();
+        QVERIFY(original.hasRope());
+
+        CodecParams p;
+        p.codec = CodecId::Transform;
+        p.shape = original.shape();
+        p.dtype = original.dtype();
+        p.profile = defaultProfile(original.shape().numLayers);
+        p.profile.transformLevels = defaultTransformLevels();
+        prepareTransform(p, original, "test");
+        const std::string file = path("story.transform.kvc");
+        writeKvc(original, p, file);
+        const auto local = KvcReader::openFile(file);
+        QCOMPARE(int(local->params().codec), int(CodecId::Transform));
+        const int levels = local->params().numLevels(), chunks = local->params().numChunks();
+        QVERIFY(levels >= 3);
+
+        // The protocol carries codec 6: the skeleton is the file's, transform section included.
+        ServerOptions so;
+        so.link = LinkSchedule::parse("400Mbit");
+        auto server = serve(file, so);
+        {
+            ChunkClient c("127.0.0.1", server->port());
+            const Reply sk = c.request(request(FrameType::SkeletonRequest, kvcContextKey(*local), CodecId::Transform),
+                                       64u << 20, monoSeconds() + 30);
+            QCOMPARE(int(sk.type), int(FrameType::Skeleton));
+            QVERIFY(sk.payload == local->skeleton());
+            QVERIFY(KvcReader::fromSkeleton(sk.payload, "remote")->params().transform != nullptr);
+        }
+
+        Streamer st(*m, "127.0.0.1", server->port(), tokens, question, original);
+        st.setCodec(CodecId::Transform);
+        StreamOptions opt;
+        opt.sloSeconds = 60;
+        opt.qualityTokens = 2;
+        opt.keepCache = true;
+        st.prepare(opt, "tst_stream");
+        QCOMPARE(st.cachegen().params().numLevels(), levels);
+        // A fixed level, then adaptive (its own mix on this link; the chunks it recomputes from text
+        // are the model's, not the file's): every fetched chunk decodes exactly as the local file does.
+        const KvShape& shape = original.shape();
+        const size_t elem = expectElemBytes(original);
+        for (const char* policy : {"level:2", "adaptive"}) {
+            opt.policy = parsePolicy(policy);
+            const StreamResult r = st.run(opt, &server->pacer());
+            QVERIFY(r.cache);
+            std::vector<int> mix;
+            int fetched = 0;
+            for (const ChunkEvent& e : r.chunks) {
+                mix.push_back(std::max(1, e.level));
+                fetched += e.level >= 1;
+            }
+            QCOMPARE(int(mix.size()), chunks);
+            if (std::string(policy) == "level:2") QCOMPARE(fetched, chunks);
+            const KvSet expect = local->decodeAll(mix);
+            for (const ChunkEvent& e : r.chunks) {
+                if (e.level < 1) continue;
+                const int t0 = local->params().chunkStart(e.index), n = local->params().chunkLength(e.index);
+                for (int l = 0; l < shape.numLayers; ++l)
+                    for (KvKind k : {KvKind::Key, KvKind::Value})
+                        for (int h = 0; h < shape.numKvHeads; ++h) {
+                            const size_t off = (size_t(h) * shape.numTokens + size_t(t0)) * shape.headDim * elem;
+                            QVERIFY2(std::memcmp(expect.data(k, l) + off, r.cache->data(k, l) + off,
+                                                 size_t(n) * shape.headDim * elem) == 0,
+                                     policy);
+                        }
+            }
+            std::string levelsText;
+            for (const ChunkEvent& e : r.chunks) levelsText += e.level >= 1 ? std::to_string(e.level) : std::string("T");
+            // Adaptive next, under the SLO level 2 just took: text recompute alone would not make it.
+            opt.sloSeconds = r.ttftSeconds;
+            std::printf("TRANSFORM %s: levels %s, TTFT %.3f s, %llu bytes\n", policy, levelsText.c_str(), r.ttftSeconds,
+                        (unsigned long long)r.deliveredBytes);
+        }
+    }
+
+    // kvscope-cli stream --codec transform: the store is encoded with the transform codec (a model
+    // fitted on the cache, no profile), streamed, and every run's cache scored (KL, delta PPL).
+    void streamCliTransform()
+    {
+        if (!QFile::exists(QString::fromStdString(defaultModelPath())))
+            QSKIP("the default model is absent (installer/fetch_model.sh fetches it)");
+        QProcess cli;
+        cli.start(kCli, {"stream", "--context", KVSCOPE_SOURCE_DIR "/samples/contexts/story.txt", "--codec", "transform",
+                         "--bandwidth", "400Mbit", "--rtt", "2", "--slo", "60", "--policy", "level:1,level:3",
+                         "--quality-tokens", "2", "--threads", "1", "--json"});
+        QVERIFY(cli.waitForFinished(900000));
+        QVERIFY2(cli.exitCode() == 0, cli.readAllStandardError().constData());
+        const QJsonObject j = QJsonDocument::fromJson(cli.readAllStandardOutput()).object();
+        QCOMPARE(j["codec"].toString(), QString("transform"));
+        const QJsonArray policies = j["policies"].toArray();
+        QCOMPARE(policies.size(), 2);
+        for (const QJsonValue& pv : policies) {
+            const QJsonObject p = pv.toObject();
+            QVERIFY(p["mean_kl"].isDouble() && p["mean_kl"].toDouble() > 0);
+            QVERIFY(p["mean_delta_ppl_pct"].isDouble());
+            for (const QJsonValue& cv : p["chunks"].toArray()) QCOMPARE(cv.toObject()["source"].toString(), QString("link"));
+        }
+        // More bits, less distortion: the transform codec's level 3 scores below its level 1.
+        QVERIFY(policies[1].toObject()["mean_kl"].toDouble() < policies[0].toObject()["mean_kl"].toDouble());
+        std::printf("TRANSFORM CLI: level 1 KL %.5f, level 3 KL %.5f\n", policies[0].toObject()["mean_kl"].toDouble(),
+                    policies[1].toObject()["mean_kl"].toDouble());
     }
 
     // kvscope-cli stream on the default model: the JSON contract, the pacing invariant over the

@@ -17,6 +17,7 @@
 
 #include <QTemporaryDir>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <memory>
@@ -165,6 +166,52 @@ private slots:
             QCOMPARE(it.questions.size(), size_t(10));
             QCOMPARE(it.questions.front().options.size(), size_t(4));
         }
+    }
+
+    // A suite whose prompt runs past the model's positions (SmolLM2: 8192) is refused by name
+    // before any prefill, not scored at positions the model never saw.
+    void refusesPastThePositionLimit()
+    {
+        if (!m_model) QSKIP("needs the default model");
+        std::string context;
+        for (int i = 0; i < 2100; ++i) context += "The lamp keeper of Holm was Brae Tor. ";  // ~10 tokens each
+        const std::string text = "{\"name\": \"long\", \"items\": [{\"id\": \"too_long\", \"context\": \"" + context +
+                                 "\", \"questions\": [{\"question\": \"The lamp keeper of Holm was\", \"answer\": \"Brae Tor\", "
+                                 "\"choices\": [\"Brae Tor\", \"Ki Mel\"]}]}]}";
+        SuiteOptions so;
+        so.useCache = false;
+        try {
+            SuiteReference r(*m_model, parseSuite(text, "long.json"), so);
+            QFAIL("a suite past 8192 positions was accepted");
+        } catch (const Error& e) {
+            const std::string what = e.what();
+            QVERIFY2(what.find("long.json: items.too_long: ") == 0, e.what());
+            QVERIFY2(what.find("past the model's 8192 positions") != std::string::npos, e.what());
+        }
+    }
+
+    // The shipped long suite (samples/suites/facts_long.json): 4 contexts of about 4K-7.5K tokens,
+    // 30 questions each, every prompt within the model's 8192 positions.
+    void longSuiteFitsTheModel()
+    {
+        if (!m_model) QSKIP("needs the default model");
+        const Suite s = loadSuite(KVSCOPE_SOURCE_DIR "/samples/suites/facts_long.json");
+        QCOMPARE(s.items.size(), size_t(4));
+        QCOMPARE(s.questionCount(), size_t(120));
+        const int limit = m_model->spec().config.maxPositionEmbeddings;
+        QCOMPARE(limit, 8192);
+        std::vector<size_t> tokens;
+        for (const SuiteItem& it : s.items) {
+            const size_t n = m_model->contextTokens(it.context).size();
+            tokens.push_back(n);
+            size_t longest = 0;
+            for (const SuiteQuestion& q : it.questions)
+                longest = std::max(longest, m_model->tokenizer().encode("\n\n" + q.question, false).size() + 16);
+            QVERIFY2(n + std::max<size_t>(longest, 128) <= size_t(limit), qPrintable(QString::number(n)));
+        }
+        QVERIFY2(tokens.front() >= 3500 && tokens.front() <= 4500, qPrintable(QString::number(tokens.front())));
+        QVERIFY2(tokens.back() >= 7000, qPrintable(QString::number(tokens.back())));
+        QVERIFY(std::is_sorted(tokens.begin(), tokens.end()));
     }
 
     // The one-pass option scorer (InferenceSession::appendBranches) gives the logits that running

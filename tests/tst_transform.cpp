@@ -275,6 +275,80 @@ private slots:
         kvscope_test::expectError("bare.h5", [&] { prepareTransform(p, bare, "bare.h5"); }, "carries no attention mass");
     }
 
+    // RD rounding (READ ME FIRST, 8): the decoder is unchanged, the bytes fall, the weighted
+    // error rises by less than a coarser water level would cost for the same saving, and the
+    // calibrated tables (counted with the rule) decode the payload exactly as the encoder saw it.
+    void rdoRounding()
+    {
+        const KvSet calib = syntheticCache(81);
+        const KvSet kv = syntheticCache(82, 300, DType::F16);
+        TransformSettings s;
+        CodecParams off = transformParams(kv, s, {0.03, 0.01});
+        calibrate(off, {&calib});
+        CodecParams on = transformParams(kv, s, {0.03, 0.01});
+        on.profile.transform.rdoLambda = 1.0;
+        calibrate(on, {&calib});
+        for (int level = 1; level <= 2; ++level) {
+            const CodecTrial a = runCodecTrial(kv, off, level), b = runCodecTrial(kv, on, level);
+            QVERIFY2(double(b.bytes) < 0.985 * double(a.bytes), (std::to_string(b.bytes) + " vs " + std::to_string(a.bytes)).c_str());
+            const double ea = keyMse(kv, a.decoded), eb = keyMse(kv, b.decoded);
+            QVERIFY2(eb > ea && eb < 1.6 * ea, (std::to_string(eb) + " vs " + std::to_string(ea)).c_str());
+            // Sinks stay exact.
+            QCOMPARE(b.decoded.at(KvKind::Value, 2, 1, 1, 5), kv.at(KvKind::Value, 2, 1, 1, 5));
+        }
+        // The switch is encoder-side: a model calibrated without it serves with it (and decodes).
+        CodecParams mixed = off;
+        mixed.profile.transform.rdoLambda = 1.0;
+        const CodecTrial m = runCodecTrial(kv, mixed, 1), a = runCodecTrial(kv, off, 1);
+        QVERIFY(m.bytes < a.bytes);
+        QTemporaryDir dir;
+        prepareTransform(on, kv, "profile");
+        const std::string path = (dir.path() + "/r.kvc").toStdString();
+        writeKvc(kv, on, path);
+        QCOMPARE(decodedCrc(KvcReader::openFile(path)->decodeAll({1})), decodedCrc(runCodecTrial(kv, on, 1).decoded));
+        // The profile keeps it; out of range is a one-line error.
+        CodecProfile pr = on.profile;
+        const std::string ppath = (dir.path() + "/p.json").toStdString();
+        saveProfile(pr, ppath);
+        QCOMPARE(loadProfile(ppath).transform.rdoLambda, 1.0);
+        pr.transform.rdoLambda = 20;
+        kvscope_test::expectError("p.json", [&] { validateProfile(pr, "p.json"); }, "transform.rdo_lambda");
+    }
+
+    // fitTransform is fitTransformBlocks + fitTransformLevel per level, byte for byte.
+    void fitSplitsIntoLevels()
+    {
+        const KvSet calib = syntheticCache(91);
+        TransformSettings s;
+        CodecParams p = transformParams(calib, s, {0.1, 0.01});
+        p.profile.transformLevels[1].valueLayerScale = {0.5, 1.0, 2.0};
+        const TransformModel whole = fitTransform(s, p.profile.transformLevels, {&calib});
+        TransformFit fit = fitTransformBlocks(s, {&calib});
+        for (const TransformLevel& l : p.profile.transformLevels) {
+            fit.model.keyTheta.push_back(l.keyTheta);
+            fit.model.valueTheta.push_back(l.valueTheta);
+            fit.model.levels.push_back(fitTransformLevel(fit, l));
+        }
+        std::vector<uint8_t> a, b;
+        serializeTransformModel(whole, a);
+        serializeTransformModel(fit.model, b);
+        QVERIFY(a == b);
+        // Layer scales 0.5 and 2: theta 4x apart, the step of the largest component 2x; layer 2
+        // codes no more components than it does at scale 1.
+        const double ratio = double(whole.levelBlock(2, KvKind::Value, 2).step[0]) / double(whole.levelBlock(2, KvKind::Value, 0).step[0]);
+        QVERIFY2(std::fabs(ratio - 2.0) < 1e-5, std::to_string(ratio).c_str());
+        TransformLevel flat = p.profile.transformLevels[1];
+        flat.valueLayerScale.clear();
+        const std::vector<TransformLevelBlock> f = fitTransformLevel(fit, flat);
+        int codedFlat = 0;
+        for (float st : f[size_t(3 + 2)].step) codedFlat += st > 0;
+        QVERIFY(whole.codedComponents(2, KvKind::Value, 2) <= codedFlat);
+        QVERIFY(std::fabs(double(whole.levelBlock(2, KvKind::Value, 2).step[0]) / double(f[size_t(3 + 2)].step[0]) - std::sqrt(2.0)) < 1e-5);
+        TransformLevel bad = p.profile.transformLevels[0];
+        bad.keyLayerScale = {1.0};
+        kvscope_test::expectError("transform", [&] { fitTransformLevel(fit, bad); }, "1 layer scales for 3 layers");
+    }
+
     void eigenOrthonormal_data()
     {
         QTest::addColumn<int>("n");

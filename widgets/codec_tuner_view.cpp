@@ -14,7 +14,9 @@
 #include <QHBoxLayout>
 #include <QHeaderView>
 #include <QItemSelectionModel>
+#include <QGridLayout>
 #include <QLabel>
+#include <QLineEdit>
 #include <QLocale>
 #include <QPlainTextEdit>
 #include <QPushButton>
@@ -140,6 +142,22 @@ CodecTunerView::CodecTunerView(QWidget* parent) : QWidget(parent)
     connect(m_qualitySource, &QComboBox::currentIndexChanged, this,
             [this] { emit qualitySourceChanged(qualitySource()); });
     settings->addRow(tr("Quality from:"), m_qualitySource);
+    m_suitePath = new QLineEdit;
+    m_suitePath->setObjectName(QStringLiteral("tunerSuitePath"));
+    m_suitePath->setPlaceholderText(tr("suite file (.json), e.g. samples/suites/mini.json"));
+    auto* browseSuite = new QPushButton(tr("…"));
+    browseSuite->setObjectName(QStringLiteral("tunerSuiteBrowse"));
+    browseSuite->setMaximumWidth(32);
+    connect(browseSuite, &QPushButton::clicked, this, &CodecTunerView::chooseSuiteRequested);
+    m_suiteRow = new QWidget;
+    auto* suiteLayout = new QHBoxLayout(m_suiteRow);
+    suiteLayout->setContentsMargins(0, 0, 0, 0);
+    suiteLayout->addWidget(m_suitePath, 1);
+    suiteLayout->addWidget(browseSuite);
+    settings->addRow(tr("Suite:"), m_suiteRow);
+    m_suiteRow->setEnabled(false);
+    connect(m_qualitySource, &QComboBox::currentIndexChanged, this,
+            [this] { m_suiteRow->setEnabled(qualitySource() == QLatin1String("suite")); });
     m_useDeltaPpl = false;
     auto* yMetric = new QComboBox;
     yMetric->setObjectName(QStringLiteral("tunerRdMetric"));
@@ -152,7 +170,7 @@ CodecTunerView::CodecTunerView(QWidget* parent) : QWidget(parent)
     settings->addRow(tr("Distortion axis:"), yMetric);
     m_stageBox = new QGroupBox(tr("Codec stages"));
     m_stageBox->setObjectName(QStringLiteral("tunerStages"));
-    new QHBoxLayout(m_stageBox);
+    new QGridLayout(m_stageBox);
     m_stageBox->setVisible(false);
 
     auto* left = new QWidget;
@@ -209,6 +227,10 @@ CodecTunerView::CodecTunerView(QWidget* parent) : QWidget(parent)
     rl->addWidget(m_figures);
     rl->addWidget(m_status);
     rl->addLayout(answers);
+    m_rdSource = new QLabel;
+    m_rdSource->setObjectName(QStringLiteral("tunerRdSource"));
+    m_rdSource->setWordWrap(true);
+    rl->addWidget(m_rdSource);
     rl->addWidget(m_rdPlot, 1);
 
     auto* split = new QSplitter(Qt::Horizontal);
@@ -409,8 +431,25 @@ void CodecTunerView::updateRdPlot()
         g->setData({p.bitsPerValue}, {yOf(p.deltaPplPct, p.kl)});
         label(p.bitsPerValue, yOf(p.deltaPplPct, p.kl), p.label);
     }
+    // The transform codec's levels: one family, one colour, a line through its levels.
+    QVector<double> tx, ty;
+    for (const RdPoint& p : m_rd)
+        if (p.codec == QLatin1String("transform")) {
+            tx << p.bitsPerValue;
+            ty << yOf(p.deltaPplPct, p.kl);
+        }
+    if (!tx.isEmpty()) {
+        const QColor c = style::transformColor();
+        QCPGraph* g = m_rdPlot->addGraph();
+        g->setName(tr("transform levels"));
+        g->setPen(QPen(c, 1.4));
+        g->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssTriangle, c, c, 9));
+        g->setData(tx, ty);
+        for (const RdPoint& p : m_rd)
+            if (p.codec == QLatin1String("transform")) label(p.bitsPerValue, yOf(p.deltaPplPct, p.kl), p.label);
+    }
     for (const RdPoint& p : m_rd) {
-        if (p.codec == QLatin1String("cachegen")) continue;
+        if (p.codec == QLatin1String("cachegen") || p.codec == QLatin1String("transform")) continue;
         const QColor c = style::baselineColor(p.codec);
         QCPGraph* g = m_rdPlot->addGraph();
         g->setName(p.label);
@@ -435,7 +474,39 @@ void CodecTunerView::updateRdPlot()
 void CodecTunerView::clearRdPoints()
 {
     m_rd.clear();
+    setRdSource(QString());
     updateRdPlot();
+}
+
+void CodecTunerView::setRdSource(const QString& source)
+{
+    m_rdSourceText = source;
+    if (source.isEmpty()) {
+        m_rdSource->clear();
+        return;
+    }
+    QString text = source == QLatin1String("continuation") ? tr("Points scored on the held-out continuation.")
+                                                           : tr("Points scored on the %1.").arg(source);
+    QStringList acc;
+    for (const RdPoint& p : m_rd)
+        if (p.accuracy >= 0) acc << QStringLiteral("%1 %2").arg(p.label).arg(p.accuracy, 0, 'f', 2);
+    if (!acc.isEmpty()) text += tr(" Multiple-choice accuracy: %1.").arg(acc.join(QStringLiteral(", ")));
+    m_rdSource->setText(text);
+}
+
+QString CodecTunerView::suitePath() const { return m_suitePath->text().trimmed(); }
+
+void CodecTunerView::setSuitePath(const QString& path) { m_suitePath->setText(path); }
+
+void CodecTunerView::setQualitySource(const QString& id)
+{
+    const int i = m_qualitySource->findData(id);
+    if (i >= 0) m_qualitySource->setCurrentIndex(i);
+}
+
+void CodecTunerView::setStageOn(const QString& id, bool on)
+{
+    if (auto* box = m_stageBox->findChild<QCheckBox*>(QStringLiteral("stage_") + id)) box->setChecked(on);
 }
 
 void CodecTunerView::setQualitySources(const QStringList& ids, const QStringList& labels, const QStringList& disabled)
@@ -462,7 +533,7 @@ QString CodecTunerView::qualitySource() const
 void CodecTunerView::setStages(const std::vector<CodecStage>& stages)
 {
     m_stages = stages;
-    QLayout* layout = m_stageBox->layout();
+    auto* layout = static_cast<QGridLayout*>(m_stageBox->layout());
     while (QLayoutItem* item = layout->takeAt(0)) {
         delete item->widget();
         delete item;
@@ -479,7 +550,7 @@ void CodecTunerView::setStages(const std::vector<CodecStage>& stages)
             emit stagesChanged();
             edited();
         });
-        layout->addWidget(box);
+        layout->addWidget(box, int(i) / 3, int(i) % 3);
     }
     m_stageBox->setVisible(!m_stages.empty());
 }

@@ -3,7 +3,10 @@
 //           for K and V (BinsTableModel; select rows, type bins, Set K / Set V / Set both);
 //   right:  live size of the edited level (bits/value, bytes, ratios vs fp16 and int8), its
 //           quality (ΔPPL, KL, token agreement, the two answers side by side) and a
-//           rate-distortion plot with the current point, the profile's levels and the baselines.
+//           rate-distortion plot with the current point, the profile's levels, the transform
+//           codec's levels (with the stages switched on) and the baselines.
+// Quality comes from the held-out continuation, or from a quality suite file (chosen here, scored
+// by the app in the background); the transform codec's stages are toggles the app hands over.
 // Edits emit settingsChanged() once the user pauses (kDebounceMs); the app's TunerSession runs
 // the trial and the quality measurement on workers and hands the figures back as value structs.
 #pragma once
@@ -25,6 +28,7 @@ class QComboBox;
 class QGroupBox;
 class QCustomPlot;
 class QLabel;
+class QLineEdit;
 class QPlainTextEdit;
 class QPushButton;
 class QSpinBox;
@@ -61,6 +65,8 @@ public:
     bool hasRdPoints() const { return !m_rd.empty(); }
     const std::vector<RdPoint>& rdPoints() const { return m_rd; }
     QString qualitySource() const;
+    QString suitePath() const;
+    QString rdSource() const { return m_rdSourceText; }
     const std::vector<CodecStage>& stages() const { return m_stages; }
 
 public slots:
@@ -80,9 +86,16 @@ public slots:
     void setQualitySources(const QStringList& ids, const QStringList& labels, const QStringList& disabled);
     // The codec's stages as toggles (empty: the box is hidden).
     void setStages(const std::vector<kvscope::CodecStage>& stages);
+    // Switches one stage (as a click on its toggle does).
+    void setStageOn(const QString& id, bool on);
+    void setSuitePath(const QString& path);
+    // What the rate-distortion points were scored on ("continuation", "suite mini (...)").
+    void setRdSource(const QString& source);
+    void setQualitySource(const QString& id);
 
 signals:
     void qualitySourceChanged(const QString& id);
+    void chooseSuiteRequested();
     void stagesChanged();
     void settingsChanged();  // debounced
     void sensitivityRequested(int bins);
@@ -125,6 +138,10 @@ private:
     QCustomPlot* m_rdPlot = nullptr;
     QComboBox* m_qualitySource = nullptr;
     QGroupBox* m_stageBox = nullptr;
+    QWidget* m_suiteRow = nullptr;
+    QLineEdit* m_suitePath = nullptr;
+    QLabel* m_rdSource = nullptr;
+    QString m_rdSourceText;
     std::vector<CodecStage> m_stages;
     bool m_useDeltaPpl = false;
     QTimer* m_debounce = nullptr;

@@ -166,6 +166,8 @@ QColor baselineColor(const QString& codec)
     return neutralColor();
 }
 
+QColor transformColor() { return g_theme == Theme::Dark ? QColor(64, 200, 190) : QColor(0, 128, 128); }
+
 QColor policyColor(const QString& policy, int levels)
 {
     if (policy == QLatin1String("adaptive")) return accentColor();

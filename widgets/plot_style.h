@@ -42,6 +42,8 @@ QColor neutralColor();          // available bandwidth, jobs, reference marks
 QColor levelColor(int level, int levels);
 // "fp16", "int8", "kivi2", "kivi4", "zstd", "text"; other names a neutral grey.
 QColor baselineColor(const QString& codec);
+// The transform codec's levels (one family next to CacheGen's sequential levels).
+QColor transformColor();
 // "adaptive", "text", "int8", "level:N".
 QColor policyColor(const QString& policy, int levels);
 // TTFT parts in StreamRunResult order: transfer, decode, recompute, kv load, prefill, first token.

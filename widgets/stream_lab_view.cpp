@@ -21,6 +21,8 @@
 #include <QLabel>
 #include <QLineEdit>
 #include <QListWidget>
+#include <QMouseEvent>
+#include <QSignalBlocker>
 #include <QPainter>
 #include <QPdfWriter>
 #include <QPlainTextEdit>
@@ -79,10 +81,14 @@ QJsonArray numbers(const std::vector<double>& v)
     return a;
 }
 
+const char* const kModes[] = {"back_to_back", "at_once", "shared_link"};
+
 QJsonObject configJson(const StreamConfig& c)
 {
     static const char* const links[] = {"constant", "steps", "trace"};
     return {{"link", QLatin1String(links[int(c.link)])},
+            {"mode", QLatin1String(kModes[int(c.mode)])},
+            {"target_first_token_s", c.firstTokenSeconds},
             {"rate", c.rate},
             {"trace", c.tracePath},
             {"trace_scale", c.traceScale},
@@ -108,7 +114,14 @@ QJsonObject resultJson(const StreamRunResult& r)
     for (int i = 0; i < StreamRunResult::kParts; ++i) parts[QLatin1String(kPartNames[i])] = r.parts[i];
     QJsonArray chunks;
     for (const StreamChunkPoint& c : r.chunks) chunks.append(chunkJson(c));
+    QJsonArray modelled;
+    for (int i = 0; i < StreamRunResult::kParts; ++i)
+        if (r.partModelled[i]) modelled.append(QLatin1String(kPartNames[i]));
+    QJsonObject quality;
+    if (r.hasQuality) quality = QJsonObject{{"kl", r.kl}, {"delta_ppl_pct", r.deltaPplPct}};
     return {{"run", r.run},
+            {"modelled_parts", modelled},
+            {"quality", r.hasQuality ? QJsonValue(quality) : QJsonValue()},
             {"lane", r.lane},
             {"policy", r.policy},
             {"link", r.link},
@@ -117,6 +130,7 @@ QJsonObject resultJson(const StreamRunResult& r)
             {"slo_s", r.sloSeconds},
             {"ttft_s", r.ttftSeconds},
             {"slo_met", r.sloMet},
+            {"start_s", r.startS},
             {"ttft_parts", parts},
             {"chunks", chunks},
             {"delivered_bytes", double(r.deliveredBytes)},
@@ -194,6 +208,7 @@ QByteArray raceToJson(const RaceRecord& race)
     const QJsonObject root{{"format", QLatin1String(kRaceFormat)},
                            {"version", kRaceVersion},
                            {"cache", race.cache},
+                           {"quality_source", race.qualitySource},
                            {"config", configJson(race.config)},
                            {"available", QJsonObject{{"seconds", numbers(race.available.seconds)},
                                                      {"mbps", numbers(race.available.mbps)}}},
@@ -220,11 +235,21 @@ bool raceFromJson(const QByteArray& json, const QString& file, RaceRecord* out, 
     Reader rd{file, {}};
     RaceRecord race;
     race.cache = rd.string(root, "cache", QStringLiteral("cache"));
+    race.qualitySource = rd.string(root, "quality_source", QStringLiteral("quality_source"));
     const QJsonObject c = root.value(QLatin1String("config")).toObject();
     const QString link = rd.string(c, "link", QStringLiteral("config"));
     race.config.link = link == QLatin1String("trace")   ? StreamConfig::Trace
                        : link == QLatin1String("steps") ? StreamConfig::Steps
                                                         : StreamConfig::Constant;
+    const QString mode = rd.string(c, "mode", QStringLiteral("config"));
+    race.config.mode = StreamConfig::BackToBack;
+    for (int m = 0; m < 3; ++m)
+        if (mode == QLatin1String(kModes[m])) race.config.mode = StreamConfig::Mode(m);
+    if (!mode.isEmpty() && race.config.mode == StreamConfig::BackToBack && mode != QLatin1String(kModes[0]))
+        rd.fail(QStringLiteral("config.mode"), QStringLiteral("'%1' is not back_to_back, at_once or shared_link").arg(mode));
+    race.config.firstTokenSeconds = c.contains(QLatin1String("target_first_token_s"))
+                                        ? rd.number(c, "target_first_token_s", QStringLiteral("config"), -1, 1e6)
+                                        : -1.0;
     race.config.rate = rd.string(c, "rate", QStringLiteral("config"));
     race.config.tracePath = rd.string(c, "trace", QStringLiteral("config"));
     race.config.traceScale = rd.number(c, "trace_scale", QStringLiteral("config"), 0, 1e6);
@@ -262,6 +287,7 @@ bool raceFromJson(const QByteArray& json, const QString& file, RaceRecord* out, 
         r.sloSeconds = rd.number(o, "slo_s", place, 0, 1e6);
         r.ttftSeconds = rd.number(o, "ttft_s", place, 0, 1e6);
         r.sloMet = o.value(QLatin1String("slo_met")).toBool();
+        r.startS = rd.number(o, "start_s", place, 0, 1e6);
         const QJsonObject parts = o.value(QLatin1String("ttft_parts")).toObject();
         for (int p = 0; p < StreamRunResult::kParts; ++p)
             r.parts[p] = rd.number(parts, kPartNames[p], place + QStringLiteral(".ttft_parts"), 0, 1e6);
@@ -290,6 +316,20 @@ bool raceFromJson(const QByteArray& json, const QString& file, RaceRecord* out, 
         r.text = rd.string(o, "text", place);
         r.referenceText = rd.string(o, "reference_text", place);
         r.log = rd.strings(o, "log", place);
+        for (const QString& part : rd.strings(o, "modelled_parts", place)) {
+            bool known = false;
+            for (int p = 0; p < StreamRunResult::kParts; ++p)
+                if (part == QLatin1String(kPartNames[p])) r.partModelled[p] = known = true;
+            if (!known) rd.fail(place + QStringLiteral(".modelled_parts"), QStringLiteral("'%1' is not a TTFT part").arg(part));
+        }
+        const QJsonValue q = o.value(QLatin1String("quality"));
+        if (q.isObject()) {
+            r.hasQuality = true;
+            r.kl = rd.number(q.toObject(), "kl", place + QStringLiteral(".quality"), 0, 1e6);
+            r.deltaPplPct = rd.number(q.toObject(), "delta_ppl_pct", place + QStringLiteral(".quality"), -100, 1e9);
+        } else if (!q.isUndefined() && !q.isNull()) {
+            rd.fail(place + QStringLiteral(".quality"), QStringLiteral("not an object"));
+        }
         race.results.push_back(r);
     }
     if (!rd.ok()) return failWith(rd.error);
@@ -326,7 +366,15 @@ QVariant StreamRunsModel::data(const QModelIndex& index, int role) const
         return QStringLiteral("%1 / %2").arg(text).arg(r.chunks.size());
     }
     case AgreementCol: return QString::number(r.tokenAgreement, 'f', 2);
+    case KlCol: return r.hasQuality ? QString::number(r.kl, 'g', 3) : QStringLiteral("–");
+    case DeltaPplCol: return r.hasQuality ? QString::number(r.deltaPplPct, 'f', 2) : QStringLiteral("–");
     case HardwareCol: return r.hardware;
+    case ModelledCol: {
+        QStringList parts;
+        for (int i = 0; i < StreamRunResult::kParts; ++i)
+            if (r.partModelled[i]) parts << QLatin1String(kPartNames[i]);
+        return parts.isEmpty() ? tr("none") : parts.join(QStringLiteral(", "));
+    }
     }
     return {};
 }
@@ -336,7 +384,8 @@ QVariant StreamRunsModel::headerData(int section, Qt::Orientation orientation, i
     if (role != Qt::DisplayRole || orientation != Qt::Horizontal) return {};
     static const char* const names[ColumnCount] = {"Run",       "Policy",    "Link",        "SLO s",     "TTFT s",
                                                   "SLO met",   "Transfer s", "Decode s",   "Recompute s", "Prefill s",
-                                                  "Text chunks", "Agreement", "Compute"};
+                                                  "Text chunks", "Agreement", "KL",          "ΔPPL %",
+                                                  "Compute",     "Modelled parts"};
     return section >= 0 && section < ColumnCount ? QVariant(tr(names[section])) : QVariant();
 }
 
@@ -380,6 +429,11 @@ StreamLabView::StreamLabView(QWidget* parent) : QWidget(parent)
     dropPreset->setObjectName(QStringLiteral("streamDropPreset"));
     dropPreset->setToolTip(tr("40 Mbit/s, a drop to 4 Mbit/s at 0.3 s for 0.4 s, then 40 Mbit/s again"));
     for (QPushButton* b : {addStep, removeStep}) b->setMaximumWidth(32);
+    m_drawLink = new QPushButton(tr("Draw"));
+    m_drawLink->setObjectName(QStringLiteral("streamDrawLink"));
+    m_drawLink->setCheckable(true);
+    m_drawLink->setToolTip(tr("Draw the link's rate with the mouse on the bandwidth plot (drag left to right; "
+                              "a drop and its recovery in one stroke); the drawing becomes the steps above"));
     connect(addStep, &QPushButton::clicked, this, [this] {
         const int row = m_steps->rowCount();
         m_steps->insertRow(row);
@@ -401,7 +455,8 @@ StreamLabView::StreamLabView(QWidget* parent) : QWidget(parent)
     sl->addWidget(m_steps, 0, 0, 1, 4);
     sl->addWidget(addStep, 1, 0);
     sl->addWidget(removeStep, 1, 1);
-    sl->addWidget(dropPreset, 1, 2, 1, 2);
+    sl->addWidget(dropPreset, 1, 2);
+    sl->addWidget(m_drawLink, 1, 3);
     m_trace = new QLineEdit;
     m_trace->setObjectName(QStringLiteral("streamTrace"));
     m_trace->setPlaceholderText(tr("trace file (.down)"));
@@ -441,13 +496,21 @@ StreamLabView::StreamLabView(QWidget* parent) : QWidget(parent)
     m_policies = new QListWidget;
     m_policies->setObjectName(QStringLiteral("streamPolicies"));
     m_policies->setMaximumHeight(110);
-    m_policies->setToolTip(tr("The policies raced, back to back on the same link schedule"));
+    m_policies->setToolTip(tr("The policies raced on the same link schedule"));
     setLevels(3);
+    m_mode = new QComboBox;
+    m_mode->setObjectName(QStringLiteral("streamMode"));
+    m_mode->addItem(tr("back to back"), int(StreamConfig::BackToBack));
+    m_mode->addItem(tr("at once, a link each"), int(StreamConfig::AtOnce));
+    m_mode->addItem(tr("at once, one shared link"), int(StreamConfig::SharedLink));
+    m_mode->setToolTip(tr("Back to back: one policy after the other, each on the schedule from its start. At once: "
+                          "concurrently, each on its own link with the same schedule. Shared link: concurrently, "
+                          "competing for one link (fair shares). Running at once, measured compute parts share "
+                          "this machine's cores: model them on target hardware to compare transfers alone."));
 
     m_hardware = new QComboBox;
     m_hardware->setObjectName(QStringLiteral("streamHardware"));
-    for (const HardwarePreset& p : hardwarePresets()) m_hardware->addItem(p.label, p.id);
-    m_hardware->addItem(tr("Custom (modelled)"), QStringLiteral("custom"));
+    setHardwarePresets({{QStringLiteral("measured"), tr("This machine (measured)"), 0, 0, -1, QString()}});
     m_hardware->setToolTip(tr("Decode, recompute and the question's prefill: measured on this CPU, or modelled "
                               "from rates (the transfer is always measured on the socket)"));
     m_prefillRate = new QDoubleSpinBox;
@@ -500,6 +563,7 @@ StreamLabView::StreamLabView(QWidget* parent) : QWidget(parent)
         return w;
     }());
     form->addRow(tr("Policies:"), m_policies);
+    form->addRow(tr("Race:"), m_mode);
     form->addRow(tr("Compute:"), m_hardware);
     form->addRow(QString(), rates);
     form->addRow(tr("Store:"), m_store);
@@ -518,6 +582,9 @@ StreamLabView::StreamLabView(QWidget* parent) : QWidget(parent)
     QFont big = m_ttft->font();
     big.setBold(true);
     m_ttft->setFont(big);
+    m_modelledNote = new QLabel;
+    m_modelledNote->setObjectName(QStringLiteral("streamModelledNote"));
+    m_modelledNote->setWordWrap(true);
     m_status = new QLabel;
     m_status->setObjectName(QStringLiteral("streamStatus"));
     m_status->setWordWrap(true);
@@ -528,6 +595,7 @@ StreamLabView::StreamLabView(QWidget* parent) : QWidget(parent)
     left->addLayout(buttons);
     left->addWidget(m_preview);
     left->addWidget(m_ttft);
+    left->addWidget(m_modelledNote);
     left->addWidget(m_status);
     left->addStretch(1);
     setup->setMinimumWidth(300);
@@ -545,6 +613,24 @@ StreamLabView::StreamLabView(QWidget* parent) : QWidget(parent)
         m_bandwidthPlot->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignRight);
     }
     installPlotMenu(m_bandwidthPlot, QStringLiteral("stream-bandwidth"));
+    m_bandwidthPlot->installEventFilter(this);
+    connect(m_drawLink, &QPushButton::toggled, this, [this](bool on) {
+        // Drawing and dragging the view would fight over the same mouse moves.
+        m_bandwidthPlot->setInteraction(QCP::iRangeDrag, !on);
+        m_bandwidthPlot->setInteraction(QCP::iRangeZoom, !on);
+        m_bandwidthPlot->setCursor(on ? Qt::CrossCursor : Qt::ArrowCursor);
+        if (on) {
+            // Show the schedule being edited, scaled to its own rates, so a stroke lands where it is aimed.
+            beginDraw();
+            showDrawGrid();
+            double top = 1;
+            for (double v : m_drawMbps) top = std::max(top, v);
+            m_bandwidthPlot->xAxis->setRange(0, std::max(2.0 * m_sloSpin->value(), 1.0));
+            m_bandwidthPlot->yAxis->setRange(0, top * 1.3);
+            m_bandwidthPlot->replot(QCustomPlot::rpQueuedReplot);
+            setStatus(tr("Drag over the bandwidth plot to draw the link's rate; release to use it."));
+        }
+    });
     m_timelinePlot = makePlot(QStringLiteral("timelinePlot"), tr("time (s)"), QString());
     installPlotMenu(m_timelinePlot, QStringLiteral("stream-timeline"));
     m_levelsPlot = makePlot(QStringLiteral("levelsPlot"), tr("chunk"), tr("level (0 = text)"));
@@ -641,10 +727,27 @@ void StreamLabView::updateLinkWidgets()
     m_linkStack->setCurrentIndex(m_linkKind->currentIndex());
 }
 
+void StreamLabView::setHardwarePresets(const std::vector<HardwarePreset>& presets)
+{
+    const QString current = m_hardware->currentData().toString();
+    m_presets = presets;
+    const QSignalBlocker block(m_hardware);
+    m_hardware->clear();
+    for (const HardwarePreset& p : m_presets) {
+        m_hardware->addItem(p.label, p.id);
+        if (!p.citation.isEmpty()) m_hardware->setItemData(m_hardware->count() - 1, p.citation, Qt::ToolTipRole);
+    }
+    m_hardware->addItem(tr("Custom (modelled)"), QStringLiteral("custom"));
+    const int i = m_hardware->findData(current);
+    m_hardware->setCurrentIndex(i >= 0 ? i : 0);
+    updateHardwareWidgets();
+}
+
 void StreamLabView::updateHardwareWidgets()
 {
+    if (!m_prefillRate) return;  // during construction
     const QString id = m_hardware->currentData().toString();
-    for (const HardwarePreset& p : hardwarePresets())
+    for (const HardwarePreset& p : m_presets)
         if (p.id == id && p.modelled()) {
             m_prefillRate->setValue(p.prefillTokensPerSecond);
             m_decodeRate->setValue(p.decodeGBps);
@@ -701,10 +804,13 @@ StreamConfig StreamLabView::config() const
     c.policies.clear();
     for (int i = 0; i < m_policies->count(); ++i)
         if (m_policies->item(i)->checkState() == Qt::Checked) c.policies << m_policies->item(i)->data(Qt::UserRole).toString();
+    c.mode = StreamConfig::Mode(m_mode->currentData().toInt());
     c.hardware = m_hardware->currentData().toString();
     if (c.hardware != QLatin1String("measured")) {
         c.prefillTokensPerSecond = m_prefillRate->value();
         c.decodeGBps = m_decodeRate->value();
+        for (const HardwarePreset& p : m_presets)
+            if (p.id == c.hardware) c.firstTokenSeconds = p.firstTokenSeconds;
     }
     c.store = m_store->text().trimmed();
     return c;
@@ -721,6 +827,7 @@ void StreamLabView::setConfig(const StreamConfig& c)
     m_traceScale->setValue(c.traceScale);
     m_rtt->setValue(c.rttMs);
     m_sloSpin->setValue(c.sloSeconds);
+    m_mode->setCurrentIndex(std::max(0, m_mode->findData(int(c.mode))));
     for (int i = 0; i < m_policies->count(); ++i) {
         QListWidgetItem* item = m_policies->item(i);
         item->setCheckState(c.policies.contains(item->data(Qt::UserRole).toString()) ? Qt::Checked : Qt::Unchecked);
@@ -795,6 +902,7 @@ int StreamLabView::chunksShown(int lane) const
 void StreamLabView::setSchedulePreview(const LinkSeries& available, const QString& error)
 {
     if (m_running) return;  // the race's own schedule stays on screen
+    if (error.isEmpty()) m_previewSeries = available;
     if (!error.isEmpty()) {
         m_preview->setText(tr("Link: %1").arg(error));
         return;
@@ -817,6 +925,7 @@ void StreamLabView::setSchedulePreview(const LinkSeries& available, const QStrin
 
 void StreamLabView::raceStarted(const QStringList& policies, const LinkSeries& available)
 {
+    if (m_drawLink->isChecked()) m_drawLink->setChecked(false);
     setRunning(true);
     m_race = RaceRecord{};
     m_race.config = config();
@@ -863,6 +972,7 @@ void StreamLabView::raceFinished(const RaceRecord& race)
     const StreamConfig shown = m_race.config;
     m_race = race;
     m_race.config.link = shown.link;  // the view's own link widgets stay as they were
+    if (shown.link == StreamConfig::Steps) m_race.config.rate = shown.rate;
     setRunning(false);
     m_currentLane = -1;
     setStatus(tr("Race done: %n policy(ies) on the same link schedule; click a run for its answer.", nullptr,
@@ -912,10 +1022,27 @@ void StreamLabView::updateTtftText()
         if (lane < int(m_race.results.size()) && !m_race.results[size_t(lane)].policy.isEmpty()) {
             const StreamRunResult& r = m_race.results[size_t(lane)];
             parts << tr("%1 %2 s %3").arg(r.policy).arg(r.ttftSeconds, 0, 'f', 3).arg(r.sloMet ? QStringLiteral("✓") : QStringLiteral("✗"));
-        } else if (lane == m_currentLane) {
+        } else if (lane == m_currentLane || (m_running && m_race.config.mode != StreamConfig::BackToBack)) {
             parts << tr("%1 …").arg(policies[lane]);
         }
     }
+    // Which parts were modelled (the same for every run of a race).
+    QStringList modelled;
+    for (const StreamRunResult& r : m_race.results) {
+        if (r.policy.isEmpty()) continue;
+        for (int i = 0; i < StreamRunResult::kParts; ++i)
+            if (r.partModelled[i] && !modelled.contains(tr(kPartNames[i]))) modelled << tr(kPartNames[i]);
+    }
+    QString note;
+    if (!m_race.results.empty()) {
+        note = modelled.isEmpty() ? tr("Every TTFT part measured on this machine.")
+                                  : tr("Modelled on the target: %1; measured: the rest (transfer always).")
+                                        .arg(modelled.join(QStringLiteral(", ")));
+        bool quality = false;
+        for (const StreamRunResult& r : m_race.results) quality = quality || r.hasQuality;
+        if (quality && !m_race.qualitySource.isEmpty()) note += tr(" KL and ΔPPL on the %1.").arg(m_race.qualitySource);
+    }
+    m_modelledNote->setText(note);
     m_ttft->setText(parts.isEmpty() ? tr("TTFT –")
                                     : tr("TTFT %1 (SLO %2 s)").arg(parts.join(QStringLiteral(" · "))).arg(m_race.config.sloSeconds, 0, 'f', 2));
     QString title = tr("<b>Stream race</b>");
@@ -925,6 +1052,7 @@ void StreamLabView::updateTtftText()
                      .arg(m_race.results.front().link.toHtmlEscaped())
                      .arg(m_race.config.sloSeconds, 0, 'f', 2)
                      .arg(m_race.results.front().hardware.toHtmlEscaped());
+    if (!m_modelledNote->text().isEmpty()) title += QStringLiteral("<br><small>%1</small>").arg(m_modelledNote->text().toHtmlEscaped());
     m_figureTitle->setText(title);
 }
 
@@ -1066,7 +1194,9 @@ void StreamLabView::redrawTtft()
         auto* label = new QCPItemText(m_ttftPlot);
         label->position->setCoords(r.lane, r.ttftSeconds);
         label->setPositionAlignment(Qt::AlignHCenter | Qt::AlignBottom);
-        label->setText(tr("%1 s\nagree %2").arg(r.ttftSeconds, 0, 'f', 2).arg(r.tokenAgreement, 0, 'f', 2));
+        QString text = tr("%1 s\nagree %2").arg(r.ttftSeconds, 0, 'f', 2).arg(r.tokenAgreement, 0, 'f', 2);
+        if (r.hasQuality) text += tr("\nKL %1\nΔPPL %2 %").arg(r.kl, 0, 'g', 2).arg(r.deltaPplPct, 0, 'f', 2);
+        label->setText(text);
         label->setColor(m_ttftPlot->xAxis->tickLabelColor());
         label->setFont(QFont(font().family(), 7));
     }
@@ -1179,6 +1309,125 @@ bool StreamLabView::exportFigure(const QString& path, QString* error)
     if (m_figure->size() != before) m_figure->resize(before);
     if (!ok && error) *error = QStringLiteral("%1: %2").arg(path, why);
     return ok;
+}
+
+// ---- Drawing the link
+
+namespace {
+
+// Drawn rates to two significant figures, at least 0.1 Mbit/s: steps a user would type (and equal
+// cells compare equal, so runs merge into one step).
+double roundRate(double mbps)
+{
+    mbps = std::max(0.1, mbps);
+    const double scale = std::pow(10.0, std::floor(std::log10(mbps)) - 1);
+    return std::round(mbps / scale) * scale;
+}
+
+}  // namespace
+
+bool StreamLabView::eventFilter(QObject* watched, QEvent* event)
+{
+    if (watched != m_bandwidthPlot || !m_drawLink->isChecked() || m_running) return QWidget::eventFilter(watched, event);
+    const QEvent::Type type = event->type();
+    if (type != QEvent::MouseButtonPress && type != QEvent::MouseMove && type != QEvent::MouseButtonRelease)
+        return QWidget::eventFilter(watched, event);
+    auto* me = static_cast<QMouseEvent*>(event);
+    const QPointF pos = me->position();
+    const double t = std::max(0.0, m_bandwidthPlot->xAxis->pixelToCoord(pos.x()));
+    const double mbps = m_bandwidthPlot->yAxis->pixelToCoord(pos.y());
+    if (type == QEvent::MouseButtonPress && me->button() == Qt::LeftButton) {
+        beginDraw();
+        m_drawing = true;
+        m_drawLastT = t;
+        paintDraw(t, t + kDrawStepSeconds, mbps);
+        showDrawGrid();
+        return true;
+    }
+    if (!m_drawing) return QWidget::eventFilter(watched, event);
+    if (type == QEvent::MouseMove) {
+        paintDraw(std::min(m_drawLastT, t), std::max(m_drawLastT, t) + kDrawStepSeconds, mbps);
+        m_drawLastT = t;
+        showDrawGrid();
+        return true;
+    }
+    m_drawing = false;  // release
+    commitDraw();
+    return true;
+}
+
+void StreamLabView::beginDraw()
+{
+    // The grid covers what the plots show before a race (twice the SLO, at least 1 s), from the
+    // schedule's sampled rate; the rate after the grid is the schedule's last sampled one.
+    const double horizon = std::max(2.0 * m_sloSpin->value(), 1.0);
+    const int cells = std::max(1, int(std::ceil(horizon / kDrawStepSeconds - 1e-9)));
+    m_drawMbps.assign(size_t(cells), 40.0);
+    const LinkSeries& a = m_previewSeries.seconds.empty() ? m_race.available : m_previewSeries;
+    if (!a.seconds.empty()) {
+        size_t k = 0;
+        for (int i = 0; i < cells; ++i) {
+            const double mid = (i + 0.5) * kDrawStepSeconds;
+            while (k + 1 < a.seconds.size() && a.seconds[k + 1] <= mid) ++k;
+            m_drawMbps[size_t(i)] = roundRate(a.mbps[k]);
+        }
+    }
+}
+
+
+void StreamLabView::paintDraw(double t0, double t1, double mbps)
+{
+    mbps = roundRate(mbps);
+    const int first = std::max(0, int(std::floor(t0 / kDrawStepSeconds + 1e-9)));
+    const int last = int(std::ceil(t1 / kDrawStepSeconds - 1e-9));  // exclusive
+    if (last > int(m_drawMbps.size())) m_drawMbps.resize(size_t(last), m_drawMbps.empty() ? mbps : m_drawMbps.back());
+    for (int i = first; i < last; ++i) m_drawMbps[size_t(i)] = mbps;
+}
+
+void StreamLabView::showDrawGrid()
+{
+    QVector<double> t, r;
+    for (size_t i = 0; i < m_drawMbps.size(); ++i) {
+        t << double(i) * kDrawStepSeconds;
+        r << m_drawMbps[i];
+    }
+    if (!m_drawMbps.empty()) {
+        t << double(m_drawMbps.size()) * kDrawStepSeconds;
+        r << m_drawMbps.back();
+    }
+    m_bandwidthPlot->graph(0)->setData(t, r, true);
+    m_bandwidthPlot->replot(QCustomPlot::rpQueuedReplot);
+}
+
+void StreamLabView::commitDraw()
+{
+    if (m_drawMbps.empty()) return;
+    // Runs of equal cells become steps; the last run holds forever.
+    QStringList parts;
+    size_t i = 0;
+    while (i < m_drawMbps.size()) {
+        size_t j = i;
+        while (j < m_drawMbps.size() && m_drawMbps[j] == m_drawMbps[i]) ++j;
+        const QString rate = QString::number(m_drawMbps[i], 'g', 3) + QStringLiteral("Mbit");
+        parts << (j == m_drawMbps.size() ? rate : rate + QLatin1Char(':') + QString::number(double(j - i) * kDrawStepSeconds, 'g', 4));
+        i = j;
+    }
+    {
+        const QSignalBlocker block(m_linkKind);
+        m_linkKind->setCurrentIndex(StreamConfig::Steps);
+    }
+    updateLinkWidgets();
+    setStepsText(parts.join(QLatin1Char(',')));
+    m_race.results.clear();  // the schedule shown is the one drawn, not a finished race's
+    m_laneChunks.clear();
+    emit scheduleEdited();
+}
+
+void StreamLabView::drawLink(double t0, double t1, double mbps)
+{
+    beginDraw();
+    paintDraw(t0, t1, mbps);
+    commitDraw();
 }
 
 }  // namespace kvscope

@@ -1,8 +1,10 @@
 // StreamLabView: the Stream page, a race of streaming policies on one link schedule.
 //   setup       link (constant rate, typed steps of rate and duration with a drop-and-recover
-//               preset, or a Mahimahi trace), RTT, SLO, the policies to race (adaptive, text,
-//               int8, each fixed level), target hardware for the compute parts (measured on this
-//               machine, or a modelled preset, or custom rates), the store;
+//               preset, steps drawn with the mouse on the bandwidth plot, or a Mahimahi trace),
+//               RTT, SLO, the policies to race (adaptive, text, int8, each fixed level) and how
+//               (back to back, at once on a link each, at once on one shared link), target
+//               hardware for the compute parts (measured on this machine, core's modelled
+//               presets, or custom rates), the store;
 //   live plots  side by side, one lane per policy, in its policy colour:
 //               bandwidth  the link's available rate vs the rate each lane's chunks got;
 //               timeline   per lane, one bar per chunk from request to arrival coloured by level
@@ -10,7 +12,7 @@
 //                          recompute job after it, the SLO as a line;
 //               levels     the level each lane chose per chunk;
 //               TTFT       one bar per lane stacked by part, against the SLO, with the answer's
-//                          token agreement on top;
+//                          token agreement and the cache's KL and ΔPPL on top;
 //   results     a table of every run and the answers (original vs the selected run's).
 // A race can be saved and reopened (JSON, saveRace/loadRace) and exported as one figure
 // (exportFigure: PNG, JPEG, SVG or PDF by suffix). It only draws and collects settings; the app's
@@ -45,7 +47,7 @@ class StreamRunsModel : public QAbstractTableModel {
     Q_OBJECT
 public:
     enum Column { RunCol, PolicyCol, LinkCol, SloCol, TtftCol, MetCol, TransferCol, DecodeCol, RecomputeCol,
-                  PrefillCol, TextChunksCol, AgreementCol, HardwareCol, ColumnCount };
+                  PrefillCol, TextChunksCol, AgreementCol, KlCol, DeltaPplCol, HardwareCol, ModelledCol, ColumnCount };
     using QAbstractTableModel::QAbstractTableModel;
     int rowCount(const QModelIndex& parent = QModelIndex()) const override;
     int columnCount(const QModelIndex& parent = QModelIndex()) const override;
@@ -81,6 +83,9 @@ public:
     QCustomPlot* ttftPlot() const { return m_ttftPlot; }
     QTableWidget* scheduleTable() const { return m_steps; }
     QListWidget* policyList() const { return m_policies; }
+    QComboBox* modeCombo() const { return m_mode; }
+    QComboBox* hardwareCombo() const { return m_hardware; }
+    QPushButton* drawLinkButton() const { return m_drawLink; }
     int chunksShown() const;       // over every lane of the race shown
     int chunksShown(int lane) const;
     QString ttftText() const;      // the race's TTFT line
@@ -95,8 +100,16 @@ public:
     // Whether a JSON file is a saved race (not a codec profile); reads its first bytes only.
     static bool isRaceFile(const QString& path);
 
+    // Seconds per cell of a schedule drawn with the mouse.
+    static constexpr double kDrawStepSeconds = 0.05;
+    // Draws the rate `mbps` over link time [t0, t1) into the schedule shown (what a mouse drag
+    // over the bandwidth plot does) and turns it into typed steps.
+    void drawLink(double t0, double t1, double mbps);
+
 public slots:
     void setReady(bool ready, const QString& note);  // a cache (and model) to stream
+    // The target-hardware presets (the app's, from core); "measured" should come first.
+    void setHardwarePresets(const std::vector<kvscope::HardwarePreset>& presets);
     void setLevels(int levels);                       // offers level:1..levels
     void setTracePath(const QString& path);           // switches the link to the trace
     void setStorePath(const QString& path);
@@ -132,8 +145,18 @@ private:
     void setStepsText(const QString& steps);
     void updateLinkWidgets();
     void updateHardwareWidgets();
+    bool eventFilter(QObject* watched, QEvent* event) override;
+    void beginDraw();                      // the drawing grid from the schedule shown
+    void paintDraw(double t0, double t1, double mbps);
+    void commitDraw();                     // the grid -> typed steps
+    void showDrawGrid();
 
     RaceRecord m_race;
+    std::vector<HardwarePreset> m_presets;
+    LinkSeries m_previewSeries;      // the schedule being edited, sampled by the app
+    std::vector<double> m_drawMbps;  // drawing grid, kDrawStepSeconds per cell
+    bool m_drawing = false;
+    double m_drawLastT = 0;
     std::vector<std::vector<StreamChunkPoint>> m_laneChunks;  // live chunks, by lane
     int m_currentLane = -1;
     int m_levels = 3;
@@ -150,6 +173,9 @@ private:
     QDoubleSpinBox* m_sloSpin = nullptr;
     QListWidget* m_policies = nullptr;
     QComboBox* m_hardware = nullptr;
+    QComboBox* m_mode = nullptr;
+    QPushButton* m_drawLink = nullptr;
+    QLabel* m_modelledNote = nullptr;
     QDoubleSpinBox* m_prefillRate = nullptr;
     QDoubleSpinBox* m_decodeRate = nullptr;
     QLineEdit* m_store = nullptr;

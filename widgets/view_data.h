@@ -91,16 +91,17 @@ struct QualityFigures {
     QString originalAnswer, answer;
 };
 
-struct RdPoint {  // one row of evaluateCodecs
-    QString codec;   // "cachegen", "int8", ...
-    QString label;   // "level 2", "int8", ...
+struct RdPoint {  // one row of evaluateCodecs or of the quality suite
+    QString codec;   // "cachegen", "transform", "int8", ...
+    QString label;   // "level 2", "int8", "transform t=0.03", ...
     double bitsPerValue = 0, deltaPplPct = 0, kl = 0;
+    double accuracy = -1;  // multiple-choice accuracy on a quality suite; < 0 when not measured
 };
 
 // A codec stage the user can switch on and off (the transform codec's stages); the tuner shows
 // whatever list the app hands it.
 struct CodecStage {
-    QString id;       // stable key, e.g. "delta", "rope_undo", "pca", "hadamard"
+    QString id;       // stable key, e.g. "transform", "rope_undo", "pca", "sinks"
     QString label;
     QString toolTip;
     bool enabled = true;    // can be toggled now
@@ -109,30 +110,39 @@ struct CodecStage {
 
 // ---- Stream ----------------------------------------------------------------------------------
 
-// Target hardware for the compute parts of TTFT (decode, recompute, the question's prefill).
-// Zero rates: measured on this machine. Otherwise modelled from the rates (transfer is always
-// measured on the socket).
+// Target hardware for the compute parts of TTFT (decode, recompute, the question's prefill, the
+// first token). Zero rates: measured on this machine. Otherwise modelled from the rates (transfer
+// is always measured on the socket). The app fills the list from core/stream's presets
+// (targetPreset, the same as `kvscope-cli stream --target`), so GUI and CLI model one machine.
 struct HardwarePreset {
     QString id, label;
     double prefillTokensPerSecond = 0;
     double decodeGBps = 0;
+    double firstTokenSeconds = -1;  // one decode step; < 0: measured
+    QString citation;               // where the figures come from
     bool modelled() const { return prefillTokensPerSecond > 0 || decodeGBps > 0; }
 };
-// The presets the Stream page offers, "measured" first.
-std::vector<HardwarePreset> hardwarePresets();
 
 struct StreamConfig {
     enum Link { Constant = 0, Steps = 1, Trace = 2 } link = Constant;
+    // How the policies of a race meet the link:
+    //   BackToBack  one after another, each on the schedule from its start (one link, one client);
+    //   AtOnce      concurrently, each its own server and link on the same schedule (so each sees
+    //               the whole schedule, as back to back, but at the same wall-clock time);
+    //   SharedLink  concurrently, every client on one server's link: they compete for it
+    //               (max-min fair shares, link.h), as several sessions of one serving node would.
+    enum Mode { BackToBack = 0, AtOnce = 1, SharedLink = 2 } mode = BackToBack;
     QString rate = QStringLiteral("50Mbit");   // Constant: a rate; Steps: RATE:SECONDS,...,RATE
     QString tracePath;
     double traceScale = 1.0;
     double rttMs = 0;
     double sloSeconds = 1.0;
-    // The policies raced, back to back on the same link schedule: adaptive | text | int8 | level:N.
-    // One entry is a single run.
+    // The policies raced on the same link schedule: adaptive | text | int8 | level:N. One entry is
+    // a single run.
     QStringList policies{QStringLiteral("adaptive")};
     QString hardware = QStringLiteral("measured");  // a HardwarePreset id, or "custom"
     double prefillTokensPerSecond = 0, decodeGBps = 0;  // the preset's rates (0 = measured)
+    double firstTokenSeconds = -1;                       // the preset's first token (< 0 = measured)
     QString store;  // "" = encode the cache now; else .kvc files "a,b", a folder or redis://HOST:PORT/PREFIX
 };
 
@@ -153,6 +163,7 @@ struct StreamRunResult {
     bool modelled = false;  // compute parts modelled on target hardware
     double sloSeconds = 0, ttftSeconds = 0;
     bool sloMet = false;
+    double startS = 0;  // when this run began, seconds since the race began (back to back: after the lanes before)
     static constexpr int kParts = 6;
     // transfer, decode, recompute, kv load, prefill, first token
     double parts[kParts] = {0, 0, 0, 0, 0, 0};
@@ -161,6 +172,12 @@ struct StreamRunResult {
     double capacityBytes = 0;
     double linkSeconds = 0;
     double tokenAgreement = 0;
+    // Which TTFT parts were modelled on the target hardware (the others were measured here).
+    bool partModelled[kParts] = {false, false, false, false, false, false};
+    // Quality of the assembled cache against the original (eval quality module: KL per token and
+    // delta PPL on a held-out continuation, or on the question and the reference answer).
+    bool hasQuality = false;
+    double kl = 0, deltaPplPct = 0;
     QString text, referenceText;
     QStringList log;
 };
@@ -174,6 +191,7 @@ struct RaceRecord {
     StreamConfig config;
     QString cache;  // "978 tokens of SmolLM2-135M-Instruct"
     LinkSeries available;
+    QString qualitySource;  // what KL and delta PPL were scored on ("continuation text", ...)
     std::vector<StreamRunResult> results;  // by lane
 };
 

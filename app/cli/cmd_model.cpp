@@ -24,6 +24,7 @@ struct ModelOpts {
     std::string compute = "fp32";
     std::string kvDtype = "fp16";
     int block = 512;
+    std::string weights = "auto";
 
     void add(CLI::App* sub)
     {
@@ -33,6 +34,10 @@ struct ModelOpts {
         sub->add_option("--compute", compute, "matmul precision: fp32 or bf16")->capture_default_str();
         sub->add_option("--kv-dtype", kvDtype, "precision of the KV cache: fp16, bf16 or fp32")->capture_default_str();
         sub->add_option("--block", block, "prefill block in tokens (bounds memory)")->capture_default_str();
+        sub->add_option("--weights", weights,
+                        "quantised weights in memory: packed (stored blocks, expanded per matmul), expanded "
+                        "(to the compute dtype at load) or auto (packed when expanded would exceed 2 GiB)")
+            ->capture_default_str();
     }
     RuntimeOptions runtime() const
     {
@@ -43,6 +48,9 @@ struct ModelOpts {
             throw Error("--compute: '" + compute + "' is not fp32 or bf16");
         if (!parseDType(kvDtype, &o.kvDtype)) throw Error("--kv-dtype: '" + kvDtype + "' is not fp16, bf16 or fp32");
         if (block < 1) throw Error("--block must be at least 1");
+        if (weights == "packed") o.weights = RuntimeOptions::Weights::Packed;
+        else if (weights == "expanded") o.weights = RuntimeOptions::Weights::Expanded;
+        else if (weights != "auto") throw Error("--weights: '" + weights + "' is not auto, packed or expanded");
         return o;
     }
     std::unique_ptr<Model> open() const
@@ -317,10 +325,16 @@ void addBenchModelCommand(CLI::App& app, Output& out)
             r["prefill_speed_vs_first"] = r["prefill_tokens_per_s"].get<double>() / first;
             r["prefill_cpu_speed_vs_first"] = r["prefill_tokens_per_cpu_s"].get<double>() / firstCpu;
         }
-        const json j = {{"model", rt.spec().name}, {"runs", runs}, {"key_block", ro.keyBlock}, {"runtime", rt.describe()}};
+        const json j = {{"model", rt.spec().name},
+                        {"runs", runs},
+                        {"key_block", ro.keyBlock},
+                        {"runtime", rt.describe()},
+                        {"weights", rt.packedWeights() ? "packed" : "expanded"},
+                        {"stored_weight_mb", double(rt.spec().weightBytes) / 1e6}};
         out.emit(j, [](const json& j) {
-            std::printf("%s (%s, key block %d)\n", j["model"].get<std::string>().c_str(),
-                        j["runtime"].get<std::string>().c_str(), j["key_block"].get<int>());
+            std::printf("%s (%s, key block %d, weights %.0f MB as stored)\n", j["model"].get<std::string>().c_str(),
+                        j["runtime"].get<std::string>().c_str(), j["key_block"].get<int>(),
+                        j["stored_weight_mb"].get<double>());
             // CPU-second figures are what a shared machine can compare: wall time there depends on
             // what else runs.
             std::printf("%8s %10s %13s %9s %14s %9s %14s %12s\n", "tokens", "prefill s", "prefill tok/s", "vs first",

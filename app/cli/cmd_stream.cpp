@@ -5,6 +5,7 @@
 // Stores: --store names .kvc files (comma-separated; a cachegen file and, for --policy int8, an
 // int8 file of the same context), a folder of them, or redis://HOST:PORT/PREFIX filled by `push`.
 // Without --store, the context's KV is encoded with cachegen and int8 into --workdir.
+#include "cli_codec.h"
 #include "cli_common.h"
 
 #include "codec/container.h"
@@ -38,7 +39,7 @@ namespace {
 
 // Link options shared by stream and serve.
 struct LinkOpts {
-    std::string bandwidth, trace, mode = "pacer";
+    std::string bandwidth, trace, mode = "pacer", congestion = "cubic";
     double traceScale = 1.0, rttMs = 0, lossPct = 0;
 
     bool required = false;
@@ -57,6 +58,10 @@ struct LinkOpts {
             ->check(CLI::IsMember({"pacer", "kernel"}))
             ->capture_default_str();
         sub->add_option("--loss", lossPct, "random loss in percent on the reply direction (--link kernel only)")
+            ->capture_default_str();
+        sub->add_option("--congestion", congestion,
+                        "--link kernel: TCP congestion control in the link's namespace (cubic, reno, bbr; 'system' keeps "
+                        "the system default)")
             ->capture_default_str();
     }
     LinkSchedule schedule() const
@@ -140,23 +145,37 @@ std::string questionFor(const std::string& contextPath, const std::string& given
     return "Summarize the text above in one sentence.";
 }
 
-// Encodes kv with cachegen (the profile or the default) and int8 into dir; returns "a.kvc,b.kvc".
-std::string encodeStore(const KvSet& kv, const std::string& profilePath, const std::string& dir)
+// Encodes kv with the level-coded codec (cachegen or transform; the profile or the default) and
+// with int8 into dir; returns "a.kvc,b.kvc".
+std::string encodeStore(const KvSet& kv, const std::string& profilePath, const std::string& dir, CodecId codec)
 {
     CodecParams p;
-    p.codec = CodecId::CacheGen;
-    p.shape = kv.shape();
-    p.dtype = kv.dtype();
-    p.profile = profilePath.empty() ? defaultProfile(kv.shape().numLayers) : loadProfile(profilePath);
     std::vector<LevelTables> calibrated;
-    const bool fromProfile = p.profile.tables == TableMode::Shared && p.profile.hasCalibratedTables();
-    if (fromProfile) calibrated = profileTables(p, profilePath);
-    const std::string cg = dir + "/context.cachegen.kvc", i8 = dir + "/context.int8.kvc";
+    bool fromProfile = false;
+    if (codec == CodecId::Transform) {
+        // The encode command's path: the profile's calibrated transform model, or one fitted on kv.
+        ProfileOptions po;
+        po.profilePath = profilePath;
+        po.codec = "transform";
+        p = po.params(kv);
+    } else {
+        p.codec = CodecId::CacheGen;
+        p.shape = kv.shape();
+        p.dtype = kv.dtype();
+        p.profile = profilePath.empty() ? defaultProfile(kv.shape().numLayers) : loadProfile(profilePath);
+        fromProfile = p.profile.tables == TableMode::Shared && p.profile.hasCalibratedTables();
+        if (fromProfile) calibrated = profileTables(p, profilePath);
+    }
+    const std::string cg = dir + "/context." + codecName(codec) + ".kvc", i8 = dir + "/context.int8.kvc";
     double t0 = nowSeconds();
     writeKvc(kv, p, cg, fromProfile ? &calibrated : nullptr);
     std::fprintf(stderr, "stream: encoded %s (%.1f s)\n", cg.c_str(), nowSeconds() - t0);
-    CodecParams q = p;
+    CodecParams q;
     q.codec = CodecId::Int8;
+    q.shape = kv.shape();
+    q.dtype = kv.dtype();
+    q.profile = defaultProfile(kv.shape().numLayers);
+    q.profile.chunkTokens = p.profile.chunkTokens;
     q.profile.tables = TableMode::InBand;
     t0 = nowSeconds();
     writeKvc(kv, q, i8);
@@ -186,7 +205,7 @@ void addStreamCommand(CLI::App& app, Output& out)
     auto* sub = app.add_subcommand("stream", "Stream a context's KV cache over a shaped link and measure TTFT");
     struct Opts {
         std::string model, context, question, profile, store, kv, policies = "adaptive", workdir, faults, target,
-            continuation, quality = "kl";
+            continuation, quality = "kl", codec = "cachegen";
         LinkOpts link;
         double slo = 0, targetPrefill = 0, targetDecode = 0, stallTimeout = 2.0;
         int runs = 1, qualityTokens = 32, threads = 0, window = 0, horizon = 5;
@@ -198,6 +217,11 @@ void addStreamCommand(CLI::App& app, Output& out)
     sub->add_option("--profile", o->profile,
                     "codec profile: the cachegen encoding when --store is absent, and the levels' measured KL for the "
                     "adaptive planner");
+    sub->add_option("--codec", o->codec,
+                    "the level-coded encoding that adaptive, text and level:N stream: cachegen or transform (codec 6; "
+                    "with --profile, its calibrated transform model)")
+        ->check(CLI::IsMember({"cachegen", "transform"}))
+        ->capture_default_str();
     o->link.add(sub, true);
     sub->add_option("--slo", o->slo, "TTFT target in seconds")->required()->check(CLI::PositiveNumber);
     sub->add_option("--policy", o->policies, "adaptive, text, int8, level:N; comma-separated to compare, or 'all'")
@@ -228,6 +252,8 @@ void addStreamCommand(CLI::App& app, Output& out)
     sub->callback([o, &out] {
         StreamOptions so;
         so.sloSeconds = o->slo;
+        CodecId codec = CodecId::CacheGen;
+        parseCodecName(o->codec, &codec);
         if (o->targetPrefill < 0 || o->targetDecode < 0) throw Error("--target-prefill/--target-decode must be positive");
         if (!o->target.empty()) so.target = targetPreset(o->target);
         if (o->targetPrefill > 0 || o->targetDecode > 0) {
@@ -259,7 +285,12 @@ void addStreamCommand(CLI::App& app, Output& out)
                 std::fprintf(stderr, "stream: --link kernel: %s; falling back to the in-process pacer\n", why.c_str());
             } else {
                 KernelLink::cleanupOnSignal();
-                kernel = std::make_unique<KernelLink>(KernelLinkOptions{schedule, o->link.rttMs / 1000.0, o->link.lossPct});
+                KernelLinkOptions ko;
+                ko.schedule = schedule;
+                ko.rttSeconds = o->link.rttMs / 1000.0;
+                ko.lossPercent = o->link.lossPct;
+                ko.congestion = o->link.congestion == "system" ? "" : o->link.congestion;
+                kernel = std::make_unique<KernelLink>(ko);
                 linkMode = "kernel";
                 host = kernel->serverAddress();
                 srv.host = host;
@@ -304,7 +335,7 @@ void addStreamCommand(CLI::App& app, Output& out)
                 if (!::mkdtemp(tmpl)) throw Error("cannot create a temporary folder");
                 dir = tmpdir = tmpl;
             }
-            store = encodeStore(original, o->profile, dir);
+            store = encodeStore(original, o->profile, dir, codec);
         }
         auto server = std::make_unique<ChunkServer>(std::shared_ptr<ChunkStore>(openStore(store)), srv);
         server->start();
@@ -312,15 +343,22 @@ void addStreamCommand(CLI::App& app, Output& out)
                      schedule.describe().c_str(), o->link.rttMs, store.c_str());
 
         Streamer streamer(*m, host, server->port(), tokens, qTokens, original);
+        streamer.setCodec(codec);
         if (!o->profile.empty()) {
-            // The levels' measured KL (kvscope-cli tune writes levels[*].measured.mean_kl).
+            // The levels' measured KL (kvscope-cli tune writes levels[*].measured.mean_kl; for the
+            // transform codec, transform.levels[*].measured).
             const CodecProfile prof = loadProfile(o->profile);
+            std::vector<std::string> measured;
+            if (codec == CodecId::Transform)
+                for (const TransformLevel& l : prof.transformLevels) measured.push_back(l.measuredJson);
+            else
+                for (const CodecLevel& l : prof.levels) measured.push_back(l.measuredJson);
             std::vector<double> kl;
-            for (const CodecLevel& l : prof.levels) {
-                const json mj = l.measuredJson.empty() ? json() : json::parse(l.measuredJson, nullptr, false);
+            for (const std::string& m : measured) {
+                const json mj = m.empty() ? json() : json::parse(m, nullptr, false);
                 if (mj.is_object() && mj.contains("mean_kl") && mj["mean_kl"].is_number()) kl.push_back(mj["mean_kl"].get<double>());
             }
-            if (kl.size() == prof.levels.size()) streamer.setLevelKl(kl);
+            if (!kl.empty() && kl.size() == measured.size()) streamer.setLevelKl(kl);
         }
         streamer.prepare(so);
 
@@ -356,7 +394,7 @@ void addStreamCommand(CLI::App& app, Output& out)
             if (!qref || !res.cache) return nullptr;
             std::string key;
             for (const ChunkEvent& e : res.chunks) key += (e.local ? "L" : "") + std::to_string(e.level) + ",";
-            key += res.policy == "int8" ? "int8" : "cachegen";
+            key += res.policy == "int8" ? "int8" : codecName(codec);
             auto it = qualityMemo.find(key);
             if (it == qualityMemo.end()) it = qualityMemo.emplace(key, qref->measure(*res.cache, false)).first;
             return &it->second;
@@ -434,6 +472,7 @@ void addStreamCommand(CLI::App& app, Output& out)
         j["link_schedule"] = schedule.describe();
         j["rtt_ms"] = o->link.rttMs;
         j["store"] = store;
+        j["codec"] = codecName(codec);
         j["model"] = m->spec().name;
         j["runtime"] = m->runtime().describe();
         j["measured_prefill_tokens_per_s"] = streamer.measuredPrefillTokensPerSecond();
@@ -444,7 +483,10 @@ void addStreamCommand(CLI::App& app, Output& out)
                                     {"first_token_s", so.target.firstTokenSeconds >= 0 ? number(so.target.firstTokenSeconds) : json(nullptr)},
                                     {"citation", so.target.citation}};
         j["link_mode"] = linkMode;
-        if (kernel) j["kernel_link"] = kernel->describe();
+        if (kernel) {
+            j["kernel_link"] = kernel->describe();
+            j["kernel_congestion"] = kernel->congestion();
+        }
         j["measured_decode_ms_per_chunk"] = 1e3 * streamer.measuredDecodeSecondsPerToken() * streamer.cachegen().params().profile.chunkTokens;
         j["level_distortion"] = streamer.levelDistortion();
         j["level_distortion_source"] = streamer.distortionSource();

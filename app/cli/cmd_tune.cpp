@@ -5,7 +5,9 @@
 #include "common/file_io.h"
 #include "eval/evaluate.h"
 #include "eval/sweep.h"
+#include "eval/suite.h"
 #include "eval/tune.h"
+#include "eval/tune_transform.h"
 
 #include <cstdio>
 #include <fstream>
@@ -346,6 +348,131 @@ void printTune(const json& j)
 
 }  // namespace
 
+namespace {
+
+// tune --codec transform: the tuner (eval/tune_transform.h) on the contexts, then (with --suite)
+// the tuned levels judged on the suite's eval half next to fp16 and int8.
+json tuneTransformCommand(const Model& model, const EvalOpts& o, const SuiteCliOpts& so, const Suite& suite, const json& names,
+                          const std::vector<TuneContext>& contexts, const TransformTuneOptions& tt, const std::string& profileOut)
+{
+    const double t0 = nowSeconds();
+    std::string lastStage;
+    const TransformTuneResult r = tuneTransformProfile(model.runtime().fingerprint(), contexts, tt,
+                                                       [&](const std::string& stage, int done, int total) {
+                                                           if (stage != lastStage || done % 10 == 0 || done == total)
+                                                               std::fprintf(stderr, "  %s %d/%d (%.0f s)\n", stage.c_str(), done,
+                                                                            total, nowSeconds() - t0);
+                                                           lastStage = stage;
+                                                           return true;
+                                                       });
+    json levels = json::array();
+    for (size_t l = 0; l < r.levels.size(); ++l) {
+        const TransformTunedLevel& t = r.levels[l];
+        json level = json::parse(t.level.measuredJson);
+        level.update({{"level", int(l) + 1},
+                      {"name", t.level.name},
+                      {"key_theta", t.level.keyTheta},
+                      {"value_theta", t.level.valueTheta},
+                      {"key_layer_scale", t.level.keyLayerScale},
+                      {"value_layer_scale", t.level.valueLayerScale}});
+        levels.push_back(level);
+    }
+    json cands = json::array();
+    for (const TransformTuneCandidate& c : r.candidates)
+        cands.push_back({{"exponent", c.exponent}, {"multiplier", c.multiplier}, {"bits_per_value", c.bitsPerValue},
+                         {"pooled_delta_ppl_pct", c.deltaPplPct}, {"pooled_kl", c.kl}});
+    json sens = json::array();
+    for (const LayerSensitivity& s : r.sensitivity)
+        sens.push_back({{"layer", s.layer}, {"key_kl", s.keyKl}, {"value_kl", s.valueKl}, {"key_kl_per_distortion", s.keyRms},
+                        {"value_kl_per_distortion", s.valueRms}});
+    json j = {{"model", model.spec().name},
+              {"fingerprint", model.runtime().fingerprint()},
+              {"codec", "transform"},
+              {"tuning_contexts", names},
+              {"budget_metric", tuneMetricName(tt.metric)},
+              {"budgets", tt.budgets},
+              {"base_thetas", {tt.keyTheta, tt.valueTheta}},
+              {"probe", tt.probe},
+              {"exponents", tt.exponents},
+              {"multipliers", tt.multipliers},
+              {"measured_candidates", r.candidates.size()},
+              {"candidates", cands},
+              {"tune_s", nowSeconds() - t0},
+              {"default_level", r.profile.transformDefaultLevel},
+              {"levels", levels},
+              {"sensitivity", sens}};
+    if (!profileOut.empty()) {
+        saveProfile(r.profile, profileOut);
+        j["profile_path"] = profileOut;
+    }
+    if (so.suite.empty()) return j;
+    const Suite held = selectSplit(suite, SuiteSplit::Eval);
+    const SuiteProgress progress = suiteProgress();
+    std::fprintf(stderr, "judging on the held-out half: %zu items, %zu questions\n", held.items.size(), held.questionCount());
+    const SuiteReference ref(model, held, so.options(o), progress);
+    CodecParams base;
+    base.codec = CodecId::Fp16;
+    base.profile = r.profile;
+    const SuiteResult fp16 = evaluateSuiteCodec(ref, base, 1, {}, progress).quality;
+    json results = json::array();
+    json split = {{"tune", names}, {"eval", json::array()}};
+    for (const SuiteItem& i : held.items) split["eval"].push_back(i.id);
+    CodecParams f = base;
+    results.push_back(suiteRowJson(evaluateSuiteCodec(ref, f, 1, {}, progress), fp16));
+    f.codec = CodecId::Int8;
+    std::fprintf(stderr, "int8\n");
+    results.push_back(suiteRowJson(evaluateSuiteCodec(ref, f, 1, {}, progress), fp16));
+    CodecParams t = base;
+    t.codec = CodecId::Transform;
+    t.shape = ref.items().front().original.shape();
+    t.dtype = ref.items().front().original.dtype();
+    prepareTransform(t, ref.items().front().original, "tuned profile");
+    json goal = {{"criterion", "pooled delta_ppl_pct <= 1 and accuracy >= fp16 accuracy - 0.02 on the held-out items"},
+                 {"met", false}};
+    for (int l = 1; l <= int(r.profile.transformLevels.size()); ++l) {
+        std::fprintf(stderr, "tuned transform level %d (%s)\n", l, r.profile.transformLevels[size_t(l - 1)].name.c_str());
+        SuiteCodecRow row = evaluateSuiteCodec(ref, t, l, {}, progress);
+        row.levelName = r.profile.transformLevels[size_t(l - 1)].name;
+        json jr = suiteRowJson(row, fp16);
+        jr["profile"] = "tuned";
+        results.push_back(jr);
+        if (!goal["met"].get<bool>() && meetsIsoQuality(row.quality, fp16))
+            goal = {{"criterion", goal["criterion"]}, {"met", true}, {"level", l}, {"level_name", row.levelName},
+                    {"bits_per_value", row.bitsPerValue}, {"ratio_vs_int8", row.ratioVsInt8}};
+    }
+    j["held_out"] = {{"split", split}, {"questions", int(held.questionCount())}, {"results", results}, {"goal", goal}};
+    return j;
+}
+
+void printTuneTransform(const json& j)
+{
+    std::printf("transform tuned on %s (%s), %d candidates in %.0f s\n", j["tuning_contexts"].dump().c_str(),
+                j["model"].get<std::string>().c_str(), int(j["measured_candidates"].get<size_t>()), j["tune_s"].get<double>());
+    std::printf("%5s %-14s %8s %6s %6s %8s %7s %10s %10s\n", "level", "name", "budget", "alpha", "mult", "bits/val", "x int8",
+                "pooled dPPL", "pooled KL");
+    for (const json& l : j["levels"])
+        std::printf("%5d %-14s %8.4g %6.2f %6.3f %8.3f %7.2f %10.3f %10.6f%s\n", l["level"].get<int>(),
+                    l["name"].get<std::string>().c_str(), l["budget"].get<double>(), l["exponent"].get<double>(),
+                    l["multiplier"].get<double>(), l["bits_per_value"].get<double>(), l["ratio_vs_int8"].get<double>(),
+                    l["pooled_delta_ppl_pct"].get<double>(), l["pooled_kl"].get<double>(),
+                    l["budget_met"].get<bool>() ? "" : "  (budget missed)");
+    if (j.contains("held_out")) {
+        const json& h = j["held_out"];
+        std::printf("judged on the held-out items %s (%d questions)\n", h["split"]["eval"].dump().c_str(), h["questions"].get<int>());
+        printSuiteRows(h["results"]);
+        const json& g = h["goal"];
+        if (g["met"].get<bool>())
+            std::printf("goal (%s): tuned level %d, %.3f bits/value, %.2fx smaller than int8\n",
+                        g["criterion"].get<std::string>().c_str(), g["level"].get<int>(), g["bits_per_value"].get<double>(),
+                        g["ratio_vs_int8"].get<double>());
+        else
+            std::printf("goal (%s): no tuned level meets it\n", g["criterion"].get<std::string>().c_str());
+    }
+    if (j.contains("profile_path")) std::printf("profile written to %s\n", j["profile_path"].get<std::string>().c_str());
+}
+
+}  // namespace
+
 void addTuneCommand(CLI::App& app, Output& out)
 {
     auto* sub = app.add_subcommand("tune", "Per-layer bins under quality budgets over several contexts -> a profile");
@@ -354,6 +481,10 @@ void addTuneCommand(CLI::App& app, Output& out)
         std::string contexts = "technical_note,story,conversation", budgets = "0.5,1,2,5",
                     bins = "4,6,8,10,12,16,20,24,32,48,64,96,128", heldOut, profileOut, lmcacheOut;
         std::string metric = "dppl";
+        // --codec transform
+        std::string baseThetas = "0.03,0.003", exponents = "0,0.5,1", multipliers = "0.5,0.71,1,1.41,2,2.83,4";
+        double probe = 3.0;
+        int refine = 2;
         double minAgreement = 0;
         int probeBins = 8, lambdaSteps = 48;
     };
@@ -377,6 +508,14 @@ void addTuneCommand(CLI::App& app, Output& out)
     sub->add_option("--eval", o->heldOut, "held-out contexts to judge the tuned profile on, comma-separated");
     sub->add_option("--out", o->profileOut, "write the tuned profile (JSON)");
     sub->add_option("--lmcache", o->lmcacheOut, "write each level's LMCache CacheGen QuantizationSpec lists (Python)");
+    sub->add_option("--base-thetas", o->baseThetas, "transform: t_key,t_value of the base level (exponent 0, multiplier 1)")
+        ->capture_default_str();
+    sub->add_option("--exponents", o->exponents, "transform: per-layer exponents alpha (0 = base shape, 1 = theta ~ 1/sensitivity)")
+        ->capture_default_str();
+    sub->add_option("--multipliers", o->multipliers, "transform: multipliers of the water level tried per exponent")
+        ->capture_default_str();
+    sub->add_option("--probe", o->probe, "transform: sensitivity probe at this multiple of the base level")->capture_default_str();
+    sub->add_option("--refine", o->refine, "transform: bisection steps per budget after the grid")->capture_default_str();
     sub->add_flag("--json", out.asJson, "print one JSON object");
     sub->callback([o, so, &out] {
         TuneOptions to;
@@ -424,6 +563,25 @@ void addTuneCommand(CLI::App& app, Output& out)
             }
         }
         for (size_t i = 0; i < ids.size(); ++i) contexts.push_back({ids[i], prepared[i].ref.get(), &prepared[i].original});
+        if (o->eval.profile.codec == "transform") {
+            if (!o->heldOut.empty()) throw Error("tune --codec transform: judge with --suite (its eval half), not --eval");
+            if (!o->lmcacheOut.empty()) throw Error("tune --codec transform: --lmcache is for CacheGen profiles");
+            TransformTuneOptions tt;
+            tt.metric = to.metric;
+            tt.budgets = to.budgets;
+            const std::vector<double> bt = doubleList(o->baseThetas, "--base-thetas");
+            if (bt.size() != 2) throw Error("--base-thetas: give t_key,t_value");
+            tt.keyTheta = bt[0];
+            tt.valueTheta = bt[1];
+            tt.exponents = doubleList(o->exponents, "--exponents");
+            tt.multipliers = doubleList(o->multipliers, "--multipliers");
+            tt.probe = o->probe;
+            tt.refine = o->refine;
+            tt.base = *o->eval.profile.loadedProfile(prepared.front().original);
+            if (!tt.base.hasTransform()) tt.base.transformLevels = defaultTransformLevels();
+            out.emit(tuneTransformCommand(*model, o->eval, *so, suite, names, contexts, tt, o->profileOut), printTuneTransform);
+            return;
+        }
         to.base = o->eval.profile.params(prepared.front().original).profile;
         const double t0 = nowSeconds();
         std::string lastStage;

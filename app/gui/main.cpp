@@ -115,13 +115,15 @@ void arrangeViewScreenshots(kvscope::MainWindow& window, const QString& dir)
             c.sloSeconds = 1.0;
             c.policies = QStringList{QStringLiteral("adaptive"), QStringLiteral("text"), QStringLiteral("int8"),
                                      QStringLiteral("level:1")};
-            c.hardware = QStringLiteral("server-gpu");
-            c.prefillTokensPerSecond = 0;
-            c.decodeGBps = 0;
-            for (const kvscope::HardwarePreset& p : kvscope::hardwarePresets())
+            // Compute modelled on core's a100-7b preset (the CLI's --target a100-7b); the
+            // policies race at once, each on its own link with the same schedule.
+            c.mode = kvscope::StreamConfig::AtOnce;
+            c.hardware = QStringLiteral("a100-7b");
+            for (const kvscope::HardwarePreset& p : kvscope::StreamSession::hardwarePresets())
                 if (p.id == c.hardware) {
                     c.prefillTokensPerSecond = p.prefillTokensPerSecond;
                     c.decodeGBps = p.decodeGBps;
+                    c.firstTokenSeconds = p.firstTokenSeconds;
                 }
             window.streamView()->setConfig(c);
             window.showPage(kvscope::MainWindow::Page::Stream);

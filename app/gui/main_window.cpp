@@ -30,6 +30,7 @@
 #include <QFile>
 #include <QFileDialog>
 #include <QFileInfo>
+#include <QTimer>
 #include <QFormLayout>
 #include <QGroupBox>
 #include <QJsonDocument>
@@ -340,7 +341,25 @@ void MainWindow::pageOpened(Page page)
     // the background the first time the page opens for a cache (cancel in the status bar).
     if (page == Page::Codec && m_tunerSession->canMeasureQuality() && !m_tuner->hasRdPoints() &&
         !m_tunerSession->isBusy())
-        m_tunerSession->evaluate(m_tuner->profile());
+        evaluateRateDistortion();
+}
+
+void MainWindow::evaluateRateDistortion()
+{
+    CodecProfile profile = m_tuner->profile();
+    QString note;
+    const bool transform = TunerSession::applyStages(m_tuner->stages(), &profile, &note);
+    if (!note.isEmpty()) m_tuner->setStatus(note);
+    if (m_tuner->qualitySource() == QLatin1String("suite")) {
+        const QString path = m_tuner->suitePath();
+        if (path.isEmpty()) {
+            m_tuner->setStatus(tr("Choose a quality suite file first (Suite: …)."));
+            return;
+        }
+        m_tunerSession->evaluateSuite(profile, transform, path);
+        return;
+    }
+    m_tunerSession->evaluate(profile, transform);
 }
 
 QString MainWindow::summaryStripText() const
@@ -458,7 +477,10 @@ void MainWindow::createTunerPage()
     connect(ts, &TunerSession::trialReady, m_tuner, &CodecTunerView::setTrial);
     connect(ts, &TunerSession::qualityReady, m_tuner, &CodecTunerView::setQuality);
     connect(ts, &TunerSession::sensitivityReady, m_tuner, &CodecTunerView::setSensitivity);
-    connect(ts, &TunerSession::evaluated, m_tuner, &CodecTunerView::setRdPoints);
+    connect(ts, &TunerSession::evaluated, this, [this](const std::vector<RdPoint>& points, const QString& source) {
+        m_tuner->setRdPoints(points);
+        m_tuner->setRdSource(source);
+    });
     connect(ts, &TunerSession::tuned, this, [this](const CodecProfile& profile, const QString& summary) {
         m_tuner->setProfile(profile);
         m_tuner->setStatus(summary);
@@ -477,7 +499,7 @@ void MainWindow::createTunerPage()
         m_sensitivityBins = bins;
         m_tunerSession->measureSensitivity(m_tuner->profile(), bins);
     });
-    connect(m_tuner, &CodecTunerView::evaluateRequested, this, [this] { m_tunerSession->evaluate(m_tuner->profile()); });
+    connect(m_tuner, &CodecTunerView::evaluateRequested, this, &MainWindow::evaluateRateDistortion);
     connect(m_tuner, &CodecTunerView::autoTuneRequested, this, [this] { m_tunerSession->autoTune(m_tuner->profile()); });
     connect(m_tuner, &CodecTunerView::loadProfileRequested, this, [this] {
         const QString path = QFileDialog::getOpenFileName(this, tr("Open Codec Profile"), QString(),
@@ -494,15 +516,33 @@ void MainWindow::createTunerPage()
                                                           QStringLiteral("cachegen_config.py"), tr("Python (*.py);;Text (*.txt)"));
         if (!path.isEmpty()) exportLmcache(path);
     });
-    // Hooks: a quality suite and the transform codec's stages appear here once core has them.
+    // Quality from the held-out continuation or a quality suite (core/eval/suite.h); the
+    // transform codec's stages (core/codec/transform.h) as toggles.
     m_tuner->setQualitySources({QStringLiteral("continuation"), QStringLiteral("suite")},
-                               {tr("held-out continuation and one answer"), tr("quality suite (not in core yet)")},
-                               {QStringLiteral("suite")});
-    m_tuner->setStages({
-        {QStringLiteral("delta"), tr("Delta vs anchor"), tr("CacheGen's anchor/delta step (group size above)"), false, true},
-        {QStringLiteral("rope_undo"), tr("Undo RoPE"), tr("Transform codec stage: not in core yet"), false, false},
-        {QStringLiteral("pca"), tr("PCA"), tr("Transform codec stage: not in core yet"), false, false},
-        {QStringLiteral("hadamard"), tr("Hadamard rotation"), tr("Transform codec stage: not in core yet"), false, false},
+                               {tr("held-out continuation and one answer"), tr("quality suite (file below)")}, {});
+    try {
+        const QString mini = QString::fromStdString(samplesDir()) + QStringLiteral("/suites/mini.json");
+        if (QFileInfo::exists(mini)) m_tuner->setSuitePath(mini);
+    } catch (const std::exception&) {
+        // no samples installed: the user names a suite file
+    }
+    connect(m_tuner, &CodecTunerView::chooseSuiteRequested, this, [this] {
+        const QString path = QFileDialog::getOpenFileName(this, tr("Open Quality Suite"), m_tuner->suitePath(),
+                                                          tr("Suites (*.json);;All files (*)"));
+        if (!path.isEmpty()) m_tuner->setSuitePath(path);
+    });
+    m_tuner->setStages(TunerSession::transformStages(m_tuner->profile(), nullptr));
+    connect(m_tuner, &CodecTunerView::stagesChanged, this, [this] {
+        // A toggle re-evaluates the points once the user pauses (the trial debounce's delay).
+        if (!m_stageTimer) {
+            m_stageTimer = new QTimer(this);
+            m_stageTimer->setSingleShot(true);
+            m_stageTimer->setInterval(CodecTunerView::kDebounceMs);
+            connect(m_stageTimer, &QTimer::timeout, this, [this] {
+                if (m_tunerSession->canMeasureQuality() && m_tuner->hasRdPoints()) evaluateRateDistortion();
+            });
+        }
+        m_stageTimer->start();
     });
     connect(m_statsView, &LayerStatsView::sensitivityRequested, this, [this](int bins) {
         m_sensitivityBins = bins;
@@ -517,6 +557,7 @@ void MainWindow::createStreamPage()
 {
     m_streamView = new StreamLabView;
     m_streamView->setObjectName(QStringLiteral("streamLabView"));
+    m_streamView->setHardwarePresets(StreamSession::hardwarePresets());
     m_streamSession = new StreamSession(this);
     StreamSession* ss = m_streamSession;
     connect(m_streamView, &StreamLabView::startRequested, this, &MainWindow::startStream);
@@ -633,6 +674,12 @@ void MainWindow::updateLabSources()
             profile = defaultProfile(kv->shape().numLayers);
         m_tuner->setProfile(profile);
         m_streamView->setLevels(int(profile.levels.size()));
+        // The stages this cache can feed; the user's toggles stay where they can.
+        std::vector<CodecStage> stages = TunerSession::transformStages(profile, kv.get());
+        for (CodecStage& st : stages)
+            for (const CodecStage& old : m_tuner->stages())
+                if (old.id == st.id && st.enabled && old.enabled) st.on = old.on;
+        m_tuner->setStages(stages);
     }
     m_tuner->setAvailable(bool(kv), m_tunerSession->canMeasureQuality(), m_tunerSession->qualityNote());
     m_tuner->clearRdPoints();  // the points measured the previous cache
@@ -648,7 +695,8 @@ void MainWindow::updateLabSources()
     if (currentPage() == Page::Codec) pageOpened(Page::Codec);
     const bool streamable = kv && model && model->runtime().fingerprint() == kv->modelFingerprint &&
                             int(kv->tokens.size()) == kv->shape().numTokens;
-    m_streamSession->setSource(streamable ? model : nullptr, kv, QString::fromStdString(sample.question));
+    m_streamSession->setSource(streamable ? model : nullptr, kv, QString::fromStdString(sample.question),
+                               QString::fromStdString(sample.continuation));
     m_streamView->setReady(streamable, streamable ? tr("Ready: %1 tokens of %2.")
                                                         .arg(kv->shape().numTokens)
                                                         .arg(QString::fromStdString(kv->modelName))

@@ -21,6 +21,7 @@
 
 class QAction;
 class QSettings;
+class QTimer;
 class QTabWidget;
 class QLabel;
 class QMenu;
@@ -97,6 +98,11 @@ public slots:
     void exportLmcache(const QString& path);
     // Starts a stream lab run with the view's settings and the tuner's profile.
     void startStream();
+    // The Codec page's rate-distortion points: levels, baselines and (when its stage is on) the
+    // transform codec with the stages switched on, scored on the chosen quality source (the
+    // held-out continuation, or the quality suite file named on the page). In the background;
+    // a new request supersedes the one in flight.
+    void evaluateRateDistortion();
     // Renders the window with each view in front, plus each view alone, as PNG files into dir.
     // @return the files written.
     QStringList saveScreenshots(const QString& dir);
@@ -200,6 +206,7 @@ private:
     QLabel* m_phaseLabel = nullptr;
     QProgressBar* m_progress = nullptr;
     QPushButton* m_cancelButton = nullptr;
+    QTimer* m_stageTimer = nullptr;  // re-evaluates after stage toggles
 };
 
 }  // namespace kvscope

@@ -4,6 +4,7 @@
 
 #include "codec/chunk_codec.h"
 #include "codec/container.h"
+#include "eval/quality.h"
 #include "model/model.h"
 #include "stream/link.h"
 #include "stream/server.h"
@@ -16,6 +17,9 @@
 #include <QTemporaryDir>
 
 #include <algorithm>
+#include <exception>
+#include <mutex>
+#include <thread>
 
 namespace kvscope {
 
@@ -71,9 +75,39 @@ struct StreamSession::Rig {
     std::shared_ptr<const Model> model;
     std::shared_ptr<const KvSet> kv;
     std::unique_ptr<QTemporaryDir> dir;
-    std::unique_ptr<ChunkServer> server;
-    std::unique_ptr<Streamer> streamer;
+    std::string store;  // what the servers serve
+    ServerOptions serverOptions;
+    // Back to back and shared link: one server; at once: one per lane.
+    std::vector<std::unique_ptr<ChunkServer>> servers;
+    // Back to back: one streamer; otherwise one per lane, streamers[i] on servers[i] (at once) or
+    // on servers[0] (shared link).
+    std::vector<std::unique_ptr<Streamer>> streamers;
+    std::vector<int32_t> question;
+    std::unique_ptr<QualityReference> quality;  // built once per rig, after the first prepare
+    std::string qualitySource;
     int levels = 0;
+
+    bool alive() const
+    {
+        for (const auto& s : servers)
+            if (!s || s->dead()) return false;
+        return !servers.empty();
+    }
+    ChunkServer& addServer(const LinkSchedule& schedule)
+    {
+        ServerOptions so = serverOptions;
+        so.link = schedule;
+        servers.push_back(std::make_unique<ChunkServer>(std::shared_ptr<ChunkStore>(openStore(store)), so));
+        servers.back()->start();
+        return *servers.back();
+    }
+    Streamer& addStreamer(ChunkServer& server)
+    {
+        streamers.push_back(
+            std::make_unique<Streamer>(*model, "127.0.0.1", server.port(), kv->tokens, question, *kv));
+        streamers.back()->prepare(StreamOptions{}, "stream lab");
+        return *streamers.back();
+    }
 };
 
 StreamSession::StreamSession(QObject* parent) : QObject(parent), m_lane(new JobLane(tr("stream"), this))
@@ -86,7 +120,7 @@ StreamSession::StreamSession(QObject* parent) : QObject(parent), m_lane(new JobL
 
 StreamSession::~StreamSession()
 {
-    delete m_lane;  // stops and waits; the rig (server thread, streamer) goes with its last reference
+    delete m_lane;  // stops and waits; the rig (server threads, streamers) goes with its last reference
 }
 
 bool StreamSession::isRunning() const
@@ -99,14 +133,68 @@ LinkSeries StreamSession::availableSeries(const StreamConfig& config, double sec
     return seriesOf(scheduleFor(config), seconds);
 }
 
+std::vector<HardwarePreset> StreamSession::hardwarePresets()
+{
+    std::vector<HardwarePreset> out;
+    out.push_back({QStringLiteral("measured"), tr("This machine (measured)"), 0, 0, -1, QString()});
+    for (const std::string& name : targetPresetNames()) {
+        const TargetHardware t = targetPreset(name);
+        HardwarePreset p;
+        p.id = QString::fromStdString(name);
+        p.prefillTokensPerSecond = t.prefillTokensPerSecond;
+        p.decodeGBps = t.decodeGBps;
+        p.firstTokenSeconds = t.firstTokenSeconds;
+        p.citation = QString::fromStdString(t.citation);
+        p.label = tr("%1 (modelled: prefill %2k tok/s, decode %3 GB/s, first token %4 ms)")
+                      .arg(p.id)
+                      .arg(t.prefillTokensPerSecond / 1000.0, 0, 'f', 1)
+                      .arg(t.decodeGBps, 0, 'f', 0)
+                      .arg(t.firstTokenSeconds * 1e3, 0, 'f', 1);
+        out.push_back(p);
+    }
+    return out;
+}
+
 void StreamSession::setSource(std::shared_ptr<const Model> model, std::shared_ptr<const KvSet> kv,
-                              const QString& question)
+                              const QString& question, const QString& continuation)
 {
     stop();
     m_model = std::move(model);
     m_kv = std::move(kv);
     m_question = question.isEmpty() ? "Summarize the text above in one sentence." : question.toStdString();
+    m_continuation = continuation.toStdString();
 }
+
+namespace {
+
+// The hardware a config names: core's preset by its name (one source of truth with the CLI), or
+// the config's own rates ("custom"), or nothing (measured).
+TargetHardware targetFor(const StreamConfig& c)
+{
+    const std::string id = c.hardware.toStdString();
+    for (const std::string& name : targetPresetNames())
+        if (name == id) return targetPreset(name);
+    TargetHardware t;
+    if (c.prefillTokensPerSecond > 0 || c.decodeGBps > 0) {
+        t.name = "custom";
+        t.prefillTokensPerSecond = c.prefillTokensPerSecond;
+        t.decodeGBps = c.decodeGBps;
+        t.firstTokenSeconds = c.firstTokenSeconds;
+    }
+    return t;
+}
+
+const char* modeName(StreamConfig::Mode m)
+{
+    switch (m) {
+    case StreamConfig::AtOnce: return "at once";
+    case StreamConfig::SharedLink: return "at once, one shared link";
+    case StreamConfig::BackToBack: break;
+    }
+    return "back to back";
+}
+
+}  // namespace
 
 void StreamSession::start(const StreamConfig& config, const CodecProfile& profile)
 {
@@ -115,24 +203,28 @@ void StreamSession::start(const StreamConfig& config, const CodecProfile& profil
     m_runs += int(std::max<qsizetype>(1, config.policies.size()));
     const std::shared_ptr<const Model> model = m_model;
     const std::shared_ptr<const KvSet> kv = m_kv;
-    const std::string question = m_question;
+    const std::string question = m_question, continuation = m_continuation;
     if (!m_rig) m_rig = std::make_shared<Rig>();
     const std::shared_ptr<Rig> rig = m_rig;
 
-    m_lane->start(tr("Stream: preparing…"), [this, firstRun, model, kv, question, rig, config,
+    m_lane->start(tr("Stream: preparing…"), [this, firstRun, model, kv, question, continuation, rig, config,
                                                profile](JobControl& control) -> std::function<void()> {
         QStringList policies = config.policies;
         if (policies.isEmpty()) policies << QStringLiteral("adaptive");
         std::vector<Policy> parsed;
         for (const QString& p : policies) parsed.push_back(parsePolicy(p.toStdString()));
+        const int lanes = int(parsed.size());
+        const StreamConfig::Mode mode = lanes > 1 ? config.mode : StreamConfig::BackToBack;
         const LinkSchedule schedule = scheduleFor(config);
         const std::string key = std::to_string(reinterpret_cast<uintptr_t>(kv.get())) + "|" +
                                 std::to_string(reinterpret_cast<uintptr_t>(model.get())) + "|" +
                                 config.store.toStdString() + "|" + std::to_string(config.rttMs) + "|" +
+                                std::to_string(int(mode)) + "|" + question + "|" + continuation + "|" +
                                 (config.store.isEmpty() ? profileToJson(profile) : std::string());
-        if (rig->key != key || !rig->server || rig->server->dead()) {
-            rig->streamer.reset();
-            rig->server.reset();
+        if (rig->key != key || !rig->alive()) {
+            rig->streamers.clear();
+            rig->servers.clear();
+            rig->quality.reset();
             rig->dir.reset();
             rig->key.clear();
             rig->model = model;
@@ -158,52 +250,82 @@ void StreamSession::start(const StreamConfig& config, const CodecProfile& profil
                 store = cg + "," + i8;
             }
             if (control.stopped()) throw Error("stream: cancelled");
-            ServerOptions so;
-            so.link = schedule;
-            so.rttSeconds = config.rttMs / 1000.0;
-            rig->server = std::make_unique<ChunkServer>(std::shared_ptr<ChunkStore>(openStore(store)), so);
-            rig->server->start();
+            rig->store = store;
+            rig->serverOptions = ServerOptions{};
+            rig->serverOptions.rttSeconds = config.rttMs / 1000.0;
+            rig->question = model->questionTokens(question);
             control.phase(tr("Stream: reference answer from the original cache…"));
-            rig->streamer = std::make_unique<Streamer>(*model, "127.0.0.1", rig->server->port(), kv->tokens,
-                                                       model->questionTokens(question), *kv);
-            rig->streamer->prepare(StreamOptions{}, "stream lab");
-            rig->levels = rig->streamer->cachegen().params().numLevels();
+            rig->addStreamer(rig->addServer(schedule));
+            rig->levels = rig->streamers.front()->cachegen().params().numLevels();
+            control.phase(tr("Stream: quality reference (KL, ΔPPL)…"));
+            EvalTask task;
+            task.context = kv->tokens;
+            if (!continuation.empty()) {
+                task.continuation = model->tokenizer().encode(continuation, false);
+                if (task.continuation.size() > 128) task.continuation.resize(128);
+                rig->qualitySource = "continuation text";
+            } else {
+                const Streamer& s = *rig->streamers.front();
+                task.continuation = rig->question;
+                task.continuation.insert(task.continuation.end(), s.referenceTokens().begin(), s.referenceTokens().end());
+                rig->qualitySource = "question + reference answer";
+            }
+            task.stopIds = model->stopIds();
+            if (task.context.size() >= 2 && !task.continuation.empty())
+                rig->quality = std::make_unique<QualityReference>(model->runtime(), task, *kv);
             rig->key = key;
+        }
+        // Servers and streamers this mode needs for this many lanes (kept for the next race).
+        const size_t needServers = mode == StreamConfig::AtOnce ? size_t(lanes) : 1;
+        const size_t needStreamers = mode == StreamConfig::BackToBack ? 1 : size_t(lanes);
+        while (rig->servers.size() < needServers) {
+            if (control.stopped()) throw Error("stream: cancelled");
+            control.phase(tr("Stream: server %1 of %2…").arg(rig->servers.size() + 1).arg(needServers));
+            rig->addServer(schedule);
+        }
+        while (rig->streamers.size() < needStreamers) {
+            if (control.stopped()) throw Error("stream: cancelled");
+            const size_t i = rig->streamers.size();
+            control.phase(tr("Stream: client %1 of %2 (reference answer)…").arg(i + 1).arg(needStreamers));
+            rig->addStreamer(*rig->servers[mode == StreamConfig::AtOnce ? i : 0]);
         }
         if (control.stopped()) throw Error("stream: cancelled");
 
         RaceRecord race;
         race.config = config;
         race.config.policies = policies;
+        race.config.mode = mode;
         race.cache = QStringLiteral("%1 tokens of %2").arg(kv->shape().numTokens).arg(QString::fromStdString(kv->modelName));
         race.available = seriesOf(schedule, std::max(2.0 * config.sloSeconds, 1.0));
+        race.qualitySource = QString::fromStdString(rig->qualitySource);
         control.post([this, policies, available = race.available] { emit raceStarted(policies, available); });
-        TargetHardware target;
-        target.prefillTokensPerSecond = config.prefillTokensPerSecond;
-        target.decodeGBps = config.decodeGBps;
+        const TargetHardware target = targetFor(config);
         const QString link = QString::fromStdString(schedule.describe()) +
-                             (config.rttMs > 0 ? QStringLiteral(", RTT %1 ms").arg(config.rttMs) : QString());
-        const QString hardware =
-            target.enabled() ? tr("modelled: prefill %1 tok/s, decode %2 GB/s")
-                                   .arg(config.prefillTokensPerSecond, 0, 'f', 0)
-                                   .arg(config.decodeGBps, 0, 'g', 3)
-                             : tr("measured on this machine");
-        for (int lane = 0; lane < int(parsed.size()); ++lane) {
-            control.phase(tr("Stream: %1 (%2 of %3)…").arg(policies[lane]).arg(lane + 1).arg(parsed.size()),
-                          int(parsed.size()));
-            control.progress(lane, int(parsed.size()));
-            control.post([this, lane] { emit laneStarted(lane); });
-            rig->server->pacer().setSchedule(schedule);  // every lane sees the schedule from its start
+                             (config.rttMs > 0 ? QStringLiteral(", RTT %1 ms").arg(config.rttMs) : QString()) +
+                             (mode == StreamConfig::BackToBack ? QString() : QStringLiteral(", %1").arg(QLatin1String(modeName(mode))));
+        const QString hardware = target.enabled() ? tr("modelled: %1 (prefill %2 tok/s, decode %3 GB/s)")
+                                                        .arg(QString::fromStdString(target.name))
+                                                        .arg(target.prefillTokensPerSecond, 0, 'f', 0)
+                                                        .arg(target.decodeGBps, 0, 'g', 3)
+                                                  : tr("measured on this machine");
+        const double raceStart = monoSeconds();
+        std::mutex qualityMutex;  // one quality pass at a time: they share the runtime's cores
+
+        // One lane's run, on the thread that calls it; returns its result for the table.
+        auto runLane = [&](int lane, LinkPacer* pacer) {
+            Streamer& streamer = *rig->streamers[mode == StreamConfig::BackToBack ? 0 : size_t(lane)];
             StreamOptions options;
             options.policy = parsed[size_t(lane)];
             options.sloSeconds = config.sloSeconds;
             options.target = target;
+            options.keepCache = rig->quality != nullptr;
             options.onChunk = [this, &control, lane](const ChunkEvent& e) {
                 const StreamChunkPoint c = chunkPoint(e, lane);
                 control.post([this, c] { emit chunkArrived(c); });
                 return !control.stopped();
             };
-            const StreamResult r = rig->streamer->run(options, &rig->server->pacer(), 0.0);
+            const double startS = monoSeconds() - raceStart;
+            StreamResult r = streamer.run(options, pacer, 0.0);
             StreamRunResult out;
             out.run = firstRun + lane;
             out.lane = lane;
@@ -214,21 +336,72 @@ void StreamSession::start(const StreamConfig& config, const CodecProfile& profil
             out.sloSeconds = r.sloSeconds;
             out.ttftSeconds = r.ttftSeconds;
             out.sloMet = r.sloMet;
+            out.startS = startS;
             const TtftPart* parts[StreamRunResult::kParts] = {&r.transfer, &r.decode,  &r.recompute,
                                                               &r.kvLoad,   &r.prefill, &r.firstToken};
-            for (int i = 0; i < StreamRunResult::kParts; ++i) out.parts[i] = parts[i]->seconds;
+            for (int i = 0; i < StreamRunResult::kParts; ++i) {
+                out.parts[i] = parts[i]->seconds;
+                out.partModelled[i] = parts[i]->modelled;
+            }
             for (const ChunkEvent& e : r.chunks) out.chunks.push_back(chunkPoint(e, lane));
             out.deliveredBytes = r.deliveredBytes;
             out.capacityBytes = r.capacityBytes;
             out.linkSeconds = r.linkSeconds;
+            if (!pacer && mode == StreamConfig::SharedLink) {
+                // One pacer for every lane: the link's capacity up to this lane's last arrival.
+                double last = 0;
+                for (const ChunkEvent& e : r.chunks) last = std::max(last, e.arrivedS);
+                out.capacityBytes = schedule.capacityBytes(0, last);
+                out.linkSeconds = last;
+            }
             out.tokenAgreement = r.tokenAgreement;
             out.text = QString::fromStdString(r.text);
-            out.referenceText = QString::fromStdString(rig->streamer->referenceText());
+            out.referenceText = QString::fromStdString(streamer.referenceText());
             for (const std::string& line : r.log) out.log << QString::fromStdString(line);
-            race.results.push_back(out);
+            if (rig->quality && r.cache && !control.stopped()) {
+                std::lock_guard<std::mutex> lock(qualityMutex);
+                const Quality q = rig->quality->measure(*r.cache, false);
+                out.hasQuality = true;
+                out.kl = q.kl;
+                out.deltaPplPct = q.deltaPplPct;
+            }
             control.post([this, out] { emit runFinished(out); });
+            return out;
+        };
+
+        std::vector<StreamRunResult> results(static_cast<size_t>(lanes));
+        if (mode == StreamConfig::BackToBack) {
+            for (int lane = 0; lane < lanes; ++lane) {
+                control.phase(tr("Stream: %1 (%2 of %3)…").arg(policies[lane]).arg(lane + 1).arg(lanes), lanes);
+                control.progress(lane, lanes);
+                control.post([this, lane] { emit laneStarted(lane); });
+                ChunkServer& server = *rig->servers.front();
+                server.pacer().setSchedule(schedule);  // every lane sees the schedule from its start
+                results[size_t(lane)] = runLane(lane, &server.pacer());
+            }
+        } else {
+            control.phase(tr("Stream: %n policies %1…", nullptr, lanes).arg(QLatin1String(modeName(mode))), 0);
+            for (size_t i = 0; i < needServers; ++i) rig->servers[i]->pacer().setSchedule(schedule);
+            if (mode == StreamConfig::SharedLink) rig->servers.front()->pacer().reset(0.0);  // the lanes start now
+            for (int lane = 0; lane < lanes; ++lane) control.post([this, lane] { emit laneStarted(lane); });
+            std::vector<std::exception_ptr> errors(static_cast<size_t>(lanes));
+            std::vector<std::thread> threads;
+            for (int lane = 0; lane < lanes; ++lane) {
+                LinkPacer* pacer = mode == StreamConfig::AtOnce ? &rig->servers[size_t(lane)]->pacer() : nullptr;
+                threads.emplace_back([&, lane, pacer] {
+                    try {
+                        results[size_t(lane)] = runLane(lane, pacer);
+                    } catch (...) {
+                        errors[size_t(lane)] = std::current_exception();
+                    }
+                });
+            }
+            for (std::thread& t : threads) t.join();
+            for (const std::exception_ptr& e : errors)
+                if (e) std::rethrow_exception(e);
         }
-        control.progress(int(parsed.size()), int(parsed.size()));
+        race.results = results;
+        control.progress(lanes, lanes);
         return [this, race] { emit raceFinished(race); };
     });
 }

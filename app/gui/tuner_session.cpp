@@ -1,5 +1,7 @@
 #include "tuner_session.h"
 
+#include <QCoreApplication>
+
 #include "background_job.h"
 
 #include "codec/chunk_codec.h"
@@ -7,11 +9,15 @@
 #include "eval/evaluate.h"
 #include "eval/quality.h"
 #include "eval/sensitivity.h"
+#include "eval/suite.h"
 #include "eval/tune.h"
 #include "kv/kv_compare.h"
 #include "model/model.h"
 
+#include <QFile>
+
 #include <mutex>
+#include <stdexcept>
 
 namespace kvscope {
 
@@ -33,7 +39,102 @@ CodecParams paramsFor(const KvSet& kv, const CodecProfile& profile)
     return p;
 }
 
+// The transform codec's parameters for a cache of this shape (profile.transform already set).
+CodecParams transformParamsFor(const KvShape& shape, DType dtype, const CodecProfile& profile)
+{
+    CodecParams p;
+    p.codec = CodecId::Transform;
+    p.shape = shape;
+    p.dtype = dtype;
+    p.profile = profile;
+    p.profile.numLayers = shape.numLayers;
+    return p;
+}
+
+RdPoint pointOf(const std::string& codec, const std::string& levelName, double bits, double dppl, double kl)
+{
+    RdPoint p;
+    p.codec = QString::fromStdString(codec);
+    p.label = codec == "cachegen" ? QString::fromStdString(levelName)
+              : codec == "transform" ? QStringLiteral("T ") + QString::fromStdString(levelName)
+                                     : p.codec;
+    p.bitsPerValue = bits;
+    p.deltaPplPct = dppl;
+    p.kl = kl;
+    return p;
+}
+
 }  // namespace
+
+std::vector<CodecStage> TunerSession::transformStages(const CodecProfile& profile, const KvSet* kv)
+{
+    const TransformSettings& t = profile.transform;
+    const bool rope = !kv || !kv->ropeInvFreq.empty();
+    const bool stats = !kv || (!kv->querySq.empty() && !kv->valueWeight.empty());
+    const bool mass = !kv || !kv->attnMass.empty();
+    const bool calibrated = !profile.transformModel.empty();
+    auto tr = [](const char* s) { return QCoreApplication::translate("kvscope::TunerSession", s); };
+    return {
+        {QStringLiteral("transform"), tr("Transform codec"),
+         tr("Evaluate the transform codec's levels (codec/transform.h) next to CacheGen's in the rate-distortion plot"),
+         true, true},
+        {QStringLiteral("rope_undo"), tr("Pre-RoPE keys"),
+         rope ? tr("Undo RoPE on the keys before the transform (rope_undo)")
+              : tr("This cache carries no RoPE parameters: recapture it"),
+         rope, rope && t.ropeUndo},
+        {QStringLiteral("pca"), tr("PCA basis"),
+         calibrated ? tr("PCA basis calibrated offline (basis pca); off: randomized Hadamard rotation")
+                    : tr("PCA needs a profile calibrated with `kvscope-cli calibrate --codec transform`; without one the "
+                         "codec fits itself on the cache with a randomized Hadamard rotation"),
+         calibrated, calibrated && t.basis == TransformBasis::Pca},
+        {QStringLiteral("across_heads"), tr("Across heads"), tr("One PCA over all KV heads of a layer (across_heads)"),
+         calibrated, t.acrossHeads},
+        {QStringLiteral("weighting"), tr("Attention weighting"),
+         stats ? tr("Weight errors by what attention sees: query second moments for K, W_o for V (weighting attention); "
+                    "off: plain MSE")
+               : tr("This cache carries no query statistics: recapture it"),
+         stats, stats && t.weighting == TransformWeighting::Attention},
+        {QStringLiteral("waterfill"), tr("Water-filling bits"),
+         tr("Reverse water-filling: components under the water level take 0 bits (allocation waterfill); off: uniform"),
+         true, t.allocation == TransformAllocation::Waterfill},
+        {QStringLiteral("rans"), tr("rANS entropy"), tr("Entropy-code the symbols (entropy rans); off: fixed-width bits"),
+         true, t.entropy == TransformEntropy::Rans},
+        {QStringLiteral("sinks"), tr("Sinks in fp16"), tr("Keep the first 4 tokens (attention sinks) in fp16 (sink_tokens 4)"),
+         true, t.sinkTokens > 0},
+        {QStringLiteral("token_importance"), tr("Token importance"),
+         mass ? tr("Coarser steps for tokens that receive little attention (token_importance)")
+              : tr("This cache carries no attention mass: recapture it"),
+         mass, mass && t.tokenImportance},
+    };
+}
+
+bool TunerSession::applyStages(const std::vector<CodecStage>& stages, CodecProfile* profile, QString* note)
+{
+    TransformSettings t = profile->transform;
+    bool on = false;
+    const int sinks = t.sinkTokens > 0 ? t.sinkTokens : 4;
+    for (const CodecStage& s : stages) {
+        const bool v = s.on && s.enabled;
+        if (s.id == QLatin1String("transform")) on = v;
+        else if (s.id == QLatin1String("rope_undo")) t.ropeUndo = v;
+        else if (s.id == QLatin1String("pca")) { if (s.enabled) t.basis = v ? TransformBasis::Pca : TransformBasis::Hadamard; }
+        else if (s.id == QLatin1String("across_heads")) t.acrossHeads = s.on;
+        else if (s.id == QLatin1String("weighting")) t.weighting = v ? TransformWeighting::Attention : TransformWeighting::Mse;
+        else if (s.id == QLatin1String("waterfill")) t.allocation = v ? TransformAllocation::Waterfill : TransformAllocation::Uniform;
+        else if (s.id == QLatin1String("rans")) t.entropy = v ? TransformEntropy::Rans : TransformEntropy::Fixed;
+        else if (s.id == QLatin1String("sinks")) t.sinkTokens = v ? sinks : 0;
+        else if (s.id == QLatin1String("token_importance")) t.tokenImportance = v;
+    }
+    if (!profile->transformModel.empty() && !(t == profile->transform)) {
+        profile->transformModel.clear();
+        if (note) *note = QCoreApplication::translate("kvscope::TunerSession",
+                                                      "The switches differ from the profile's calibration: the transform "
+                                                      "codec fits itself on this cache (its model bytes counted).");
+    }
+    profile->transform = t;
+    if (profile->transformLevels.empty()) profile->transformLevels = defaultTransformLevels();
+    return on;
+}
 
 struct TunerSession::Shared {
     std::shared_ptr<const Model> model;
@@ -94,6 +195,7 @@ void TunerSession::setSource(std::shared_ptr<const Model> model, std::shared_ptr
     m_trials->cancel(true);
     m_quality->cancel(true);
     m_kv = kv;
+    m_model = model;
     m_shared = std::make_shared<Shared>();
     m_shared->kv = kv;
     m_qualityOk = false;
@@ -187,9 +289,9 @@ void TunerSession::startQuality(std::shared_ptr<const KvSet> decoded, int level,
 
 // Runs work(shared, control) on the long-task lane; control.progress(done, total) reports and
 // returns false once cancel() was called. work returns a closure delivered on the UI thread.
-void TunerSession::runLong(const QString& title, LongWork work)
+void TunerSession::runLong(const QString& title, LongWork work, bool supersede)
 {
-    if (!m_qualityOk || m_long->isBusy()) return;
+    if (!m_qualityOk || (m_long->isBusy() && !supersede)) return;
     m_longTitle = title;
     const std::shared_ptr<Shared> shared = m_shared;
     m_long->start(title, [shared, work](JobControl& control) { return work(*shared, control); });
@@ -206,28 +308,94 @@ void TunerSession::measureSensitivity(const CodecProfile& profile, int bins)
             });
 }
 
-void TunerSession::evaluate(const CodecProfile& profile)
+void TunerSession::evaluate(const CodecProfile& profile, bool withTransform)
 {
     runLong(tr("Evaluating the levels and the baselines"),
-            [this, profile](Shared& s, JobControl& control) -> std::function<void()> {
+            [this, profile, withTransform](Shared& s, JobControl& control) -> std::function<void()> {
                 auto progress = [&control](int done, int total) { return control.progress(done, total); };
                 EvalPlan plan;
                 plan.cachegen = paramsFor(*s.kv, profile);
                 plan.textRecompute = false;  // exact by construction; its cost is a prefill, not a size
+                if (withTransform) plan.transforms.push_back(transformParamsFor(s.kv->shape(), s.kv->dtype(), profile));
                 const std::vector<EvalRow> rows =
                     evaluateCodecs(s.model->runtime(), s.reference(), *s.kv, plan, progress);
                 std::vector<RdPoint> points;
-                for (const EvalRow& r : rows) {
-                    RdPoint p;
-                    p.codec = QString::fromStdString(r.codec);
-                    p.label = r.codec == "cachegen" ? QString::fromStdString(r.levelName) : p.codec;
-                    p.bitsPerValue = r.bitsPerValue;
-                    p.deltaPplPct = r.quality.deltaPplPct;
-                    p.kl = r.quality.kl;
-                    points.push_back(p);
-                }
-                return [this, points] { emit evaluated(points); };
-            });
+                for (const EvalRow& r : rows)
+                    points.push_back(pointOf(r.codec, r.levelName, r.bitsPerValue, r.quality.deltaPplPct, r.quality.kl));
+                return [this, points] { emit evaluated(points, QStringLiteral("continuation")); };
+            },
+            true);
+}
+
+void TunerSession::evaluateSuite(const CodecProfile& profile, bool withTransform, const QString& suitePath)
+{
+    if (!m_model) {
+        emit failed(tr("quality suite: open a model first (page 1)"));
+        return;
+    }
+    if (m_long->isBusy()) m_long->cancel(true);
+    m_longTitle = tr("Scoring the levels and baselines on the quality suite");
+    const std::shared_ptr<const Model> model = m_model;
+    const std::string path = QFile::encodeName(suitePath).toStdString();
+    m_long->start(m_longTitle, [this, model, path, profile, withTransform](JobControl& control) -> std::function<void()> {
+        const Suite suite = loadSuite(path);
+        const Model& m = *model;
+        std::string stage = "prefill";
+        int row = 0, rows = 0;
+        const SuiteProgress progress = [&](const std::string& what, int done, int total) {
+            if (what != stage || done == 0) {
+                stage = what;
+                control.phase(tr("Suite %1: %2 (row %3 of %4)…")
+                                  .arg(QString::fromStdString(suite.name), QString::fromStdString(what))
+                                  .arg(row + 1)
+                                  .arg(std::max(rows, 1)),
+                              total);
+            }
+            return control.progress(done, total);
+        };
+        control.phase(tr("Suite %1: prefill and fp16 reference of %2 items…")
+                          .arg(QString::fromStdString(suite.name))
+                          .arg(suite.items.size()));
+        SuiteReference ref(m, suite, SuiteOptions{}, progress);
+        std::vector<CodecParams> plan;
+        std::vector<int> levels;
+        auto add = [&](CodecParams p, int level) {
+            plan.push_back(std::move(p));
+            levels.push_back(level);
+        };
+        CodecParams base;
+        base.shape = ref.items().front().original.shape();
+        base.dtype = ref.items().front().original.dtype();
+        base.profile = profile;
+        base.profile.numLayers = base.shape.numLayers;
+        for (CodecId id : {CodecId::Fp16, CodecId::Int8, CodecId::Kivi2, CodecId::Kivi4}) {
+            CodecParams p = base;
+            p.codec = id;
+            add(p, 1);
+        }
+        CodecParams cg = base;
+        cg.codec = CodecId::CacheGen;
+        for (int l = 1; l <= int(profile.levels.size()); ++l) add(cg, l);
+        if (withTransform) {
+            CodecParams t = base;
+            t.codec = CodecId::Transform;
+            for (int l = 1; l <= int(profile.transformLevels.size()); ++l) add(t, l);
+        }
+        rows = int(plan.size());
+        std::vector<RdPoint> points;
+        for (row = 0; row < rows; ++row) {
+            if (control.stopped()) throw std::runtime_error("cancelled");
+            const SuiteCodecRow r = evaluateSuiteCodec(ref, plan[size_t(row)], levels[size_t(row)], SuiteEvalOptions{}, progress);
+            RdPoint p = pointOf(r.codec, r.levelName, r.bitsPerValue, r.quality.deltaPplPct, r.quality.kl);
+            p.accuracy = r.quality.accuracy;
+            points.push_back(p);
+        }
+        const QString source = tr("suite %1 (%2 items, %3 questions)")
+                                   .arg(QString::fromStdString(suite.name))
+                                   .arg(suite.items.size())
+                                   .arg(suite.questionCount());
+        return [this, points, source] { emit evaluated(points, source); };
+    });
 }
 
 void TunerSession::autoTune(const CodecProfile& profile)

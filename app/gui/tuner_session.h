@@ -4,8 +4,13 @@
 //   quality:      QualityReference::measure of that trial's decoded cache (ΔPPL, KL, answers),
 //                 in the background after each trial, latest wins; the reference (one prefill of
 //                 the continuation and one answer from the original cache) is built once;
-//   long tasks:   per-layer sensitivity, evaluateCodecs (levels + baselines), tuneProfile: one at a
-//                 time, with progress and cancel through the status bar.
+//   long tasks:   per-layer sensitivity, evaluateCodecs (levels, the transform codec's levels with
+//                 the stages switched on, baselines), the same on a quality suite (eval/suite.h:
+//                 every item prefilled once, cached on disk by core), tuneProfile: one at a time,
+//                 with progress and cancel through the status bar. A new evaluation supersedes the
+//                 one in flight (stage toggles re-evaluate as the user clicks).
+// The transform codec's stages map onto the profile's TransformSettings (codec/transform.h):
+// transformStages() lists them for a cache, applyStages() writes the toggles into a profile.
 // Each kind of work runs on its own JobLane (background_job.h); results reach the UI thread as
 // the value structs of view_data.h.
 #pragma once
@@ -42,10 +47,22 @@ public:
     bool isBusy() const;  // a long task runs
     bool isTrialRunning() const;
 
+    // The transform codec's switches as toggles, for this cache (a stage the cache cannot feed,
+    // e.g. token importance without attention mass, is listed but disabled) and this profile
+    // (PCA needs a calibrated transform model in the profile).
+    static std::vector<CodecStage> transformStages(const CodecProfile& profile, const KvSet* kv);
+    // Writes the toggles into profile.transform (and default transform levels when it has none).
+    // Returns false when the transform codec is switched off. A calibrated model whose switches
+    // no longer match is dropped (the codec then fits itself on the cache) and *note says so.
+    static bool applyStages(const std::vector<CodecStage>& stages, CodecProfile* profile, QString* note = nullptr);
+
 public slots:
     void requestTrial(const kvscope::CodecProfile& profile, int level);
     void measureSensitivity(const kvscope::CodecProfile& profile, int bins);
-    void evaluate(const kvscope::CodecProfile& profile);
+    // withTransform: profile.transform holds the stages to evaluate (applyStages).
+    void evaluate(const kvscope::CodecProfile& profile, bool withTransform = false);
+    // The same rows scored on a quality suite file (needs the model; not the captured cache).
+    void evaluateSuite(const kvscope::CodecProfile& profile, bool withTransform, const QString& suitePath);
     void autoTune(const kvscope::CodecProfile& profile);
     void cancel();  // the long task only
 
@@ -53,7 +70,8 @@ signals:
     void trialReady(const kvscope::TrialFigures& trial);
     void qualityReady(const kvscope::QualityFigures& quality);
     void sensitivityReady(const std::vector<kvscope::LayerSensitivity>& sensitivity);
-    void evaluated(const std::vector<kvscope::RdPoint>& points);
+    // source: "continuation" or "suite NAME (N items, M questions)".
+    void evaluated(const std::vector<kvscope::RdPoint>& points, const QString& source = QString());
     void tuned(const kvscope::CodecProfile& profile, const QString& summary);
     void phaseChanged(const QString& text, int maximum);
     void progressChanged(int value);
@@ -64,7 +82,7 @@ signals:
 private:
     struct Shared;  // the cache, the model and the lazily built reference, shared with workers
     using LongWork = std::function<std::function<void()>(Shared&, JobControl&)>;
-    void runLong(const QString& title, LongWork work);
+    void runLong(const QString& title, LongWork work, bool supersede = false);
     void startQuality(std::shared_ptr<const KvSet> decoded, int level, double bits);
 
     JobLane* m_trials;   // latest trial wins
@@ -72,6 +90,7 @@ private:
     JobLane* m_long;     // sensitivity, evaluation, tuning: one at a time, cancellable
     std::shared_ptr<Shared> m_shared;
     std::shared_ptr<const KvSet> m_kv;
+    std::shared_ptr<const Model> m_model;  // the open model, whatever cache is shown (suites need only it)
     bool m_qualityOk = false;
     bool m_hasContinuation = false;
     QString m_qualityNote;

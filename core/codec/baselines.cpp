@@ -160,7 +160,8 @@ void encodeBaselineBlock(const CodecParams& p, KvKind kind, int chunk, const std
                 }
         return;
     }
-    case CodecId::CacheGen: break;
+    case CodecId::CacheGen:
+    case CodecId::Transform: break; // coded by their own chunk layouts
     }
     KVSCOPE_ASSERT(false);
 }
@@ -208,7 +209,8 @@ void decodeBaselineBlock(const CodecParams& p, KvKind kind, int chunk, Cursor& c
                     x[(size_t(h) * n + t) * D + d] = halfToFloat(uint16_t(res[2 * k] | res[2 * k + 1] << 8));
         return;
     }
-    case CodecId::CacheGen: break;
+    case CodecId::CacheGen:
+    case CodecId::Transform: break; // coded by their own chunk layouts
     }
     KVSCOPE_ASSERT(false);
 }

@@ -1,6 +1,7 @@
 // Codec throughput next to zstd on the same input in the same process, so the figures compare
 // like with like on a shared, noisy machine. Throughputs are MB (1e6 bytes) of fp16 KV per second
-// (2 bytes per value), whatever the codec.
+// (2 bytes per value), whatever the codec. Single-thread timings are the thread's CPU time (best
+// of N), multi-thread ones wall time.
 #pragma once
 
 #include "codec/chunk_codec.h"

@@ -9,7 +9,7 @@ QuantizedBlock quantizeUnit(const CodecParams& p, const KvSet& kv, KvKind kind, 
 {
     QuantizedBlock q;
     q.spec = cachegenBlockSpec(p, kind, layer, level, n);
-    std::vector<float> x;
+    thread_local std::vector<float> x;  // reused: a fresh block-sized buffer per unit costs page faults
     readBlock(kv, kind, layer, t0, n, x);
     q.sym.resize(x.size());
     q.scales.resize(size_t(q.spec.numScales()));
@@ -129,12 +129,17 @@ void decodeCacheGenChunk(const CodecParams& p, const uint8_t* data, size_t size,
         getU16s(scalePtr[size_t(u)], scales.data(), scales.size());
         if (p.entropy == EntropyLayout::Rans32x16) {  // straight into the output rows
             const size_t row = size_t(b.headDim) * dtypeSize(out.dtype());
+            thread_local std::vector<const uint8_t*> ptr;
+            thread_local std::vector<size_t> len;
+            thread_local std::vector<uint8_t*> dst;
+            ptr.resize(size_t(H)), len.resize(size_t(H)), dst.resize(size_t(H));
             for (int h = 0; h < H; ++h) {
                 const size_t i = size_t(u) * H + size_t(h);
-                uint8_t* dst = out.data(kind, layer) + (size_t(h) * p.shape.numTokens + size_t(t0)) * row;
-                decodeHeadStreamV2(b, h, streamPtr[i], streamSize[i], tab, scales.data(), rowOutFor(out.dtype()), dst,
-                                   unitWhere);
+                ptr[size_t(h)] = streamPtr[i];
+                len[size_t(h)] = streamSize[i];
+                dst[size_t(h)] = out.data(kind, layer) + (size_t(h) * p.shape.numTokens + size_t(t0)) * row;
             }
+            decodeHeadStreamsV2(b, ptr.data(), len.data(), tab, scales.data(), rowOutFor(out.dtype()), dst.data(), unitWhere);
             return;
         }
         std::vector<float> x(size_t(n) * b.headDim);

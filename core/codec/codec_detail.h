@@ -166,6 +166,11 @@ inline size_t rowOutBytes(RowOut k) { return k == RowOut::F32 ? 4 : k == RowOut:
 void decodeHeadStreamV2(const quant::BlockSpec& b, int h, const uint8_t* data, size_t size, const UnitTables& tab,
                         const uint16_t* scales, RowOut k, uint8_t* out, const std::string& where);
 
+// The same for all b.heads streams of a block (data[h], size[h] -> out[h]), their rows
+// interleaved; on corruption it throws for the lowest corrupt head, like decoding them in order.
+void decodeHeadStreamsV2(const quant::BlockSpec& b, const uint8_t* const* data, const size_t* size, const UnitTables& tab,
+                         const uint16_t* scales, RowOut k, uint8_t* const* out, const std::string& where);
+
 // The decoder state of one v2 stream, and one row's parameters: what the row kernels share.
 struct W32Stream {
     alignas(64) uint32_t x[32];

@@ -6,9 +6,10 @@
 // - Symbols 16k..16k+15 (8k..8k+7 for AVX2) of a row use states (lane0 + 16k) % 32 onwards: one
 //   state vector per step, the vectors rotating (2 for AVX-512, 4 for AVX2). A row needs
 //   D % width == 0 so that a vector never spans two rows (two roles or two scales).
-// - Slot -> symbol: one gather of the packed bucket entry (CodingTable::bucket: symbol, start,
-//   freq - 1) per vector; lanes whose slot lies past the bucket's first symbol step forward with a
-//   masked gather of sf[] until they are inside (a few percent of lanes, rarely two steps).
+// - Slot -> symbol: the 64-bit bucket entries of the lanes (CodingTable::bucket: the first
+//   symbol of the bucket, its start and the last slots of it and the next two), gathered in two
+//   independent halves, resolve every lane without a second, dependent gather; a lane whose slot
+//   lies beyond those three symbols (a bucket crossed by 3+ boundaries) takes the scalar walk.
 // - Renormalisation reads words in symbol order: the lanes that need a word take the next words
 //   in lane order (AVX-512 expand; AVX2 a permutation from a 256-entry table), and the read
 //   pointer moves by their count. Loads look up to 32 bytes ahead, hence w32RowSlack.
@@ -123,12 +124,67 @@ namespace detail {
 #ifdef KVSCOPE_SIMD_X86
 namespace {
 
-constexpr uint32_t kSfWords = CodingTable::kBuckets;  // sf[] follows bucket[] in a CodingTable
-static_assert(offsetof(CodingTable, sf) == 4 * kSfWords, "the kernels address sf[] right after bucket[]");
+constexpr uint32_t kSfWords = offsetof(CodingTable, sf) / 4;  // sf[] as a word offset into a CodingTable
+static_assert(offsetof(CodingTable, sf) % 4 == 0 && offsetof(CodingTable, bucket) == 0, "the kernels address bucket[] at a table's start and sf[] in words");
 
 // ----- AVX-512: 16 lanes, 2 state vectors ----------------------------------------------------
 
 #define KVS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,bmi2,popcnt,f16c,fma")))
+
+// The slot -> (symbol, start, freq) lookup of 16 lanes: two gathers of 8 bucket entries (no
+// dependency between them), then s0 + (slot > last0) + (slot > last1) (prob_table.h).
+struct Lookup16 {
+    __m512i sym, start, freq;
+};
+
+// Lanes whose slot lies past the third symbol of their bucket: the scalar walk (rare).
+KVS_AVX512 __attribute__((noinline)) void lookupRare512(const int* T, __m512i idx, __m512i slot, __mmask16 rare,
+                                                        Lookup16& lk)
+{
+    alignas(64) int32_t ix[16], sl[16], sy[16], st[16], fr[16];
+    _mm512_store_si512(ix, idx);
+    _mm512_store_si512(sl, slot);
+    _mm512_store_si512(sy, lk.sym);
+    _mm512_store_si512(st, lk.start);
+    _mm512_store_si512(fr, lk.freq);
+    for (int j = 0; j < 16; ++j)
+        if ((rare >> j) & 1) {
+            const CodingTable& ct = *reinterpret_cast<const CodingTable*>(T + ix[j]);
+            const int s = ct.symbolOf(uint32_t(sl[j]));
+            sy[j] = s;
+            st[j] = int32_t(ct.start(s));
+            fr[j] = int32_t(ct.freq(s));
+        }
+    lk.sym = _mm512_load_si512(sy);
+    lk.start = _mm512_load_si512(st);
+    lk.freq = _mm512_load_si512(fr);
+}
+
+KVS_AVX512 inline Lookup16 lookup512(const int* T, __m512i idx, __m512i slot)
+{
+    const __m512i m12 = _mm512_set1_epi32(4095), one = _mm512_set1_epi32(1);
+    const __m512i b = _mm512_add_epi32(_mm512_srli_epi32(idx, 1), _mm512_srli_epi32(slot, CodingTable::kBucketShift));
+    const __m512i lo = _mm512_i32gather_epi64(_mm512_castsi512_si256(b), T, 8);
+    const __m512i hi = _mm512_i32gather_epi64(_mm512_extracti64x4_epi64(b, 1), T, 8);
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i a = _mm512_permutex2var_epi32(lo, even, hi);                                // s0 | start0 | last0
+    const __m512i c = _mm512_permutex2var_epi32(lo, _mm512_add_epi32(even, one), hi);         // last1 | last2
+    const __m512i e0 = _mm512_srli_epi32(a, 20), e1 = _mm512_and_si512(c, m12), e2 = _mm512_srli_epi32(c, 12);
+    const __mmask16 g0 = _mm512_cmpgt_epu32_mask(slot, e0), g1 = _mm512_cmpgt_epu32_mask(slot, e1);
+    Lookup16 lk;
+    lk.sym = _mm512_and_si512(a, _mm512_set1_epi32(0xff));
+    lk.sym = _mm512_mask_add_epi32(lk.sym, g0, lk.sym, one);
+    lk.sym = _mm512_mask_add_epi32(lk.sym, g1, lk.sym, one);
+    __m512i start = _mm512_and_si512(_mm512_srli_epi32(a, 8), m12);
+    start = _mm512_mask_add_epi32(start, g0, e0, one);
+    start = _mm512_mask_add_epi32(start, g1, e1, one);
+    const __m512i end = _mm512_mask_mov_epi32(_mm512_mask_mov_epi32(e0, g0, e1), g1, e2);
+    lk.start = start;
+    lk.freq = _mm512_sub_epi32(_mm512_add_epi32(end, one), start);
+    const __mmask16 rare = _mm512_cmpgt_epu32_mask(slot, e2);
+    if (__builtin_expect(rare != 0, 0)) lookupRare512(T, idx, slot, rare, lk);
+    return lk;
+}
 
 template <RowOut K>
 KVS_AVX512 void rowAvx512(W32Stream& s, const W32Row& r)
@@ -137,32 +193,18 @@ KVS_AVX512 void rowAvx512(W32Stream& s, const W32Row& r)
     __m512i xa = _mm512_load_si512(s.x + r.lane0), xb = _mm512_load_si512(s.x + (r.lane0 ^ 16));
     const uint8_t* p = s.p;
     const int* T = reinterpret_cast<const int*>(r.tables);
-    const __m512i m12 = _mm512_set1_epi32(4095), m8 = _mm512_set1_epi32(0xff), one = _mm512_set1_epi32(1);
-    const __m512i lowL = _mm512_set1_epi32(int(rans::w32::kL)), sfOff = _mm512_set1_epi32(int(kSfWords));
+    const __m512i m12 = _mm512_set1_epi32(4095), one = _mm512_set1_epi32(1);
+    const __m512i lowL = _mm512_set1_epi32(int(rans::w32::kL));
     const __m512 mq = _mm512_set1_ps(float(r.m));
     const __m512 tokenScale = _mm512_set1_ps(r.scale);
     for (int v = 0; v < nv; ++v) {
         const int d0 = 16 * v;
         const __m512i idx = _mm512_loadu_si512(r.tableWord + d0);
         const __m512i slot = _mm512_and_si512(xa, m12);
-        const __m512i e = _mm512_i32gather_epi32(_mm512_add_epi32(idx, _mm512_srli_epi32(slot, CodingTable::kBucketShift)), T, 4);
-        __m512i sym = _mm512_and_si512(e, m8);
-        __m512i start = _mm512_and_si512(_mm512_srli_epi32(e, 8), m12);
-        __m512i fm1 = _mm512_srli_epi32(e, 20);
-        __m512i k = _mm512_sub_epi32(slot, start);
-        __mmask16 miss = _mm512_cmpgt_epu32_mask(k, fm1);
-        // Slot past the bucket's first symbol: step to the next one. The first step is taken
-        // unconditionally (masked: the gather loads only the missing lanes), so that the common
-        // 0-or-1-step case has no data-dependent branch to mispredict.
-        do {
-            sym = _mm512_mask_add_epi32(sym, miss, sym, one);
-            const __m512i sf = _mm512_mask_i32gather_epi32(e, miss, _mm512_add_epi32(idx, _mm512_add_epi32(sym, sfOff)), T, 4);
-            start = _mm512_mask_and_epi32(start, miss, sf, _mm512_set1_epi32(0xffff));
-            fm1 = _mm512_mask_sub_epi32(fm1, miss, _mm512_srli_epi32(sf, 16), one);
-            k = _mm512_sub_epi32(slot, start);
-            miss = _mm512_mask_cmpgt_epu32_mask(miss, k, fm1);
-        } while (__builtin_expect(miss != 0, 0));
-        __m512i x = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_add_epi32(fm1, one), _mm512_srli_epi32(xa, 12)), k);
+        const Lookup16 lk = lookup512(T, idx, slot);
+        const __m512i sym = lk.sym;
+        const __m512i k = _mm512_sub_epi32(slot, lk.start);
+        __m512i x = _mm512_add_epi32(_mm512_mullo_epi32(lk.freq, _mm512_srli_epi32(xa, 12)), k);
         const __mmask16 need = _mm512_cmplt_epu32_mask(x, lowL);
         const __m512i words = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
         x = _mm512_mask_or_epi32(x, need, _mm512_slli_epi32(x, 16), _mm512_maskz_expand_epi32(need, words));
@@ -213,16 +255,7 @@ KVS_AVX512 void rowAvx512(W32Stream& s, const W32Row& r)
 // The encoder, 16 symbols a step from the last to the first (D % 16 == 0): gather the symbols'
 // start | freq << 16, emit the low words of the states that need renormalising (compressed, in
 // lane order, as one block in front of the words already written), and divide by the frequency
-// in double precision (exact after one correction: x / f < 2^20 and 1/f is correctly rounded).
-alignas(64) const struct Reciprocals {
-    double r[rans::kProbScale + 1];
-    Reciprocals()
-    {
-        r[0] = 0;
-        for (uint32_t f = 1; f <= rans::kProbScale; ++f) r[f] = 1.0 / double(f);
-    }
-} kRcp;
-
+// in single precision with an exact correction.
 KVS_AVX512 void encodeAvx512(const W32EncJob& j, uint32_t* x, uint16_t*& words)
 {
     const int D = j.D;
@@ -245,13 +278,16 @@ KVS_AVX512 void encodeAvx512(const W32EncJob& j, uint32_t* x, uint16_t*& words)
             _mm256_mask_storeu_epi16(w, __mmask16((1u << cnt) - 1u),
                                      _mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(need, st)));
             st = _mm512_mask_srli_epi32(st, need, st, 16);
-            const __m512d rlo = _mm512_i32gather_pd(_mm512_castsi512_si256(freq), kRcp.r, 8);
-            const __m512d rhi = _mm512_i32gather_pd(_mm512_extracti64x4_epi64(freq, 1), kRcp.r, 8);
-            const __m256i qlo = _mm512_cvttpd_epu32(_mm512_mul_pd(_mm512_cvtepu32_pd(_mm512_castsi512_si256(st)), rlo));
-            const __m256i qhi = _mm512_cvttpd_epu32(_mm512_mul_pd(_mm512_cvtepu32_pd(_mm512_extracti64x4_epi64(st, 1)), rhi));
-            __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(qlo), qhi, 1);
+            // q = floor(st / freq) in float32: st < 2^20 freq, so float(st) * (1 / freq) is within
+            // 0.2 of the true quotient (three roundings of 2^-24 on a value < 2^20) and one
+            // correction either way makes it exact; r = st - q freq wraps to its signed value.
+            const __m512 rcp = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_cvtepi32_ps(freq));
+            __m512i q = _mm512_cvttps_epi32(_mm512_mul_ps(_mm512_cvtepu32_ps(st), rcp));
             __m512i r = _mm512_sub_epi32(st, _mm512_mullo_epi32(q, freq));
-            const __mmask16 over = _mm512_cmpge_epu32_mask(r, freq);
+            const __mmask16 under = _mm512_cmplt_epi32_mask(r, _mm512_setzero_si512());
+            q = _mm512_mask_sub_epi32(q, under, q, one);
+            r = _mm512_mask_add_epi32(r, under, r, freq);
+            const __mmask16 over = _mm512_cmpge_epi32_mask(r, freq);
             q = _mm512_mask_add_epi32(q, over, q, one);
             r = _mm512_mask_sub_epi32(r, over, r, freq);
             st = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(q, rans::kProbBits), r), _mm512_and_si512(sf, lo16));
@@ -281,6 +317,58 @@ struct ExpandTable {
 };
 const ExpandTable kExpand;
 
+// The AVX2 form of lookup512: 8 lanes, two gathers of 4 bucket entries.
+struct Lookup8 {
+    __m256i sym, start, freq;
+};
+
+KVS_AVX2 __attribute__((noinline)) void lookupRare256(const int* T, __m256i idx, __m256i slot, unsigned rare, Lookup8& lk)
+{
+    alignas(32) int32_t ix[8], sl[8], sy[8], st[8], fr[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(ix), idx);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sl), slot);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sy), lk.sym);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(st), lk.start);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(fr), lk.freq);
+    for (int j = 0; j < 8; ++j)
+        if ((rare >> j) & 1) {
+            const CodingTable& ct = *reinterpret_cast<const CodingTable*>(T + ix[j]);
+            const int s = ct.symbolOf(uint32_t(sl[j]));
+            sy[j] = s;
+            st[j] = int32_t(ct.start(s));
+            fr[j] = int32_t(ct.freq(s));
+        }
+    lk.sym = _mm256_load_si256(reinterpret_cast<const __m256i*>(sy));
+    lk.start = _mm256_load_si256(reinterpret_cast<const __m256i*>(st));
+    lk.freq = _mm256_load_si256(reinterpret_cast<const __m256i*>(fr));
+}
+
+KVS_AVX2 inline Lookup8 lookup256(const int* T, __m256i idx, __m256i slot)
+{
+    const __m256i m12 = _mm256_set1_epi32(4095), one = _mm256_set1_epi32(1);
+    const __m256i b = _mm256_add_epi32(_mm256_srli_epi32(idx, 1), _mm256_srli_epi32(slot, CodingTable::kBucketShift));
+    const long long* T64 = reinterpret_cast<const long long*>(T);
+    const __m256i lo = _mm256_i32gather_epi64(T64, _mm256_castsi256_si128(b), 8);
+    const __m256i hi = _mm256_i32gather_epi64(T64, _mm256_extracti128_si256(b, 1), 8);
+    const __m256i split = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);  // low dwords, then high dwords
+    const __m256i lp = _mm256_permutevar8x32_epi32(lo, split), hp = _mm256_permutevar8x32_epi32(hi, split);
+    const __m256i a = _mm256_permute2x128_si256(lp, hp, 0x20), c = _mm256_permute2x128_si256(lp, hp, 0x31);
+    const __m256i e0 = _mm256_srli_epi32(a, 20), e1 = _mm256_and_si256(c, m12), e2 = _mm256_srli_epi32(c, 12);
+    // All values are below 2^12: signed compares are exact. g0, g1 are -1 where taken.
+    const __m256i g0 = _mm256_cmpgt_epi32(slot, e0), g1 = _mm256_cmpgt_epi32(slot, e1);
+    Lookup8 lk;
+    lk.sym = _mm256_sub_epi32(_mm256_sub_epi32(_mm256_and_si256(a, _mm256_set1_epi32(0xff)), g0), g1);
+    __m256i start = _mm256_and_si256(_mm256_srli_epi32(a, 8), m12);
+    start = _mm256_blendv_epi8(start, _mm256_add_epi32(e0, one), g0);
+    start = _mm256_blendv_epi8(start, _mm256_add_epi32(e1, one), g1);
+    const __m256i end = _mm256_blendv_epi8(_mm256_blendv_epi8(e0, e1, g0), e2, g1);
+    lk.start = start;
+    lk.freq = _mm256_sub_epi32(_mm256_add_epi32(end, one), start);
+    const unsigned rare = unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(slot, e2))));
+    if (__builtin_expect(rare != 0, 0)) lookupRare256(T, idx, slot, rare, lk);
+    return lk;
+}
+
 template <RowOut K>
 KVS_AVX2 void rowAvx2(W32Stream& s, const W32Row& r)
 {
@@ -292,29 +380,18 @@ KVS_AVX2 void rowAvx2(W32Stream& s, const W32Row& r)
     __m256i x3 = _mm256_load_si256(reinterpret_cast<const __m256i*>(s.x + ((l0 + 24) & 31)));
     const uint8_t* p = s.p;
     const int* T = reinterpret_cast<const int*>(r.tables);
-    const __m256i m12 = _mm256_set1_epi32(4095), m8 = _mm256_set1_epi32(0xff), one = _mm256_set1_epi32(1);
-    const __m256i sfOff = _mm256_set1_epi32(int(kSfWords)), zero = _mm256_setzero_si256();
+    const __m256i m12 = _mm256_set1_epi32(4095), one = _mm256_set1_epi32(1);
+    const __m256i zero = _mm256_setzero_si256();
     const __m256 mq = _mm256_set1_ps(float(r.m));
     const __m256 tokenScale = _mm256_set1_ps(r.scale);
     for (int v = 0; v < nv; ++v) {
         const int d0 = 8 * v;
         const __m256i idx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.tableWord + d0));
         const __m256i slot = _mm256_and_si256(x0, m12);
-        const __m256i e = _mm256_i32gather_epi32(T, _mm256_add_epi32(idx, _mm256_srli_epi32(slot, CodingTable::kBucketShift)), 4);
-        __m256i sym = _mm256_and_si256(e, m8);
-        __m256i start = _mm256_and_si256(_mm256_srli_epi32(e, 8), m12);
-        __m256i fm1 = _mm256_srli_epi32(e, 20);
-        __m256i k = _mm256_sub_epi32(slot, start);
-        __m256i miss = _mm256_cmpgt_epi32(k, fm1);  // both in [0, 4096): signed compare is fine
-        do {  // one masked step always, more only when needed (see the AVX-512 kernel)
-            sym = _mm256_sub_epi32(sym, miss);  // miss lanes are -1
-            const __m256i sf = _mm256_mask_i32gather_epi32(e, T, _mm256_add_epi32(idx, _mm256_add_epi32(sym, sfOff)), miss, 4);
-            start = _mm256_blendv_epi8(start, _mm256_and_si256(sf, _mm256_set1_epi32(0xffff)), miss);
-            fm1 = _mm256_blendv_epi8(fm1, _mm256_sub_epi32(_mm256_srli_epi32(sf, 16), one), miss);
-            k = _mm256_sub_epi32(slot, start);
-            miss = _mm256_and_si256(miss, _mm256_cmpgt_epi32(k, fm1));
-        } while (__builtin_expect(!_mm256_testz_si256(miss, miss), 0));
-        __m256i x = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_add_epi32(fm1, one), _mm256_srli_epi32(x0, 12)), k);
+        const Lookup8 lk = lookup256(T, idx, slot);
+        const __m256i sym = lk.sym;
+        const __m256i k = _mm256_sub_epi32(slot, lk.start);
+        __m256i x = _mm256_add_epi32(_mm256_mullo_epi32(lk.freq, _mm256_srli_epi32(x0, 12)), k);
         const __m256i needV = _mm256_cmpeq_epi32(_mm256_srli_epi32(x, 16), zero);
         const unsigned need = unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(needV)));
         const __m256i words = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));

@@ -332,51 +332,79 @@ void w32RowScalar(W32Stream& s, const W32Row& r, RowOut k)
     }
 }
 
-void decodeHeadStreamV2(const quant::BlockSpec& b, int h, const uint8_t* data, size_t size, const UnitTables& tab,
-                        const uint16_t* scales, RowOut k, uint8_t* out, const std::string& where)
-{
-    constexpr int W = rans::w32::kLanes;
-    const int D = b.headDim, C = b.channels();
-    const int maxL = quant::maxLevel(b.bins), maxA = quant::maxLevel(b.anchorBins);
+namespace {
+
+// One v2 stream being decoded row by row: what decodeHeadStreamV2 keeps per head, so that the rows
+// of several heads can be interleaved.
+struct HeadDecoder {
     W32Stream st;
-    st.p = data;
-    st.end = data + size;
-    st.overrun = false;
-    if (size >= rans::w32::kFlushBytes) {
-        for (int j = 0; j < W; ++j) st.x[j] = getU32(data + 4 * j);
-        st.p += rans::w32::kFlushBytes;
-    } else {
-        for (uint32_t& v : st.x) v = 0;
-        st.overrun = true;
-        st.p = st.end;
-    }
-    const bool perChannel = b.quantizer == Quantizer::PerChannel, delta = b.deltaGroup >= 2;
-    thread_local std::vector<int32_t> tableWord;  // (2, D): role-major
-    thread_local std::vector<float> scaleVec, anchor;  // (2, D), (D)
-    tableWord.resize(2 * size_t(D));
-    scaleVec.resize(2 * size_t(D));
-    anchor.assign(size_t(D), 0.0f);
-    constexpr size_t tableWords = sizeof(CodingTable) / 4;
-    for (int role = 0; role < (delta ? 2 : 1); ++role)
-        for (int d = 0; d < D; ++d)
-            tableWord[size_t(role) * D + d] = int32_t((size_t(role) * C + size_t(h) * D + size_t(d)) * tableWords);
-    if (perChannel) {
-        halfToFloatN(scales + h * D, scaleVec.data(), size_t(D));
-        if (delta) halfToFloatN(scales + C + h * D, scaleVec.data() + D, size_t(D));
-    }
-    const W32RowFn fast = w32RowKernel(simdPath(), k, D);
-    const size_t slack = w32RowSlack(D), elem = rowOutBytes(k);
-    // Near its end a stream is copied into a zero-padded buffer so the SIMD rows can go on
-    // reading ahead; a valid stream never takes a padding word, and p is mapped back after.
-    thread_local std::vector<uint8_t> tail;
-    const uint8_t* realEnd = st.end;
+    std::vector<int32_t> tableWord;    // (2, D): role-major
+    std::vector<float> scaleVec;       // (2, D)
+    std::vector<float> anchor;         // (D)
+    std::vector<uint8_t> tail;         // the zero-padded copy of the stream's end
+    const uint8_t* realEnd = nullptr;
     const uint8_t* tailBase = nullptr;
+    const quant::BlockSpec* b = nullptr;
+    const uint16_t* scales = nullptr;
+    W32RowFn fast = nullptr;
+    RowOut k = RowOut::Symbols;
+    size_t slack = 0, elem = 0;
+    int h = 0, maxL = 0, maxA = 0;
+    bool perChannel = false, delta = false;
     W32Row r;
-    r.tables = reinterpret_cast<const uint32_t*>(tab.tables.data());
-    r.D = D;
-    for (int t = 0; t < b.tokens; ++t) {
-        const bool isAnchor = b.isAnchor(t);
+
+    void start(const quant::BlockSpec& spec, int head, const uint8_t* data, size_t size, const UnitTables& tab,
+               const uint16_t* sc, RowOut kind, uint8_t* out)
+    {
+        constexpr int W = rans::w32::kLanes;
+        b = &spec;
+        h = head;
+        scales = sc;
+        k = kind;
+        const int D = spec.headDim, C = spec.channels();
+        maxL = quant::maxLevel(spec.bins);
+        maxA = quant::maxLevel(spec.anchorBins);
+        st.p = data;
+        st.end = data + size;
+        st.overrun = false;
+        if (size >= rans::w32::kFlushBytes) {
+            for (int j = 0; j < W; ++j) st.x[j] = getU32(data + 4 * j);
+            st.p += rans::w32::kFlushBytes;
+        } else {
+            for (uint32_t& v : st.x) v = 0;
+            st.overrun = true;
+            st.p = st.end;
+        }
+        perChannel = spec.quantizer == Quantizer::PerChannel;
+        delta = spec.deltaGroup >= 2;
+        tableWord.resize(2 * size_t(D));
+        scaleVec.resize(2 * size_t(D));
+        anchor.assign(size_t(D), 0.0f);
+        constexpr size_t tableWords = sizeof(CodingTable) / 4;
+        for (int role = 0; role < (delta ? 2 : 1); ++role)
+            for (int d = 0; d < D; ++d)
+                tableWord[size_t(role) * D + d] = int32_t((size_t(role) * C + size_t(h) * D + size_t(d)) * tableWords);
+        if (perChannel) {
+            halfToFloatN(sc + h * D, scaleVec.data(), size_t(D));
+            if (delta) halfToFloatN(sc + C + h * D, scaleVec.data() + D, size_t(D));
+        }
+        fast = w32RowKernel(simdPath(), kind, D);
+        slack = w32RowSlack(D);
+        elem = rowOutBytes(kind);
+        realEnd = st.end;
+        tailBase = nullptr;
+        r.tables = reinterpret_cast<const uint32_t*>(tab.tables.data());
+        r.D = D;
+        r.out = out;
+    }
+
+    void row(int t)
+    {
+        constexpr int W = rans::w32::kLanes;
+        const int D = b->headDim;
+        const bool isAnchor = b->isAnchor(t);
         const int role = isAnchor ? 1 : 0;
+        uint8_t* out = r.out;
         r.tableWord = tableWord.data() + size_t(role) * D;
         r.lane0 = int((size_t(t) * D) % W);
         r.m = isAnchor ? maxA : maxL;
@@ -385,9 +413,11 @@ void decodeHeadStreamV2(const quant::BlockSpec& b, int h, const uint8_t* data, s
         r.base = delta && !isAnchor ? anchor.data() : nullptr;
         r.anchorOut = delta && isAnchor ? anchor.data() : nullptr;
         r.out = out + size_t(t) * D * elem;
+        // Near its end a stream is copied into a zero-padded buffer so the SIMD rows can go on
+        // reading ahead; a valid stream never takes a padding word, and p is mapped back after.
         if (fast && !tailBase && size_t(st.end - st.p) < slack) {
             const size_t left = size_t(st.end - st.p);
-            tail.assign(left + slack * size_t(b.tokens - t) + 64, 0);
+            tail.assign(left + slack * size_t(b->tokens - t) + 64, 0);
             if (left) std::memcpy(tail.data(), st.p, left);
             tailBase = st.p;
             st.p = tail.data();
@@ -397,18 +427,48 @@ void decodeHeadStreamV2(const quant::BlockSpec& b, int h, const uint8_t* data, s
             fast(st, r);
         else
             w32RowScalar(st, r, k);
+        r.out = out;
     }
-    if (tailBase) {  // back to stream addresses; reads into the padding count as an overrun
-        const size_t used = size_t(st.p - tail.data()), left = size_t(realEnd - tailBase);
-        st.p = used <= left ? tailBase + used : realEnd;
-        st.overrun = st.overrun || used > left;
-        st.end = realEnd;
+
+    // Whether the stream ended exactly at its last word with every state back at its initial value.
+    bool finish()
+    {
+        if (tailBase) {  // back to stream addresses; reads into the padding count as an overrun
+            const size_t used = size_t(st.p - tail.data()), left = size_t(realEnd - tailBase);
+            st.p = used <= left ? tailBase + used : realEnd;
+            st.overrun = st.overrun || used > left;
+            st.end = realEnd;
+        }
+        bool statesOk = true;
+        for (uint32_t v : st.x) statesOk = statesOk && v == rans::w32::kL;
+        return !st.overrun && st.p == st.end && statesOk;
     }
-    // A correct stream ends exactly at its last word with every state back at its initial value.
-    bool statesOk = true;
-    for (uint32_t v : st.x) statesOk = statesOk && v == rans::w32::kL;
-    if (st.overrun || st.p != st.end || !statesOk)
-        throw Error(where + ": head " + std::to_string(h) + ": entropy-coded stream is corrupt");
+};
+
+}  // namespace
+
+void decodeHeadStreamV2(const quant::BlockSpec& b, int h, const uint8_t* data, size_t size, const UnitTables& tab,
+                        const uint16_t* scales, RowOut k, uint8_t* out, const std::string& where)
+{
+    thread_local HeadDecoder dec;
+    dec.start(b, h, data, size, tab, scales, k, out);
+    for (int t = 0; t < b.tokens; ++t) dec.row(t);
+    if (!dec.finish()) throw Error(where + ": head " + std::to_string(h) + ": entropy-coded stream is corrupt");
+}
+
+void decodeHeadStreamsV2(const quant::BlockSpec& b, const uint8_t* const* data, const size_t* size, const UnitTables& tab,
+                         const uint16_t* scales, RowOut k, uint8_t* const* out, const std::string& where)
+{
+    thread_local std::vector<HeadDecoder> dec;
+    if (dec.size() < size_t(b.heads)) dec.resize(size_t(b.heads));
+    for (int h = 0; h < b.heads; ++h) dec[size_t(h)].start(b, h, data[h], size[h], tab, scales, k, out[h]);
+    // Row t of every head in turn: the heads' state chains are independent, so the CPU overlaps
+    // one head's gathers with another's arithmetic instead of waiting on a single chain.
+    for (int t = 0; t < b.tokens; ++t)
+        for (int h = 0; h < b.heads; ++h) dec[size_t(h)].row(t);
+    for (int h = 0; h < b.heads; ++h)  // the lowest corrupt head, as when they are decoded one by one
+        if (!dec[size_t(h)].finish())
+            throw Error(where + ": head " + std::to_string(h) + ": entropy-coded stream is corrupt");
 }
 
 }  // namespace kvscope::detail

@@ -18,6 +18,13 @@ struct GpuCodec {
     std::vector<std::vector<uint8_t>> tables;  // shared mode: serialised tables per level
     std::vector<const uint8_t*> tablePtrs;
     std::vector<uint64_t> tableBytes;
+    // transform codec: the model flattened (means and decode matrices point into p.transform)
+    kvscope_cuda_transform tf{};
+    std::shared_ptr<const TransformModel> model;
+    std::vector<const float*> tfMean, tfDecode;
+    std::vector<float> tfStep;
+    std::vector<uint8_t> tfMaxQ;
+    std::vector<uint16_t> tfFreq;
 
     GpuCodec() = default;
     GpuCodec(const GpuCodec&) = delete;
@@ -40,7 +47,8 @@ struct GpuDecodeStats {
     double wallS = 0;     // chunks in host memory -> KV in device memory
     double h2dS = 0;      // sum of host-to-device copies
     double tableS = 0;    // in-band table kernels
-    double kernelS = 0;   // stream decode kernels
+    double kernelS = 0;   // stream decode kernels (transform: symbol, GEMM and raw-token kernels)
+    double entropyS = 0;  // transform: the symbol kernel alone (part of kernelS)
     double stageS = 0;    // host copies into pinned staging
     double d2hS = 0;      // the decoded KV back to host memory (decodeAll only)
     uint64_t h2dBytes = 0, outputBytes = 0;
@@ -61,7 +69,8 @@ GpuDecodeStats gpuBenchDecode(const CodecParams& p, const std::vector<LevelTable
                               std::vector<uint8_t>* output = nullptr);
 
 // `bench codec`'s GPU figures: encodes kv at `level` (calibrating shared tables on kv when the
-// profile asks for them and has none), times gpuBenchDecode, and checks that the GPU output equals
+// profile asks for them and has none; for the transform codec, the profile's model or one fitted
+// on kv, as `encode` does), times gpuBenchDecode, and checks that the GPU output equals
 // the CPU decoder's byte for byte (a mismatch throws: it is a bug).
 GpuDecodeStats benchGpuDecode(const KvSet& kv, const CodecParams& p, int level, int device, int repeats);
 

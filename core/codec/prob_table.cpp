@@ -4,9 +4,6 @@
 
 #include <cmath>
 #include <cstring>
-#ifdef __SSE2__
-#include <emmintrin.h>
-#endif
 
 namespace kvscope {
 
@@ -41,18 +38,25 @@ void finishCoding(CodingTable* c, const uint16_t* freq, int alphabet, bool forDe
     }
     c->sf[alphabet] = start;  // == kProbScale, freq 0: the walk's sentinel
     if (!forDecoding) return;
-    constexpr int shift = CodingTable::kBucketShift;
+    // last[s]: the last slot of symbol s, 4095 for the two positions past the alphabet.
+    uint16_t last[kMaxAlphabet + 2];
+    for (int s = 0; s < alphabet; ++s) last[s] = uint16_t(c->start(s + 1) - 1);
+    last[alphabet] = last[alphabet + 1] = uint16_t(rans::kProbScale - 1);
+    // Without a data-dependent branch (in-band tables are rebuilt for every chunk): the entry of
+    // each symbol, then s0(b) = #{s >= 1 : start(s) <= 32 b} as a running sum of a histogram of
+    // the first bucket each start reaches.
+    uint64_t entry[kMaxAlphabet];
+    uint8_t firstBucket[CodingTable::kBuckets + 1] = {};
+    constexpr uint32_t round = (1u << CodingTable::kBucketShift) - 1;
     for (int s = 0; s < alphabet; ++s) {
-        const int b0 = int((c->start(s) + (1u << shift) - 1) >> shift);
-        const int b1 = int((c->start(s + 1) - 1) >> shift);
-        const uint32_t e = CodingTable::pack(uint32_t(s), c->start(s), c->freq(s));
-        int b = b0;
-#ifdef __SSE2__
-        // In-band tables are rebuilt for every chunk: fill runs four entries per store.
-        const __m128i e4 = _mm_set1_epi32(int(e));
-        for (; b + 3 <= b1; b += 4) _mm_storeu_si128(reinterpret_cast<__m128i*>(c->bucket + b), e4);
-#endif
-        for (; b <= b1; ++b) c->bucket[b] = e;
+        entry[s] = uint64_t(s) | uint64_t(c->start(s)) << 8 | uint64_t(last[s]) << 20 | uint64_t(last[s + 1]) << 32 |
+                   uint64_t(last[s + 2]) << 44;
+        if (s > 0) firstBucket[(c->start(s) + round) >> CodingTable::kBucketShift]++;
+    }
+    int s0 = 0;
+    for (int b = 0; b < CodingTable::kBuckets; ++b) {
+        s0 += firstBucket[b];
+        c->bucket[b] = entry[s0];
     }
 }
 
@@ -119,16 +123,19 @@ void serializeFreq(const uint16_t* freq, int alphabet, std::vector<uint8_t>& out
         out.push_back(0);
         return;
     }
-    out.push_back(uint8_t(lo));
-    out.push_back(uint8_t(hi));
+    uint8_t buf[2 + 2 * kMaxAlphabet];  // every varint is 1 or 2 bytes (freq - 1 < 2^12)
+    size_t n = 0;
+    buf[n++] = uint8_t(lo);
+    buf[n++] = uint8_t(hi);
     for (int s = lo; s <= hi; ++s) {
-        uint32_t v = freq[s] - 1u;
-        while (v >= 0x80) {
-            out.push_back(uint8_t(v | 0x80));
-            v >>= 7;
-        }
-        out.push_back(uint8_t(v));
+        const uint32_t v = freq[s] - 1u;
+        buf[n] = uint8_t(v | 0x80);
+        buf[n + 1] = uint8_t(v >> 7);
+        const size_t two = v >= 0x80;
+        buf[n] = two ? buf[n] : uint8_t(v);
+        n += 1 + two;
     }
+    out.insert(out.end(), buf, buf + n);
 }
 
 ProbTable fromFreq(const uint16_t* freq, int alphabet)

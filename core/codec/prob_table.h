@@ -26,14 +26,19 @@ struct ProbTable {
 };
 
 // The form the coding loops use: fixed arrays (no allocation, reusable scratch) plus, for the
-// decoder, a bucket index from slot to symbol so a lookup takes one load and rarely a step.
+// decoder, a bucket index from slot to symbol so that a lookup takes one 64-bit load.
 struct CodingTable {
-    static constexpr int kBucketShift = 4;
-    static constexpr int kBuckets = rans::kProbScale >> kBucketShift;
-    // bucket[b]: the symbol owning slot b << kBucketShift, packed with its start and frequency as
-    // sym | start << 8 | (freq - 1) << 20, so one (SIMD-gathered) load gives all three; the
-    // decoder steps to the next symbol while slot >= start + freq.
-    uint32_t bucket[kBuckets];
+    static constexpr int kBucketShift = 5;
+    static constexpr int kBuckets = rans::kProbScale >> kBucketShift;  // 128 buckets of 32 slots
+    // bucket[b] describes the (up to) three symbols that own slots from b << kBucketShift on:
+    //   bits  0..7   s0, the symbol owning the bucket's first slot
+    //   bits  8..19  start(s0)
+    //   bits 20..31  last(s0), bits 32..43 last(s0 + 1), bits 44..55 last(s0 + 2)
+    // where last(s) = start(s + 1) - 1 is the last slot of s (4095 past the alphabet). A slot's
+    // symbol is s0 + (slot > last(s0)) + (slot > last(s0 + 1)) unless slot > last(s0 + 2), which
+    // only happens in a bucket crossed by 3 or more symbol boundaries (rare symbols of frequency
+    // < 32): then the decoder steps on through sf[].
+    uint64_t bucket[kBuckets];
     // start | freq << 16 per symbol, and start = kProbScale after the last one: one load per step.
     uint32_t sf[kMaxAlphabet + 1];
 
@@ -42,11 +47,11 @@ struct CodingTable {
     // Symbol owning `slot`.
     int symbolOf(uint32_t slot) const
     {
-        int s = int(bucket[slot >> kBucketShift] & 0xffu);
+        const uint64_t e = bucket[slot >> kBucketShift];
+        int s = int(e & 0xffu) + int(slot > ((e >> 20) & 0xfffu)) + int(slot > ((e >> 32) & 0xfffu));
         while (slot >= (sf[s + 1] & 0xffffu)) ++s;
         return s;
     }
-    static uint32_t pack(uint32_t sym, uint32_t start, uint32_t freq) { return sym | start << 8 | (freq - 1) << 20; }
 };
 static_assert(sizeof(CodingTable) % 64 == 0, "SIMD gathers index tables as arrays of 32-bit words");
 

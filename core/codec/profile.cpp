@@ -156,6 +156,7 @@ void validateProfile(const CodecProfile& p, const std::string& src)
             throw inputError(src, "transform.importance_quantile", "is outside 0..1");
         if (!(s.importancePower >= 0 && s.importancePower <= 8))
             throw inputError(src, "transform.importance_power", "is outside 0..8");
+        if (!(s.rdoLambda >= 0 && s.rdoLambda <= 16)) throw inputError(src, "transform.rdo_lambda", "is outside 0..16");
         if (p.transformLevels.size() > 64) throw inputError(src, "transform.levels", "more than 64 levels");
         if (p.transformDefaultLevel < 1 || p.transformDefaultLevel > int(p.transformLevels.size()))
             throw inputError(src, "transform.default_level", std::to_string(p.transformDefaultLevel) + " names no level");
@@ -308,6 +309,10 @@ void parseTransformJson(const json& t, CodecProfile& p, const std::string& src)
         if (!t.at("importance_power").is_number()) throw inputError(src, "transform.importance_power", "must be a number");
         s.importancePower = t.at("importance_power").get<double>();
     }
+    if (t.contains("rdo_lambda")) {
+        if (!t.at("rdo_lambda").is_number()) throw inputError(src, "transform.rdo_lambda", "must be a number");
+        s.rdoLambda = t.at("rdo_lambda").get<double>();
+    }
     p.transformDefaultLevel = getInt(t, "default_level", 1, src);
     if (!t.contains("levels") || !t.at("levels").is_array() || t.at("levels").empty() || t.at("levels").size() > 64)
         throw inputError(src, "transform.levels", "must be an array of 1 to 64 levels");
@@ -452,6 +457,7 @@ std::string profileToJson(const CodecProfile& p)
             t["importance_quantile"] = s.importanceQuantile;
             t["importance_power"] = s.importancePower;
         }
+        if (s.rdoLambda != 0) t["rdo_lambda"] = s.rdoLambda;
         t["default_level"] = p.transformDefaultLevel;
         json tl = json::array();
         for (const TransformLevel& l : p.transformLevels) {

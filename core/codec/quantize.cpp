@@ -1,5 +1,6 @@
 #include "codec/quantize.h"
 
+#include "codec/simd_path.h"
 #include "common/error.h"
 #include "common/half.h"
 
@@ -7,6 +8,14 @@
 #include <cmath>
 #include <cstring>
 #include <vector>
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's AVX-512 headers (false positives)
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define KVSCOPE_QUANT_X86 1
+#endif
 
 namespace kvscope::quant {
 
@@ -40,7 +49,7 @@ inline float inverse(uint16_t scaleBits)
 
 // Largest |v| of a row via the float bits: for non-negative floats the bit patterns order like
 // the values, so an integer max (which vectorises) gives absmax and catches NaN and infinity too.
-float absMaxFinite(const float* v, size_t n)
+uint32_t absBitsScalar(const float* v, size_t n)
 {
     uint32_t m = 0;
     for (size_t i = 0; i < n; ++i) {
@@ -48,20 +57,106 @@ float absMaxFinite(const float* v, size_t n)
         std::memcpy(&u, v + i, 4);
         m = std::max(m, u & 0x7fffffffu);
     }
-    if (m >= 0x7f800000u) throw Error("KV value is not finite (NaN or infinity)");
-    float f;
-    std::memcpy(&f, &m, 4);
-    return f;
+    return m;
 }
 
 // Round to nearest even without a libm call, exact for |v| < 2^22 (quantized values are <= 127):
 // adding 1.5 * 2^23 pushes the fraction out of the float.
 inline float roundEven(float v) { return (v + 12582912.0f) - 12582912.0f; }
 
-void quantizeRow(const float* __restrict v, size_t n, float inv, int maxLevel, uint8_t* __restrict q)
+// The scalar reference of a row: q = clamp(round_even(v * inv), -MAX, MAX) + MAX. The SIMD rows
+// below do the same IEEE operations (a multiply, a round to nearest even of the product, min/max,
+// an exact add), so they give the same bytes.
+void quantizeRowScalar(const float* __restrict v, size_t n, float inv, int maxLevel, uint8_t* __restrict q)
 {
     const float lo = float(-maxLevel), hi = float(maxLevel), off = float(maxLevel);
     for (size_t i = 0; i < n; ++i) q[i] = uint8_t(int(std::min(hi, std::max(lo, roundEven(v[i] * inv))) + off));
+}
+
+#ifdef KVSCOPE_QUANT_X86
+#define KVS_Q512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#define KVS_Q256 __attribute__((target("avx2")))
+
+KVS_Q512 uint32_t absBits512(const float* v, size_t n)
+{
+    __m512i m = _mm512_setzero_si512();
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_loadu_si512(v + i), abs));
+    return std::max(uint32_t(_mm512_reduce_max_epu32(m)), absBitsScalar(v + i, n - i));
+}
+
+KVS_Q512 void quantizeRow512(const float* v, size_t n, float inv, int maxLevel, uint8_t* q)
+{
+    const __m512 vi = _mm512_set1_ps(inv), lo = _mm512_set1_ps(float(-maxLevel)), hi = _mm512_set1_ps(float(maxLevel));
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(v + i), vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512 c = _mm512_add_ps(_mm512_min_ps(hi, _mm512_max_ps(lo, r)), hi);  // + MAX, exact
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(c)));
+    }
+    quantizeRowScalar(v + i, n - i, inv, maxLevel, q + i);
+}
+
+KVS_Q256 uint32_t absBits256(const float* v, size_t n)
+{
+    __m256i m = _mm256_setzero_si256();
+    const __m256i abs = _mm256_set1_epi32(0x7fffffff);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + i)), abs));
+    alignas(32) uint32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), m);
+    uint32_t r = absBitsScalar(v + i, n - i);
+    for (uint32_t x : lanes) r = std::max(r, x);
+    return r;
+}
+
+KVS_Q256 void quantizeRow256(const float* v, size_t n, float inv, int maxLevel, uint8_t* q)
+{
+    const __m256 vi = _mm256_set1_ps(inv), lo = _mm256_set1_ps(float(-maxLevel)), hi = _mm256_set1_ps(float(maxLevel));
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256i c = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_min_ps(hi, _mm256_max_ps(lo, r)), hi));
+        const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(q + i), _mm_packus_epi16(w, w));
+    }
+    quantizeRowScalar(v + i, n - i, inv, maxLevel, q + i);
+}
+#endif
+
+uint32_t absBits(const float* v, size_t n)
+{
+#ifdef KVSCOPE_QUANT_X86
+    switch (simdPath()) {
+    case SimdPath::Avx512: return absBits512(v, n);
+    case SimdPath::Avx2: return absBits256(v, n);
+    case SimdPath::Scalar: break;
+    }
+#endif
+    return absBitsScalar(v, n);
+}
+
+void quantizeRow(const float* v, size_t n, float inv, int maxLevel, uint8_t* q)
+{
+#ifdef KVSCOPE_QUANT_X86
+    switch (simdPath()) {
+    case SimdPath::Avx512: return quantizeRow512(v, n, inv, maxLevel, q);
+    case SimdPath::Avx2: return quantizeRow256(v, n, inv, maxLevel, q);
+    case SimdPath::Scalar: break;
+    }
+#endif
+    quantizeRowScalar(v, n, inv, maxLevel, q);
+}
+
+float absMaxFinite(const float* v, size_t n)
+{
+    const uint32_t m = absBits(v, n);
+    if (m >= 0x7f800000u) throw Error("KV value is not finite (NaN or infinity)");
+    float f;
+    std::memcpy(&f, &m, 4);
+    return f;
 }
 
 }  // namespace

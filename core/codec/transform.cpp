@@ -415,13 +415,21 @@ static inline int quantizeComponent(float z, float step, int M, int64_t* q)
     return int(*q) + M;
 }
 
-TransformModel fitTransform(const TransformSettings& s, const std::vector<TransformLevel>& levels,
-                            const std::vector<const KvSet*>& caches)
+std::vector<float> transformCodeLengths(const std::vector<uint16_t>& freq)
+{
+    uint32_t total = 0;
+    for (uint16_t f : freq) total += f;
+    std::vector<float> bits(freq.size());
+    for (size_t i = 0; i < freq.size(); ++i)
+        bits[i] = freq[i] ? float(std::log2(double(total) / double(freq[i]))) : 64.0f;
+    return bits;
+}
+
+TransformFit fitTransformBlocks(const TransformSettings& s, const std::vector<const KvSet*>& caches)
 {
     KVSCOPE_ASSERT(!caches.empty());
     const KvShape& sh = caches.front()->shape();
     const int L = sh.numLayers, H = sh.numKvHeads, D = sh.headDim, C = H * D;
-    if (levels.empty() || levels.size() > 64) throw Error("transform: need 1 to 64 levels");
     for (size_t i = 0; i < caches.size(); ++i) {
         const KvSet& kv = *caches[i];
         const std::string what = "calibration cache " + std::to_string(i + 1);
@@ -439,7 +447,8 @@ TransformModel fitTransform(const TransformSettings& s, const std::vector<Transf
         throw Error("transform: a hadamard basis needs a power-of-two head_dim, not " + std::to_string(D));
     if (s.ropeUndo && D % 2) throw Error("transform: rope_undo needs an even head_dim");
 
-    TransformModel m;
+    TransformFit fit;
+    TransformModel& m = fit.model;
     m.settings = s;
     m.numLayers = L;
     m.heads = H;
@@ -449,8 +458,10 @@ TransformModel fitTransform(const TransformSettings& s, const std::vector<Transf
         m.ropePosition0 = caches.front()->ropePosition0;
     }
     m.blocks.resize(size_t(2 * L));
-    std::vector<std::vector<float>> rows(size_t(2 * L));
-    std::vector<size_t> counts(size_t(2 * L));
+    std::vector<std::vector<float>>& rows = fit.rows;
+    std::vector<size_t>& counts = fit.counts;
+    rows.resize(size_t(2 * L));
+    counts.resize(size_t(2 * L));
     detail::parallelUnits(2 * L, [&](int u) {
         const KvKind kind = u < L ? KvKind::Key : KvKind::Value;
         const int layer = u % L;
@@ -475,39 +486,78 @@ TransformModel fitTransform(const TransformSettings& s, const std::vector<Transf
             }
         }
     });
-    const double lbar[2] = {meanVariance(m, KvKind::Key), meanVariance(m, KvKind::Value)};
-    for (const TransformLevel& lev : levels) {
-        m.keyTheta.push_back(lev.keyTheta);
-        m.valueTheta.push_back(lev.valueTheta);
-        std::vector<TransformLevelBlock> lbs(size_t(2 * L));
-        detail::parallelUnits(2 * L, [&](int u) {
-            const KvKind kind = u < L ? KvKind::Key : KvKind::Value;
-            const int layer = u % L;
-            TransformLevelBlock lb = levelSteps(m, lev, kind, layer, lbar[u < L ? 0 : 1]);
-            if (s.entropy == TransformEntropy::Rans) {
-                // Symbol counts on the calibration rows, one table per coded component.
-                std::vector<int> coded;
-                for (int j = 0; j < C; ++j)
-                    if (lb.step[size_t(j)] > 0) coded.push_back(j);
-                std::vector<std::vector<uint32_t>> cnt(coded.size());
-                for (size_t k = 0; k < coded.size(); ++k) cnt[k].assign(2 * size_t(lb.maxQ[size_t(coded[k])]) + 1, 0);
-                const std::vector<float>& r = rows[size_t(u)];
-                for (size_t t = 0; t < counts[size_t(u)]; ++t) {
-                    for (size_t k = 0; k < coded.size(); ++k) {
-                        const int j = coded[k];
-                        const float z = r[t * C + size_t(j)];
-                        int64_t q;
-                        cnt[k][size_t(quantizeComponent(z, lb.step[size_t(j)], lb.maxQ[size_t(j)], &q))]++;
-                    }
+    fit.meanVariance[0] = meanVariance(m, KvKind::Key);
+    fit.meanVariance[1] = meanVariance(m, KvKind::Value);
+    return fit;
+}
+
+std::vector<TransformLevelBlock> fitTransformLevel(const TransformFit& fit, const TransformLevel& lev)
+{
+    const TransformModel& m = fit.model;
+    const TransformSettings& s = m.settings;
+    const int L = m.numLayers, C = m.channels();
+    const std::vector<std::vector<float>>& rows = fit.rows;
+    const std::vector<size_t>& counts = fit.counts;
+    for (const std::vector<double>* sc : {&lev.keyLayerScale, &lev.valueLayerScale})
+        if (!sc->empty() && int(sc->size()) != L)
+            throw Error("transform: level '" + lev.name + "' has " + std::to_string(sc->size()) + " layer scales for " +
+                        std::to_string(L) + " layers");
+    std::vector<TransformLevelBlock> lbs(size_t(2 * L));
+    detail::parallelUnits(2 * L, [&](int u) {
+        const KvKind kind = u < L ? KvKind::Key : KvKind::Value;
+        const int layer = u % L;
+        TransformLevelBlock lb = levelSteps(m, lev, kind, layer, fit.meanVariance[u < L ? 0 : 1]);
+        if (s.entropy == TransformEntropy::Rans) {
+            // Symbol counts on the calibration rows, one table per coded component.
+            std::vector<int> coded;
+            for (int j = 0; j < C; ++j)
+                if (lb.step[size_t(j)] > 0) coded.push_back(j);
+            std::vector<std::vector<uint32_t>> cnt(coded.size());
+            for (size_t k = 0; k < coded.size(); ++k) cnt[k].assign(2 * size_t(lb.maxQ[size_t(coded[k])]) + 1, 0);
+            const std::vector<float>& r = rows[size_t(u)];
+            for (size_t t = 0; t < counts[size_t(u)]; ++t) {
+                for (size_t k = 0; k < coded.size(); ++k) {
+                    const int j = coded[k];
+                    const float z = r[t * C + size_t(j)];
+                    int64_t q;
+                    cnt[k][size_t(quantizeComponent(z, lb.step[size_t(j)], lb.maxQ[size_t(j)], &q))]++;
                 }
-                for (size_t k = 0; k < coded.size(); ++k)
-                    lb.freq.push_back(buildProbTable(cnt[k].data(), int(cnt[k].size())).freq);
             }
-            lbs[size_t(u)] = std::move(lb);
-        });
-        m.levels.push_back(std::move(lbs));
+            for (size_t k = 0; k < coded.size(); ++k)
+                lb.freq.push_back(buildProbTable(cnt[k].data(), int(cnt[k].size())).freq);
+            if (s.rdoLambda > 0) {  // recount with the RD rule and the first tables' code lengths
+                for (size_t k = 0; k < coded.size(); ++k) {
+                    const int j = coded[k];
+                    const int M = lb.maxQ[size_t(j)];
+                    const std::vector<float> bits = transformCodeLengths(lb.freq[k]);
+                    std::fill(cnt[k].begin(), cnt[k].end(), 0u);
+                    for (size_t t = 0; t < counts[size_t(u)]; ++t) {
+                        const double x = double(r[t * C + size_t(j)]) / double(lb.step[size_t(j)]);
+                        int64_t q;
+                        const int sym = quantizeComponent(float(x), 1.0f, M, &q);
+                        cnt[k][size_t(sym == 0 || sym == 2 * M ? sym : rdoSymbol(x, sym, M, bits.data(), s.rdoLambda))]++;
+                    }
+                    lb.freq[k] = buildProbTable(cnt[k].data(), int(cnt[k].size())).freq;
+                }
+            }
+        }
+        lbs[size_t(u)] = std::move(lb);
+    });
+    return lbs;
+}
+
+TransformModel fitTransform(const TransformSettings& s, const std::vector<TransformLevel>& levels,
+                            const std::vector<const KvSet*>& caches)
+{
+    if (levels.empty() || levels.size() > 64) throw Error("transform: need 1 to 64 levels");
+    TransformFit fit = fitTransformBlocks(s, caches);
+    for (const TransformLevel& lev : levels) {
+        std::vector<TransformLevelBlock> lbs = fitTransformLevel(fit, lev);
+        fit.model.keyTheta.push_back(lev.keyTheta);
+        fit.model.valueTheta.push_back(lev.valueTheta);
+        fit.model.levels.push_back(std::move(lbs));
     }
-    return m;
+    return std::move(fit.model);
 }
 
 // ---- serialisation ------------------------------------------------------------------------------
@@ -748,6 +798,7 @@ void prepareTransform(CodecParams& p, const KvSet& kv, const std::string& source
         m.settings.tokenImportance = s.tokenImportance;  // encoder-side, independent of calibration
         m.settings.importanceQuantile = s.importanceQuantile;
         m.settings.importancePower = s.importancePower;
+        m.settings.rdoLambda = s.rdoLambda;
         if (m.numLevels() != int(pr.transformLevels.size()))
             throw inputError(source, "transform.levels", "the calibrated model has " + std::to_string(m.numLevels()) +
                                                              " levels, the profile lists " + std::to_string(pr.transformLevels.size()) +

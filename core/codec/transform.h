@@ -39,7 +39,9 @@
 //    ~Delta^2/12 = theta); the others take 0 bits, are not coded and reconstruct as the mean.
 //    theta = t_kind * layer_scale[l] * lambda_bar_kind, where lambda_bar_kind is the mean of
 //    lambda over every layer and component of that kind (so t is dimensionless) and t, layer_scale
-//    are the level's settings. allocation "uniform" instead codes every component at the same rate:
+//    are the level's settings (`tune --codec transform` learns t and layer_scale on tuning
+//    contexts: theta per (kind, layer) ~ 1 / its measured KL per unit distortion, eval/tune_transform.h).
+//    allocation "uniform" instead codes every component at the same rate:
 //    Delta_j = sqrt(12 theta lambda_j / lambda_bar_block) (same mean error, equal bits).
 //
 // 5. Quantization and coding. q_j = rint(z_j / Delta_j), symbol = clamp(q_j, -M_j, M_j) + M_j with
@@ -63,6 +65,19 @@
 //    per coded token at the head of each block's stream; each class's rows are one symbol stream
 //    whose tables are the level's tables folded for the coarser step (symbol q -> rint(q / 2^c),
 //    escapes to escapes), so the decoder derives them without side information.
+//
+// 8. Rate-distortion optimised rounding (rdo_lambda = kappa, off by default; encoder only, the
+//    payload and the decoder are unchanged). Rounding to nearest minimises distortion only. With
+//    the component's table, the code length bits(q) = -log2 p(q) is known to the encoder, and the
+//    cost to minimise is D + lambda R. On the water-filling curve dD/dR = -2 ln 2 theta per
+//    component, so lambda = 2 ln 2 theta; in units of Delta^2 = 12 theta (class c: both theta and
+//    Delta^2 scale by 4^c) the cost of q is (z / Delta - q)^2 + (ln 2 / 6) bits(q), the same for
+//    every component and class. kappa scales the rate term (1 = the theory). The candidates are
+//    the nearest q and the one next to it toward zero (never an escape); ties keep the nearest.
+//    This is a deadzone that adapts to each component's statistics: near-zero values of flat
+//    components go to 0, which is cheap, while peaked components keep nearest rounding. The
+//    calibrated tables are counted twice: with nearest rounding, then with this rule and the
+//    first tables' lengths.
 //
 // Where the side information lives: a TransformModel (means, A, steps, tables per level) is fitted
 // by `kvscope-cli calibrate --codec transform` on calibration caches and stored in the profile;
@@ -108,6 +123,10 @@ struct TransformSettings {
     bool tokenImportance = false;
     double importanceQuantile = 0.75;  // w_ref = this quantile of the layer's token importance, 0..1
     double importancePower = 0.5;      // log2 multiplier = power * log2(w_ref / w_t), rounded, 0..3
+    // Rate-distortion optimised rounding (READ ME FIRST, 8), encoder-side like the above: 0 = round
+    // to nearest (default), kappa > 0 = choose between nearest and one step toward zero by
+    // (z/Delta - q)^2 + kappa (ln 2 / 6) bits(q). Calibration counts its tables with the same rule.
+    double rdoLambda = 0.0;  // 0..16
     bool operator==(const TransformSettings& o) const;
 };
 
@@ -174,10 +193,41 @@ TransformModel parseTransformModel(const uint8_t* data, size_t size, const KvSha
 TransformModel fitTransform(const TransformSettings& s, const std::vector<TransformLevel>& levels,
                             const std::vector<const KvSet*>& caches);
 
+// The level-independent part of a fit, kept so that many levels can be fitted on the same
+// calibration rows (`tune --codec transform` tries dozens): the model without levels, every
+// block's calibration rows as components z (rows[kind * L + layer], counts[...] rows of C floats)
+// and lambda_bar per kind (READ ME FIRST, 4).
+struct TransformFit {
+    TransformModel model;
+    std::vector<std::vector<float>> rows;
+    std::vector<size_t> counts;
+    double meanVariance[2] = {1.0, 1.0};
+};
+TransformFit fitTransformBlocks(const TransformSettings& s, const std::vector<const KvSet*>& caches);
+// Steps, alphabets and (rans) counted tables of one level on the fit's rows, per block
+// [kind * L + layer] (counted with the fit's rounding rule, READ ME FIRST 8); throws kvscope::Error when a layer-scale list has the wrong length.
+std::vector<TransformLevelBlock> fitTransformLevel(const TransformFit& fit, const TransformLevel& level);
+
 // The model an encoder uses for `kv`: the profile's calibrated model (its RoPE set to kv's), or
 // one fitted on kv itself (basis pca falls back to hadamard, tables parametric) when the profile
 // has none. Stores it in p.transform. Throws kvscope::Error naming `source` on any mismatch.
 void prepareTransform(CodecParams& p, const KvSet& kv, const std::string& source);
+
+// Code length in bits of every symbol of a table (-log2 of its probability).
+std::vector<float> transformCodeLengths(const std::vector<uint16_t>& freq);
+// READ ME FIRST, 8: of the interior symbol `sym` (nearest q = sym - M of x = z / Delta, q not an
+// escape) and its neighbour toward zero, the one of least (x - q)^2 + kappa (ln 2 / 6) bits.
+inline int rdoSymbol(double x, int sym, int M, const float* bits, double kappa)
+{
+    const int q = sym - M;
+    if (q == 0) return sym;
+    const int s1 = q > 0 ? sym - 1 : sym + 1;
+    const double w = kappa * 0.11552453009332421;  // ln 2 / 6
+    const double c0 = (x - q) * (x - q) + w * double(bits[sym]);
+    const double q1 = double(s1 - M);
+    const double c1 = (x - q1) * (x - q1) + w * double(bits[s1]);
+    return c1 < c0 ? s1 : sym;
+}
 
 // Bytes of the model's serialised form.
 size_t transformModelBytes(const TransformModel& m);

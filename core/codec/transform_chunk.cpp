@@ -167,6 +167,18 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
     }
     std::vector<uint8_t> sym(size_t(R) * K);
     std::vector<float> v(static_cast<size_t>(C));
+    // RD rounding (READ ME FIRST, 8): code lengths per (class, component) of the tables in use.
+    const bool rdo = m.settings.rdoLambda > 0 && m.settings.entropy == TransformEntropy::Rans;
+    std::vector<std::vector<float>> bits;  // [class * K + k]
+    if (rdo) {
+        bits.resize(size_t(kImportanceClasses) * K);
+        for (int c = 0; c < (imp ? kImportanceClasses : 1); ++c)
+            for (int k = 0; k < K; ++k) {
+                int Mf = lb.maxQ[size_t(coded[size_t(k)])];
+                bits[size_t(c) * K + size_t(k)] =
+                    transformCodeLengths(c == 0 ? lb.freq[size_t(k)] : foldedFreq(lb.freq[size_t(k)], Mf, c, Mf));
+            }
+    }
     for (int r = 0; r < R; ++r) {
         const int t = codedTokens[size_t(r)];
         for (int h = 0; h < H; ++h)
@@ -186,6 +198,9 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
                 putVarint(out.escapes, uint64_t(q < 0 ? (uint64_t(-q) << 1) - 1 : uint64_t(q) << 1));
             } else {
                 s = int(q) + M;
+                if (rdo)
+                    s = rdoSymbol(double(z) / (double(lb.step[size_t(j)]) * double(1 << c)), s, M,
+                                  bits[size_t(c) * K + size_t(k)].data(), m.settings.rdoLambda);
             }
             sym[size_t(r) * K + size_t(k)] = uint8_t(s);
         }

@@ -532,6 +532,20 @@ SuiteReference::SuiteReference(const Model& model, Suite suite, const SuiteOptio
             keyParts.push_back(std::to_string(q.gold) + "|" + sq.answer);
             it.questions.push_back(std::move(q));
         }
+        // Every position a scoring pass reaches must be one the model was trained for: the
+        // continuation pass ends at context + continuation - 1, a question's branches and its
+        // greedy answer at context + prompt + the longest option (or the gold one + 2).
+        size_t reach = it.context.size() + (it.continuation.empty() ? 0 : it.continuation.size() - 1);
+        for (const SuitePreparedItem::Question& q : it.questions) {
+            size_t longest = size_t(q.maxAnswerTokens);
+            for (const auto& o : q.options) longest = std::max(longest, o.size());
+            reach = std::max(reach, it.context.size() + q.prompt.size() + longest);
+        }
+        const int maxPositions = model.spec().config.maxPositionEmbeddings;
+        if (maxPositions > 0 && reach > size_t(maxPositions))
+            throw inputError(suite_.source, "items." + si.id,
+                             "context, question and answer reach position " + std::to_string(reach) + ", past the model's " +
+                                 std::to_string(maxPositions) + " positions");
         itemKeys.push_back(digest(keyParts));
         items_.push_back(std::move(it));
     }

@@ -135,7 +135,9 @@ class SuiteReference {
 public:
     // Tokenizes every item, then reads its prefill KV and fp16 reference from the disk cache or
     // computes (and caches) them. Throws kvscope::Error for a context of fewer than 2 tokens, a
-    // prompt past the model's position limit, an unreadable cache directory, or cancellation.
+    // prompt past the model's position limit (context + continuation, or context + question +
+    // longest option, past max_position_embeddings: "file: items.ID: ... reach position N, past
+    // the model's M positions", before any prefill), an unreadable cache directory, or cancellation.
     // A cache file that fails validation is recomputed and replaced, with a warning on stderr.
     SuiteReference(const Model& model, Suite suite, const SuiteOptions& options = {}, const SuiteProgress& progress = {});
     ~SuiteReference();

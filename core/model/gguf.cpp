@@ -10,6 +10,9 @@
 #include "common/file_io.h"
 #include "common/half.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -540,6 +543,15 @@ const uint8_t* GgufFile::tensorBytes(const GgufTensorInfo& t) const
         throw inputError(d_->path, place,
                          "byte size " + std::to_string(t.nbytes) + " does not match shape and type " + tr.name);
     return d_->map + d_->dataOffset + t.offset;
+}
+
+void GgufFile::releaseTensorPages(const GgufTensorInfo& t) const
+{
+    const uint8_t* p = tensorBytes(t);
+    const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+    const uintptr_t begin = (uintptr_t(p) + page - 1) / page * page, end = (uintptr_t(p) + t.nbytes) / page * page;
+    // Advice only: a failure leaves the pages resident, nothing else.
+    if (end > begin) (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 std::vector<float> GgufFile::readTensorF32(const GgufTensorInfo& t) const

@@ -85,6 +85,10 @@ public:
     // The stored bytes of `t` (t.nbytes of them, inside the mapping; valid while this file lives).
     // Throws like readTensorF32 when `t` does not describe data in this file.
     const uint8_t* tensorBytes(const GgufTensorInfo& t) const;
+    // Drops the mapped pages wholly inside `t`'s bytes from this process's resident memory (a
+    // loader that copied them out calls it, so the file does not count twice); the bytes stay
+    // readable (read again from the file).
+    void releaseTensorPages(const GgufTensorInfo& t) const;
 
 private:
     struct Impl;

@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 
+#include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -35,12 +36,34 @@ torch::Tensor adopt(HostTensor&& h)
                             torch::TensorOptions().dtype(torch::kFloat32));
 }
 
+// A weight matrix (out, in): either expanded (`dense`, in the compute dtype) or packed in the
+// file's ggml blocks (`packed`) and expanded tile by tile each time the forward uses it.
+struct Weight {
+    torch::Tensor dense;
+    std::shared_ptr<const HostTensor> packed;
+    int64_t rows = 0, cols = 0;
+};
+
+// Rows [r0, r0 + n) of a packed weight as float32 into out (n x cols), over torch's threads.
+void expandRows(const HostTensor& t, int64_t r0, int64_t n, float* out)
+{
+    const int64_t cols = t.shape[1];
+    at::parallel_for(0, n, 16, [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) t.readRow(r0 + r, out + r * cols);
+    });
+}
+
+// Values of one expanded tile: 4 MB of fp32, small enough to stay in cache between its
+// expansion and its matmul.
+constexpr int64_t kTileValues = int64_t(1) << 20;
+
 struct Layer {
     torch::Tensor inNorm, postNorm;
     torch::Tensor qNorm, kNorm;             // qkNorm only (per-head RMSNorm weights, head_dim)
     torch::Tensor preFfnNorm, postFfnNorm;  // sandwichNorm only (Gemma)
-    torch::Tensor wq, wk, wv, wo, bq, bk, bv;  // b* undefined without q/k/v biases
-    torch::Tensor wGate, wUp, wDown;
+    Weight wq, wk, wv, wo;
+    torch::Tensor bq, bk, bv;  // undefined without q/k/v biases
+    Weight wGate, wUp, wDown;
     bool sliding = false;  // attends within the config's sliding window, with the local RoPE base
 };
 
@@ -176,8 +199,8 @@ struct LlamaRuntime::Impl {
     LlamaSpec spec;
     RuntimeOptions options;
     std::string fingerprint;
-    torch::Tensor embed;   // (vocab, hidden) fp32, for the lookup
-    torch::Tensor lmHead;  // (vocab, hidden) in the compute dtype
+    Weight embed;   // (vocab, hidden); expanded: fp32, for the lookup
+    Weight lmHead;  // (vocab, hidden); the same packed rows as embed when tied
     torch::Tensor norm;
     torch::Tensor invFreq;       // (head_dim / 2), global layers
     torch::Tensor invFreqLocal;  // sliding layers (Gemma 3's own base); = invFreq otherwise
@@ -185,12 +208,59 @@ struct LlamaRuntime::Impl {
     torch::ScalarType compute = torch::kFloat32;
     torch::ScalarType kvType = torch::kFloat16;
     bool geglu = false;  // GeGLU (Gemma) instead of SwiGLU
+    bool packedWeights = false;  // some matrices are held in their stored ggml blocks
 
     torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b = {}) const
     {
         if (compute == torch::kFloat32) return torch::linear(x, w, b);
         torch::Tensor y = torch::linear(x.to(compute), w, b.defined() ? b.to(compute) : b);
         return y.to(torch::kFloat32);
+    }
+
+    // x (T, in) times w^T (+ b): a packed weight is expanded kTileValues at a time into one
+    // scratch tile, so memory holds the stored blocks plus one tile, never the fp32 matrix.
+    torch::Tensor linear(const torch::Tensor& x, const Weight& w, const torch::Tensor& b = {}) const
+    {
+        if (!w.packed) return linear(x, w.dense, b);
+        const int64_t N = w.rows, K = w.cols, T = x.size(0);
+        const int64_t tile = std::max<int64_t>(1, std::min<int64_t>(N, kTileValues / K));
+        const torch::Tensor xc = compute == torch::kFloat32 ? x.contiguous() : x.to(compute).contiguous();
+        torch::Tensor scratch = torch::empty({tile, K});
+        torch::Tensor out = torch::empty({T, N});
+        for (int64_t n0 = 0; n0 < N; n0 += tile) {
+            const int64_t n = std::min(tile, N - n0);
+            expandRows(*w.packed, n0, n, scratch.data_ptr<float>());
+            torch::Tensor wt = scratch.narrow(0, 0, n);
+            if (compute != torch::kFloat32) wt = wt.to(compute);
+            if (n == N) {
+                out = torch::mm(xc, wt.t());
+                if (compute != torch::kFloat32) out = out.to(torch::kFloat32);
+            } else {
+                out.narrow(1, n0, n).copy_(torch::mm(xc, wt.t()));
+            }
+        }
+        if (b.defined()) out.add_(b);
+        return out;
+    }
+
+    // The whole weight as float32 (out, in).
+    torch::Tensor expanded(const Weight& w) const
+    {
+        if (!w.packed) return w.dense.to(torch::kFloat32);
+        torch::Tensor t = torch::empty({w.rows, w.cols});
+        expandRows(*w.packed, 0, w.rows, t.data_ptr<float>());
+        return t;
+    }
+
+    // Embedding rows of `ids` (T) as float32 (T, hidden): a packed table expands only those rows.
+    torch::Tensor embedRows(const torch::Tensor& ids) const
+    {
+        if (!embed.packed) return embed.dense.index_select(0, ids);
+        const int64_t T = ids.size(0);
+        torch::Tensor x = torch::empty({T, embed.cols});
+        const int64_t* id = ids.data_ptr<int64_t>();
+        for (int64_t i = 0; i < T; ++i) embed.packed->readRow(id[i], x.data_ptr<float>() + i * embed.cols);
+        return x;
     }
 };
 
@@ -223,10 +293,35 @@ LlamaRuntime::LlamaRuntime(LlamaWeights weights, const RuntimeOptions& options) 
         weights.tensors.erase(it);
         return t;
     };
-    auto mat = [&](const std::string& name) {
+    uint64_t packedValues = 0;
+    for (const auto& [name, t] : weights.tensors)
+        if (t.isPacked()) packedValues += t.elements();
+    const bool pack = options.weights == RuntimeOptions::Weights::Packed ||
+                      (options.weights == RuntimeOptions::Weights::Auto &&
+                       packedValues * sizeof(float) > RuntimeOptions::kAutoExpandLimit);
+    d.packedWeights = pack && packedValues > 0;
+    // A matrix stays packed when `pack`; float32 ones are adopted as they are.
+    auto matAs = [&](const std::string& name, torch::ScalarType dtype) {
+        auto it = weights.tensors.find(name);
+        KVSCOPE_ASSERT(it != weights.tensors.end());
+        HostTensor& h = it->second;
+        Weight w;
+        w.rows = h.shape[0];
+        w.cols = h.shape[1];
+        if (h.isPacked() && pack) {
+            w.packed = std::make_shared<const HostTensor>(std::move(h));
+            weights.tensors.erase(it);
+            return w;
+        }
+        if (h.isPacked()) {
+            h.data = h.toFloat();
+            h.packed = {};
+        }
         torch::Tensor t = take(name);
-        return d.compute == torch::kFloat32 ? t : t.to(d.compute);
+        w.dense = dtype == torch::kFloat32 ? t : t.to(dtype);
+        return w;
     };
+    auto mat = [&](const std::string& name) { return matAs(name, d.compute); };
     const ModelConfig& c = d.spec.config;
     d.layers.resize(size_t(c.numLayers));
     for (int l = 0; l < c.numLayers; ++l) {
@@ -257,11 +352,14 @@ LlamaRuntime::LlamaRuntime(LlamaWeights weights, const RuntimeOptions& options) 
         L.wDown = mat(p + "mlp.down_proj.weight");
     }
     d.norm = take("model.norm.weight");
-    d.embed = take("model.embed_tokens.weight");
-    if (d.spec.tiedEmbeddings)
-        d.lmHead = d.compute == torch::kFloat32 ? d.embed : d.embed.to(d.compute);
-    else
+    d.embed = matAs("model.embed_tokens.weight", torch::kFloat32);  // the lookup reads fp32 rows
+    if (!d.spec.tiedEmbeddings)
         d.lmHead = mat("lm_head.weight");
+    else if (d.embed.packed)
+        d.lmHead = d.embed;
+    else
+        d.lmHead = Weight{d.compute == torch::kFloat32 ? d.embed.dense : d.embed.dense.to(d.compute), nullptr,
+                          d.embed.rows, d.embed.cols};
 }
 
 LlamaRuntime::~LlamaRuntime() = default;
@@ -269,6 +367,7 @@ LlamaRuntime::~LlamaRuntime() = default;
 const LlamaSpec& LlamaRuntime::spec() const { return d_->spec; }
 const RuntimeOptions& LlamaRuntime::options() const { return d_->options; }
 const std::string& LlamaRuntime::fingerprint() const { return d_->fingerprint; }
+bool LlamaRuntime::packedWeights() const { return d_->packedWeights; }
 
 KvShape LlamaRuntime::kvShape(int tokens) const
 {
@@ -279,7 +378,8 @@ KvShape LlamaRuntime::kvShape(int tokens) const
 std::string LlamaRuntime::describe() const
 {
     return std::string("libtorch ") + TORCH_VERSION + ", " + std::to_string(torch::get_num_threads()) +
-           " threads, " + dtypeName(d_->options.compute) + " compute, " + dtypeName(d_->options.kvDtype) + " KV";
+           " threads, " + dtypeName(d_->options.compute) + " compute, " + dtypeName(d_->options.kvDtype) + " KV" +
+           (d_->packedWeights ? ", packed weights" : "");
 }
 
 // ---- session ---------------------------------------------------------------------------------
@@ -408,7 +508,7 @@ torch::Tensor InferenceSession::State::forwardBlock(const LlamaRuntime::Impl& d,
     const int P = s_->length;
     const int S = P + T;
     const torch::Tensor ids = torch::from_blob(const_cast<int32_t*>(tokens), {T}, torch::kInt32).to(torch::kLong);
-    torch::Tensor x = d.embed.index_select(0, ids);  // (T, hidden)
+    torch::Tensor x = d.embedRows(ids);  // (T, hidden)
     if (c.embedScale != 1.0) x = x * float(c.embedScale);
     const auto [cosG, sinG] = ropeTablesAt(d.invFreq, pos);
     const auto [cosL, sinL] = ropeTablesAt(d.invFreqLocal, pos);
@@ -521,7 +621,7 @@ void InferenceSession::exportCodecStatistics(KvSet& kv) const
     kv.valueWeight.clear();
     for (const Layer& L : d.layers) {
         // wo (hidden, H * hd): head h's columns; M_g = sum_h W_h^T W_h over the group's heads.
-        const torch::Tensor wo = L.wo.to(torch::kFloat32).reshape({L.wo.size(0), KH, groups, hd});
+        const torch::Tensor wo = d.expanded(L.wo).reshape({L.wo.rows, KH, groups, hd});
         const torch::Tensor m = torch::einsum("nkgi,nkgj->kij", {wo, wo}).contiguous();  // (KH, hd, hd)
         kv.valueWeight.emplace_back(m.data_ptr<float>(), m.data_ptr<float>() + m.numel());
     }

@@ -3,6 +3,7 @@
 #include "model/llama_weights.h"
 
 #include "common/error.h"
+#include "model/ggml_quants.h"
 #include "model/gguf.h"
 #include "model/llama2c.h"
 #include "model/safetensors.h"
@@ -15,6 +16,38 @@
 #include <set>
 
 namespace kvscope {
+
+uint64_t HostTensor::elements() const
+{
+    uint64_t n = 1;
+    for (int64_t d : shape) n *= uint64_t(d);
+    return n;
+}
+
+uint64_t HostTensor::rowBytes() const
+{
+    return shape.size() == 2 ? ggmlRowBytes(ggmlType, uint64_t(shape[1])) : 0;
+}
+
+void HostTensor::readRow(int64_t r, float* out) const
+{
+    const int64_t cols = shape.size() == 2 ? shape[1] : int64_t(elements());
+    KVSCOPE_ASSERT(r >= 0 && (shape.size() == 2 ? r < shape[0] : r == 0));
+    if (!isPacked()) {
+        std::memcpy(out, data.data() + size_t(r) * size_t(cols), size_t(cols) * sizeof(float));
+        return;
+    }
+    const uint64_t rb = rowBytes();
+    dequantizeGgml(ggmlType, packed.data() + uint64_t(r) * rb, rb, uint64_t(cols), out);
+}
+
+std::vector<float> HostTensor::toFloat() const
+{
+    if (!isPacked()) return data;
+    std::vector<float> out(static_cast<size_t>(elements()));
+    for (int64_t r = 0; r < shape[0]; ++r) readRow(r, out.data() + size_t(r) * size_t(shape[1]));
+    return out;
+}
 
 namespace {
 
@@ -58,7 +91,11 @@ void finish(LlamaWeights& w)
     w.spec.tiedEmbeddings = w.tensors.count("lm_head.weight") == 0;
     w.spec.qkvBias = w.tensors.count(layerName(0, "self_attn.q_proj.bias")) != 0;
     w.spec.parameters = 0;
-    for (const auto& [name, t] : w.tensors) w.spec.parameters += t.data.size();
+    w.spec.weightBytes = 0;
+    for (const auto& [name, t] : w.tensors) {
+        w.spec.parameters += t.elements();
+        w.spec.weightBytes += t.isPacked() ? t.packed.size() : t.data.size() * sizeof(float);
+    }
     validateLlamaWeights(w);
 }
 
@@ -87,11 +124,17 @@ void splitRows(LlamaWeights& w, const std::string& fusedName, HostTensor fused,
                          "fused projection has " + std::to_string(fused.shape.empty() ? 0 : fused.shape[0]) +
                              " rows, expected " + std::to_string(total));
     const int64_t cols = fused.shape[1];
+    const int64_t rb = int64_t(fused.rowBytes());  // packed: bytes per row
     int64_t row = 0;
     for (const auto& [name, rows] : parts) {
         HostTensor t;
         t.shape = {rows, cols};
-        t.data.assign(fused.data.begin() + std::ptrdiff_t(row * cols), fused.data.begin() + std::ptrdiff_t((row + rows) * cols));
+        if (fused.isPacked()) {
+            t.ggmlType = fused.ggmlType;
+            t.packed.assign(fused.packed.begin() + std::ptrdiff_t(row * rb), fused.packed.begin() + std::ptrdiff_t((row + rows) * rb));
+        } else {
+            t.data.assign(fused.data.begin() + std::ptrdiff_t(row * cols), fused.data.begin() + std::ptrdiff_t((row + rows) * cols));
+        }
         w.tensors[name] = std::move(t);
         row += rows;
     }
@@ -111,6 +154,20 @@ void splitFused(LlamaWeights& w, const std::string& name, HostTensor&& t)
     } else {
         splitRows(w, name, std::move(t),
                   {{prefix + "mlp.gate_proj.weight", c.intermediateSize}, {prefix + "mlp.up_proj.weight", c.intermediateSize}});
+    }
+}
+
+// permuteInterleavedToRotateHalf on whole packed rows (a row's blocks move together).
+void permutePackedRows(HostTensor& t, int headDim)
+{
+    const size_t rb = size_t(t.rowBytes());
+    const int heads = int(t.shape[0] / headDim);
+    std::vector<uint8_t> tmp(rb * size_t(headDim));
+    for (int h = 0; h < heads; ++h) {
+        uint8_t* head = t.packed.data() + size_t(h) * size_t(headDim) * rb;
+        for (int p = 0; p < headDim; ++p)
+            std::memcpy(tmp.data() + size_t(p) * rb, head + size_t(rotateHalfSourceRow(p, headDim)) * rb, rb);
+        std::memcpy(head, tmp.data(), tmp.size());
     }
 }
 
@@ -172,9 +229,9 @@ void validateLlamaWeights(const LlamaWeights& w)
         if (it->second.shape != shape)
             throw inputError(path, "tensor '" + name + "'",
                              "shape " + shapeText(it->second.shape) + ", expected " + shapeText(shape));
-        size_t n = 1;
-        for (int64_t d : shape) n *= size_t(d);
-        KVSCOPE_ASSERT(it->second.data.size() == n);
+        const HostTensor& t = it->second;
+        KVSCOPE_ASSERT(t.isPacked() ? t.shape.size() == 2 && t.packed.size() == size_t(shape[0]) * t.rowBytes()
+                                    : t.data.size() == t.elements());
     }
     for (const auto& [name, t] : w.tensors)
         if (!expected.count(name))
@@ -210,7 +267,7 @@ LlamaWeights loadLlama2cWeights(const std::string& path)
 
     const int L = lc.nLayers;
     const int64_t D = lc.dim, H = lc.hiddenDim;
-    w.tensors["model.embed_tokens.weight"] = {{lc.vocabSize, D}, std::move(m.tokenEmbedding)};
+    w.tensors["model.embed_tokens.weight"] = {{lc.vocabSize, D}, std::move(m.tokenEmbedding), {}, 0};
     putLayers(w, m.rmsAtt, L, D, 1, "input_layernorm.weight");
     putLayers(w, m.rmsFfn, L, D, 1, "post_attention_layernorm.weight");
     putLayers(w, m.wq, L, lc.qDim(), D, "self_attn.q_proj.weight");
@@ -220,8 +277,8 @@ LlamaWeights loadLlama2cWeights(const std::string& path)
     putLayers(w, m.w1, L, H, D, "mlp.gate_proj.weight");
     putLayers(w, m.w3, L, H, D, "mlp.up_proj.weight");
     putLayers(w, m.w2, L, D, H, "mlp.down_proj.weight");
-    w.tensors["model.norm.weight"] = {{D}, std::move(m.rmsFinal)};
-    if (!lc.sharedClassifier) w.tensors["lm_head.weight"] = {{lc.vocabSize, D}, std::move(m.wcls)};
+    w.tensors["model.norm.weight"] = {{D}, std::move(m.rmsFinal), {}, 0};
+    if (!lc.sharedClassifier) w.tensors["lm_head.weight"] = {{lc.vocabSize, D}, std::move(m.wcls), {}, 0};
     finish(w);
     return w;
 }
@@ -400,7 +457,23 @@ LlamaWeights loadGgufWeights(const std::string& path)
             throw inputError(path, "tensor '" + t.name + "'", "unexpected (an architecture feature kvscope does not run)");
         HostTensor h;
         for (auto it = t.dims.rbegin(); it != t.dims.rend(); ++it) h.shape.push_back(int64_t(*it));
-        h.data = f.readTensorF32(t);
+        if (h.shape.size() == 2 && t.type != GgmlF32 && canDequantize(t.type)) {
+            // Kept in the stored blocks: the runtime expands rows as it needs them. The block
+            // count is checked here, as readTensorF32 would (a truncated tensor is refused).
+            const uint64_t rb = ggmlRowBytes(t.type, uint64_t(h.shape[1]));
+            if (rb == 0 || t.nbytes != rb * uint64_t(h.shape[0]))
+                throw inputError(path, "tensor '" + t.name + "'",
+                                 std::string("ggml ") + ggmlTypeName(t.type) + ": " + std::to_string(t.nbytes) +
+                                     " bytes for " + std::to_string(h.shape[0]) + " rows of " +
+                                     std::to_string(h.shape[1]) + " values (truncated or mis-sized block data)");
+            const uint8_t* src = f.tensorBytes(t);
+            h.ggmlType = t.type;
+            h.packed.assign(src, src + t.nbytes);
+            f.releaseTensorPages(t);
+        } else {
+            h.data = f.readTensorF32(t);
+            f.releaseTensorPages(t);
+        }
         ++types[ggmlTypeName(t.type)];
         // Phi-3: attn_qkv is fused, and ffn_up holds gate and up rows (gate first) when there is
         // no ffn_gate.
@@ -414,7 +487,9 @@ LlamaWeights loadGgufWeights(const std::string& path)
         if (permuteQk && h.shape.size() == 2 && h.shape[0] % c.headDim == 0) {
             const bool isQ = name.find("q_proj.weight") != std::string::npos;
             const bool isK = name.find("k_proj.weight") != std::string::npos;
-            if (isQ || isK)
+            if ((isQ || isK) && h.isPacked())
+                permutePackedRows(h, c.headDim);
+            else if (isQ || isK)
                 permuteInterleavedToRotateHalf(h.data.data(), int(h.shape[0] / c.headDim), c.headDim, int(h.shape[1]));
         }
         w.tensors[name] = std::move(h);
@@ -456,8 +531,20 @@ std::string weightsFingerprint(const LlamaWeights& w)
     for (const auto& [name, t] : w.tensors) {
         mix(name.data(), name.size());
         mix(t.shape.data(), t.shape.size() * sizeof(int64_t));
-        const size_t n = t.data.size(), step = std::max<size_t>(1, n / 256);
-        for (size_t i = 0; i < n; i += step) mix(&t.data[i], sizeof(float));
+        // The same sample of float values whether the tensor is packed or not.
+        const size_t n = size_t(t.elements()), step = std::max<size_t>(1, n / 256);
+        if (!t.isPacked()) {
+            for (size_t i = 0; i < n; i += step) mix(&t.data[i], sizeof(float));
+            continue;
+        }
+        const size_t cols = size_t(t.shape[1]);
+        std::vector<float> row(cols);
+        int64_t have = -1;
+        for (size_t i = 0; i < n; i += step) {
+            const int64_t r = int64_t(i / cols);
+            if (r != have) t.readRow(have = r, row.data());
+            mix(&row[i % cols], sizeof(float));
+        }
     }
     char buf[17];
     std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));

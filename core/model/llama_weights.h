@@ -4,7 +4,10 @@
 //  - Three sources: a Hugging Face folder (config.json + safetensors), a GGUF file, a llama2.c
 //    checkpoint. Each loader maps its names and layouts onto the Hugging Face ones below, so the
 //    runtime (llama_runtime.h) has one code path.
-//  - Matrices are in PyTorch Linear layout (out_features, in_features), row-major, float32.
+//  - Matrices are in PyTorch Linear layout (out_features, in_features), row-major: float32, or
+//    (GGUF) packed in the file's stored ggml type, one row of blocks per output feature, so a
+//    quantised model takes its file size in memory; the runtime expands packed rows to fp32 tile
+//    by tile as the forward needs them (HostTensor::packed). 1-D tensors are always float32.
 //  - RoPE: every source ends up in the Hugging Face rotate_half layout (pairs (i, i + head_dim/2)).
 //    GGUF "llama" files and llama2.c files store q/k rows in the interleaved order (pairs
 //    (2i, 2i+1)); their loaders permute the rows back (llama2c.h: permuteInterleavedToRotateHalf).
@@ -55,12 +58,25 @@ struct LlamaSpec {
     bool qkvBias = false;      // detected from the tensors present (Qwen2 has them)
     bool tiedEmbeddings = false;  // no lm_head: the output projection is embed_tokens
     std::string weightTypes;   // what the file stored, e.g. "Q4_1 x 211, F32 x 61"
-    uint64_t parameters = 0;   // float values held
+    uint64_t parameters = 0;   // values held (packed or float32)
+    uint64_t weightBytes = 0;  // bytes the tensors take in memory (packed bytes + 4 per float)
 };
 
 struct HostTensor {
     std::vector<int64_t> shape;  // PyTorch order
-    std::vector<float> data;     // row-major
+    std::vector<float> data;     // row-major float32; empty when packed
+    // Packed (GGUF matrices only): shape[0] rows of ggmlRowBytes(ggmlType, shape[1]) bytes each,
+    // the file's stored blocks (q/k rows already permuted like `data` would be).
+    std::vector<uint8_t> packed;
+    uint32_t ggmlType = 0;
+
+    bool isPacked() const { return !packed.empty(); }
+    uint64_t elements() const;
+    uint64_t rowBytes() const;  // bytes of one packed row (shape[1] values)
+    // Row r (of shape[0]) as float32 into out (shape[1] values), packed or not.
+    void readRow(int64_t r, float* out) const;
+    // The whole tensor as float32 (a copy; what a packed tensor expands to).
+    std::vector<float> toFloat() const;
 };
 
 struct LlamaWeights {

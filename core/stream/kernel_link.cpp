@@ -12,6 +12,10 @@
 #include <cstring>
 #include <dirent.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <netinet/tcp.h>
 #include <sched.h>
 #include <csignal>
 #include <sys/wait.h>
@@ -150,6 +154,24 @@ void onSignal(int sig)
     ::_exit(128 + sig);
 }
 
+// The MAC address in `ip -o link show dev X` output ("... link/ether aa:bb:... brd ...").
+std::string linkAddress(const std::vector<std::string>& argv)
+{
+    std::string out;
+    if (runTool(argv, &out) != 0) throw Error("kernel link: cannot read the link address: " + out);
+    const size_t p = out.find("link/ether ");
+    if (p == std::string::npos) throw Error("kernel link: no link/ether address in '" + out + "'");
+    const std::string mac = out.substr(p + 11, 17);
+    if (mac.size() != 17) throw Error("kernel link: malformed link address in '" + out + "'");
+    return mac;
+}
+
+// tbf's queue: 1 s at the schedule's mean rate, at least 1 MiB. A cellular base station keeps a
+// deep queue per user (the traces' gaps of up to ~1 s lose no data, they delay it); a shallow
+// queue turns every gap into a burst of losses and TCP into retransmission timeouts.
+constexpr double kQueueSeconds = 1.0;
+constexpr uint64_t kQueueMinBytes = 1u << 20;
+
 std::string bitRate(double bytesPerSecond)
 {
     char buf[48];
@@ -198,6 +220,26 @@ KernelLink::KernelLink(const KernelLinkOptions& options) : m_opt(options)
         mustRun({"ip", "-n", m_netns, "addr", "add", m_serverAddr + "/30", "dev", m_nsDev});
         mustRun({"ip", "-n", m_netns, "link", "set", m_nsDev, "up"});
         mustRun({"ip", "-n", m_netns, "link", "set", "lo", "up"});
+        // The kick socket (see shaperLoop): UDP from inside the namespace to the discard port of
+        // the client's address, out through the shaped device.
+        const std::string kerr = inNamespace([&] {
+            m_kickFd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+            sockaddr_in a{};
+            a.sin_family = AF_INET;
+            a.sin_port = htons(9);
+            ::inet_pton(AF_INET, m_clientAddr.c_str(), &a.sin_addr);
+            m_kickAddr = a;
+            if (m_kickFd < 0) throw Error(std::string("kernel link: kick socket: ") + std::strerror(errno));
+        });
+        if (!kerr.empty()) throw Error(kerr);
+        // Permanent neighbour entries both ways: ARP on a shaped link would otherwise take part.
+        // A stale entry's probe waits in tbf's queue behind the data (or in a trace's gap) and,
+        // unanswered in time, marks the neighbour failed: every packet is dropped until it
+        // resolves again.
+        const std::string hostMac = linkAddress({"ip", "-o", "link", "show", "dev", m_hostDev});
+        const std::string nsMac = linkAddress({"ip", "-n", m_netns, "-o", "link", "show", "dev", m_nsDev});
+        mustRun({"ip", "neigh", "replace", m_serverAddr, "lladdr", nsMac, "dev", m_hostDev, "nud", "permanent"});
+        mustRun({"ip", "-n", m_netns, "neigh", "replace", m_clientAddr, "lladdr", hostMac, "dev", m_nsDev, "nud", "permanent"});
         char delay[32], loss[32];
         std::snprintf(delay, sizeof delay, "%.3fms", m_opt.rttSeconds * 1e3);
         std::snprintf(loss, sizeof loss, "%.4f%%", m_opt.lossPercent);
@@ -216,6 +258,19 @@ KernelLink::KernelLink(const KernelLinkOptions& options) : m_opt(options)
             m_netem = false;
         }
         setRate(m_opt.schedule.capacityBytes(0, m_opt.tickSeconds) / m_opt.tickSeconds, true);
+        // The congestion control of the server's sockets: set on the listening socket, which
+        // accepted connections inherit (a namespace's default can only name the "allowed" ones).
+        m_congestion = m_opt.congestion;
+        if (m_congestion.empty()) {
+            inNamespace([&] {
+                char buf[64] = {0};
+                if (FILE* f = std::fopen("/proc/sys/net/ipv4/tcp_congestion_control", "r")) {
+                    if (std::fgets(buf, sizeof buf, f)) m_congestion = buf;
+                    std::fclose(f);
+                }
+            });
+            while (!m_congestion.empty() && (m_congestion.back() == '\n' || m_congestion.back() == ' ')) m_congestion.pop_back();
+        }
     } catch (...) {
         destroy();
         throw;
@@ -227,6 +282,8 @@ KernelLink::~KernelLink() { destroy(); }
 void KernelLink::destroy()
 {
     stopShaping();
+    if (m_kickFd >= 0) ::close(m_kickFd);
+    m_kickFd = -1;
     if (m_created) {
         runTool({"ip", "netns", "del", m_netns}, nullptr);  // deletes both veth ends
         runTool({"ip", "link", "del", m_hostDev}, nullptr);  // normally gone already
@@ -239,14 +296,14 @@ std::string KernelLink::describe() const
 {
     char buf[320];
     if (m_netem)
-        std::snprintf(buf, sizeof buf, "kernel veth %s<->%s (netns %s), netem delay %.1f ms loss %g%%, tbf following %s",
-                      m_hostDev.c_str(), m_nsDev.c_str(), m_netns.c_str(), m_opt.rttSeconds * 1e3, m_opt.lossPercent,
+        std::snprintf(buf, sizeof buf, "kernel veth %s<->%s (netns %s, tcp %s), netem delay %.1f ms loss %g%%, tbf following %s",
+                      m_hostDev.c_str(), m_nsDev.c_str(), m_netns.c_str(), m_congestion.c_str(), m_opt.rttSeconds * 1e3, m_opt.lossPercent,
                       m_opt.schedule.describe().c_str());
     else
         std::snprintf(buf, sizeof buf,
-                      "kernel veth %s<->%s (netns %s), tbf following %s; no netem in this kernel: the %.1f ms RTT "
-                      "is added by the server",
-                      m_hostDev.c_str(), m_nsDev.c_str(), m_netns.c_str(), m_opt.schedule.describe().c_str(),
+                      "kernel veth %s<->%s (netns %s, tcp %s), tbf following %s; no netem in this kernel: the "
+                      "%.1f ms RTT is added by the server",
+                      m_hostDev.c_str(), m_nsDev.c_str(), m_netns.c_str(), m_congestion.c_str(), m_opt.schedule.describe().c_str(),
                       m_opt.rttSeconds * 1e3);
     return buf;
 }
@@ -290,12 +347,16 @@ void KernelLink::closeBatch()
 
 void KernelLink::setRate(double bytesPerSecond, bool add)
 {
-    // Bucket: 5 ms at the rate, at least 3 full-size packets. Queue: 200 ms at the schedule's mean
-    // rate (at least 256 KiB), the same at every tick: a rate drop drains the queue slower instead
-    // of dropping what it holds.
-    const double rate = std::max(1000.0, bytesPerSecond);
-    const uint64_t burst = uint64_t(std::max(3.0 * 1514, rate * 0.005));
-    const uint64_t limit = uint64_t(std::max(262144.0, m_opt.schedule.meanBytesPerSecond() * 0.2));
+    // Bucket: 2 ms at the rate, at least 2 full-size frames. Every `tc qdisc change` refills
+    // tbf's bucket (tbf_change sets tokens = buffer), so a backlogged sender gets the bucket free
+    // at every tick on top of rate x tick: the rate is lowered by that much, so that the tick
+    // carries its capacity (burst + rate x tick), not up to 10% more. Queue: kQueueSeconds at the
+    // schedule's mean rate, the same at every tick: a rate drop drains the queue slower instead of
+    // dropping what it holds.
+    const double tick = m_opt.tickSeconds;
+    const uint64_t burst = uint64_t(std::max(2.0 * 1514, bytesPerSecond * 0.002));
+    const double rate = std::max(1000.0, add ? bytesPerSecond : bytesPerSecond - double(burst) / tick);
+    const uint64_t limit = uint64_t(std::max(double(kQueueMinBytes), m_opt.schedule.meanBytesPerSecond() * kQueueSeconds));
     if (!add && m_batchFd >= 0) {
         char line[256];
         const int n = std::snprintf(line, sizeof line, "qdisc change dev %s %s handle 10: tbf rate %s burst %llu limit %llu\n",
@@ -315,9 +376,8 @@ void KernelLink::setRate(double bytesPerSecond, bool add)
     ++m_changes;
 }
 
-Socket KernelLink::listen(const std::string& host, int port) const
+std::string KernelLink::inNamespace(const std::function<void()>& fn) const
 {
-    Socket result;
     std::string error;
     std::thread t([&] {
         const std::string path = "/var/run/netns/" + m_netns;
@@ -329,12 +389,26 @@ Socket KernelLink::listen(const std::string& host, int port) const
         }
         ::close(fd);
         try {
-            result = Socket::listenTcp(host, port);
+            fn();
         } catch (const std::exception& e) {
             error = e.what();
         }
     });
     t.join();
+    return error;
+}
+
+Socket KernelLink::listen(const std::string& host, int port) const
+{
+    Socket result;
+    const std::string error = inNamespace([&] {
+        result = Socket::listenTcp(host, port);
+        if (!m_opt.congestion.empty() &&
+            ::setsockopt(result.fd(), IPPROTO_TCP, TCP_CONGESTION, m_opt.congestion.c_str(),
+                         socklen_t(m_opt.congestion.size())) != 0)
+            throw Error("kernel link: TCP congestion control '" + m_opt.congestion + "': " + std::strerror(errno) +
+                        " (see /proc/sys/net/ipv4/tcp_available_congestion_control)");
+    });
     if (!error.empty()) throw Error(error);
     return result;
 }
@@ -363,21 +437,42 @@ void KernelLink::stopShaping()
     closeBatch();
 }
 
+void KernelLink::kick()
+{
+    // Unconnected: the port unreachable that comes back is not reported to the next send.
+    if (m_kickFd >= 0)
+        (void)::sendto(m_kickFd, "k", 1, MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<const sockaddr*>(&m_kickAddr),
+                       sizeof m_kickAddr);
+    ++m_kicks;
+}
+
 void KernelLink::shaperLoop(double epoch)
 {
     const double tick = m_opt.tickSeconds;
     double next = std::ceil((monoSeconds() - epoch) / tick + 1e-9) * tick;  // link time of the next tick
+    double lastRate = 0;
     std::unique_lock<std::mutex> lock(m_mutex);
     while (!m_stop) {
         const auto until = std::chrono::steady_clock::time_point(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
             std::chrono::duration<double>(epoch + next)));
         if (m_cv.wait_until(lock, until, [this] { return m_stop; })) break;
         lock.unlock();
+        const double rate = m_opt.schedule.capacityBytes(next, next + tick) / tick;
         try {
-            setRate(m_opt.schedule.capacityBytes(next, next + tick) / tick, false);
+            setRate(rate, false);
         } catch (const std::exception& e) {
             std::fprintf(stderr, "%s\n", e.what());
         }
+        if (rate > lastRate) {
+            // tbf does not look at its queue again when its rate changes: a packet that found no
+            // tokens at a gap's crawl armed a timer for when the crawl would have paid for it (a
+            // full frame at 8 kbit/s: 1.5 s), and the link would sit idle until then. A datagram
+            // through the same qdisc, once tc has applied the change, makes it dequeue now (43
+            // bytes on the wire per rising tick, under 1 kB/s).
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            kick();
+        }
+        lastRate = rate;
         lock.lock();
         next += tick;
         const double now = monoSeconds() - epoch;

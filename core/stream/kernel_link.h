@@ -8,14 +8,26 @@
 //    creates the socket from a thread that entered it; the socket stays there), the client
 //    connects from here to 10.213.N.2, so replies leave through kvsNb.
 //  - Shaping on kvsNb's egress (the reply direction): netem (delay = the RTT, optional random
-//    loss) as the root qdisc, tbf (rate, burst, 100 ms of queue) as its child. Requests and ACKs
+//    loss) as the root qdisc, tbf (rate, burst, 1 s of queue at the mean rate) as its child. Requests and ACKs
 //    travel back unshaped and undelayed, so the path's round trip is the netem delay. A kernel
 //    without sch_netem gets tbf alone as the root qdisc; the RTT is then added by the chunk server
 //    (kernelDelay() false) and loss is refused.
 //  - Following a schedule: once start() is called, a thread sets tbf's rate every tick (50 ms) to
 //    the schedule's mean rate over the coming tick (capacityBytes(t, t + tick) / tick) with
-//    `tc qdisc change`, written to one long-lived `tc -batch` process (no fork per tick). The capacity of every tick is the schedule's; the shape within a tick is
+//    `tc qdisc change`, written to one long-lived `tc -batch` process (no fork per tick). The
+//    capacity of every tick is the schedule's; the shape within a tick is
 //    tbf's. A tick with no capacity (a trace's gap) gets a floor of 8 kbit/s (tbf needs a rate).
+//    Two tbf properties are compensated: every change refills the bucket (so the rate is set
+//    that much lower: bucket + rate x tick = the tick's capacity), and a change does not make tbf
+//    look at its queue again (a frame that found no tokens at a gap's crawl waits for a timer
+//    armed at the crawl's rate, up to 1.5 s): after every rising tick a 1-byte UDP datagram
+//    ("kick") goes out through the same qdisc, whose enqueue makes it dequeue at the new rate.
+//  - Congestion control: the server's sockets use cubic by default (TCP_CONGESTION on the
+//    listening socket). Many systems default to BBR, which paces at the largest delivery rate seen over
+//    the last ~10 round trips: with the sub-millisecond RTT of a veth pair that window is ~10 ms,
+//    so every 50 ms low tick of a cellular trace resets the estimate, and BBR climbs back only by
+//    its 1.25x probing steps (on the T-Mobile trace, before the tbf fixes above: BBR 0.85,
+//    0.35, 0.41 of capacity, cubic 0.99, 0.59, 0.99). Cubic fills tbf's queue and keeps it full.
 //  - Needs root or CAP_NET_ADMIN and the ip and tc tools (iproute2): available() says which is
 //    missing, and callers fall back to the in-process pacer.
 //  - Clean-up: the destructor stops the thread and deletes the namespace (which deletes both veth
@@ -26,8 +38,11 @@
 #include "stream/link.h"
 #include "stream/net.h"
 
+#include <netinet/in.h>
+
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -39,6 +54,9 @@ struct KernelLinkOptions {
     double rttSeconds = 0;
     double lossPercent = 0;   // random loss on the reply direction, 0..100
     double tickSeconds = 0.05;
+    // TCP congestion control of the server's (sending) sockets: "" keeps the namespace's default.
+    // Set with TCP_CONGESTION on the listening socket; accepted sockets inherit it.
+    std::string congestion = "cubic";
 };
 
 class KernelLink {
@@ -61,10 +79,12 @@ public:
     void start(double offsetSeconds);
     void stopShaping();
     int rateChanges() const { return m_changes; }
+    int kicks() const { return m_kicks; }  // rate rises after which the queue was woken
     // False when the kernel lacks the netem qdisc: then tbf alone is the root qdisc and the
     // caller must add the RTT itself (ChunkServer's rttSeconds); loss is unavailable.
     bool kernelDelay() const { return m_netem; }
     std::string describe() const;
+    const std::string& congestion() const { return m_congestion; }  // in force in the namespace
 
     // SIGINT and SIGTERM delete every live KernelLink's namespace, then exit(130/143).
     static void cleanupOnSignal();
@@ -74,9 +94,13 @@ private:
     void openBatch();
     void closeBatch();
     void shaperLoop(double epoch);
+    void kick();
     void destroy();
+    // Runs fn on a thread that entered the namespace; returns its error text ("" when none).
+    std::string inNamespace(const std::function<void()>& fn) const;
 
     KernelLinkOptions m_opt;
+    std::string m_congestion;
     std::string m_netns, m_hostDev, m_nsDev, m_serverAddr, m_clientAddr;
     std::thread m_thread;
     std::mutex m_mutex;
@@ -86,6 +110,9 @@ private:
     bool m_created = false;
     bool m_netem = true;
     int m_batchFd = -1;
+    int m_kickFd = -1;
+    sockaddr_in m_kickAddr{};
+    std::atomic<int> m_kicks{0};
     int m_batchPid = -1;
 };
 

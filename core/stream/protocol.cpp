@@ -88,7 +88,7 @@ Request parseRequest(FrameType type, const uint8_t* p, size_t size)
     if (size < 11) throw Error("request: payload of " + std::to_string(size) + " bytes is shorter than 11");
     Request r;
     r.type = type;
-    if (p[0] > uint8_t(CodecId::Zstd)) throw Error("request: unknown codec id " + std::to_string(p[0]));
+    if (p[0] > uint8_t(CodecId::Transform)) throw Error("request: unknown codec id " + std::to_string(p[0]));
     r.codec = CodecId(p[0]);
     r.chunk = getU32(p + 1);
     r.level = getU32(p + 5);

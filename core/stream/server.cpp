@@ -133,14 +133,34 @@ bool ChunkServer::sleepUnlessStopped(double until)
     return !m_wake.wait_until(lock, toTimePoint(until), [this] { return m_stop.load(); });
 }
 
-void ChunkServer::sendPaced(const Socket& s, const uint8_t* data, size_t n)
+void ChunkServer::settleBusy(Connection* c, bool force)
 {
-    struct SendScope {
-        LinkPacer& p;
-        int id;
-        explicit SendScope(LinkPacer& pacer) : p(pacer), id(pacer.beginSend()) {}
-        ~SendScope() { p.endSend(id); }
-    } scope(m_pacer);
+    if (c->sendId < 0) return;
+    bool keep = false;
+    if (!force) {
+        std::lock_guard<std::mutex> lock(c->mutex);
+        keep = !c->queue.empty() && c->queue.front().kind == Incoming::Frame &&
+               c->queue.front().arrivedAt + m_opt.rttSeconds <= monoSeconds();
+    }
+    if (keep) return;
+    m_pacer.endSend(c->sendId);
+    c->sendId = -1;
+}
+
+void ChunkServer::sendPaced(Connection* c, const uint8_t* data, size_t n)
+{
+    const Socket& s = c->socket;
+    if (c->sendId < 0) c->sendId = m_pacer.beginSend();
+    struct EndOnThrow {
+        ChunkServer* self;
+        Connection* c;
+        bool armed = true;
+        ~EndOnThrow()
+        {
+            if (armed) self->settleBusy(c, true);
+        }
+    } guard{this, c};
+    const int id = c->sendId;
     // Wake up for about half a millisecond of data: precise enough, and not a busy loop.
     const uint64_t wakeBytes =
         uint64_t(std::clamp(m_pacer.schedule().meanBytesPerSecond() * 0.0005, 1500.0, 65536.0));
@@ -148,7 +168,7 @@ void ChunkServer::sendPaced(const Socket& s, const uint8_t* data, size_t n)
     while (sent < n) {
         if (m_stop) throw NetError(NetError::Closed, "server stopping");
         const double now = monoSeconds();
-        const uint64_t g = m_pacer.grant(std::min<uint64_t>(n - sent, uint64_t(4) << 20), now, scope.id);
+        const uint64_t g = m_pacer.grant(std::min<uint64_t>(n - sent, uint64_t(4) << 20), now, id);
         if (g == 0) {
             // No credit yet, or others are owed first (then the link has credit: look again shortly).
             const double t = m_pacer.whenAvailable(std::min<uint64_t>(n - sent, wakeBytes));
@@ -158,9 +178,10 @@ void ChunkServer::sendPaced(const Socket& s, const uint8_t* data, size_t n)
         s.sendAll(data + sent, size_t(g), monoSeconds() + m_opt.ioTimeout);
         sent += size_t(g);
     }
+    guard.armed = false;
 }
 
-void ChunkServer::sendFrame(const Socket& s, FrameType type, const std::vector<uint8_t>& payload, int fault,
+void ChunkServer::sendFrame(Connection* c, FrameType type, const std::vector<uint8_t>& payload, int fault,
                             size_t* sentOut, double notBefore)
 {
     if (m_opt.rttSeconds > 0 && notBefore > monoSeconds() && !sleepUnlessStopped(notBefore))
@@ -169,8 +190,9 @@ void ChunkServer::sendFrame(const Socket& s, FrameType type, const std::vector<u
     frame.insert(frame.end(), payload.begin(), payload.end());
     size_t n = frame.size();
     if (fault != kNoFault) n = kFrameHeaderBytes + payload.size() / 2;
-    sendPaced(s, frame.data(), n);
+    sendPaced(c, frame.data(), n);
     if (sentOut) *sentOut = n;
+    if (fault != kNoFault) settleBusy(c, true);
     if (fault == kDieHalfway) {
         std::fprintf(stderr, "serve: fault: dying halfway through a chunk reply\n");
         {
@@ -255,13 +277,13 @@ void ChunkServer::readRequests(Connection* c)
 
 void ChunkServer::serve(Connection* c)
 {
-    const Socket& s = c->socket;
     std::map<std::pair<std::string, CodecId>, std::unique_ptr<KvcReader>> skeletons;  // for text replies
     double notBefore = 0;
     auto sendError = [&](const std::string& message) {
         ++m_errors;
         const std::string m = message.substr(0, kMaxErrorBytes);
-        sendFrame(s, FrameType::Error, std::vector<uint8_t>(m.begin(), m.end()), kNoFault, nullptr, notBefore);
+        sendFrame(c, FrameType::Error, std::vector<uint8_t>(m.begin(), m.end()), kNoFault, nullptr, notBefore);
+        settleBusy(c, false);
     };
     try {
         while (!m_stop) {
@@ -321,7 +343,8 @@ void ChunkServer::serve(Connection* c)
                 if (index == f.stallChunk) fault = kStallHalfway;
                 if (index == f.dieAtChunk) fault = kDieHalfway;
             }
-            sendFrame(s, replyType, reply, fault, nullptr, notBefore);
+            sendFrame(c, replyType, reply, fault, nullptr, notBefore);
+            settleBusy(c, false);
             c->lastActivity = monoSeconds();
         }
     } catch (const NetError&) {
@@ -329,6 +352,7 @@ void ChunkServer::serve(Connection* c)
     } catch (const std::exception& e) {
         std::fprintf(stderr, "serve: connection ended: %s\n", e.what());
     }
+    settleBusy(c, true);
     {
         std::lock_guard<std::mutex> lock(c->mutex);
         c->closing = true;

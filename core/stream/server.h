@@ -7,7 +7,9 @@
 // their arrival, and a sender thread that answers them in order. With rttSeconds set, a reply's
 // first byte leaves no earlier than its request's arrival + rttSeconds (the path's round trip
 // folded into the sending side), so a client that keeps the next request in flight finds the link
-// busy without a gap, exactly as on a real path.
+// busy without a gap, exactly as on a real path. A connection whose next request is already due
+// when a reply ends keeps its busy period open at the pacer, so the capacity of a late wake-up
+// at the end of one reply is made up in the next, as a link whose queue never emptied would.
 //
 // Robustness: requests are at most kMaxRequestBytes; a peer that sends no complete request for
 // idleTimeout seconds while nothing is owed to it, or that stops reading for ioTimeout seconds, is
@@ -102,14 +104,21 @@ private:
         bool closing = false;               // the sender is finished: the reader stops
         std::atomic<bool> busy{false};      // a reply is owed or being sent
         std::atomic<double> lastActivity{0};
+        int sendId = -1;                    // the pacer's sender id while a busy period is open
     };
     void acceptLoop();
     void serve(Connection* c);
     void readRequests(Connection* c);
-    // Writes n bytes through the pacer; throws NetError when the peer stops reading.
-    void sendPaced(const Socket& s, const uint8_t* data, size_t n);
-    void sendFrame(const Socket& s, FrameType type, const std::vector<uint8_t>& payload, int fault, size_t* sent,
+    // Writes n bytes through the pacer as connection c's sender (opening its busy period when
+    // none is open); throws NetError when the peer stops reading, and then ends the busy period.
+    void sendPaced(Connection* c, const uint8_t* data, size_t n);
+    void sendFrame(Connection* c, FrameType type, const std::vector<uint8_t>& payload, int fault, size_t* sent,
                    double notBefore);
+    // Ends c's busy period unless its next request is already due (queued, its RTT elapsed): a
+    // connection with replies back to back keeps the link backlogged, so a reply that ended late
+    // (the sending thread woke late) is made up in the next one, as a link whose queue never
+    // emptied would.
+    void settleBusy(Connection* c, bool force);
     bool sleepUnlessStopped(double until);
     void reap(bool all);
 

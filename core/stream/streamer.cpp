@@ -187,9 +187,13 @@ double agreement(const std::vector<int32_t>& ref, const std::vector<int32_t>& go
 struct Streamer::Impl {};
 
 namespace {
+const std::string kNoJson;
+}
+
+namespace {
 constexpr int kMaxWindow = 8;          // requests in flight at most with an automatic window
-constexpr double kPriorDiscount = 0.5;
-constexpr double kSloSafety = 0.1;     // the planner aims at 90% of the SLO (planner.h)  // a previous run's estimate, before anything is measured (planner.h)
+constexpr double kPriorDiscount = 0.5; // a previous run's estimate, before anything is measured (planner.h)
+constexpr double kSloSafety = 0.1;     // the planner aims at 90% of the SLO (planner.h)
 }
 
 Streamer::Streamer(const Model& model, std::string host, int port, std::vector<int32_t> contextTokens,
@@ -212,14 +216,14 @@ void Streamer::prepare(const StreamOptions& options, const std::string& logPrefi
         r.context = m_context;
         const Reply rep = client.request(r, uint64_t(256) << 20, monoSeconds() + 60);
         if (rep.type == FrameType::Error) {
-            if (codec == CodecId::CacheGen)
+            if (codec == m_codec)
                 throw Error("chunk server: " + std::string(rep.payload.begin(), rep.payload.end()));
             return nullptr;
         }
         return KvcReader::fromSkeleton(rep.payload, std::string("context ") + m_context + " (" + codecName(codec) + ")");
     };
     try {
-        m_cachegen = fetch(CodecId::CacheGen);
+        m_cachegen = fetch(m_codec);
         m_int8 = fetch(CodecId::Int8);
     } catch (const NetError& e) {
         throw Error(m_host + ":" + std::to_string(m_port) + ": " + e.what());
@@ -235,7 +239,11 @@ void Streamer::prepare(const StreamOptions& options, const std::string& logPrefi
         std::vector<double> kl, bpv;
         const double valuesPerToken = double(p.shape.numLayers) * 2 * p.shape.channels();
         for (int l = 1; l <= p.numLevels(); ++l) {
-            const std::string& mj = p.profile.levels[size_t(l - 1)].measuredJson;
+            // A transform file's levels are its transformLevels; a cachegen file's, its levels.
+            const size_t li = size_t(l - 1);
+            const std::string& mj = p.codec == CodecId::Transform
+                                        ? (li < p.profile.transformLevels.size() ? p.profile.transformLevels[li].measuredJson : kNoJson)
+                                        : (li < p.profile.levels.size() ? p.profile.levels[li].measuredJson : kNoJson);
             const nlohmann::json j = mj.empty() ? nlohmann::json() : nlohmann::json::parse(mj, nullptr, false);
             if (j.is_object() && j.contains("mean_kl") && j["mean_kl"].is_number()) kl.push_back(j["mean_kl"].get<double>());
             else if (j.is_object() && j.contains("kl") && j["kl"].is_number()) kl.push_back(j["kl"].get<double>());
@@ -243,16 +251,17 @@ void Streamer::prepare(const StreamOptions& options, const std::string& logPrefi
             for (int c = 0; c < p.numChunks(); ++c) bytes += m_cachegen->chunkBytes(c, l);
             bpv.push_back(8.0 * bytes / (valuesPerToken * double(p.shape.numTokens)));
         }
-        if (!m_levelKl.empty()) kl = m_levelKl;
+        if (int(m_levelKl.size()) == p.numLevels()) kl = m_levelKl;  // figures for another level set do not apply
+        if (int(kl.size()) != p.numLevels()) kl.clear();
         m_distortion = kvscope::levelDistortion(kl, bpv, &m_distortionSource);
     }
     // The decode rate here: chunk 0 at the default level, decoded twice (the first pays one-time costs).
     {
         const CodecParams& p = m_cachegen->params();
-        const int level = std::clamp(p.profile.defaultLevel, 1, p.numLevels());
+        const int level = std::clamp(p.defaultLevel(), 1, p.numLevels());
         Request r;
         r.type = FrameType::ChunkRequest;
-        r.codec = CodecId::CacheGen;
+        r.codec = m_codec;
         r.context = m_context;
         r.chunk = 0;
         r.level = uint32_t(level);
@@ -298,7 +307,8 @@ void Streamer::prepare(const StreamOptions& options, const std::string& logPrefi
                  "%s: context %s, %d chunks of %d tokens, %s; question prefill %.3f s (%.0f tokens/s), "
                  "decode %.2f ms/chunk, cache load %.3f s; level distortion from %s\n",
                  logPrefix.c_str(), m_context.c_str(), m_cachegen->params().numChunks(),
-                 m_cachegen->params().profile.chunkTokens, m_int8 ? "cachegen + int8" : "cachegen only",
+                 m_cachegen->params().profile.chunkTokens,
+                 (std::string(codecName(m_codec)) + (m_int8 ? " + int8" : " only")).c_str(),
                  m_prefillSeconds, m_prefillRate, 1e3 * m_decodeSecondsPerToken * m_cachegen->params().profile.chunkTokens,
                  m_kvLoadSeconds, m_distortionSource.c_str());
 }
@@ -486,7 +496,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
     // The adaptive choice for chunk i, given what is in flight and owed.
     auto chooseAdaptive = [&](int i, ChunkEvent& ev) {
         const double thr = estimator.valid() ? estimator.estimate() : prior;
-        if (thr <= 0) return std::clamp(params.profile.defaultLevel, 1, levels);
+        if (thr <= 0) return std::clamp(params.defaultLevel(), 1, levels);
         const double now = monoSeconds();
         const double rtt = std::max(0.0, rttEstimate);
         const double dpt = decodePerToken.load();
@@ -537,14 +547,20 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         return pr.choice;
     };
 
-    // Requests to keep in flight: enough that the bytes behind the current reply cover one round
-    // trip at the estimated throughput (the bandwidth-delay product), plus the reply itself.
+    // Requests to keep in flight. A fixed policy has nothing to decide: kMaxWindow requests (the
+    // server queues up to kMaxPipelined per connection), so the link never waits for a request. Adaptive
+    // commits a level with every request, so it keeps only what covers one round trip at the
+    // estimated throughput (the bandwidth-delay product) behind the current reply, plus the reply;
+    // until this run has measured a chunk it sends one request (a prior estimate from an earlier
+    // run, at another point of the link, may be wrong by several times: ATT's trace swings 5x
+    // within seconds), so at most one fetch is committed on a guess.
     double lastReplyBytes = 0;
     auto windowNow = [&] {
-        const double thr = estimator.valid() ? estimator.harmonicMean() : prior;
-        if (policy.kind == Policy::Adaptive && thr <= 0) return 1;  // nothing to choose the next level by
+        if (policy.kind != Policy::Adaptive) return opt.window > 0 ? opt.window : kMaxWindow;
+        if (!estimator.valid()) return 1;
         if (opt.window > 0) return opt.window;
-        if (thr <= 0 || rttEstimate < 0 || lastReplyBytes <= 0) return 2;
+        const double thr = estimator.harmonicMean();
+        if (rttEstimate < 0 || lastReplyBytes <= 0) return 2;
         return std::clamp(2 + int(std::ceil(thr * rttEstimate / lastReplyBytes)), 2, kMaxWindow);
     };
 

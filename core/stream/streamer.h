@@ -7,9 +7,9 @@
 // READ ME FIRST
 //  - Pipelining: up to StreamOptions::window requests are in flight on the one connection (the
 //    server answers them in order), so the next reply is already queued at the server when the
-//    current one ends and the link never idles for a round trip between chunks. Until the first
-//    chunk has been measured (and no prior estimate exists) the window is 1: nothing is known to
-//    choose the second chunk's level by.
+//    current one ends and the link never idles for a round trip between chunks. Fixed policies
+//    keep 8 requests in flight; adaptive keeps the bandwidth-delay product's worth (each request
+//    commits a level), and only 1 until this run has measured a chunk.
 //  - Adaptation (policy adaptive): every request's level comes from the planner (planner.h:
 //    RobustMPC throughput estimate, model predictive control over the remaining chunks with text
 //    recompute as one of the choices, distortion from the profile's measured KL). The planner is
@@ -75,7 +75,8 @@ struct StreamOptions {
     double fetchTimeout = 120;   // hard limit on one fetch
     int maxAttempts = 3;
     int qualityTokens = 32;      // greedy tokens generated to compare against the original
-    int window = 0;              // requests in flight at most (1 = stop-and-wait; 0 = automatic: the
+    int window = 0;              // requests in flight at most (1 = stop-and-wait; 0 = automatic: 8 for
+                                 // fixed policies; adaptive: 1 until a chunk is measured, then the
                                  // bandwidth-delay product over the last reply's size, plus 2, at most 8)
     int horizon = 5;             // planner look-ahead, chunks
     bool keepCache = false;      // return the assembled cache in StreamResult::cache
@@ -145,13 +146,19 @@ public:
 
     // Fetches the skeletons (cachegen, and int8 when the store has it), generates the reference
     // answer from the original cache and measures the model's prefill rate. Not part of any TTFT.
-    // Throws kvscope::Error when the server has no cachegen skeleton of this context.
+    // Throws kvscope::Error when the server has no skeleton of this codec (setCodec) of this context.
     void prepare(const StreamOptions& quality, const std::string& logPrefix = "stream");
     // The measured KL of each cachegen level (a profile's levels[*].measured.mean_kl; a .kvc does
     // not carry them). Call before prepare(); without it the planner uses the profile figures
     // only if the file had them, else the size fallback (planner.h).
     void setLevelKl(std::vector<double> klPerLevel) { m_levelKl = std::move(klPerLevel); }
+    // The level-coded encoding the policies adaptive, text and level:N fetch: cachegen (default)
+    // or transform (codec 6, whose skeleton carries the transform section: basis, steps, tables).
+    // Call before prepare().
+    void setCodec(CodecId codec) { m_codec = codec; }
+    CodecId codec() const { return m_codec; }
     bool hasInt8() const { return m_int8 != nullptr; }
+    // The level-coded reader (cachegen or transform, see setCodec).
     const KvcReader& cachegen() const { return *m_cachegen; }
     const std::string& contextName() const { return m_context; }
     const std::vector<int32_t>& referenceTokens() const { return m_refTokens; }
@@ -177,7 +184,8 @@ private:
     std::vector<int32_t> m_tokens, m_question;
     const KvSet& m_original;
     std::string m_context;
-    std::unique_ptr<KvcReader> m_cachegen, m_int8;
+    CodecId m_codec = CodecId::CacheGen;
+    std::unique_ptr<KvcReader> m_cachegen, m_int8;  // m_cachegen: the level-coded one (m_codec)
     std::vector<int32_t> m_refTokens;
     std::string m_refText;
     double m_prefillRate = 0;    // tokens/s of the question prefill after the whole context

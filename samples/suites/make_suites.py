@@ -12,6 +12,9 @@ Outputs (the suite format is DESIGN.md's; "kind" is kvscope's optional per-quest
                  (the gold answer and 3 other answers of the same kind from the same item)
   facts_qa.json  the same contexts and answers asked as "Question: ... Answer:" (for comparing
                  templates only: SmolLM2-135M sits near chance with it)
+  facts_long.json  4 long items (about 4K, 5K, 6K and 7.6K SmolLM2 tokens; the last one close
+                 to SmolLM2's 8192 positions with its questions), 30 cloze questions each, for
+                 codecs on long contexts; made from other seeds, so no text is shared with facts.json
   mini.json      2 short items, 10 cloze questions each (CI tests and quick tuning loops)
 
 Why cloze: on SmolLM2-135M, multiple choice by log-likelihood over such records is about 50%
@@ -181,9 +184,13 @@ def main():
     full = [item(*p) for p in plan]
     write("facts.json", {"name": "facts", "items": [c for c, _ in full]})
     write("facts_qa.json", {"name": "facts_qa", "items": [q for _, q in full]})
+    # Long contexts: the same recipe with more facts told (about 23 tokens a fact).
+    long_plan = [(301, 172, 30), (302, 215, 30), (303, 258, 30), (304, 328, 30)]
+    long_items = [item(*p)[0] for p in long_plan]
+    write("facts_long.json", {"name": "facts_long", "items": long_items})
     mini = [item(201, 22, 10)[0], item(202, 24, 10)[0]]
     write("mini.json", {"name": "mini", "items": mini})
-    for name, items in (("facts", [c for c, _ in full]), ("mini", mini)):
+    for name, items in (("facts", [c for c, _ in full]), ("facts_long", long_items), ("mini", mini)):
         print(name, len(items), "items,", sum(len(i["questions"]) for i in items), "questions,",
               [len(i["context"]) for i in items], "context chars")
 

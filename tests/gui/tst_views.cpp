@@ -3,9 +3,13 @@
 // their readings (sensitivity measured on the worker), the Codec page's rate-distortion plot
 // filled when the page opens, selections that reach the worker and come back as plots, every plot
 // exports, bins change the size, a stream on a constant link, a race of three policies on a
-// drop-and-recover schedule shown lane by lane, saved, reopened and exported as a figure, bad files
-// give an error and leave the session usable, every item model passes QAbstractItemModelTester,
-// and the event loop stays responsive while a capture, an evaluation and a race run.
+// drop-and-recover schedule shown lane by lane, saved, reopened and exported as a figure, the
+// transform codec's stages reaching the rate-distortion plot, a quality suite scored in the
+// background (cancellable), a schedule drawn with the mouse raced by three policies at once on
+// core's a100-7b preset with KL per lane, saved and reopened, two policies sharing one link, bad
+// files give an error and leave the session usable, every item model passes
+// QAbstractItemModelTester, and the event loop stays responsive while a capture, an evaluation and
+// races (back to back and at once) run.
 #include "gui_testmain.h"
 
 #include "bins_table_model.h"
@@ -21,11 +25,16 @@
 #include "stream_session.h"
 #include "tuner_session.h"
 
+#include "codec/transform.h"
+#include "stream/streamer.h"
+
 #include <qcustomplot.h>
 
 #include <QAbstractItemModelTester>
 #include <QApplication>
 #include <QClipboard>
+#include <QComboBox>
+#include <QLabel>
 #include <QElapsedTimer>
 #include <QFile>
 #include <QItemSelectionModel>
@@ -40,7 +49,11 @@
 #include <QTemporaryDir>
 #include <QTimer>
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
+
+#include <time.h>
 
 using kvscope::MainWindow;
 
@@ -48,16 +61,29 @@ namespace {
 
 constexpr int kTimeoutMs = 180000;
 const QString kSentence = QStringLiteral("Once upon a time, there was a little girl named Lily. She liked to play. ");
-// Bound on the longest event-loop gap while a capture and a stream run. The GUI aims at 50 ms;
-// the test asserts twice that, so a machine busy with other jobs does not fail it, and prints the
-// measured figure.
-constexpr qint64 kMaxGapMs = 100;
+// Bounds on the event loop while work runs. The GUI aims at 50 ms between two turns of the event
+// loop. Two figures are measured: the wall-clock gap between two ticks, which on a machine with
+// more runnable threads than cores includes the time the scheduler gives other processes, and the
+// GUI thread's own CPU time between two ticks (CLOCK_THREAD_CPUTIME_ID), which is what the app's
+// code spends without returning to the loop. The busy time is held to the 50 ms target; the wall
+// gap to a bound that a busy shared machine does not fail.
+constexpr qint64 kMaxBusyMs = 50;
+constexpr qint64 kMaxGapMs = 250;
 
-// Ticks every 5 ms; maxGap is the longest time between two ticks.
+double threadCpuMs()
+{
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+// Ticks every 5 ms; maxGap is the longest wall time between two ticks, maxBusy the most CPU time
+// the GUI thread spent between two ticks.
 struct TickRecorder {
     QTimer timer;
     QElapsedTimer clock;
     qint64 last = 0, maxGap = 0;
+    double lastCpu = 0, maxBusy = 0;
     int ticks = 0;
     TickRecorder()
     {
@@ -65,12 +91,21 @@ struct TickRecorder {
         timer.setTimerType(Qt::PreciseTimer);
         QObject::connect(&timer, &QTimer::timeout, [this] {
             const qint64 now = clock.elapsed();
+            const double cpu = threadCpuMs();
             maxGap = std::max(maxGap, now - last);
+            maxBusy = std::max(maxBusy, cpu - lastCpu);
             last = now;
+            lastCpu = cpu;
             ++ticks;
         });
         clock.start();
+        lastCpu = threadCpuMs();
         timer.start();
+    }
+    void restart()
+    {
+        maxGap = 0;
+        maxBusy = 0;
     }
 };
 
@@ -84,6 +119,8 @@ private slots:
     void pagesShowTheWorkflow();
     void observationsHaveReadings();
     void codecPageFillsRateDistortion();
+    void transformStagesReachThePlot();
+    void qualitySuiteInBackground();
     void distributionsFollowSelection();
     void everyPlotExports();
     void binsChangeSize();
@@ -91,6 +128,8 @@ private slots:
     void stopLeavesSessionUsable();
     void raceOfThreePolicies();
     void raceSavesReopensExports();
+    void drawnScheduleRacesAtOnce();
+    void sharedLinkRace();
     void darkThemeKeepsSeriesColours();
     void badFilesReportErrors();
     void itemModelsPassTester();
@@ -236,9 +275,12 @@ void TestViews::codecPageFillsRateDistortion()
     }
     QCOMPARE(levels, int(tuner->profile().levels.size()));
     QVERIFY2(codecs.contains(QLatin1String("int8")) && codecs.contains(QLatin1String("fp16")), qPrintable(codecs.join(',')));
-    // One graph per point (baselines and levels keep their colours), the edited point last.
+    // One graph per CacheGen level and baseline (each keeps its colour), one for the transform
+    // codec's levels (its stage is on by default), the edited point last.
+    const int transformPoints = int(codecs.count(QStringLiteral("transform")));
+    QCOMPARE(transformPoints, int(kvscope::defaultTransformLevels().size()));
     QCustomPlot* rd = tuner->rdPlot();
-    QCOMPARE(rd->graphCount(), 1 + int(tuner->rdPoints().size()) + 1);
+    QCOMPARE(rd->graphCount(), 1 + int(tuner->rdPoints().size()) - transformPoints + 1 + 1);
     QCOMPARE(rd->graph(rd->graphCount() - 1)->name(), QStringLiteral("edited level"));
     for (int i = 0; i < rd->graphCount(); ++i)
         if (rd->graph(i)->name() == QLatin1String("int8"))
@@ -253,9 +295,8 @@ void TestViews::codecPageFillsRateDistortion()
     w.cancelLoad();
     QCOMPARE(cancelled.count(), 1);
     QVERIFY(!w.tunerSession()->isBusy());
-    // The hooks are there: the quality source lists the suite (not selectable yet) and the stages.
     QCOMPARE(tuner->qualitySource(), QStringLiteral("continuation"));
-    QVERIFY(tuner->stages().size() >= 2);
+    QCOMPARE(tuner->rdSource(), QStringLiteral("continuation"));
     w.showPage(MainWindow::Page::ModelContext);
 }
 
@@ -268,7 +309,7 @@ void TestViews::raceOfThreePolicies()
     c.rate = QStringLiteral("20Mbit:0.02,2Mbit:0.05,20Mbit");  // a drop and a recovery
     c.sloSeconds = 0.5;
     c.policies = QStringList{QStringLiteral("adaptive"), QStringLiteral("text"), QStringLiteral("int8")};
-    c.hardware = QStringLiteral("server-gpu");
+    c.hardware = QStringLiteral("custom");
     c.prefillTokensPerSecond = 50000;
     c.decodeGBps = 100;
     lab->setConfig(c);
@@ -375,6 +416,284 @@ void TestViews::raceSavesReopensExports()
                  qPrintable(error));
         QCOMPARE(other.race().results.size(), size_t(3));
     }
+}
+
+void TestViews::transformStagesReachThePlot()
+{
+    if (!m_ready) QSKIP("no capture");
+    MainWindow& w = *m_window;
+    kvscope::CodecTunerView* tuner = w.tunerView();
+    // The stages are the transform codec's switches; the cache feeds RoPE undo, the weighting and
+    // token importance (captured by this build), PCA needs a calibrated profile.
+    QStringList ids;
+    for (const kvscope::CodecStage& st : tuner->stages()) {
+        ids << st.id;
+        if (st.id == QLatin1String("pca")) QVERIFY(!st.enabled);
+        if (st.id == QLatin1String("rope_undo") || st.id == QLatin1String("weighting") ||
+            st.id == QLatin1String("token_importance"))
+            QVERIFY2(st.enabled, qPrintable(st.id));
+    }
+    QCOMPARE(ids, (QStringList{"transform", "rope_undo", "pca", "across_heads", "weighting", "waterfill", "rans", "sinks",
+                               "token_importance"}));
+    auto transformBits = [tuner] {
+        std::vector<double> bits;
+        for (const kvscope::RdPoint& p : tuner->rdPoints())
+            if (p.codec == QLatin1String("transform")) bits.push_back(p.bitsPerValue);
+        return bits;
+    };
+    w.showPage(MainWindow::Page::Codec);
+    QSignalSpy evaluated(w.tunerSession(), &kvscope::TunerSession::evaluated);
+    w.evaluateRateDistortion();
+    QTRY_COMPARE_WITH_TIMEOUT(evaluated.count(), 1, kTimeoutMs);
+    const std::vector<double> rans = transformBits();
+    QCOMPARE(int(rans.size()), int(kvscope::defaultTransformLevels().size()));
+    // rANS off: fixed-width symbols; the toggle reaches the codec, so every level's size changes
+    // (on a cache this small the rANS streams' own overhead can outweigh what they save).
+    tuner->setStageOn(QStringLiteral("rans"), false);  // re-evaluates after the debounce
+    QTRY_COMPARE_WITH_TIMEOUT(evaluated.count(), 2, kTimeoutMs);
+    const std::vector<double> fixed = transformBits();
+    QCOMPARE(fixed.size(), rans.size());
+    for (size_t i = 0; i < rans.size(); ++i) {
+        qInfo("transform level %zu: %.3f bits/value with rANS, %.3f fixed-width", i + 1, rans[i], fixed[i]);
+        QVERIFY2(std::abs(fixed[i] - rans[i]) > 1e-3, qPrintable(QStringLiteral("%1 vs %2").arg(fixed[i]).arg(rans[i])));
+    }
+    // The transform codec off: its points leave the plot.
+    tuner->setStageOn(QStringLiteral("rans"), true);
+    tuner->setStageOn(QStringLiteral("transform"), false);
+    QTRY_VERIFY_WITH_TIMEOUT(evaluated.count() >= 3 && !w.tunerSession()->isBusy(), kTimeoutMs);
+    QTRY_VERIFY_WITH_TIMEOUT(transformBits().empty() && !w.tunerSession()->isBusy(), kTimeoutMs);
+    tuner->setStageOn(QStringLiteral("transform"), true);
+    QTRY_VERIFY_WITH_TIMEOUT(!transformBits().empty() && !w.tunerSession()->isBusy(), kTimeoutMs);
+    w.showPage(MainWindow::Page::ModelContext);
+}
+
+void TestViews::qualitySuiteInBackground()
+{
+    if (!m_ready) QSKIP("no capture");
+    MainWindow& w = *m_window;
+    kvscope::CodecTunerView* tuner = w.tunerView();
+    // A suite the tiny model can read (its positions end at 128): two short stories, two
+    // multiple-choice questions each.
+    const QString path = m_dir.filePath(QStringLiteral("tiny_suite.json"));
+    QFile f(path);
+    QVERIFY(f.open(QIODevice::WriteOnly));
+    f.write(R"({"name": "tiny", "items": [
+      {"id": "a", "context": "Lily had a red ball. She liked to play with it in the park.",
+       "continuation": " One day the ball went up a tree.",
+       "questions": [{"question": "What colour was the ball?", "answer": "red", "choices": ["red", "blue"]},
+                     {"question": "Where did Lily play?", "answer": "park", "choices": ["park", "school"]}]},
+      {"id": "b", "context": "Tom saw a big dog. The dog was happy and ran to Tom.",
+       "continuation": " Tom gave the dog a hug.",
+       "questions": [{"question": "What did Tom see?", "answer": "dog", "choices": ["dog", "cat"]},
+                     {"question": "How was the dog?", "answer": "happy", "choices": ["happy", "sad"]}]}]})");
+    f.close();
+    tuner->setQualitySource(QStringLiteral("suite"));
+    tuner->setSuitePath(path);
+    w.showPage(MainWindow::Page::Codec);
+    QSignalSpy evaluated(w.tunerSession(), &kvscope::TunerSession::evaluated);
+    QSignalSpy cancelled(w.tunerSession(), &kvscope::TunerSession::cancelled);
+    // Cancellable: Esc (cancelLoad) stops it at once and leaves the session usable.
+    w.evaluateRateDistortion();
+    QVERIFY(w.tunerSession()->isBusy());
+    w.cancelLoad();
+    QCOMPARE(cancelled.count(), 1);
+    QVERIFY(!w.tunerSession()->isBusy());
+    TickRecorder ticks;
+    QElapsedTimer wall;
+    wall.start();
+    w.evaluateRateDistortion();
+    QTRY_COMPARE_WITH_TIMEOUT(evaluated.count(), 1, kTimeoutMs);
+    qInfo("quality suite (2 items, 4 questions, %zu rows): %lld ms, event-loop gap %lld ms, GUI thread busy %.1f ms",
+          tuner->rdPoints().size(), wall.elapsed(), ticks.maxGap, ticks.maxBusy);
+    QVERIFY2(ticks.maxBusy <= kMaxBusyMs, qPrintable(QString::number(ticks.maxBusy)));
+    QVERIFY2(ticks.maxGap <= kMaxGapMs, qPrintable(QString::number(ticks.maxGap)));
+    QVERIFY2(tuner->rdSource().startsWith(QLatin1String("suite tiny (2 items, 4 questions)")), qPrintable(tuner->rdSource()));
+    QStringList codecs;
+    for (const kvscope::RdPoint& p : tuner->rdPoints()) {
+        codecs << p.codec;
+        // Accuracy is a fraction of 4 questions.
+        QVERIFY(p.accuracy >= 0 && p.accuracy <= 1);
+        QCOMPARE(std::fmod(p.accuracy * 4, 1.0), 0.0);
+        if (p.codec == QLatin1String("fp16")) {
+            QCOMPARE(p.kl, 0.0);
+            QCOMPARE(p.deltaPplPct, 0.0);
+            QCOMPARE(p.bitsPerValue, 16.0);
+        }
+    }
+    QVERIFY2(codecs.contains(QLatin1String("fp16")) && codecs.contains(QLatin1String("int8")) &&
+                 codecs.count(QStringLiteral("cachegen")) == int(tuner->profile().levels.size()) &&
+                 codecs.count(QStringLiteral("transform")) == int(kvscope::defaultTransformLevels().size()),
+             qPrintable(codecs.join(',')));
+    QVERIFY(tuner->findChild<QLabel*>(QStringLiteral("tunerRdSource"))->text().contains(QLatin1String("accuracy")));
+    // A bad suite: one-line error naming the file, the session stays usable.
+    const QString bad = m_dir.filePath(QStringLiteral("bad_suite.json"));
+    QFile b(bad);
+    QVERIFY(b.open(QIODevice::WriteOnly));
+    b.write(R"({"name": "x", "items": [{"id": "a", "context": "c", "questions": [{"question": "q", "answr": "a"}]}]})");
+    b.close();
+    QSignalSpy failed(w.tunerSession(), &kvscope::TunerSession::failed);
+    tuner->setSuitePath(bad);
+    w.evaluateRateDistortion();
+    QTRY_COMPARE_WITH_TIMEOUT(failed.count(), 1, kTimeoutMs);
+    const QString message = failed.at(0).at(0).toString();
+    QVERIFY2(message.contains(QLatin1String("bad_suite.json")) && !message.contains(QLatin1Char('\n')), qPrintable(message));
+    tuner->setQualitySource(QStringLiteral("continuation"));
+    w.showPage(MainWindow::Page::ModelContext);
+}
+
+void TestViews::drawnScheduleRacesAtOnce()
+{
+    if (!m_ready) QSKIP("no capture");
+    kvscope::StreamLabView* lab = m_window->streamView();
+    m_window->showPage(MainWindow::Page::Stream);
+    kvscope::StreamConfig c = lab->config();
+    c.link = kvscope::StreamConfig::Constant;
+    c.rate = QStringLiteral("1Mbit");
+    c.sloSeconds = 1.0;
+    c.mode = kvscope::StreamConfig::AtOnce;
+    // Every lane fetches (text would only recompute): the runs last long enough to overlap.
+    c.policies = QStringList{QStringLiteral("adaptive"), QStringLiteral("level:1"), QStringLiteral("int8")};
+    lab->setConfig(c);
+    // Core's presets (the CLI's --target), not the GUI's own.
+    QComboBox* hw = lab->hardwareCombo();
+    QVERIFY(hw->findData(QStringLiteral("a100-7b")) > 0 && hw->findData(QStringLiteral("h100-8b")) > 0);
+    hw->setCurrentIndex(hw->findData(QStringLiteral("a100-7b")));
+    const kvscope::TargetHardware a100 = kvscope::targetPreset("a100-7b");
+    QVERIFY(std::abs(lab->config().prefillTokensPerSecond - a100.prefillTokensPerSecond) < 1);  // shown to 1 tok/s
+
+    // Draw a drop with the mouse: 0.2 Mbit/s from 0.3 s to 0.7 s, the 1 Mbit/s around it stays.
+    QCustomPlot* plot = lab->bandwidthPlot();
+    lab->drawLinkButton()->setChecked(true);
+    QTest::qWait(50);
+    plot->replot(QCustomPlot::rpImmediateRefresh);
+    const auto px = [plot](double t, double mbps) {
+        return QPoint(int(std::lround(plot->xAxis->coordToPixel(t))), int(std::lround(plot->yAxis->coordToPixel(mbps))));
+    };
+    QTest::mousePress(plot, Qt::LeftButton, {}, px(0.31, 0.2));
+    QTest::mouseMove(plot, px(0.45, 0.2));
+    QTest::mouseMove(plot, px(0.64, 0.2));
+    QTest::mouseRelease(plot, Qt::LeftButton, {}, px(0.64, 0.2));
+    lab->drawLinkButton()->setChecked(false);
+    QCOMPARE(lab->config().link, kvscope::StreamConfig::Steps);
+    QCOMPARE(lab->config().rate, QStringLiteral("1Mbit:0.3,0.2Mbit:0.4,1Mbit"));
+    QCOMPARE(lab->scheduleTable()->rowCount(), 3);
+    // Typed: drawLink does the same from code (a second drop at 1.0 s for 0.2 s), then undo it.
+    lab->drawLink(1.0, 1.2, 8);
+    QCOMPARE(lab->config().rate, QStringLiteral("1Mbit:0.3,0.2Mbit:0.4,1Mbit:0.3,8Mbit:0.2,1Mbit"));
+    lab->drawLink(1.0, 1.2, 1);
+    QCOMPARE(lab->config().rate, QStringLiteral("1Mbit:0.3,0.2Mbit:0.4,1Mbit"));
+
+    // The race: three policies at once, each on its own link with the drawn schedule.
+    QSignalSpy chunks(m_window->streamSession(), &kvscope::StreamSession::chunkArrived);
+    kvscope::RaceRecord race;
+    QVERIFY(runRace(&race));
+    QCOMPARE(race.config.mode, kvscope::StreamConfig::AtOnce);
+    QCOMPARE(race.config.rate, QStringLiteral("1Mbit:0.3,0.2Mbit:0.4,1Mbit"));
+    QCOMPARE(int(race.results.size()), 3);
+    // The schedule the race ran on shows the drop.
+    double lo = 1e9;
+    for (size_t i = 0; i < race.available.seconds.size(); ++i)
+        if (race.available.seconds[i] > 0.35 && race.available.seconds[i] < 0.65) lo = std::min(lo, race.available.mbps[i]);
+    QVERIFY2(std::abs(lo - 0.2) < 1e-6, qPrintable(QString::number(lo)));
+    // Concurrent: every lane began before any other had finished (back to back, each begins
+    // after the one before it ended).
+    double lastStart = 0, firstEnd = 1e9;
+    for (const kvscope::StreamRunResult& r : race.results) {
+        lastStart = std::max(lastStart, r.startS);
+        firstEnd = std::min(firstEnd, r.startS + r.linkSeconds);
+    }
+    QVERIFY2(lastStart < firstEnd, qPrintable(QStringLiteral("last start %1 s, first end %2 s").arg(lastStart).arg(firstEnd)));
+    for (const kvscope::StreamRunResult& r : race.results) {
+        QVERIFY(r.hardware.contains(QLatin1String("a100-7b")));
+        // Modelled on the target: the first token is core's figure to the nanosecond; the
+        // transfer is measured.
+        QVERIFY(!r.partModelled[0]);
+        QVERIFY(r.partModelled[5]);
+        QVERIFY2(std::abs(r.parts[5] - a100.firstTokenSeconds) < 1e-9, qPrintable(QString::number(r.parts[5], 'g', 9)));
+        QVERIFY(r.partModelled[4]);
+        // Quality of the assembled cache: KL and delta PPL from the eval module.
+        QVERIFY(r.hasQuality);
+        QVERIFY(std::isfinite(r.kl) && r.kl >= 0);
+        qInfo("at once %s: TTFT %.3f s, KL %.5f, dPPL %.3f %%", qPrintable(r.policy), r.ttftSeconds, r.kl, r.deltaPplPct);
+    }
+    // Level 1 (fewest bins) loses more than int8. The lanes are in the list's order.
+    auto lane = [&race](const char* policy) -> const kvscope::StreamRunResult& {
+        for (const kvscope::StreamRunResult& r : race.results)
+            if (r.policy == QLatin1String(policy)) return r;
+        return race.results.front();
+    };
+    QCOMPARE(race.config.policies, (QStringList{"adaptive", "int8", "level:1"}));
+    QVERIFY2(lane("level:1").kl > lane("int8").kl,
+             qPrintable(QStringLiteral("%1 %2").arg(lane("level:1").kl).arg(lane("int8").kl)));
+    QVERIFY(lab->findChild<QLabel*>(QStringLiteral("streamModelledNote"))->text().contains(QLatin1String("first token")));
+    // The table lists runs as they finish (at once, in any order); int8's row shows its KL.
+    int int8Row = -1;
+    for (int row = 0; row < lab->runsModel()->rowCount(); ++row)
+        if (lab->runsModel()->runs()[size_t(row)].policy == QLatin1String("int8")) int8Row = row;
+    QVERIFY(int8Row >= 0);
+    QCOMPARE(lab->runsModel()->data(lab->runsModel()->index(int8Row, kvscope::StreamRunsModel::KlCol)).toString(),
+             QString::number(lane("int8").kl, 'g', 3));
+
+    // Saved with the run: the drawn schedule, the mode, the modelled parts and the quality.
+    const QString path = m_dir.filePath(QStringLiteral("race_at_once.json"));
+    QString error;
+    QVERIFY2(lab->saveRace(path, &error), qPrintable(error));
+    kvscope::StreamLabView other;
+    QVERIFY2(other.loadRace(path, &error), qPrintable(error));
+    QCOMPARE(other.race().config.rate, race.config.rate);
+    QCOMPARE(other.race().config.mode, kvscope::StreamConfig::AtOnce);
+    QCOMPARE(other.config().rate, race.config.rate);
+    QCOMPARE(other.config().mode, kvscope::StreamConfig::AtOnce);
+    QCOMPARE(other.race().qualitySource, race.qualitySource);
+    for (size_t i = 0; i < race.results.size(); ++i) {
+        const kvscope::StreamRunResult& a = race.results[i];
+        const kvscope::StreamRunResult& b = other.race().results[i];
+        QCOMPARE(b.hasQuality, true);
+        QCOMPARE(b.kl, a.kl);
+        QCOMPARE(b.deltaPplPct, a.deltaPplPct);
+        for (int p = 0; p < kvscope::StreamRunResult::kParts; ++p) QCOMPARE(b.partModelled[p], a.partModelled[p]);
+    }
+    // A bad mode or part name is refused with its place.
+    QFile in(path);
+    QVERIFY(in.open(QIODevice::ReadOnly));
+    QByteArray text = in.readAll();
+    in.close();
+    const QString badPath = m_dir.filePath(QStringLiteral("race_bad_mode.json"));
+    QFile out(badPath);
+    QVERIFY(out.open(QIODevice::WriteOnly));
+    out.write(QByteArray(text).replace("\"at_once\"", "\"sideways\""));
+    out.close();
+    QVERIFY(!other.loadRace(badPath, &error));
+    QVERIFY2(error.contains(QLatin1String("config.mode")), qPrintable(error));
+}
+
+void TestViews::sharedLinkRace()
+{
+    if (!m_ready) QSKIP("no capture");
+    kvscope::StreamLabView* lab = m_window->streamView();
+    kvscope::StreamConfig c = lab->config();
+    c.link = kvscope::StreamConfig::Constant;
+    c.rate = QStringLiteral("4Mbit");
+    c.mode = kvscope::StreamConfig::SharedLink;
+    c.policies = QStringList{QStringLiteral("int8"), QStringLiteral("level:1")};
+    c.hardware = QStringLiteral("h100-8b");
+    lab->setConfig(c);
+    kvscope::RaceRecord race;
+    QVERIFY(runRace(&race));
+    QCOMPARE(race.config.mode, kvscope::StreamConfig::SharedLink);
+    QCOMPARE(int(race.results.size()), 2);
+    // Two clients on one 4 Mbit/s link: together they never get more than the link carries.
+    double lastS = 0;
+    quint64 delivered = 0;
+    for (const kvscope::StreamRunResult& r : race.results) {
+        delivered += r.deliveredBytes;
+        lastS = std::max(lastS, r.linkSeconds);
+        QVERIFY(r.link.contains(QLatin1String("shared")));
+    }
+    const double capacity = 4e6 / 8 * lastS;
+    qInfo("shared link: %llu bytes delivered to 2 clients in %.3f s, link capacity %.0f bytes",
+          static_cast<unsigned long long>(delivered), lastS, capacity);
+    QVERIFY2(double(delivered) <= capacity * 1.02 + 65536, qPrintable(QString::number(delivered)));
 }
 
 void TestViews::darkThemeKeepsSeriesColours()
@@ -641,34 +960,60 @@ void TestViews::eventLoopStaysResponsive()
     TickRecorder ticks;
     QElapsedTimer wall;
     wall.start();
+    struct Phase {
+        const char* name;
+        qint64 gap, ms;
+        double busy;
+    };
+    std::vector<Phase> phases;
+    auto done = [&](const char* name) {
+        phases.push_back({name, ticks.maxGap, wall.elapsed(), ticks.maxBusy});
+        ticks.restart();
+        wall.restart();
+    };
     QVERIFY(capture(kSentence.repeated(10)));
-    const qint64 captureGap = ticks.maxGap;
-    const qint64 captureMs = wall.elapsed();
+    done("capture");
     // The Codec page's evaluation, started by opening the page.
-    ticks.maxGap = 0;
-    wall.restart();
     QSignalSpy evaluated(m_window->tunerSession(), &kvscope::TunerSession::evaluated);
     m_window->showPage(MainWindow::Page::Codec);
     QTRY_COMPARE_WITH_TIMEOUT(evaluated.count(), 1, kTimeoutMs);
-    const qint64 evalGap = ticks.maxGap, evalMs = wall.elapsed();
+    done("rate-distortion evaluation (transform levels included)");
     kvscope::StreamConfig c = m_window->streamView()->config();
     c.link = kvscope::StreamConfig::Steps;
     c.rate = QStringLiteral("5Mbit:0.05,1Mbit:0.05,5Mbit");
     c.policies = QStringList{QStringLiteral("adaptive"), QStringLiteral("text"), QStringLiteral("level:1")};
+    c.mode = kvscope::StreamConfig::BackToBack;
     c.hardware = QStringLiteral("measured");
     c.prefillTokensPerSecond = c.decodeGBps = 0;
     m_window->streamView()->setConfig(c);
     m_window->showPage(MainWindow::Page::Stream);
-    ticks.maxGap = 0;
+    ticks.restart();
     wall.restart();
     kvscope::RaceRecord race;
     QVERIFY(runRace(&race));
-    qInfo("event-loop gap (target 50 ms): capture %lld ms over %lld ms; rate-distortion evaluation %lld ms over %lld ms; "
-          "race of 3 policies (%zu chunks each, prepare included) %lld ms over %lld ms",
-          captureGap, captureMs, evalGap, evalMs, race.results.front().chunks.size(), ticks.maxGap, wall.elapsed());
-    QVERIFY2(captureGap <= kMaxGapMs, qPrintable(QString::number(captureGap)));
-    QVERIFY2(evalGap <= kMaxGapMs, qPrintable(QString::number(evalGap)));
-    QVERIFY2(ticks.maxGap <= kMaxGapMs, qPrintable(QString::number(ticks.maxGap)));
+    done("race of 3 policies back to back (prepare and KL included)");
+    // The same policies at once, each on its own link (three clients prepared, then concurrent).
+    c.mode = kvscope::StreamConfig::AtOnce;
+    m_window->streamView()->setConfig(c);
+    ticks.restart();
+    wall.restart();
+    kvscope::RaceRecord atOnce;
+    QVERIFY(runRace(&atOnce));
+    QCOMPARE(atOnce.config.mode, kvscope::StreamConfig::AtOnce);
+    done("the same at once");
+    QStringList lines;
+    for (const Phase& p : phases)
+        lines << QStringLiteral("%1: GUI thread busy %2 ms, gap %3 ms over %4 ms")
+                     .arg(QLatin1String(p.name))
+                     .arg(p.busy, 0, 'f', 1)
+                     .arg(p.gap)
+                     .arg(p.ms);
+    qInfo("event loop (target 50 ms, %zu chunks per lane): %s", race.results.front().chunks.size(),
+          qPrintable(lines.join(QStringLiteral("; "))));
+    for (const Phase& p : phases) {
+        QVERIFY2(p.busy <= kMaxBusyMs, p.name);
+        QVERIFY2(p.gap <= kMaxGapMs, p.name);
+    }
 }
 
 KVSCOPE_GUI_TEST_MAIN(TestViews)
