@@ -58,7 +58,9 @@ struct Measured {
     }
 };
 
-void validate(const std::vector<TuneContext>& contexts, const TuneOptions& o)
+}  // namespace
+
+void checkTuneContexts(const std::vector<TuneContext>& contexts)
 {
     if (contexts.empty()) throw Error("tune: no tuning contexts");
     const KvShape& s0 = contexts.front().kv->shape();
@@ -69,6 +71,16 @@ void validate(const std::vector<TuneContext>& contexts, const TuneOptions& o)
         const KvShape& s = c.kv->shape();
         if (s.numLayers != s0.numLayers || s.numKvHeads != s0.numKvHeads || s.headDim != s0.headDim)
             throw Error("tune: context '" + c.name + "' comes from a model of another shape than '" + contexts.front().name + "'");
+    }
+}
+
+namespace {
+
+void validate(const std::vector<TuneContext>& contexts, const TuneOptions& o)
+{
+    checkTuneContexts(contexts);
+    for (const TuneContext& c : contexts) {
+        const KvShape& s = c.kv->shape();
         if (s.numTokens < o.base.chunkTokens)
             throw Error("tune: context '" + c.name + "' has " + std::to_string(s.numTokens) +
                         " tokens, fewer than one chunk of " + std::to_string(o.base.chunkTokens));

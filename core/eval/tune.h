@@ -37,6 +37,10 @@ struct TuneContext {
     const KvSet* kv = nullptr;              // the original cache of ref's context
 };
 
+// Throws unless there is at least one context, each with a cache and a continuation to score, all
+// of one model's shape (both tuners start with this).
+void checkTuneContexts(const std::vector<TuneContext>& contexts);
+
 // What a budget bounds, on the worst tuning context. delta_ppl_pct is what users quote, but below
 // about 0.5 % it is within the noise of a few hundred scored tokens; KL (nats per token) keeps
 // ordering configurations there.

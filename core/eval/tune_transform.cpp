@@ -81,16 +81,7 @@ struct Pooled {
 
 void validate(const std::vector<TuneContext>& contexts, const TransformTuneOptions& o)
 {
-    if (contexts.empty()) throw Error("tune: no tuning contexts");
-    const KvShape& s0 = contexts.front().kv->shape();
-    for (const TuneContext& c : contexts) {
-        if (!c.ref || !c.kv) throw Error("tune: context '" + c.name + "' has no cache or reference");
-        if (c.ref->task().continuation.empty())
-            throw Error("tune: context '" + c.name + "' has no continuation to score (perplexity needs held-out text)");
-        const KvShape& s = c.kv->shape();
-        if (s.numLayers != s0.numLayers || s.numKvHeads != s0.numKvHeads || s.headDim != s0.headDim)
-            throw Error("tune: context '" + c.name + "' comes from a model of another shape than '" + contexts.front().name + "'");
-    }
+    checkTuneContexts(contexts);
     if (o.budgets.empty()) throw Error("tune: no quality budgets");
     for (double b : o.budgets)
         if (!(b > 0)) throw Error("tune: budget " + std::to_string(b) + " is not a positive " + tuneMetricName(o.metric));
