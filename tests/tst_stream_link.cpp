@@ -235,11 +235,16 @@ private slots:
         pacer.reset();
         const int absent = pacer.beginSend();
         std::atomic<bool> stop{false};
+        std::atomic<int> ready{0};
         uint64_t got[2] = {0, 0};
         std::vector<std::thread> threads;
         for (int k = 0; k < 2; ++k)
             threads.emplace_back([&, k] {
                 const int id = pacer.beginSend();
+                // Both senders start asking together: a thread that starts late (slow thread
+                // creation, a sanitizer) would otherwise find the link to itself for a while.
+                ++ready;
+                while (ready < 2) std::this_thread::yield();
                 while (!stop) {
                     const uint64_t g = pacer.grant(1 << 20, monoSeconds(), id);
                     got[k] += g;
@@ -247,6 +252,7 @@ private slots:
                 }
                 pacer.endSend(id);
             });
+        while (ready < 2) std::this_thread::yield();
         std::this_thread::sleep_for(std::chrono::milliseconds(600));
         stop = true;
         for (auto& t : threads) t.join();

@@ -318,7 +318,9 @@ uint64_t LinkPacer::grant(uint64_t want, double now, int id)
         if (it != m_senders.end()) me = &it->second;
     }
     if (me && !me->waiting) {
-        // Coming back from writing (or from a stall): never behind the least-served waiting sender.
+        // Coming back from a stall: never behind the least-served waiting sender. Coming back
+        // from writing what it was granted is not a stall: its deficit, if any, still counts.
+        const bool stalled = me->lastAsk < 0 || now - me->lastAsk > kComebackSeconds;
         bool any = false;
         double least = 0;
         for (const auto& [k, v] : m_senders)
@@ -326,9 +328,10 @@ uint64_t LinkPacer::grant(uint64_t want, double now, int id)
                 least = any ? std::min(least, v.tag) : v.tag;
                 any = true;
             }
-        if (any) me->tag = std::max(me->tag, least);
+        if (any && stalled) me->tag = std::max(me->tag, least);
         me->waiting = true;
     }
+    if (me) me->lastAsk = now;
     const double cap = std::floor(m_schedule.capacityBytes(m_busyStart, now - m_epoch));
     const double credit = cap - double(m_busySent);
     if (credit < 1) return 0;

@@ -92,8 +92,8 @@ private:
 // smallest tag among the senders waiting for a grant, and is at most one quantum. So backlogged
 // senders get equal shares, a sender that wants less keeps what it wants, and the rest is split
 // among the others. A sender that stops asking (its peer stopped reading) is not waited for: only
-// waiting senders count, and one that comes back has its tag raised to the smallest waiting tag,
-// so it cannot claim the capacity it missed.
+// waiting senders count, and one that comes back after more than kComebackSeconds has its tag
+// raised to the smallest waiting tag, so it cannot claim the capacity it missed.
 class LinkPacer {
 public:
     LinkPacer() : LinkPacer(LinkSchedule::constant(125e6)) {}
@@ -108,6 +108,10 @@ public:
     double epoch() const { return m_epoch; }
 
     static constexpr uint64_t kFairQuantum = 32768;
+    // A sender that asks again within this time of its last ask counts as backlogged throughout
+    // (it only wrote what it was granted); one that stayed away longer comes back level with the
+    // least-served waiting sender.
+    static constexpr double kComebackSeconds = 0.05;
 
     // Returns the sender's id for grant and endSend (fair sharing); -1 callers are served first come.
     int beginSend();
@@ -137,6 +141,7 @@ private:
     struct Sender {
         double tag = 0;        // bytes granted, in virtual time
         bool waiting = false;  // asked for a grant and got none since
+        double lastAsk = -1;   // monotonic time of its last grant() call (-1: never asked)
     };
     std::map<int, Sender> m_senders;
     int m_nextId = 0;
