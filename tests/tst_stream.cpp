@@ -4,6 +4,7 @@
 // streamed byte-exact, the kernel-shaped link across a gap, and `kvscope-cli stream` on the
 // default model (its JSON contract, adaptive meeting an easy SLO, --codec transform).
 #include "testmain.h"
+#include "stream_cases.h"
 
 #include "codec/container.h"
 #include "codec/profile.h"
@@ -36,48 +37,18 @@
 #include <thread>
 
 using namespace kvscope;
+using kvscope_test::encode;
+using kvscope_test::freePort;
+using kvscope_test::request;
+using kvscope_test::syntheticKv;
 
 namespace {
-
-// A synthetic cache with token ids, so contexts have names and text replies have content.
-KvSet syntheticKv(int layers, int heads, int tokens, uint64_t seed)
-{
-    SyntheticSpec spec;
-    spec.shape = KvShape{layers, heads, 64, tokens};
-    spec.seed = seed;
-    KvSet kv = makeSyntheticKv(spec);
-    for (int t = 0; t < tokens; ++t) kv.tokens.push_back(int32_t((t * 7919 + int(seed)) % 49152));
-    return kv;
-}
-
-std::string encode(const KvSet& kv, CodecId codec, int chunkTokens, const std::string& path)
-{
-    CodecParams p;
-    p.codec = codec;
-    p.shape = kv.shape();
-    p.dtype = kv.dtype();
-    p.profile = defaultProfile(kv.shape().numLayers);
-    p.profile.chunkTokens = chunkTokens;
-    writeKvc(kv, p, path);
-    return path;
-}
 
 std::unique_ptr<ChunkServer> serve(const std::string& store, ServerOptions o = {})
 {
     auto s = std::make_unique<ChunkServer>(std::shared_ptr<ChunkStore>(openStore(store)), o);
     s->start();
     return s;
-}
-
-Request request(FrameType type, const std::string& context, CodecId codec, int chunk = 0, int level = 0)
-{
-    Request r;
-    r.type = type;
-    r.codec = codec;
-    r.context = context;
-    r.chunk = uint32_t(chunk);
-    r.level = uint32_t(level);
-    return r;
 }
 
 // Reads one frame from a raw socket: (type, payload).
@@ -105,12 +76,6 @@ bool closedSoon(const Socket& s, double seconds)
 }
 
 size_t expectElemBytes(const KvSet& kv) { return kv.tensorBytes() / (size_t(kv.shape().numKvHeads) * kv.shape().numTokens * kv.shape().headDim); }
-
-int freePort()
-{
-    Socket s = Socket::listenTcp("127.0.0.1", 0);
-    return s.localPort();
-}
 
 // Checks one paced reply against the schedule, from the instant the server began sending (the
 // pacer's busy period; the store lookup before it is not the link's business): bytes never arrive

@@ -3,6 +3,7 @@
 // disconnects mid-reply) come and go, memory stays bounded; and the Redis store serves reads
 // while other contexts are pushed concurrently.
 #include "testmain.h"
+#include "stream_cases.h"
 
 #include "codec/container.h"
 #include "codec/profile.h"
@@ -30,41 +31,12 @@
 #include <vector>
 
 using namespace kvscope;
+using kvscope_test::encode;
+using kvscope_test::freePort;
+using kvscope_test::request;
+using kvscope_test::syntheticKv;
 
 namespace {
-
-KvSet syntheticKv(int layers, int heads, int tokens, uint64_t seed)
-{
-    SyntheticSpec spec;
-    spec.shape = KvShape{layers, heads, 64, tokens};
-    spec.seed = seed;
-    KvSet kv = makeSyntheticKv(spec);
-    for (int t = 0; t < tokens; ++t) kv.tokens.push_back(int32_t((t * 7919 + int(seed)) % 49152));
-    return kv;
-}
-
-std::string encode(const KvSet& kv, CodecId codec, int chunkTokens, const std::string& path)
-{
-    CodecParams p;
-    p.codec = codec;
-    p.shape = kv.shape();
-    p.dtype = kv.dtype();
-    p.profile = defaultProfile(kv.shape().numLayers);
-    p.profile.chunkTokens = chunkTokens;
-    writeKvc(kv, p, path);
-    return path;
-}
-
-Request chunkRequest(const std::string& context, CodecId codec, int chunk, int level)
-{
-    Request r;
-    r.type = FrameType::ChunkRequest;
-    r.codec = codec;
-    r.context = context;
-    r.chunk = uint32_t(chunk);
-    r.level = uint32_t(level);
-    return r;
-}
 
 long rssKiB()
 {
@@ -73,12 +45,6 @@ long rssKiB()
     while (std::getline(f, line))
         if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
     return 0;
-}
-
-int freePort()
-{
-    Socket s = Socket::listenTcp("127.0.0.1", 0);
-    return s.localPort();
 }
 
 // Bytes a client had read by monotonic time t, from its (time, cumulative bytes) samples.
@@ -130,14 +96,14 @@ private slots:
                     ChunkClient client("127.0.0.1", port, ClientOptions{2.0, 5.0});
                     double total = 0;
                     int next = c % chunks;
-                    for (int k = 0; k < 2; ++k) client.send(chunkRequest(ctx, CodecId::Fp16, next++ % chunks, 1));
+                    for (int k = 0; k < 2; ++k) client.send(request(FrameType::ChunkRequest, ctx, CodecId::Fp16, next++ % chunks, 1));
                     while (!stop) {
                         ArrivalLog log;
                         const Reply r = client.receive(1 << 20, monoSeconds() + 30, &log);
                         if (r.type != FrameType::Chunk) throw Error("unexpected reply");
                         for (const auto& [t, b] : log) progress[size_t(c)].emplace_back(t, total + double(b));
                         total += double(r.wireBytes);
-                        client.send(chunkRequest(ctx, CodecId::Fp16, next++ % chunks, 1));
+                        client.send(request(FrameType::ChunkRequest, ctx, CodecId::Fp16, next++ % chunks, 1));
                     }
                 } catch (const std::exception& e) {
                     failures[size_t(c)] = e.what();
@@ -154,7 +120,7 @@ private slots:
                     if (round % 4 == 0 && stuck.size() < 4) {
                         Socket s = Socket::connectTcp("127.0.0.1", port, 1);
                         for (int k = 0; k < 8; ++k) {
-                            const std::vector<uint8_t> f = encodeRequest(chunkRequest(ctx, CodecId::Fp16, k, 1));
+                            const std::vector<uint8_t> f = encodeRequest(request(FrameType::ChunkRequest, ctx, CodecId::Fp16, k, 1));
                             s.sendAll(f.data(), f.size(), monoSeconds() + 1);
                         }
                         stuck.push_back(std::move(s));
@@ -170,7 +136,7 @@ private slots:
                         ++oversized;
                     } else {
                         Socket s = Socket::connectTcp("127.0.0.1", port, 1);
-                        const std::vector<uint8_t> f = encodeRequest(chunkRequest(ctx, CodecId::Fp16, 0, 1));
+                        const std::vector<uint8_t> f = encodeRequest(request(FrameType::ChunkRequest, ctx, CodecId::Fp16, 0, 1));
                         s.sendAll(f.data(), f.size(), monoSeconds() + 1);
                         char buf[4096];
                         size_t got = 0;
@@ -283,7 +249,7 @@ private slots:
                     for (int round = 0; round < 3; ++round)
                         for (int ch = 0; ch < r0->params().numChunks(); ++ch) {
                             const int level = 1 + (ch + c + round) % r0->params().numLevels();
-                            client.send(chunkRequest(ctx0, CodecId::CacheGen, ch, level));
+                            client.send(request(FrameType::ChunkRequest, ctx0, CodecId::CacheGen, ch, level));
                             const Reply r = client.receive(1 << 24, monoSeconds() + 10);
                             if (r.payload != r0->readChunk(ch, level)) throw Error("chunk bytes differ");
                             ++reads;
