@@ -157,10 +157,9 @@ struct ChunkPlan {
 
 inline uint32_t readU32(const uint8_t* p) { return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24; }
 
-// Checks the layout of a chunk payload (FORMAT.md "Chunk payloads") exactly as decodeChunk does
-// and fills the plan. Returns false with "reason" in *why.
-inline bool planChunk(const Codec& c, int chunk, int level, const uint8_t* data, uint64_t size, ChunkPlan* plan,
-                      std::string* why)
+// The checks every codec's plan starts with: the chunk and level exist, the payload fits the
+// 32-bit offsets and has bytes when it has a size. Returns false with "reason" in *why.
+inline bool checkChunkRequest(const Codec& c, int chunk, int level, const uint8_t* data, uint64_t size, std::string* why)
 {
     if (chunk < 0 || chunk >= c.numChunks()) {
         *why = "chunk " + std::to_string(chunk) + " does not exist (the cache has " + std::to_string(c.numChunks()) + ")";
@@ -178,6 +177,15 @@ inline bool planChunk(const Codec& c, int chunk, int level, const uint8_t* data,
         *why = "payload pointer is null";
         return false;
     }
+    return true;
+}
+
+// Checks the layout of a chunk payload (FORMAT.md "Chunk payloads") exactly as decodeChunk does
+// and fills the plan. Returns false with "reason" in *why.
+inline bool planChunk(const Codec& c, int chunk, int level, const uint8_t* data, uint64_t size, ChunkPlan* plan,
+                      std::string* why)
+{
+    if (!checkChunkRequest(c, chunk, level, data, size, why)) return false;
     plan->geom = chunkGeom(c, chunk);
     const ChunkGeom& g = plan->geom;
     if (c.codec != 0) {
@@ -313,22 +321,7 @@ inline bool buildSharedStore(const Codec& c, int level, const uint8_t* blob, uin
 inline bool planTransform(const Codec& c, int chunk, int level, const uint8_t* data, uint64_t size, TfChunkPlan* plan,
                           std::string* why)
 {
-    if (chunk < 0 || chunk >= c.numChunks()) {
-        *why = "chunk " + std::to_string(chunk) + " does not exist (the cache has " + std::to_string(c.numChunks()) + ")";
-        return false;
-    }
-    if (level < 1 || level > c.levels) {
-        *why = "level " + std::to_string(level) + " does not exist (the codec has " + std::to_string(c.levels) + ")";
-        return false;
-    }
-    if (size >= (uint64_t(1) << 32)) {
-        *why = "payload of " + std::to_string(size) + " bytes exceeds 4 GiB";
-        return false;
-    }
-    if (size > 0 && !data) {
-        *why = "payload pointer is null";
-        return false;
-    }
+    if (!checkChunkRequest(c, chunk, level, data, size, why)) return false;
     return planTransformChunk(c.tf, c.L, c.H, c.D, c.T, c.dtype, chunk * c.N, c.chunkLength(chunk), level, data, size, plan, why);
 }
 
