@@ -40,14 +40,14 @@ void finishCoding(CodingTable* c, const uint16_t* freq, int alphabet, bool forDe
     if (!forDecoding) return;
     // The last slot of symbol s, 4095 for the two positions past the alphabet.
     auto last = [c, alphabet](int s) -> uint64_t { return s < alphabet ? c->start(s + 1) - 1 : rans::kProbScale - 1; };
-    // Bucket b belongs to the symbol owning its first slot 32 b: symbol s owns the buckets from
-    // ceil(start(s) / 32) to ceil(start(s + 1) / 32) - 1, one run of equal entries per symbol
+    // Bucket b belongs to the symbol owning its first slot 64 b: symbol s owns the buckets from
+    // ceil(start(s) / 64) to ceil(start(s + 1) / 64) - 1, one run of equal entries per symbol
     // (runs of plain stores: in-band tables are rebuilt for every chunk, so this is a hot path).
     constexpr uint32_t round = (1u << CodingTable::kBucketShift) - 1;
     int b = 0;
     for (int s = 0; s < alphabet; ++s) {
         const uint64_t e = uint64_t(s) | uint64_t(c->start(s)) << 8 | last(s) << 20 | last(s + 1) << 32 | last(s + 2) << 44;
-        const int end = int((c->start(s + 1) + round) >> CodingTable::kBucketShift);  // start(alphabet) = 4096: 128
+        const int end = int((c->start(s + 1) + round) >> CodingTable::kBucketShift);  // start(alphabet) = 4096: 64
         for (; b < end; ++b) c->bucket[b] = e;
     }
 }
