@@ -198,6 +198,8 @@ private slots:
     void nonFiniteInputRefused();
     void damagedPayloadsThrow_data();
     void damagedPayloadsThrow();
+    void batchDecodeMatchesChunkByChunk_data();
+    void batchDecodeMatchesChunkByChunk();
     void codecNames();
 };
 
@@ -667,6 +669,82 @@ void TestCodec::damagedPayloadsThrow()
     QVERIFY_THROWS_EXCEPTION(Error, decodeChunk(p, longer.data(), longer.size(), 1, 1, t, out, "x"));
     // Chunk 1 holds the last 36 tokens: read as chunk 0 (64 tokens) its sizes cannot match.
     QVERIFY_THROWS_EXCEPTION(Error, decodeChunk(p, good.data(), good.size(), 0, 1, t, out, "x"));
+}
+
+void TestCodec::batchDecodeMatchesChunkByChunk_data()
+{
+    QTest::addColumn<bool>("shared");
+    QTest::newRow("in-band") << false;
+    QTest::newRow("shared") << true;
+}
+
+// decodeChunks (the whole-cache path, unit by unit across chunks) writes the same bytes as
+// decodeChunk on each chunk in turn, at mixed levels, and with damaged payloads throws what
+// chunk-by-chunk decoding meets first: the layout of a truncated chunk, a corrupt stream's unit.
+void TestCodec::batchDecodeMatchesChunkByChunk()
+{
+    QFETCH(bool, shared);
+    const KvSet kv = makeKv(DType::F16, 8, 200);  // 7 chunks of 32 tokens, the last of 8
+    CodecParams p = makeParams(CodecId::CacheGen, kv, 32);
+    std::vector<LevelTables> tables;
+    if (shared) {
+        p.profile.tables = TableMode::Shared;
+        for (int l = 1; l <= p.numLevels(); ++l) {
+            LevelCounts counts;
+            for (int c = 0; c < p.numChunks(); ++c) countChunkSymbols(p, kv, c, l, counts);
+            tables.push_back(tablesFromCounts(p, l, counts));
+        }
+    }
+    const int chunks = p.numChunks();
+    QCOMPARE(chunks, 7);
+    const std::vector<int> levels = {1, 1, 3, 2, 2, 1, 3};
+    std::vector<std::vector<uint8_t>> payloads;
+    for (int c = 0; c < chunks; ++c)
+        payloads.push_back(encodeChunk(p, kv, c, levels[size_t(c)], shared ? &tables[size_t(levels[size_t(c)] - 1)] : nullptr));
+    auto batchOf = [&](const std::vector<std::vector<uint8_t>>& pl) {
+        std::vector<ChunkPayload> b;
+        for (int c = 0; c < chunks; ++c)
+            b.push_back({c, levels[size_t(c)], pl[size_t(c)].data(), pl[size_t(c)].size(), "f: chunk " + std::to_string(c)});
+        return b;
+    };
+    auto oneByOne = [&](const std::vector<std::vector<uint8_t>>& pl, KvSet& out) {
+        for (int c = 0; c < chunks; ++c)
+            decodeChunk(p, pl[size_t(c)].data(), pl[size_t(c)].size(), c, levels[size_t(c)],
+                        shared ? &tables[size_t(levels[size_t(c)] - 1)] : nullptr, out, "f: chunk " + std::to_string(c));
+    };
+    KvSet a(p.shape, p.dtype), b(p.shape, p.dtype);
+    decodeChunks(p, batchOf(payloads), shared ? &tables : nullptr, a);
+    oneByOne(payloads, b);
+    QVERIFY2(sameBytes(a, b), qPrintable(firstDifference(a, b)));
+
+    auto message = [](auto f) -> QString {
+        try {
+            f();
+        } catch (const Error& e) {
+            return e.what();
+        }
+        return QString();
+    };
+    // Chunk 5 truncated (its layout fails), chunk 2's last stream damaged (a unit fails), chunk 4
+    // damaged too: the first failure in chunk order is chunk 2's.
+    std::vector<std::vector<uint8_t>> bad = payloads;
+    bad[5].resize(bad[5].size() / 2);
+    for (int c : {2, 4}) {
+        std::vector<uint8_t>& pl = bad[size_t(c)];
+        for (size_t i = pl.size() - 40; i < pl.size(); ++i) pl[i] = uint8_t(pl[i] ^ 0x5a);
+    }
+    KvSet c1(p.shape, p.dtype), c2(p.shape, p.dtype);
+    const QString batchError = message([&] { decodeChunks(p, batchOf(bad), shared ? &tables : nullptr, c1); });
+    const QString serialError = message([&] { oneByOne(bad, c2); });
+    QVERIFY2(serialError.startsWith("f: chunk 2: "), qPrintable(serialError));
+    QCOMPARE(batchError, serialError);
+    // Only the truncated chunk left: its layout error, as chunk by chunk.
+    bad[2] = payloads[2];
+    bad[4] = payloads[4];
+    const QString batchLayout = message([&] { decodeChunks(p, batchOf(bad), shared ? &tables : nullptr, c1); });
+    const QString serialLayout = message([&] { oneByOne(bad, c2); });
+    QVERIFY2(serialLayout.startsWith("f: chunk 5: "), qPrintable(serialLayout));
+    QCOMPARE(batchLayout, serialLayout);
 }
 
 void TestCodec::codecNames()

@@ -188,6 +188,16 @@ QString codingDiff(const ProbTable& t, int alphabet, Fill fill)
         if (!(s >= 0 && s < alphabet && t.start[s] <= slot && slot < t.start[s + 1]))
             return QString("symbolOf(%1) = %2 does not own the slot").arg(slot).arg(s);
     }
+    // The bucket index the SIMD decoders read directly, against its definition in prob_table.h.
+    auto last = [&](int s) -> uint64_t { return s < alphabet ? t.start[size_t(s) + 1] - 1u : rans::kProbScale - 1; };
+    for (int b = 0; b < CodingTable::kBuckets; ++b) {
+        const uint32_t first = uint32_t(b) << CodingTable::kBucketShift;
+        int s0 = 0;
+        while (t.start[size_t(s0) + 1] <= first) ++s0;
+        const uint64_t want = uint64_t(s0) | uint64_t(t.start[size_t(s0)]) << 8 | last(s0) << 20 | last(s0 + 1) << 32 |
+                              last(s0 + 2) << 44;
+        if (c->bucket[b] != want) return QString("bucket %1 is %2, expected %3").arg(b).arg(c->bucket[b], 0, 16).arg(want, 0, 16);
+    }
     return QString();
 }
 

@@ -27,4 +27,14 @@ void decodeChunk(const CodecParams& p, const uint8_t* data, size_t size, int chu
     detail::decodeCacheGenChunk(p, data, size, chunk, level, shared, out, where);
 }
 
+void decodeChunks(const CodecParams& p, const std::vector<ChunkPayload>& chunks,
+                  const std::vector<LevelTables>* sharedPerLevel, KvSet& out)
+{
+    KVSCOPE_ASSERT(out.shape() == p.shape);
+    for (const ChunkPayload& c : chunks)
+        KVSCOPE_ASSERT(c.chunk >= 0 && c.chunk < p.numChunks() && c.level >= 1 && c.level <= p.numLevels());
+    if (p.codec == CodecId::CacheGen) return detail::decodeCacheGenChunks(p, chunks, sharedPerLevel, out);
+    for (const ChunkPayload& c : chunks) decodeChunk(p, c.data, c.size, c.chunk, c.level, nullptr, out, c.where);
+}
+
 }  // namespace kvscope

@@ -109,6 +109,22 @@ std::vector<uint8_t> encodeChunk(const CodecParams& p, const KvSet& kv, int chun
 void decodeChunk(const CodecParams& p, const uint8_t* data, size_t size, int chunk, int level,
                  const LevelTables* shared, KvSet& out, const std::string& where);
 
+// One payload of a batch for decodeChunks: (chunk, level), its bytes, and the `where` its errors name.
+struct ChunkPayload {
+    int chunk = 0;
+    int level = 1;
+    const uint8_t* data = nullptr;
+    size_t size = 0;
+    std::string where;
+};
+
+// Decodes several payloads (distinct chunks) into out, exactly as decodeChunk on each in turn would,
+// and with the same error when one is corrupt (that of the first failure in chunk order). CacheGen
+// decodes unit by unit through all the chunks, so that shared tables (sharedPerLevel: one per level,
+// or null in-band) are prepared once per (kind, layer) and stay in cache: the whole-cache path.
+void decodeChunks(const CodecParams& p, const std::vector<ChunkPayload>& chunks,
+                  const std::vector<LevelTables>* sharedPerLevel, KvSet& out);
+
 // Exact size in bytes of the int8 baseline's payload for a whole cache of this shape: the
 // reference every ratio_vs_int8 is computed against.
 size_t int8Bytes(const KvShape& shape);

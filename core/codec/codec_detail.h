@@ -128,6 +128,8 @@ std::vector<uint8_t> encodeCacheGenChunk(const CodecParams& p, const KvSet& kv, 
                                          const LevelTables* shared);
 void decodeCacheGenChunk(const CodecParams& p, const uint8_t* data, size_t size, int chunk, int level,
                          const LevelTables* shared, KvSet& out, const std::string& where);
+void decodeCacheGenChunks(const CodecParams& p, const std::vector<ChunkPayload>& chunks,
+                          const std::vector<LevelTables>* shared, KvSet& out);
 
 // ---------------------------------------------------------------------------------------------
 // Entropy stage (entropy_stage.cpp)

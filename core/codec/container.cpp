@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 
 namespace kvscope {
 
@@ -564,9 +565,31 @@ KvSet KvcReader::decodeAll(const std::vector<int>& levels, const Progress& progr
     out.modelFingerprint = m_fingerprint;
     out.context = m_context;
     out.tokens = m_tokens;
-    for (int c = 0; c < chunks; ++c) {
-        decodeChunkInto(c, levels.size() == 1 ? levels[0] : levels[size_t(c)], out);
-        if (progress && !progress(double(c + 1) / chunks)) throw Cancelled();
+    // Batches of chunks through decodeChunks (unit by unit across the batch: shared tables are
+    // prepared once per batch and unit); progress is reported per batch.
+    const bool shared = m_params.codec == CodecId::CacheGen && m_params.profile.tables == TableMode::Shared;
+    constexpr int kBatch = 16;
+    std::vector<std::vector<uint8_t>> bytes;
+    std::vector<ChunkPayload> batch;
+    for (int c0 = 0; c0 < chunks; c0 += kBatch) {
+        const int c1 = std::min(chunks, c0 + kBatch);
+        bytes.clear();
+        bytes.reserve(kBatch);
+        batch.clear();
+        std::exception_ptr readError;  // raised after the chunks before it decode, as one by one
+        for (int c = c0; c < c1 && !readError; ++c) {
+            const int level = levels.size() == 1 ? levels[0] : levels[size_t(c)];
+            const std::string place = "chunk " + std::to_string(c) + " level " + std::to_string(level);
+            try {
+                bytes.push_back(readChunk(c, level));
+                batch.push_back({c, level, bytes.back().data(), bytes.back().size(), where(place)});
+            } catch (...) {
+                readError = std::current_exception();
+            }
+        }
+        decodeChunks(m_params, batch, shared ? &m_tables : nullptr, out);
+        if (readError) std::rethrow_exception(readError);
+        if (progress && !progress(double(c1) / chunks)) throw Cancelled();
     }
     return out;
 }

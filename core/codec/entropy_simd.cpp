@@ -1,6 +1,7 @@
 // The v2 entropy decoder's SIMD row kernels (AVX2: 8 lanes, AVX-512: 16 lanes) and the run-time
 // choice between them and the scalar reference (simd_path.h). Each kernel decodes one row of D
-// symbols of a 32-state stream (rans.h w32) and dequantizes it straight into the output dtype.
+// symbols of a 32-state stream (rans.h w32) and dequantizes it straight into the output dtype;
+// the encoders (AVX2, AVX-512) code the same streams, bit for bit as the scalar loop.
 //
 // READ ME FIRST
 // - Symbols 16k..16k+15 (8k..8k+7 for AVX2) of a row use states (lane0 + 16k) % 32 onwards: one
@@ -450,6 +451,80 @@ KVS_AVX2 void rowAvx2(W32Stream& s, const W32Row& r)
     s.p = p;
 }
 
+// compressHigh[m]: the byte shuffle that moves the 16-bit words of the lanes set in m, in lane
+// order, to the top popcount(m) of 8 word positions (the rest are zeroed).
+struct CompressTable {
+    alignas(16) uint8_t idx[256][16];
+    CompressTable()
+    {
+        for (int m = 0; m < 256; ++m) {
+            const int cnt = __builtin_popcount(unsigned(m));
+            std::memset(idx[m], 0x80, 16);
+            int j = 0;
+            for (int lane = 0; lane < 8; ++lane)
+                if ((m >> lane) & 1) {
+                    const int pos = 8 - cnt + j++;
+                    idx[m][2 * pos] = uint8_t(2 * lane);
+                    idx[m][2 * pos + 1] = uint8_t(2 * lane + 1);
+                }
+        }
+    }
+};
+const CompressTable kCompressHigh;
+
+// The AVX2 form of encodeAvx512, 8 symbols a step (D % 8 == 0). The words of the lanes that
+// renormalise are moved to the top of an 8-word vector stored just below the words written so
+// far, so that they land at the new front; the words below them fall into free space (the buffer
+// keeps at least one word per symbol not yet coded, plus the 64 of the flushed states).
+KVS_AVX2 void encodeAvx2(const W32EncJob& j, uint32_t* x, uint16_t*& words)
+{
+    const int D = j.D;
+    const int* T = reinterpret_cast<const int*>(j.tables);
+    const __m256i sfOff = _mm256_set1_epi32(int(kSfWords)), lo16 = _mm256_set1_epi32(0xffff), one = _mm256_set1_epi32(1);
+    const __m256i sign = _mm256_set1_epi32(int(0x80000000u));
+    const __m256 two16 = _mm256_set1_ps(65536.0f), oneF = _mm256_set1_ps(1.0f);
+    uint16_t* w = words;
+    for (int t = j.tokens - 1; t >= 0; --t) {
+        const int32_t* tw = j.tableWord + (j.deltaGroup >= 2 && t % j.deltaGroup == 0 ? D : 0);
+        const uint8_t* row = j.sym + size_t(t) * D;
+        for (int d0 = D - 8; d0 >= 0; d0 -= 8) {
+            uint32_t* xs = x + ((size_t(t) * D + size_t(d0)) & 31);
+            __m256i st = _mm256_load_si256(reinterpret_cast<const __m256i*>(xs));
+            const __m256i sym = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + d0)));
+            const __m256i idx = _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tw + d0)),
+                                                 _mm256_add_epi32(sym, sfOff));
+            const __m256i sf = _mm256_i32gather_epi32(T, idx, 4);
+            const __m256i freq = _mm256_srli_epi32(sf, 16);
+            // st >= freq << 20, unsigned (both sides flipped to signed order)
+            const __m256i below = _mm256_cmpgt_epi32(_mm256_xor_si256(_mm256_slli_epi32(freq, 20), sign),
+                                                     _mm256_xor_si256(st, sign));
+            const unsigned need = unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(below))) ^ 0xffu;
+            const __m256i low = _mm256_and_si256(st, lo16);
+            const __m128i w16 = _mm_packus_epi32(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(w - 8),
+                             _mm_shuffle_epi8(w16, _mm_load_si128(reinterpret_cast<const __m128i*>(kCompressHigh.idx[need]))));
+            w -= _mm_popcnt_u32(need);
+            st = _mm256_blendv_epi8(_mm256_srli_epi32(st, 16), st, below);
+            // q = floor(st / freq) as in encodeAvx512; st may exceed 2^31, so float(st) is built
+            // from its halves (both exact, one rounding in the sum: float(st) correctly rounded).
+            const __m256 stF = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(st, 16)), two16),
+                                             _mm256_cvtepi32_ps(_mm256_and_si256(st, lo16)));
+            const __m256 rcp = _mm256_div_ps(oneF, _mm256_cvtepi32_ps(freq));
+            __m256i q = _mm256_cvttps_epi32(_mm256_mul_ps(stF, rcp));
+            __m256i r = _mm256_sub_epi32(st, _mm256_mullo_epi32(q, freq));
+            const __m256i under = _mm256_cmpgt_epi32(_mm256_setzero_si256(), r);
+            q = _mm256_add_epi32(q, under);  // under is -1 where taken
+            r = _mm256_add_epi32(r, _mm256_and_si256(under, freq));
+            const __m256i over = _mm256_cmpgt_epi32(r, _mm256_sub_epi32(freq, one));
+            q = _mm256_sub_epi32(q, over);
+            r = _mm256_sub_epi32(r, _mm256_and_si256(over, freq));
+            st = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(q, rans::kProbBits), r), _mm256_and_si256(sf, lo16));
+            _mm256_store_si256(reinterpret_cast<__m256i*>(xs), st);
+        }
+    }
+    words = w;
+}
+
 }  // namespace
 #endif
 
@@ -457,6 +532,7 @@ W32EncFn w32EncodeKernel(SimdPath path, int D)
 {
 #ifdef KVSCOPE_SIMD_X86
     if (path == SimdPath::Avx512 && D % 16 == 0) return encodeAvx512;
+    if ((path == SimdPath::Avx2 || path == SimdPath::Avx512) && D % 8 == 0) return encodeAvx2;
 #else
     (void)path;
     (void)D;

@@ -38,25 +38,17 @@ void finishCoding(CodingTable* c, const uint16_t* freq, int alphabet, bool forDe
     }
     c->sf[alphabet] = start;  // == kProbScale, freq 0: the walk's sentinel
     if (!forDecoding) return;
-    // last[s]: the last slot of symbol s, 4095 for the two positions past the alphabet.
-    uint16_t last[kMaxAlphabet + 2];
-    for (int s = 0; s < alphabet; ++s) last[s] = uint16_t(c->start(s + 1) - 1);
-    last[alphabet] = last[alphabet + 1] = uint16_t(rans::kProbScale - 1);
-    // Without a data-dependent branch (in-band tables are rebuilt for every chunk): the entry of
-    // each symbol, then s0(b) = #{s >= 1 : start(s) <= 32 b} as a running sum of a histogram of
-    // the first bucket each start reaches.
-    uint64_t entry[kMaxAlphabet];
-    uint8_t firstBucket[CodingTable::kBuckets + 1] = {};
+    // The last slot of symbol s, 4095 for the two positions past the alphabet.
+    auto last = [c, alphabet](int s) -> uint64_t { return s < alphabet ? c->start(s + 1) - 1 : rans::kProbScale - 1; };
+    // Bucket b belongs to the symbol owning its first slot 64 b: symbol s owns the buckets from
+    // ceil(start(s) / 64) to ceil(start(s + 1) / 64) - 1, one run of equal entries per symbol
+    // (runs of plain stores: in-band tables are rebuilt for every chunk, so this is a hot path).
     constexpr uint32_t round = (1u << CodingTable::kBucketShift) - 1;
+    int b = 0;
     for (int s = 0; s < alphabet; ++s) {
-        entry[s] = uint64_t(s) | uint64_t(c->start(s)) << 8 | uint64_t(last[s]) << 20 | uint64_t(last[s + 1]) << 32 |
-                   uint64_t(last[s + 2]) << 44;
-        if (s > 0) firstBucket[(c->start(s) + round) >> CodingTable::kBucketShift]++;
-    }
-    int s0 = 0;
-    for (int b = 0; b < CodingTable::kBuckets; ++b) {
-        s0 += firstBucket[b];
-        c->bucket[b] = entry[s0];
+        const uint64_t e = uint64_t(s) | uint64_t(c->start(s)) << 8 | last(s) << 20 | last(s + 1) << 32 | last(s + 2) << 44;
+        const int end = int((c->start(s + 1) + round) >> CodingTable::kBucketShift);  // start(alphabet) = 4096: 64
+        for (; b < end; ++b) c->bucket[b] = e;
     }
 }
 

@@ -28,8 +28,8 @@ struct ProbTable {
 // The form the coding loops use: fixed arrays (no allocation, reusable scratch) plus, for the
 // decoder, a bucket index from slot to symbol so that a lookup takes one 64-bit load.
 struct CodingTable {
-    static constexpr int kBucketShift = 5;
-    static constexpr int kBuckets = rans::kProbScale >> kBucketShift;  // 128 buckets of 32 slots
+    static constexpr int kBucketShift = 6;
+    static constexpr int kBuckets = rans::kProbScale >> kBucketShift;  // 64 buckets of 64 slots
     // bucket[b] describes the (up to) three symbols that own slots from b << kBucketShift on:
     //   bits  0..7   s0, the symbol owning the bucket's first slot
     //   bits  8..19  start(s0)
@@ -37,7 +37,7 @@ struct CodingTable {
     // where last(s) = start(s + 1) - 1 is the last slot of s (4095 past the alphabet). A slot's
     // symbol is s0 + (slot > last(s0)) + (slot > last(s0 + 1)) unless slot > last(s0 + 2), which
     // only happens in a bucket crossed by 3 or more symbol boundaries (rare symbols of frequency
-    // < 32): then the decoder steps on through sf[].
+    // < 64): then the decoder steps on through sf[].
     uint64_t bucket[kBuckets];
     // start | freq << 16 per symbol, and start = kProbScale after the last one: one load per step.
     uint32_t sf[kMaxAlphabet + 1];
