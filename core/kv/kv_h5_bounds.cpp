@@ -1,0 +1,823 @@
+// The metadata walk of kv_h5_bounds.h. Structures and field layouts follow the HDF5 file format
+// specification (superblock versions 0 to 3, object header versions 1 and 2); all integers are
+// little-endian, O and L are the superblock's sizes of offsets and lengths, and every address is
+// relative to the base address (where the superblock's signature is).
+#include "kv/kv_h5_bounds.h"
+
+#include "common/error.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+namespace kvscope {
+
+namespace {
+
+// Deflate's largest expansion (258-byte matches in 2-bit codes): a filtered structure holds at
+// most this many bytes per stored byte.
+constexpr uint64_t kMaxExpansion = 1032;
+// What libhdf5's default chunk cache holds; a chunk or heap block up to this size costs no more
+// than the cache does, so small files may declare blocks larger than themselves.
+constexpr uint64_t kSlack = uint64_t(1) << 20;
+// Structures one file may make the walk visit, and the metadata bytes it may make it read.
+constexpr size_t kMaxStructures = 1 << 20;
+// Groups within groups the walk follows (it recurses once per level).
+constexpr int kMaxDepth = 256;
+
+std::string hex(uint64_t v)
+{
+    char b[24];
+    std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
+    return std::string(b);
+}
+
+// a * b, saturated at 2^64 - 1
+uint64_t mulSat(uint64_t a, uint64_t b)
+{
+    if (a != 0 && b > ~uint64_t(0) / a) return ~uint64_t(0);
+    return a * b;
+}
+
+class Walker;
+
+// The bytes of one structure, read little-endian with bounds checks: running past the end is
+// "truncated" at the structure's place.
+class Bytes {
+public:
+    Bytes(const Walker& w, std::vector<unsigned char> data, std::string place)
+        : m_w(w), m_data(std::move(data)), m_place(std::move(place))
+    {
+    }
+    const std::string& place() const { return m_place; }
+    size_t size() const { return m_data.size(); }
+    size_t pos() const { return m_pos; }
+    size_t left() const { return m_data.size() - m_pos; }
+    const unsigned char* at(size_t i) const { return m_data.data() + i; }
+    void seek(size_t p);
+    void skip(size_t n) { seek(m_pos + n); }
+    uint64_t u(size_t n);  // an n-byte unsigned integer (n <= 8)
+    unsigned u8() { return unsigned(u(1)); }
+    unsigned u16() { return unsigned(u(2)); }
+    uint64_t u32() { return u(4); }
+    uint64_t addr();
+    uint64_t len();
+    bool sig(const char* four) const
+    {
+        return m_data.size() >= 4 && std::memcmp(m_data.data(), four, 4) == 0;
+    }
+    // The next n bytes as their own structure (a message's data).
+    Bytes sub(size_t n, std::string place);
+
+private:
+    const Walker& m_w;
+    std::vector<unsigned char> m_data;
+    std::string m_place;
+    size_t m_pos = 0;
+};
+
+struct Message {
+    unsigned type = 0;
+    unsigned flags = 0;
+    Bytes data;
+};
+
+class Walker {
+public:
+    Walker(const std::string& path, uint64_t fileSize) : m_path(path), m_fileSize(fileSize)
+    {
+        m_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (m_fd < 0) fail("", std::string("cannot open: ") + std::strerror(errno));
+    }
+    ~Walker()
+    {
+        if (m_fd >= 0) ::close(m_fd);
+    }
+    Walker(const Walker&) = delete;
+    Walker& operator=(const Walker&) = delete;
+
+    [[noreturn]] void fail(const std::string& place, const std::string& reason) const
+    {
+        throw inputError(m_path, place, reason);
+    }
+
+    void run()
+    {
+        superblock();
+        if (m_ext != m_undef) objectHeader(m_ext);
+        objectHeader(m_root);
+    }
+
+    int sizeOfOffsets() const { return m_o; }
+    int sizeOfLengths() const { return m_l; }
+    uint64_t undefined() const { return m_undef; }
+
+private:
+    size_t readAbs(uint64_t at, unsigned char* buf, size_t n) const
+    {
+        size_t got = 0;
+        while (got < n) {
+            const ssize_t r = ::pread(m_fd, buf + got, n - got, off_t(at + got));
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) break;
+            got += size_t(r);
+        }
+        return got;
+    }
+
+    // A structure of `len` bytes at `addr`: refused unless it lies inside the file's data.
+    Bytes read(uint64_t addr, uint64_t len, const std::string& place, const std::string& what)
+    {
+        checkRange(addr, len, place, what);
+        if (++m_structures > kMaxStructures)
+            fail(place, "more than " + std::to_string(kMaxStructures) + " metadata structures");
+        m_bytesRead += len;
+        if (m_bytesRead > 2 * m_fileSize + kSlack)
+            fail(place, "metadata read so far exceeds twice the file's size (structures overlap)");
+        std::vector<unsigned char> buf(static_cast<size_t>(len));
+        if (readAbs(m_sigAt + addr, buf.data(), buf.size()) != buf.size())
+            fail(place, "cannot read " + what + " at " + hex(addr));
+        return Bytes(*this, std::move(buf), place);
+    }
+    // Like read, but only as much of `len` as the file holds (prefixes of variable size).
+    Bytes readPrefix(uint64_t addr, uint64_t len, const std::string& place, const std::string& what)
+    {
+        checkRange(addr, 1, place, what);
+        return read(addr, std::min(len, m_eof - addr), place, what);
+    }
+    void checkRange(uint64_t addr, uint64_t len, const std::string& place,
+                    const std::string& what) const
+    {
+        if (addr == m_undef) fail(place, what + " address is undefined");
+        if (addr >= m_eof || len > m_eof - addr)
+            fail(place, what + " at " + hex(addr) + " (" + hex(len) +
+                            " bytes) runs past the end of file (" + hex(m_eof) + ")");
+    }
+
+    void superblock();
+    void objectHeader(uint64_t addr);
+    void chunkMessages(Bytes& b, size_t end, bool v2, unsigned hdrFlags, std::vector<Message>& out,
+                       std::deque<std::pair<uint64_t, uint64_t>>& cont);
+    void object(const std::string& place, std::vector<Message>& msgs);
+    uint64_t dataspacePoints(Bytes& b, bool* known);
+    uint64_t datatypeSize(Bytes& b);
+    void attribute(Bytes& b);
+    void layout(Bytes& b, uint64_t points, uint64_t elemSize, bool filtered);
+    void link(Bytes& b);
+    void denseStorage(Bytes& b, bool links);
+    void fractalHeap(uint64_t addr, const std::string& owner);
+    void btree2(uint64_t addr, const std::string& owner);
+    void group(uint64_t btree, uint64_t heap, const std::string& owner);
+    uint64_t localHeap(uint64_t addr, const std::string& owner);
+    void btree1(uint64_t addr, int type, int expectLevel, unsigned ndims, uint64_t heapSize,
+                const std::string& owner);
+    void symbolNode(uint64_t addr, uint64_t heapSize);
+
+    const std::string& m_path;
+    uint64_t m_fileSize;
+    int m_fd = -1;
+    uint64_t m_sigAt = 0;
+    uint64_t m_eof = 0;  // relative to the base
+    int m_o = 8, m_l = 8;
+    uint64_t m_undef = ~uint64_t(0);
+    uint64_t m_root = 0, m_ext = ~uint64_t(0);
+    unsigned m_leafK = 4, m_internalK = 16, m_istoreK = 32;  // libhdf5's defaults
+    size_t m_structures = 0;
+    int m_depth = 0;
+    uint64_t m_bytesRead = 0;
+    std::set<uint64_t> m_headers, m_nodes, m_heaps;
+};
+
+void Bytes::seek(size_t p)
+{
+    if (p > m_data.size())
+        m_w.fail(m_place, "truncated (needs " + std::to_string(p) + " of " +
+                              std::to_string(m_data.size()) + " bytes)");
+    m_pos = p;
+}
+
+uint64_t Bytes::u(size_t n)
+{
+    const size_t start = m_pos;
+    seek(m_pos + n);
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; ++i) v |= uint64_t(m_data[start + i]) << (8 * i);
+    return v;
+}
+
+uint64_t Bytes::addr()
+{
+    const uint64_t v = u(size_t(m_w.sizeOfOffsets()));
+    return m_w.sizeOfOffsets() < 8 && v == (uint64_t(1) << (8 * m_w.sizeOfOffsets())) - 1
+               ? m_w.undefined()
+               : v;
+}
+
+uint64_t Bytes::len() { return u(size_t(m_w.sizeOfLengths())); }
+
+Bytes Bytes::sub(size_t n, std::string place)
+{
+    const size_t start = m_pos;
+    seek(m_pos + n);
+    return Bytes(m_w, std::vector<unsigned char>(m_data.begin() + long(start),
+                                                 m_data.begin() + long(start + n)),
+                 std::move(place));
+}
+
+// The superblock, checked against the file's real size. libhdf5 takes its addresses at their
+// word: a forged end-of-file or object address sends it to read (and allocate for) structures far
+// beyond the file.
+//
+// Layout:
+//   0  signature "\211HDF\r\n\032\n" at 0, 512, 1024, 2048, ... (a user block may precede it)
+//   8  version
+//   version 0/1: 9 free-space version, 10 root symbol table entry version, 11 reserved,
+//     12 shared header version, 13 O, 14 L, 15 reserved, 16 group leaf node K (2),
+//     18 group internal node K (2), 20 consistency flags (4), version 1 only: indexed storage
+//     internal node K (2) + reserved (2); then base address, free-space info address, end-of-file
+//     address, driver information block address, root group symbol table entry (link name
+//     offset, object header address, cache type (4), reserved (4), scratch pad (16)).
+//   version 2/3: 9 O, 10 L, 11 consistency flags, then base address, superblock extension
+//     address, end-of-file address, root group object header address, checksum (4).
+// Addresses are relative to the base address, which libhdf5 takes as where the signature is;
+// all ones is the undefined address.
+void Walker::superblock()
+{
+    static const unsigned char kSig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    uint64_t sigAt = 0;
+    bool found = false;
+    unsigned char sb[8 + 16 + 4 + 4 * 8 + 2 * 8 + 24] = {};  // the largest: version 1 with O = 8
+    for (uint64_t at = 0; at + 8 <= m_fileSize; at = at == 0 ? 512 : at * 2) {
+        unsigned char sig[8];
+        if (readAbs(at, sig, 8) == 8 && std::memcmp(sig, kSig, 8) == 0) {
+            sigAt = at;
+            found = true;
+            break;
+        }
+    }
+    if (!found) fail("", "not an HDF5 file (no HDF5 signature)");
+    const size_t have = readAbs(sigAt, sb, sizeof sb);
+    const std::string place = "superblock";
+    if (have < 9) fail(place, "truncated after the signature");
+    const int version = sb[8];
+    if (version > 3) fail(place, "version " + std::to_string(version) + " is not one of 0 to 3");
+    const size_t offsetsAt = version <= 1 ? 13 : 9;
+    if (have < offsetsAt + 2) fail(place, "truncated (" + std::to_string(have) + " bytes)");
+    const int sizeOfOffsets = sb[offsetsAt];
+    const int sizeOfLengths = sb[offsetsAt + 1];
+    for (const auto& [what, n] : {std::pair<const char*, int>{"offsets", sizeOfOffsets},
+                                  std::pair<const char*, int>{"lengths", sizeOfLengths}})
+        if (n != 2 && n != 4 && n != 8)
+            fail(place, std::string("size of ") + what + " " + std::to_string(n) + " is not 2, 4 or 8");
+    const size_t o = size_t(sizeOfOffsets);
+    const size_t addrAt = version == 0 ? 24 : version == 1 ? 28 : 12;
+    // Addresses by index: 0 base, 2 end of file; version 0/1: 1 free space, 3 driver block, 4 and 5
+    // the root entry's link name offset and object header; version 2/3: 1 superblock extension,
+    // 3 root object header, then the checksum.
+    const size_t need = version <= 1 ? addrAt + 4 * o + 2 * o + 24 : addrAt + 4 * o + 4;
+    if (have < need)
+        fail(place, "truncated (" + std::to_string(have) + " of the " + std::to_string(need) +
+                        " bytes of a version " + std::to_string(version) + " superblock)");
+    auto u16 = [&](size_t at) { return unsigned(sb[at]) | unsigned(sb[at + 1]) << 8; };
+    auto addr = [&](size_t index) {
+        uint64_t v = 0;
+        for (size_t i = 0; i < o; ++i) v |= uint64_t(sb[addrAt + index * o + i]) << (8 * i);
+        return v;
+    };
+    const uint64_t undefined = o == 8 ? ~uint64_t(0) : (uint64_t(1) << (8 * o)) - 1;
+    if (version <= 1) {
+        if (u16(16) == 0) fail(place, "group leaf node K is 0");
+        if (u16(18) == 0) fail(place, "group internal node K is 0");
+        if (version == 1 && u16(24) == 0) fail(place, "indexed storage internal node K is 0");
+        m_leafK = u16(16);
+        m_internalK = u16(18);
+        if (version == 1) m_istoreK = u16(24);
+    }
+    // The stored end-of-file address counts from the start of the file (a user block included);
+    // libhdf5 moves the base to where the signature is and shifts the end of file by as much.
+    // The other addresses count from the base.
+    const uint64_t base = addr(0);
+    if (base == undefined) fail(place, "base address is undefined");
+    if (addr(2) == undefined) fail(place, "end-of-file address is undefined");
+    const uint64_t eofAbs = addr(2) + sigAt - base;
+    if (eofAbs > m_fileSize)
+        fail(place, "end-of-file address " + hex(eofAbs) + " is beyond the file's " +
+                        std::to_string(m_fileSize) + " bytes (truncated or forged)");
+    if (eofAbs < sigAt + need)
+        fail(place, "end-of-file address " + hex(eofAbs) + " is inside the superblock");
+    const uint64_t eof = eofAbs - sigAt;
+    struct Named {
+        const char* what;
+        size_t index;
+        bool required;
+    };
+    const std::vector<Named> addresses =
+        version <= 1 ? std::vector<Named>{{"free-space info address", 1, false},
+                                          {"driver information block address", 3, false},
+                                          {"root group object header address", 5, true}}
+                     : std::vector<Named>{{"superblock extension address", 1, false},
+                                          {"root group object header address", 3, true}};
+    for (const Named& a : addresses) {
+        const uint64_t v = addr(a.index);
+        if (v == undefined) {
+            if (a.required) fail(place, std::string(a.what) + " is undefined");
+            continue;
+        }
+        if (v < need || v >= eof)
+            fail(place, std::string(a.what) + " " + hex(v) + " is outside the file's data (" +
+                            hex(need) + " to " + hex(eof) + ")");
+    }
+    m_sigAt = sigAt;
+    m_eof = eof;
+    m_o = sizeOfOffsets;
+    m_l = sizeOfLengths;
+    m_undef = undefined;
+    m_root = addr(version <= 1 ? 5 : 3);
+    m_ext = version <= 1 ? undefined : addr(1);
+}
+
+// One object header (version 1, or version 2 "OHDR") and its continuation blocks; then what its
+// messages lead to. Version 1: version (1), reserved (1), message count (2), reference count (4),
+// chunk 0 size (4), padding to 16; messages type (2), size (2), flags (1), reserved (3), data.
+// Version 2: "OHDR", version, flags, [times 16 if flags & 0x20], [attribute phase change 4 if
+// flags & 0x10], chunk 0 size (1 << (flags & 3) bytes); messages type (1), size (2), flags (1),
+// [creation order (2) if flags & 4], data; checksum (4). Continuation blocks of version 2 start
+// with "OCHK" and end with a checksum.
+void Walker::objectHeader(uint64_t addr)
+{
+    if (!m_headers.insert(addr).second) return;
+    const std::string place = "object header " + hex(addr);
+    if (m_depth >= kMaxDepth)
+        fail(place, "objects nested more than " + std::to_string(kMaxDepth) + " deep");
+    struct Depth {
+        int& d;
+        explicit Depth(int& x) : d(x) { ++d; }
+        ~Depth() { --d; }
+    } depth(m_depth);
+    Bytes head = readPrefix(addr, 4 + 2 + 16 + 4 + 8, place, "object header");
+    std::vector<Message> msgs;
+    std::deque<std::pair<uint64_t, uint64_t>> cont;
+    bool v2 = false;
+    unsigned hdrFlags = 0;
+    if (head.sig("OHDR")) {
+        v2 = true;
+        head.seek(4);
+        const unsigned version = head.u8();
+        if (version != 2) fail(place, "version " + std::to_string(version) + ", expected 2");
+        hdrFlags = head.u8();
+        if (hdrFlags & 0x20) head.skip(16);
+        if (hdrFlags & 0x10) head.skip(4);
+        const uint64_t size = head.u(size_t(1) << (hdrFlags & 3));
+        const uint64_t start = addr + head.pos();
+        if (size > m_eof) fail(place, "chunk 0 size " + hex(size) + " is larger than the file");
+        Bytes chunk = read(start, size + 4, place, "chunk 0");
+        chunkMessages(chunk, size_t(size), true, hdrFlags, msgs, cont);
+    } else {
+        head.seek(0);
+        const unsigned version = head.u8();
+        if (version != 1)
+            fail(place, "not an object header (version " + std::to_string(version) + ")");
+        head.skip(1 + 2 + 4);
+        const uint64_t size = head.u32();
+        Bytes chunk = read(addr + 16, size, place, "chunk 0");
+        chunkMessages(chunk, chunk.size(), false, 0, msgs, cont);
+    }
+    std::set<uint64_t> seenBlocks;
+    while (!cont.empty()) {
+        const auto [at, length] = cont.front();
+        cont.pop_front();
+        if (!seenBlocks.insert(at).second) fail(place, "continuation block " + hex(at) + " is listed twice");
+        Bytes block = read(at, length, place, "continuation block");
+        if (v2) {
+            if (!block.sig("OCHK")) fail(place, "continuation block " + hex(at) + " has no OCHK signature");
+            if (length < 8) fail(place, "continuation block " + hex(at) + " is shorter than 8 bytes");
+            block.seek(4);
+            chunkMessages(block, size_t(length - 4), true, hdrFlags, msgs, cont);
+        } else {
+            chunkMessages(block, block.size(), false, 0, msgs, cont);
+        }
+    }
+    object(place, msgs);
+}
+
+void Walker::chunkMessages(Bytes& b, size_t end, bool v2, unsigned hdrFlags,
+                           std::vector<Message>& out, std::deque<std::pair<uint64_t, uint64_t>>& cont)
+{
+    const size_t hdr = v2 ? 4 + ((hdrFlags & 0x04) ? 2 : 0) : 8;
+    while (end - b.pos() >= hdr) {
+        const unsigned type = v2 ? b.u8() : b.u16();
+        const size_t size = b.u16();
+        const unsigned flags = b.u8();
+        b.skip(v2 ? ((hdrFlags & 0x04) ? 2 : 0) : 3);
+        if (size > end - b.pos())
+            fail(b.place(), "message of type " + std::to_string(type) + " (" + std::to_string(size) +
+                                " bytes) runs past its block");
+        Bytes data = b.sub(size, b.place());
+        if (type == 0x10) {  // continuation: offset (O), length (L)
+            const uint64_t at = data.addr();
+            const uint64_t length = data.len();
+            checkRange(at, length, b.place(), "continuation block");
+            if (cont.size() + out.size() > kMaxStructures) fail(b.place(), "too many messages");
+            cont.emplace_back(at, length);
+        }
+        out.push_back(Message{type, flags, std::move(data)});
+    }
+}
+
+// Dataspace message: version 1: version, rank, flags, reserved (5), dims (L each), [max dims];
+// version 2: version, rank, flags, type (0 scalar, 1 simple, 2 null), dims, [max dims].
+uint64_t Walker::dataspacePoints(Bytes& b, bool* known)
+{
+    const unsigned version = b.u8();
+    const unsigned rank = b.u8();
+    b.u8();
+    if (version != 1 && version != 2)
+        fail(b.place(), "dataspace version " + std::to_string(version) + " is not 1 or 2");
+    if (rank > 32) fail(b.place(), "dataspace rank " + std::to_string(rank) + " exceeds 32");
+    unsigned type = rank == 0 ? 0 : 1;
+    if (version == 1) {
+        b.skip(5);
+    } else {
+        type = b.u8();
+    }
+    if (type == 2) return 0;
+    uint64_t n = 1;
+    for (unsigned i = 0; i < rank; ++i) n = mulSat(n, b.len());
+    *known = true;
+    return n;
+}
+
+// Datatype message: class and version (1), bit fields (3), size (4), properties.
+uint64_t Walker::datatypeSize(Bytes& b)
+{
+    b.skip(4);
+    return b.u32();
+}
+
+// Attribute message: version 1: version, reserved, name size (2), datatype size (2), dataspace
+// size (2), then name, datatype and dataspace each padded to 8 bytes, then the data; version 2:
+// flags instead of reserved, no padding; version 3: a name encoding byte after the sizes. libhdf5
+// allocates points x element size for the data; it must be what the message holds.
+void Walker::attribute(Bytes& b)
+{
+    const unsigned version = b.u8();
+    if (version < 1 || version > 3)
+        fail(b.place(), "attribute message version " + std::to_string(version) + " is not 1 to 3");
+    const unsigned flags = b.u8();
+    const size_t nameSize = b.u16(), typeSize = b.u16(), spaceSize = b.u16();
+    if (version == 3) b.u8();
+    auto pad = [&](size_t n) { return version == 1 ? (n + 7) / 8 * 8 : n; };
+    b.skip(pad(nameSize));
+    Bytes type = b.sub(typeSize, b.place());
+    b.skip(pad(typeSize) - typeSize);
+    Bytes space = b.sub(spaceSize, b.place());
+    b.skip(pad(spaceSize) - spaceSize);
+    if (flags & 0x03) return;  // a shared datatype or dataspace: its size is elsewhere
+    bool known = false;
+    const uint64_t points = dataspacePoints(space, &known);
+    const uint64_t bytes = mulSat(points, datatypeSize(type));
+    if (bytes > b.left())
+        fail(b.place(), "attribute declares " + std::to_string(bytes) + " bytes of data, its message holds " +
+                            std::to_string(b.left()));
+}
+
+// Data layout message. Version 3/4: version, class (0 compact, 1 contiguous, 2 chunked, 3 virtual);
+// contiguous: address (O), size (L); chunked version 3: rank + 1 (1), B-tree address (O), chunk
+// dims (4 each, the last the element size); chunked version 4: flags, rank + 1, bytes per dim,
+// dims, index type (1 single chunk, 2 implicit, 3 fixed array, 4 extensible array, 5 v2 B-tree)
+// with its parameters, index address (O). Versions 1/2: version, rank + 1, class, reserved (5),
+// [address], dims (4 each), [element size (4) when chunked].
+void Walker::layout(Bytes& b, uint64_t points, uint64_t elemSize, bool filtered)
+{
+    const std::string& place = b.place();
+    const unsigned version = b.u8();
+    if (version < 1 || version > 4)
+        fail(place, "data layout version " + std::to_string(version) + " is not 1 to 4");
+    unsigned cls = 0, ndims = 0;
+    std::vector<uint64_t> dims;
+    uint64_t index = m_undef;
+    unsigned indexType = 0;
+    if (version <= 2) {
+        ndims = b.u8();
+        cls = b.u8();
+        b.skip(5);
+        if (cls != 0) index = b.addr();
+        for (unsigned i = 0; i < ndims; ++i) dims.push_back(b.u32());
+        if (cls == 2) dims.push_back(b.u32());
+        if (cls == 1 && index != m_undef)
+            checkRange(index, mulSat(points, elemSize), place, "contiguous data");
+    } else {
+        cls = b.u8();
+        if (cls == 3) fail(place, "a virtual dataset: its data lies in other files, which are not read");
+        if (cls == 1) {
+            const uint64_t at = b.addr();
+            const uint64_t size = b.len();
+            if (at != m_undef) checkRange(at, size, place, "contiguous data");
+            return;
+        }
+        if (cls != 2) return;
+        unsigned flags = 0;
+        if (version == 3) {
+            ndims = b.u8();
+            index = b.addr();
+            for (unsigned i = 0; i < ndims; ++i) dims.push_back(b.u32());
+        } else {
+            flags = b.u8();
+            ndims = b.u8();
+            const unsigned enc = b.u8();
+            if (enc < 1 || enc > 8) fail(place, "chunk dimension size of " + std::to_string(enc) + " bytes");
+            for (unsigned i = 0; i < ndims; ++i) dims.push_back(b.u(enc));
+            indexType = b.u8();
+            uint64_t filteredSize = 0;
+            if (indexType == 1 && (flags & 0x02)) {
+                filteredSize = b.len();
+                b.skip(4);
+            } else if (indexType == 3) {
+                b.skip(1);
+            } else if (indexType == 4) {
+                b.skip(5);
+            } else if (indexType == 5) {
+                const uint64_t nodeSize = b.u32();
+                b.skip(2);
+                if (nodeSize > m_eof) fail(place, "chunk index B-tree node size " + hex(nodeSize) + " is larger than the file");
+            } else if (indexType < 1 || indexType > 5) {
+                fail(place, "chunk index type " + std::to_string(indexType) + " is not 1 to 5");
+            }
+            index = b.addr();
+            if (indexType == 1 && index != m_undef && filteredSize != 0)
+                checkRange(index, filteredSize, place, "chunk");
+        }
+    }
+    if (cls != 2) return;
+    if (ndims < 2 || ndims > 33) fail(place, "chunk rank " + std::to_string(ndims) + " is not 1 to 32 (+1)");
+    uint64_t chunkBytes = 1;
+    for (uint64_t d : dims) {
+        if (d == 0) fail(place, "a chunk dimension is 0");
+        chunkBytes = mulSat(chunkBytes, d);
+    }
+    const uint64_t limit = (filtered ? kMaxExpansion : 1) * m_fileSize + kSlack;
+    if (chunkBytes > limit)
+        fail(place, "chunk of " + std::to_string(chunkBytes) + " bytes is larger than the file can hold (" +
+                        std::to_string(limit) + ")");
+    if (index == m_undef) return;
+    if (version <= 3) {
+        btree1(index, 1, -1, ndims, 0, place);
+    } else if (indexType == 1 && !filtered) {
+        checkRange(index, chunkBytes, place, "chunk");
+    } else if (indexType == 5) {
+        btree2(index, place);
+    } else {
+        checkRange(index, 1, place, "chunk index");
+    }
+}
+
+// Link message: version 1, flags, [type (1) if flags & 8], [creation order (8) if flags & 4],
+// [charset (1) if flags & 0x10], name length (1 << (flags & 3) bytes), name, then for a hard link
+// (type 0) the object header address.
+void Walker::link(Bytes& b)
+{
+    const unsigned version = b.u8();
+    if (version != 1) fail(b.place(), "link message version " + std::to_string(version) + " is not 1");
+    const unsigned flags = b.u8();
+    unsigned type = 0;
+    if (flags & 0x08) type = b.u8();
+    if (flags & 0x04) b.skip(8);
+    if (flags & 0x10) b.skip(1);
+    const uint64_t nameLen = b.u(size_t(1) << (flags & 3));
+    if (nameLen > b.left()) fail(b.place(), "link name of " + std::to_string(nameLen) + " bytes runs past its message");
+    b.skip(size_t(nameLen));
+    if (type == 0) objectHeader(b.addr());
+}
+
+// Link info (links = true) and attribute info messages: version 0, flags, [max creation index:
+// 8 bytes for links, 2 for attributes, if flags & 1], fractal heap address, name index v2 B-tree
+// address, [creation order index address if flags & 2].
+void Walker::denseStorage(Bytes& b, bool links)
+{
+    const unsigned version = b.u8();
+    if (version != 0) fail(b.place(), std::string(links ? "link" : "attribute") + " info version " + std::to_string(version) + " is not 0");
+    const unsigned flags = b.u8();
+    if (flags & 0x01) b.skip(links ? 8 : 2);
+    const uint64_t heap = b.addr();
+    const uint64_t names = b.addr();
+    const uint64_t order = (flags & 0x02) ? b.addr() : m_undef;
+    if (heap != m_undef) fractalHeap(heap, b.place());
+    if (names != m_undef) btree2(names, b.place());
+    if (order != m_undef) btree2(order, b.place());
+}
+
+// Fractal heap header "FRHP": version, heap ID length (2), filter info length (2), flags, max
+// managed object size (4), next huge ID (L), huge object B-tree (O), free space (L), free-space
+// manager (O), managed space (L), allocated (L), iterator offset (L), managed objects (L), huge
+// size (L), huge count (L), tiny size (L), tiny count (L), table width (2), starting block size
+// (L), max direct block size (L), max heap size in bits (2), starting rows (2), root block (O),
+// current rows (2), [filtered root size (L), filter mask (4), filter info], checksum. libhdf5
+// allocates each direct block at its size and the root indirect block at rows x width entries.
+void Walker::fractalHeap(uint64_t addr, const std::string& owner)
+{
+    if (!m_heaps.insert(addr).second) return;
+    const std::string place = owner + ": fractal heap " + hex(addr);
+    const size_t O = size_t(m_o), L = size_t(m_l);
+    Bytes b = read(addr, 22 + 12 * L + 3 * O + 4, place, "fractal heap header");
+    if (!b.sig("FRHP")) fail(place, "no FRHP signature");
+    b.seek(4);
+    b.u8();
+    b.u16();
+    const unsigned filterLen = b.u16();
+    b.u8();
+    b.u32();
+    b.len();
+    const uint64_t huge = b.addr();
+    b.len();
+    b.addr();
+    for (int i = 0; i < 8; ++i) b.len();
+    const uint64_t width = b.u16();
+    const uint64_t start = b.len();
+    const uint64_t maxDirect = b.len();
+    const unsigned maxBits = b.u16();
+    b.u16();
+    const uint64_t root = b.addr();
+    const uint64_t rows = b.u16();
+    const bool filtered = filterLen > 0;
+    const uint64_t limit = (filtered ? kMaxExpansion : 1) * m_fileSize + kSlack;
+    if (width == 0) fail(place, "table width is 0");
+    if (start == 0 || start > maxDirect)
+        fail(place, "starting block size " + hex(start) + " is 0 or above the largest direct block " + hex(maxDirect));
+    if (maxDirect > limit) fail(place, "direct block size " + hex(maxDirect) + " is larger than the file can hold");
+    if (maxBits == 0 || maxBits > 64) fail(place, "heap size of " + std::to_string(maxBits) + " bits is not 1 to 64");
+    if (root != m_undef) {
+        if (rows == 0) {
+            if (!filtered) checkRange(root, start, place, "root direct block");
+        } else {
+            const uint64_t entry = O + (filtered ? L + 4 : 0);
+            const uint64_t size = 4 + 1 + O + (maxBits + 7) / 8 + mulSat(mulSat(rows, width), entry) + 4;
+            checkRange(root, size, place, "root indirect block");
+        }
+    }
+    if (huge != m_undef) btree2(huge, place);
+}
+
+// Version 2 B-tree header "BTHD": version, type, node size (4), record size (2), depth (2),
+// split and merge percent, root node address (O), records in root (2), total records (L),
+// checksum. libhdf5 allocates every node of the tree at the node size.
+void Walker::btree2(uint64_t addr, const std::string& owner)
+{
+    if (!m_heaps.insert(addr).second) return;
+    const std::string place = owner + ": B-tree " + hex(addr);
+    Bytes b = read(addr, 16 + size_t(m_o) + 2 + size_t(m_l) + 4, place, "v2 B-tree header");
+    if (!b.sig("BTHD")) fail(place, "no BTHD signature");
+    b.seek(6);
+    const uint64_t nodeSize = b.u32();
+    const unsigned recordSize = b.u16();
+    b.skip(4);
+    const uint64_t root = b.addr();
+    if (recordSize == 0 || nodeSize < 16 + uint64_t(recordSize))
+        fail(place, "node size " + hex(nodeSize) + " cannot hold a record of " + std::to_string(recordSize) + " bytes");
+    if (nodeSize > m_eof) fail(place, "node size " + hex(nodeSize) + " is larger than the file");
+    if (root != m_undef) checkRange(root, nodeSize, place, "root node");
+}
+
+// Local heap "HEAP": version (0), reserved (3), data segment size (L), free list offset (L), data
+// segment address (O). libhdf5 allocates the data segment at its stated size. Returns that size.
+uint64_t Walker::localHeap(uint64_t addr, const std::string& owner)
+{
+    const std::string place = owner + ": local heap " + hex(addr);
+    Bytes b = read(addr, 8 + 2 * size_t(m_l) + size_t(m_o), place, "local heap");
+    if (!b.sig("HEAP")) fail(place, "no HEAP signature");
+    b.seek(8);
+    const uint64_t size = b.len();
+    b.len();
+    const uint64_t data = b.addr();
+    checkRange(data, size, place, "data segment");
+    return size;
+}
+
+// A group's symbol table: a version 1 B-tree of type 0 over symbol nodes, names in a local heap.
+void Walker::group(uint64_t btree, uint64_t heap, const std::string& owner)
+{
+    const uint64_t heapSize = localHeap(heap, owner);
+    btree1(btree, 0, -1, 0, heapSize, owner);
+}
+
+// Version 1 B-tree node "TREE": type (0 group, 1 chunk), level, entries used (2), left and right
+// siblings (O each), then keys and children alternating, one more key than children. libhdf5 reads
+// the node at its full size: header + 2K children + (2K + 1) keys, K from the superblock (group
+// internal K, or indexed storage K for chunks). Group keys are a heap offset (L); chunk keys are
+// the chunk's stored size (4), filter mask (4) and ndims offsets (8 each); a leaf's children are
+// symbol nodes (groups) or the chunks themselves.
+void Walker::btree1(uint64_t addr, int type, int expectLevel, unsigned ndims, uint64_t heapSize,
+                    const std::string& owner)
+{
+    if (!m_nodes.insert(addr).second) fail(owner, "B-tree node " + hex(addr) + " is reached twice");
+    const std::string place = owner + ": B-tree node " + hex(addr);
+    const uint64_t K = type == 0 ? m_internalK : m_istoreK;
+    const uint64_t keySize = type == 0 ? uint64_t(m_l) : 8 + 8 * uint64_t(ndims);
+    const uint64_t size = 8 + 2 * uint64_t(m_o) + 2 * K * uint64_t(m_o) + (2 * K + 1) * keySize;
+    Bytes b = read(addr, size, place, "B-tree node");
+    if (!b.sig("TREE")) fail(place, "no TREE signature");
+    b.seek(4);
+    const unsigned nodeType = b.u8();
+    const int level = int(b.u8());
+    const unsigned entries = b.u16();
+    if (int(nodeType) != type)
+        fail(place, "node type " + std::to_string(nodeType) + ", expected " + std::to_string(type));
+    if (expectLevel >= 0 && level != expectLevel)
+        fail(place, "level " + std::to_string(level) + ", expected " + std::to_string(expectLevel));
+    if (entries > 2 * K) fail(place, std::to_string(entries) + " entries, more than 2K = " + std::to_string(2 * K));
+    b.addr();
+    b.addr();
+    for (unsigned i = 0; i < entries; ++i) {
+        uint64_t chunkSize = 0;
+        if (type == 0) {
+            b.len();
+        } else {
+            chunkSize = b.u32();
+            b.skip(size_t(keySize) - 4);
+        }
+        const uint64_t child = b.addr();
+        if (level > 0)
+            btree1(child, type, level - 1, ndims, heapSize, owner);
+        else if (type == 0)
+            symbolNode(child, heapSize);
+        else
+            checkRange(child, chunkSize, place, "chunk");
+    }
+}
+
+// Symbol table node "SNOD": version (1), reserved, symbols (2), then 2 x group leaf K entries:
+// link name offset (L), object header address (O), cache type (4), reserved (4), scratch (16).
+void Walker::symbolNode(uint64_t addr, uint64_t heapSize)
+{
+    if (!m_nodes.insert(addr).second) fail("symbol node " + hex(addr), "reached twice");
+    const std::string place = "symbol node " + hex(addr);
+    const uint64_t entry = uint64_t(m_l) + uint64_t(m_o) + 24;
+    Bytes b = read(addr, 8 + 2 * uint64_t(m_leafK) * entry, place, "symbol node");
+    if (!b.sig("SNOD")) fail(place, "no SNOD signature");
+    b.seek(6);
+    const unsigned n = b.u16();
+    if (n > 2 * m_leafK) fail(place, std::to_string(n) + " symbols, more than 2K = " + std::to_string(2 * m_leafK));
+    std::vector<uint64_t> children;
+    for (unsigned i = 0; i < n; ++i) {
+        const uint64_t name = b.len();
+        if (name >= heapSize) fail(place, "link name offset " + hex(name) + " is outside its heap (" + hex(heapSize) + " bytes)");
+        children.push_back(b.addr());
+        b.skip(24);
+    }
+    for (uint64_t c : children) objectHeader(c);
+}
+
+// What one object's messages lead to, and the dataset checks that need several messages.
+void Walker::object(const std::string& place, std::vector<Message>& msgs)
+{
+    uint64_t points = 0, elemSize = 0;
+    bool haveSpace = false, filtered = false;
+    for (Message& m : msgs) {
+        const bool shared = (m.flags & 0x02) != 0;
+        switch (m.type) {
+        case 0x01:
+            if (!shared) points = dataspacePoints(m.data, &haveSpace);
+            break;
+        case 0x03:
+            if (!shared) elemSize = datatypeSize(m.data);
+            break;
+        case 0x07: fail(place, "data in external files, which are not read");
+        case 0x0B: filtered = true; break;
+        default: break;
+        }
+    }
+    for (Message& m : msgs) {
+        if (m.flags & 0x02) continue;  // shared: the message lives elsewhere
+        switch (m.type) {
+        case 0x02: denseStorage(m.data, true); break;
+        case 0x06: link(m.data); break;
+        case 0x08: layout(m.data, haveSpace ? points : 0, elemSize, filtered); break;
+        case 0x0C: attribute(m.data); break;
+        case 0x11: {
+            const uint64_t btree = m.data.addr();
+            const uint64_t heap = m.data.addr();
+            group(btree, heap, place);
+            break;
+        }
+        case 0x15: denseStorage(m.data, false); break;
+        default: break;
+        }
+    }
+}
+
+}  // namespace
+
+void checkH5Bounds(const std::string& path, uint64_t fileSize)
+{
+    Walker w(path, fileSize);
+    w.run();
+}
+
+}  // namespace kvscope
