@@ -47,6 +47,15 @@ uint64_t mulSat(uint64_t a, uint64_t b)
     return a * b;
 }
 
+// parent + "/" + a link's name for messages: control characters become '?', long names are cut.
+std::string childName(const std::string& parent, const unsigned char* s, size_t n)
+{
+    std::string out = parent == "/" ? "/" : parent + "/";
+    for (size_t i = 0; i < n && i < 64; ++i) out += s[i] < 0x20 || s[i] == 0x7f ? '?' : char(s[i]);
+    if (n > 64) out += "...";
+    return out;
+}
+
 class Walker;
 
 // The bytes of one structure, read little-endian with bounds checks: running past the end is
@@ -112,8 +121,8 @@ public:
     void run()
     {
         superblock();
-        if (m_ext != m_undef) objectHeader(m_ext);
-        objectHeader(m_root);
+        if (m_ext != m_undef) objectHeader(m_ext, "superblock extension");
+        objectHeader(m_root, "/");
     }
 
     int sizeOfOffsets() const { return m_o; }
@@ -163,23 +172,23 @@ private:
     }
 
     void superblock();
-    void objectHeader(uint64_t addr);
+    void objectHeader(uint64_t addr, const std::string& name);
     void chunkMessages(Bytes& b, size_t end, bool v2, unsigned hdrFlags, std::vector<Message>& out,
                        std::deque<std::pair<uint64_t, uint64_t>>& cont);
-    void object(const std::string& place, std::vector<Message>& msgs);
+    void object(const std::string& place, const std::string& name, std::vector<Message>& msgs);
     uint64_t dataspacePoints(Bytes& b, bool* known);
     uint64_t datatypeSize(Bytes& b);
     void attribute(Bytes& b);
     void layout(Bytes& b, uint64_t points, uint64_t elemSize, bool filtered);
-    void link(Bytes& b);
+    void link(Bytes& b, const std::string& parent);
     void denseStorage(Bytes& b, bool links);
     void fractalHeap(uint64_t addr, const std::string& owner);
     void btree2(uint64_t addr, const std::string& owner);
-    void group(uint64_t btree, uint64_t heap, const std::string& owner);
-    uint64_t localHeap(uint64_t addr, const std::string& owner);
-    void btree1(uint64_t addr, int type, int expectLevel, unsigned ndims, uint64_t heapSize,
-                const std::string& owner);
-    void symbolNode(uint64_t addr, uint64_t heapSize);
+    void group(uint64_t btree, uint64_t heap, const std::string& owner, const std::string& name);
+    Bytes localHeap(uint64_t addr, const std::string& owner);
+    void btree1(uint64_t addr, int type, int expectLevel, unsigned ndims, const Bytes* heap,
+                const std::string& owner, const std::string& name);
+    void symbolNode(uint64_t addr, const Bytes& heap, const std::string& name);
 
     const std::string& m_path;
     uint64_t m_fileSize;
@@ -351,10 +360,10 @@ void Walker::superblock()
 // flags & 0x10], chunk 0 size (1 << (flags & 3) bytes); messages type (1), size (2), flags (1),
 // [creation order (2) if flags & 4], data; checksum (4). Continuation blocks of version 2 start
 // with "OCHK" and end with a checksum.
-void Walker::objectHeader(uint64_t addr)
+void Walker::objectHeader(uint64_t addr, const std::string& name)
 {
     if (!m_headers.insert(addr).second) return;
-    const std::string place = "object header " + hex(addr);
+    const std::string place = "object header " + hex(addr) + " (" + name + ")";
     if (m_depth >= kMaxDepth)
         fail(place, "objects nested more than " + std::to_string(kMaxDepth) + " deep");
     struct Depth {
@@ -405,7 +414,7 @@ void Walker::objectHeader(uint64_t addr)
             chunkMessages(block, block.size(), false, 0, msgs, cont);
         }
     }
-    object(place, msgs);
+    object(place, name, msgs);
 }
 
 void Walker::chunkMessages(Bytes& b, size_t end, bool v2, unsigned hdrFlags,
@@ -475,6 +484,8 @@ void Walker::attribute(Bytes& b)
     const size_t nameSize = b.u16(), typeSize = b.u16(), spaceSize = b.u16();
     if (version == 3) b.u8();
     auto pad = [&](size_t n) { return version == 1 ? (n + 7) / 8 * 8 : n; };
+    if (nameSize > b.left()) fail(b.place(), "attribute name of " + std::to_string(nameSize) + " bytes runs past its message");
+    const std::string name = childName("", b.at(b.pos()), strnlen(reinterpret_cast<const char*>(b.at(b.pos())), nameSize));
     b.skip(pad(nameSize));
     Bytes type = b.sub(typeSize, b.place());
     b.skip(pad(typeSize) - typeSize);
@@ -485,8 +496,8 @@ void Walker::attribute(Bytes& b)
     const uint64_t points = dataspacePoints(space, &known);
     const uint64_t bytes = mulSat(points, datatypeSize(type));
     if (bytes > b.left())
-        fail(b.place(), "attribute declares " + std::to_string(bytes) + " bytes of data, its message holds " +
-                            std::to_string(b.left()));
+        fail(b.place(), "attribute " + name.substr(1) + " declares " + std::to_string(bytes) +
+                            " bytes of data, its message holds " + std::to_string(b.left()));
 }
 
 // Data layout message. Version 3/4: version, class (0 compact, 1 contiguous, 2 chunked, 3 virtual);
@@ -565,11 +576,12 @@ void Walker::layout(Bytes& b, uint64_t points, uint64_t elemSize, bool filtered)
     }
     const uint64_t limit = (filtered ? kMaxExpansion : 1) * m_fileSize + kSlack;
     if (chunkBytes > limit)
-        fail(place, "chunk of " + std::to_string(chunkBytes) + " bytes is larger than the file can hold (" +
-                        std::to_string(limit) + ")");
+        fail(place, "data layout: a chunk of " + std::to_string(chunkBytes) + " bytes is more than a " +
+                        (filtered ? "filtered" : "plain") + " chunk of this " + std::to_string(m_fileSize) +
+                        "-byte file can hold (" + std::to_string(limit) + ")");
     if (index == m_undef) return;
     if (version <= 3) {
-        btree1(index, 1, -1, ndims, 0, place);
+        btree1(index, 1, -1, ndims, nullptr, place, "");
     } else if (indexType == 1 && !filtered) {
         checkRange(index, chunkBytes, place, "chunk");
     } else if (indexType == 5) {
@@ -582,7 +594,7 @@ void Walker::layout(Bytes& b, uint64_t points, uint64_t elemSize, bool filtered)
 // Link message: version 1, flags, [type (1) if flags & 8], [creation order (8) if flags & 4],
 // [charset (1) if flags & 0x10], name length (1 << (flags & 3) bytes), name, then for a hard link
 // (type 0) the object header address.
-void Walker::link(Bytes& b)
+void Walker::link(Bytes& b, const std::string& parent)
 {
     const unsigned version = b.u8();
     if (version != 1) fail(b.place(), "link message version " + std::to_string(version) + " is not 1");
@@ -593,8 +605,9 @@ void Walker::link(Bytes& b)
     if (flags & 0x10) b.skip(1);
     const uint64_t nameLen = b.u(size_t(1) << (flags & 3));
     if (nameLen > b.left()) fail(b.place(), "link name of " + std::to_string(nameLen) + " bytes runs past its message");
+    const std::string name = childName(parent, b.at(b.pos()), size_t(nameLen));
     b.skip(size_t(nameLen));
-    if (type == 0) objectHeader(b.addr());
+    if (type == 0) objectHeader(b.addr(), name);
 }
 
 // Link info (links = true) and attribute info messages: version 0, flags, [max creation index:
@@ -686,8 +699,9 @@ void Walker::btree2(uint64_t addr, const std::string& owner)
 }
 
 // Local heap "HEAP": version (0), reserved (3), data segment size (L), free list offset (L), data
-// segment address (O). libhdf5 allocates the data segment at its stated size. Returns that size.
-uint64_t Walker::localHeap(uint64_t addr, const std::string& owner)
+// segment address (O). libhdf5 allocates the data segment at its stated size. Returns the data
+// segment (the names of the group's links).
+Bytes Walker::localHeap(uint64_t addr, const std::string& owner)
 {
     const std::string place = owner + ": local heap " + hex(addr);
     Bytes b = read(addr, 8 + 2 * size_t(m_l) + size_t(m_o), place, "local heap");
@@ -696,15 +710,14 @@ uint64_t Walker::localHeap(uint64_t addr, const std::string& owner)
     const uint64_t size = b.len();
     b.len();
     const uint64_t data = b.addr();
-    checkRange(data, size, place, "data segment");
-    return size;
+    return read(data, size, place, "data segment");
 }
 
 // A group's symbol table: a version 1 B-tree of type 0 over symbol nodes, names in a local heap.
-void Walker::group(uint64_t btree, uint64_t heap, const std::string& owner)
+void Walker::group(uint64_t btree, uint64_t heap, const std::string& owner, const std::string& name)
 {
-    const uint64_t heapSize = localHeap(heap, owner);
-    btree1(btree, 0, -1, 0, heapSize, owner);
+    const Bytes names = localHeap(heap, owner);
+    btree1(btree, 0, -1, 0, &names, owner, name);
 }
 
 // Version 1 B-tree node "TREE": type (0 group, 1 chunk), level, entries used (2), left and right
@@ -713,8 +726,8 @@ void Walker::group(uint64_t btree, uint64_t heap, const std::string& owner)
 // internal K, or indexed storage K for chunks). Group keys are a heap offset (L); chunk keys are
 // the chunk's stored size (4), filter mask (4) and ndims offsets (8 each); a leaf's children are
 // symbol nodes (groups) or the chunks themselves.
-void Walker::btree1(uint64_t addr, int type, int expectLevel, unsigned ndims, uint64_t heapSize,
-                    const std::string& owner)
+void Walker::btree1(uint64_t addr, int type, int expectLevel, unsigned ndims, const Bytes* heap,
+                    const std::string& owner, const std::string& name)
 {
     if (!m_nodes.insert(addr).second) fail(owner, "B-tree node " + hex(addr) + " is reached twice");
     const std::string place = owner + ": B-tree node " + hex(addr);
@@ -744,9 +757,9 @@ void Walker::btree1(uint64_t addr, int type, int expectLevel, unsigned ndims, ui
         }
         const uint64_t child = b.addr();
         if (level > 0)
-            btree1(child, type, level - 1, ndims, heapSize, owner);
+            btree1(child, type, level - 1, ndims, heap, owner, name);
         else if (type == 0)
-            symbolNode(child, heapSize);
+            symbolNode(child, *heap, name);
         else
             checkRange(child, chunkSize, place, "chunk");
     }
@@ -754,7 +767,7 @@ void Walker::btree1(uint64_t addr, int type, int expectLevel, unsigned ndims, ui
 
 // Symbol table node "SNOD": version (1), reserved, symbols (2), then 2 x group leaf K entries:
 // link name offset (L), object header address (O), cache type (4), reserved (4), scratch (16).
-void Walker::symbolNode(uint64_t addr, uint64_t heapSize)
+void Walker::symbolNode(uint64_t addr, const Bytes& heap, const std::string& name)
 {
     if (!m_nodes.insert(addr).second) fail("symbol node " + hex(addr), "reached twice");
     const std::string place = "symbol node " + hex(addr);
@@ -764,18 +777,22 @@ void Walker::symbolNode(uint64_t addr, uint64_t heapSize)
     b.seek(6);
     const unsigned n = b.u16();
     if (n > 2 * m_leafK) fail(place, std::to_string(n) + " symbols, more than 2K = " + std::to_string(2 * m_leafK));
-    std::vector<uint64_t> children;
+    std::vector<std::pair<uint64_t, std::string>> children;
     for (unsigned i = 0; i < n; ++i) {
-        const uint64_t name = b.len();
-        if (name >= heapSize) fail(place, "link name offset " + hex(name) + " is outside its heap (" + hex(heapSize) + " bytes)");
-        children.push_back(b.addr());
+        const uint64_t off = b.len();
+        if (off >= heap.size())
+            fail(place, "link name offset " + hex(off) + " is outside its heap (" + hex(heap.size()) + " bytes)");
+        const unsigned char* s = heap.at(size_t(off));
+        const size_t len = strnlen(reinterpret_cast<const char*>(s), heap.size() - size_t(off));
+        const uint64_t child = b.addr();
+        children.emplace_back(child, childName(name, s, len));
         b.skip(24);
     }
-    for (uint64_t c : children) objectHeader(c);
+    for (const auto& [c, childPath] : children) objectHeader(c, childPath);
 }
 
 // What one object's messages lead to, and the dataset checks that need several messages.
-void Walker::object(const std::string& place, std::vector<Message>& msgs)
+void Walker::object(const std::string& place, const std::string& name, std::vector<Message>& msgs)
 {
     uint64_t points = 0, elemSize = 0;
     bool haveSpace = false, filtered = false;
@@ -797,13 +814,13 @@ void Walker::object(const std::string& place, std::vector<Message>& msgs)
         if (m.flags & 0x02) continue;  // shared: the message lives elsewhere
         switch (m.type) {
         case 0x02: denseStorage(m.data, true); break;
-        case 0x06: link(m.data); break;
+        case 0x06: link(m.data, name); break;
         case 0x08: layout(m.data, haveSpace ? points : 0, elemSize, filtered); break;
         case 0x0C: attribute(m.data); break;
         case 0x11: {
             const uint64_t btree = m.data.addr();
             const uint64_t heap = m.data.addr();
-            group(btree, heap, place);
+            group(btree, heap, place, name);
             break;
         }
         case 0x15: denseStorage(m.data, false); break;
