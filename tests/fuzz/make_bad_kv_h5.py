@@ -8,7 +8,9 @@ Each file is a valid KV file with one length field changed; the .error files hol
 kv_h5_bounds.cpp must give. Version 0 files come from `kvscope-cli synth` (old-style groups,
 version 1 object headers); the version 2 ones from h5py with libver='latest' (new-style dense
 groups in fractal heaps and v2 B-trees, whose headers carry a Jenkins lookup3 checksum, which is
-recomputed after the change so libhdf5 would take the forged field at its word).
+recomputed after the change so libhdf5 would take the forged field at its word). The valid
+version 2 file is also written as the fuzz_kv_h5 seed tests/fuzz/corpus/fuzz_kv_h5/v2-dense.h5.
+Synthetic values are not byte-stable between runs; the fields and the error lines are.
 """
 import os
 import re
@@ -142,7 +144,36 @@ def version2(tmp):
             gg = g.create_group('%02d' % l)
             for k in ('key', 'value'):
                 gg[k] = np.zeros((1, 2, 2), np.float16)
+    with h5py.File(path, 'r') as f:
+        key = h5py.h5o.get_info(f['layers/08/key'].id).addr
     src = open(path, 'rb').read()
+    # the valid file itself seeds fuzz_kv_h5 with version 2 structures
+    seed = os.path.join(ROOT, 'tests', 'fuzz', 'corpus', 'fuzz_kv_h5', 'v2-dense.h5')
+    with open(seed, 'wb') as f:
+        f.write(src)
+    print(os.path.relpath(seed, ROOT), len(src), 'bytes')
+    # /layers/08/key, reached only through the dense /layers group (fractal heap + v2 B-tree):
+    # the size of its contiguous data, in its version 2 object header (checksum recomputed)
+    flags = src[key + 5]
+    pos = key + 6 + (16 if flags & 0x20 else 0) + (4 if flags & 0x10 else 0)
+    width = 1 << (flags & 3)
+    chunk0 = int.from_bytes(src[pos:pos + width], 'little')
+    msgs = pos + width
+    end = msgs + chunk0
+    p = msgs
+    while p + 4 <= end:
+        mtype, msize = src[p], struct.unpack_from('<H', src, p + 1)[0]
+        p += 4 + (2 if flags & 0x04 else 0)
+        if mtype == 8 and src[p + 1] == 1:  # layout, contiguous
+            data_at = struct.unpack_from('<Q', src, p + 2)[0]
+            write('v2-dense-contiguous-size.h5',
+                  patched(src, [(p + 10, '<Q', 0x28800000000)], (key, end - key)),
+                  'object header 0x%x (/layers/08/key): contiguous data at 0x%x (0x28800000000 '
+                  'bytes) runs past the end of file (0x%x)' % (key, data_at, len(src)))
+            break
+        p += msize
+    else:
+        raise SystemExit('no contiguous layout in /layers/08/key')
     heap = src.index(b'FRHP')
     bt = src.index(b'BTHD')
     write('v2-heap-block-size.h5',
