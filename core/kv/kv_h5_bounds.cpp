@@ -993,6 +993,15 @@ void Walker::object(const std::string& place, const std::string& name, std::vect
             break;
         }
         case 0x15: denseStorage(m.data, false, name); break;
+        case 0x13: {  // B-tree 'K' values (superblock extension): version, istore K, group K's
+            m.data.u8();
+            const unsigned istore = m.data.u16(), internal = m.data.u16(), leaf = m.data.u16();
+            if (istore == 0 || internal == 0 || leaf == 0) fail(place, "a B-tree K value is 0");
+            m_istoreK = istore;
+            m_internalK = internal;
+            m_leafK = leaf;
+            break;
+        }
         default: break;
         }
     }
