@@ -193,7 +193,9 @@ private:
     Heap fractalHeap(uint64_t addr, const std::string& owner);
     uint64_t indirectSize(const Heap& h, uint64_t rows) const;
     Bytes heapObject(const Heap& h, const unsigned char* id, size_t n, const std::string& place);
-    void btree2(uint64_t addr, const std::string& owner, std::vector<std::vector<unsigned char>>* records);
+    // Returns the tree's record type; with `records`, collects every record of the tree.
+    unsigned btree2(uint64_t addr, const std::string& owner, std::vector<std::vector<unsigned char>>* records);
+    void hugeObjects(uint64_t btree, bool filtered, const std::string& place);
     void group(uint64_t btree, uint64_t heap, const std::string& owner, const std::string& name);
     Bytes localHeap(uint64_t addr, const std::string& owner);
     void btree1(uint64_t addr, int type, int expectLevel, unsigned ndims, const Bytes* heap,
@@ -718,7 +720,7 @@ Walker::Heap Walker::fractalHeap(uint64_t addr, const std::string& owner)
             checkRange(h.root, indirectSize(h, h.rows), place, "root indirect block");
         }
     }
-    if (huge != m_undef) btree2(huge, place, nullptr);
+    if (huge != m_undef) hugeObjects(huge, h.filtered, place);
     return h;
 }
 
@@ -740,7 +742,15 @@ Bytes Walker::heapObject(const Heap& h, const unsigned char* id, size_t n, const
     Bytes ib(*this, std::vector<unsigned char>(id, id + n), place);
     const unsigned flags = ib.u8();
     if ((flags >> 6) != 0) fail(place, "heap ID version " + std::to_string(flags >> 6) + " is not 0");
-    if (((flags >> 4) & 3) != 0 || h.filtered) return Bytes(*this, {}, place);
+    const unsigned idType = (flags >> 4) & 3;
+    if (idType == 1 && !h.filtered && n - 1 >= size_t(m_o + m_l)) {
+        // a huge object addressed directly by its ID: address (O), length (L)
+        const uint64_t at = ib.addr();
+        const uint64_t len = ib.len();
+        checkRange(at, len, place, "huge object");
+        return Bytes(*this, {}, place);
+    }
+    if (idType != 0 || h.filtered) return Bytes(*this, {}, place);
     if (h.offSize + h.lenSize > n - 1) fail(place, "heap ID of " + std::to_string(n) + " bytes cannot hold its offset and length");
     const uint64_t off = ib.u(h.offSize);
     const uint64_t len = ib.u(h.lenSize);
@@ -798,12 +808,13 @@ Bytes Walker::heapObject(const Heap& h, const unsigned char* id, size_t n, const
 // type, then their records; an internal node then points to nrec + 1 children, each as address
 // (O), records in the child and, above depth 1, records below the child, in as many bytes as the
 // largest such counts need (libhdf5's node_info).
-void Walker::btree2(uint64_t addr, const std::string& owner, std::vector<std::vector<unsigned char>>* records)
+unsigned Walker::btree2(uint64_t addr, const std::string& owner, std::vector<std::vector<unsigned char>>* records)
 {
     const std::string place = owner + ": B-tree " + hex(addr);
     Bytes b = read(addr, 16 + size_t(m_o) + 2 + size_t(m_l) + 4, place, "v2 B-tree header");
     if (!b.sig("BTHD")) fail(place, "no BTHD signature");
-    b.seek(6);
+    b.seek(5);
+    const unsigned type = b.u8();
     const uint64_t nodeSize = b.u32();
     const uint64_t recordSize = b.u16();
     const unsigned depth = b.u16();
@@ -813,9 +824,9 @@ void Walker::btree2(uint64_t addr, const std::string& owner, std::vector<std::ve
     if (recordSize == 0 || nodeSize < 16 + recordSize)
         fail(place, "node size " + hex(nodeSize) + " cannot hold a record of " + std::to_string(recordSize) + " bytes");
     if (nodeSize > m_eof) fail(place, "node size " + hex(nodeSize) + " is larger than the file");
-    if (root == m_undef) return;
+    if (root == m_undef) return type;
     checkRange(root, nodeSize, place, "root node");
-    if (!records) return;
+    if (!records) return type;
     if (depth > 16) fail(place, "depth " + std::to_string(depth) + " exceeds 16");
     auto encSize = [](uint64_t v) {
         unsigned r = 0;
@@ -863,6 +874,33 @@ void Walker::btree2(uint64_t addr, const std::string& owner, std::vector<std::ve
             const uint64_t childRecords = n.u(nrecSize);
             if (node.depth > 1) n.u(cumSize[node.depth - 1]);
             todo.push_back({child, childRecords, node.depth - 1});
+        }
+    }
+    return type;
+}
+
+// The huge objects of a fractal heap (objects above its managed size, e.g. attributes over
+// 64 KiB): a v2 B-tree of type 1 (address (O), length (L), ID (L)), 2 (address, stored length,
+// filter mask (4), length after the filters (L), ID), 3 (address, length) or 4 (address, stored
+// length, mask, length after the filters). libhdf5 allocates an object's length before it reads
+// the object, so every one must lie inside the file (after filters: 1032 x its stored length).
+void Walker::hugeObjects(uint64_t btree, bool filtered, const std::string& place)
+{
+    std::vector<std::vector<unsigned char>> records;
+    const unsigned type = btree2(btree, place, &records);
+    if (type < 1 || type > 4) fail(place, "huge object B-tree of type " + std::to_string(type) + ", expected 1 to 4");
+    const bool withFilters = type == 2 || type == 4;
+    if (withFilters != filtered) fail(place, "huge object B-tree type " + std::to_string(type) + " does not match the heap's filters");
+    for (const std::vector<unsigned char>& r : records) {
+        Bytes b(*this, r, place + ": huge object");
+        const uint64_t at = b.addr();
+        const uint64_t stored = b.len();
+        checkRange(at, stored, b.place(), "huge object");
+        if (withFilters) {
+            b.u32();
+            const uint64_t size = b.len();
+            if (size > stored * kMaxExpansion + kSlack)
+                fail(b.place(), "huge object of " + std::to_string(stored) + " stored bytes claims " + std::to_string(size) + " after its filters");
         }
     }
 }

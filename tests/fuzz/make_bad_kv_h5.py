@@ -184,11 +184,42 @@ def version2(tmp):
           'object header 0x30 (/): B-tree 0x%x: node size 0xfffffff0 is larger than the file' % bt)
 
 
+def version2_huge(tmp):
+    import h5py
+    import numpy as np
+    path = os.path.join(tmp, 'v2h.h5')
+    with h5py.File(path, 'w', libver='latest') as f:
+        a = f.attrs
+        a['format'] = 'kvscope-kv'
+        a['version'] = np.int64(1)
+        for k, v in (('num_layers', 1), ('num_kv_heads', 1), ('head_dim', 2), ('num_tokens', 2)):
+            a[k] = np.int64(v)
+        a['dtype'] = 'float16'
+        # 66,400 bytes: above the heap's 64 KiB managed limit, so a huge object of the dense
+        # attribute storage, listed in the heap's huge-object v2 B-tree (type 1)
+        a['big'] = np.arange(8300, dtype=np.int64)
+        f['tokens'] = np.arange(2, dtype=np.int32)
+        g = f.create_group('layers').create_group('00')
+        for k in ('key', 'value'):
+            g[k] = np.zeros((1, 2, 2), np.float16)
+    src = open(path, 'rb').read()
+    heap = src.index(b'FRHP')
+    bt = next(m.start() for m in re.finditer(b'BTHD', src) if src[m.start() + 5] == 1)
+    root = struct.unpack_from('<Q', src, bt + 16)[0]
+    nrec = struct.unpack_from('<H', src, bt + 24)[0]
+    at = struct.unpack_from('<Q', src, root + 6)[0]
+    write('v2-huge-attribute-size.h5',
+          patched(src, [(root + 6 + 8, '<Q', 0x28800000000)], (root, 6 + 24 * nrec)),
+          'object header 0x30 (/): fractal heap 0x%x: huge object: huge object at 0x%x '
+          '(0x28800000000 bytes) runs past the end of file (0x%x)' % (heap, at, len(src)))
+
+
 def main():
     cli = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, 'build/dev/app/cli/kvscope-cli')
     with tempfile.TemporaryDirectory() as tmp:
         version0(cli, tmp)
         version2(tmp)
+        version2_huge(tmp)
 
 
 if __name__ == '__main__':
