@@ -196,6 +196,7 @@ private:
     // Returns the tree's record type; with `records`, collects every record of the tree.
     unsigned btree2(uint64_t addr, const std::string& owner, std::vector<std::vector<unsigned char>>* records);
     void hugeObjects(uint64_t btree, bool filtered, const std::string& place);
+    void fixedArray(uint64_t addr, uint64_t chunkBytes, bool filtered, const std::string& place);
     void group(uint64_t btree, uint64_t heap, const std::string& owner, const std::string& name);
     Bytes localHeap(uint64_t addr, const std::string& owner);
     void btree1(uint64_t addr, int type, int expectLevel, unsigned ndims, const Bytes* heap,
@@ -599,6 +600,8 @@ void Walker::layout(Bytes& b, uint64_t points, uint64_t elemSize, bool filtered)
         checkRange(index, chunkBytes, place, "chunk");
     } else if (indexType == 5) {
         btree2(index, place, nullptr);
+    } else if (indexType == 3) {
+        fixedArray(index, chunkBytes, filtered, place);
     } else {
         checkRange(index, 1, place, "chunk index");
     }
@@ -621,6 +624,52 @@ void Walker::link(Bytes& b, const std::string& parent)
     const std::string name = childName(parent, b.at(b.pos()), size_t(nameLen));
     b.skip(size_t(nameLen));
     if (type == 0) objectHeader(b.addr(), name);
+}
+
+// The fixed array chunk index of layout version 4 (chunked datasets of fixed size in the latest
+// format). Header "FAHD": version, client (0 plain chunks, 1 filtered), entry size (1), page bits
+// (1), entries (L), data block address (O), checksum. Data block "FADB": version, client, header
+// address (O), then, when entries fit one page (entries <= 2^page bits), the entries themselves:
+// a chunk's address (O), for filtered chunks also its stored size and filter mask (4). libhdf5
+// allocates the data block for all entries, so they must fit in the file; each plain chunk must
+// lie inside it too. Paged data blocks are bounded by their size only.
+void Walker::fixedArray(uint64_t addr, uint64_t chunkBytes, bool filtered, const std::string& owner)
+{
+    const std::string place = owner + ": fixed array " + hex(addr);
+    Bytes h = read(addr, 8 + size_t(m_l) + size_t(m_o) + 4, place, "fixed array header");
+    if (!h.sig("FAHD")) fail(place, "no FAHD signature");
+    h.seek(5);
+    const unsigned client = h.u8();
+    const uint64_t entrySize = h.u8();
+    const unsigned pageBits = h.u8();
+    const uint64_t entries = h.len();
+    const uint64_t block = h.addr();
+    if (client > 1 || (client == 1) != filtered)
+        fail(place, "client " + std::to_string(client) + " does not match the dataset's filters");
+    const uint64_t minEntry = uint64_t(m_o) + (filtered ? 4 + 1 : 0);
+    if (entrySize < minEntry) fail(place, "entry size " + std::to_string(entrySize) + " is below " + std::to_string(minEntry));
+    if (pageBits == 0 || pageBits > 32) fail(place, "page bits " + std::to_string(pageBits) + " is not 1 to 32");
+    const uint64_t bytes = mulSat(entries, entrySize);
+    if (bytes > m_eof) fail(place, std::to_string(entries) + " entries of " + std::to_string(entrySize) + " bytes are more than the file holds");
+    if (block == m_undef) return;
+    const uint64_t prefix = 6 + uint64_t(m_o);
+    if (entries > (uint64_t(1) << pageBits)) {
+        checkRange(block, prefix + (entries >> pageBits) / 8 + 1 + 4, place, "fixed array data block");
+        return;
+    }
+    Bytes b = read(block, prefix + bytes + 4, place, "fixed array data block");
+    if (!b.sig("FADB")) fail(place, "data block " + hex(block) + " has no FADB signature");
+    b.seek(size_t(prefix));
+    for (uint64_t i = 0; i < entries; ++i) {
+        const size_t at = b.pos();
+        const uint64_t chunk = b.addr();
+        if (!filtered && chunk != m_undef) checkRange(chunk, chunkBytes, place, "chunk");
+        if (filtered && chunk != m_undef) {
+            const uint64_t stored = b.u(size_t(entrySize) - size_t(m_o) - 4);
+            checkRange(chunk, stored, place, "chunk");
+        }
+        b.seek(at + size_t(entrySize));
+    }
 }
 
 // Link info (links = true) and attribute info messages: version 0, flags, [max creation index:
