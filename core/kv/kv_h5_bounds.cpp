@@ -1,8 +1,8 @@
 // The metadata walk of kv_h5_bounds.h. Structures and field layouts follow the HDF5 file format
-// specification (superblock versions 0 to 3, object headers versions 1 and 2, fractal heaps, v1 and v2 B-trees,
-// fixed arrays); all integers are
-// little-endian, O and L are the superblock's sizes of offsets and lengths, and every address is
-// relative to the base address (where the superblock's signature is).
+// specification (superblock versions 0 to 3, object header versions 1 and 2, fractal heaps,
+// version 1 and 2 B-trees, fixed arrays); all integers are little-endian, O and L are the
+// superblock's sizes of offsets and lengths, and every address is relative to the base address
+// (where the superblock's signature is).
 #include "kv/kv_h5_bounds.h"
 
 #include "common/error.h"
