@@ -108,6 +108,7 @@ private slots:
     void h5pySeesOurLayout();
     void layerGroupNames_data();
     void layerGroupNames();
+    void readsFileWrittenByH5py_data();
     void readsFileWrittenByH5py();
     void refusesBadFile_data();
     void refusesBadFile();
@@ -323,18 +324,35 @@ void TestKvH5::layerGroupNames()
 
 // A researcher builds a KV file in Python with plain numpy types (int64 attributes, float16
 // arrays, no tokens of our writer's making); we read exactly what they stored.
+// The metadata walk that runs before libhdf5 (kv_h5_bounds.h) must take both of h5py's layouts:
+// the default one (old-style groups, version 1 object headers) and libver='latest' (version 2
+// object headers; with 12 layers and 10 root attributes, /layers and the root's attributes are in
+// dense storage, a fractal heap indexed by a v2 B-tree, one attribute a huge heap object).
+void TestKvH5::readsFileWrittenByH5py_data()
+{
+    QTest::addColumn<QString>("libver");
+    QTest::addColumn<int>("layers");
+    QTest::newRow("default format") << "earliest" << 3;
+    QTest::newRow("libver latest, dense groups and attributes") << "latest" << 12;
+}
+
 void TestKvH5::readsFileWrittenByH5py()
 {
+    QFETCH(QString, libver);
+    QFETCH(int, layers);
     if (findH5pyPython().isEmpty()) QSKIP("no python3 with h5py and numpy (apt install python3-h5py)");
     QTemporaryDir dir;
     const QString path = dir.filePath("from_python.h5");
     QString error;
     const QString out = runPython(QStringLiteral(R"(
 import sys, h5py, numpy as np
-L, H, T, D = 3, 2, 10, 4
-with h5py.File(sys.argv[1], 'w') as f:
+L, H, T, D = @LAYERS@, 2, 10, 4
+with h5py.File(sys.argv[1], 'w', libver='@LIBVER@') as f:
     f.attrs.update(format='kvscope-kv', version=1, model_name='py', num_layers=L,
                    num_kv_heads=H, head_dim=D, num_tokens=T, dtype='float16')
+    if L > 8:
+        f.attrs['note'] = 'a ninth attribute'
+        f.attrs['table'] = np.arange(9000, dtype=np.int64)  # 72 KB
     f['tokens'] = np.arange(T, dtype=np.int64) * 3
     f['context'] = 'from python'
     for l in range(L):
@@ -343,19 +361,19 @@ with h5py.File(sys.argv[1], 'w') as f:
                          chunks=(1, 5, D), compression='gzip', shuffle=True)
         f['layers/%02d/value' % l] = (-base / 64 + l).astype('>f2')  # big-endian on purpose
 print('ok')
-)"),
+)").replace("@LAYERS@", QString::number(layers)).replace("@LIBVER@", libver),
                                   path, &error);
     QVERIFY2(out.trimmed() == "ok", qPrintable(error));
 
     const KvSet kv = readKvH5(path.toStdString());
-    QCOMPARE(kv.shape(), (KvShape{3, 2, 4, 10}));
+    QCOMPARE(kv.shape(), (KvShape{layers, 2, 4, 10}));
     QCOMPARE(kv.dtype(), DType::F16);
     QCOMPARE(QString::fromStdString(kv.modelName), QString("py"));
     QCOMPARE(QString::fromStdString(kv.modelFingerprint), QString());
     QCOMPARE(QString::fromStdString(kv.context), QString("from python"));
     QCOMPARE(kv.tokens.size(), size_t(10));
     QCOMPARE(kv.tokens[9], 27);
-    for (int l = 0; l < 3; ++l)
+    for (int l = 0; l < layers; ++l)
         for (int h = 0; h < 2; ++h)
             for (int t = 0; t < 10; ++t)
                 for (int d = 0; d < 4; ++d) {

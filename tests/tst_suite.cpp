@@ -1,5 +1,5 @@
 // The quality suite (core/eval/suite.h, stats.h). What a user relies on:
-//  - a suite file is read as DESIGN.md writes it, and a bad one is refused with a one-line error
+//  - a suite file is read in the format core/eval/suite.h documents, and a bad one is refused with a one-line error
 //    naming the file and the place (items[0].questions[1].answer: ...);
 //  - the intervals and the paired test give the textbook numbers;
 //  - on the real default model and the mini suite: the fp16 cache scored as a candidate equals

@@ -2,7 +2,7 @@
 // scores multiple choice, so that codecs can be told apart with intervals and a paired test.
 //
 // READ ME FIRST
-//  - Format (DESIGN.md "Command-line contract"): {"name", "items": [{"id", "context",
+//  - Format (the `--suite` file of eval, sweep and tune): {"name", "items": [{"id", "context",
 //    "continuation"?, "questions": [{"question", "answer", "choices"?, "kind"?}]}]}. "kind" is an
 //    optional tag (accuracy is broken down by it); any other key is refused, so a typo such as
 //    "choice" is an error rather than a silently different suite.
@@ -223,7 +223,7 @@ struct SuiteCodecRow {
 SuiteCodecRow evaluateSuiteCodec(const SuiteReference& ref, const CodecParams& params, int level,
                                  const SuiteEvalOptions& options = {}, const SuiteProgress& progress = {});
 
-// The iso-quality bar (DESIGN.md): pooled delta PPL <= 1% and multiple-choice accuracy not lower
+// The iso-quality bar: pooled delta PPL <= 1% and multiple-choice accuracy not lower
 // than fp16's by more than 2 points.
 constexpr double kIsoMaxDeltaPplPct = 1.0;
 constexpr double kIsoMaxAccuracyDrop = 0.02;

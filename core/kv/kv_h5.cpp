@@ -2,6 +2,7 @@
 // with the innermost message of HDF5's error stack; every handle lives in an RAII wrapper so an
 // exception never leaks one (a leaked file handle would also keep the file open).
 #include "kv/kv_h5.h"
+#include "kv/kv_h5_bounds.h"
 
 #include "common/error.h"
 
@@ -543,132 +544,6 @@ void syncFile(const std::string& tmp, const std::string& path)
 
 // ---- reading --------------------------------------------------------------------------------
 
-// The superblock (HDF5 file format specification, versions 0 to 3), read and checked against the
-// file's real size before libhdf5 sees the file. libhdf5 takes the superblock's addresses at their
-// word: a forged end-of-file or object address sends it to read (and allocate for) structures far
-// beyond the file, up to gigabytes from a file of a few bytes. Every address the superblock holds
-// must lie inside the file, so what libhdf5 reads next is bounded by the file's size.
-//
-// Layout (O = size of offsets, all integers little-endian):
-//   0  signature "\211HDF\r\n\032\n" at 0, 512, 1024, 2048, ... (a user block may precede it)
-//   8  version
-//   version 0/1: 9 free-space version, 10 root symbol table entry version, 11 reserved,
-//     12 shared header version, 13 O, 14 size of lengths, 15 reserved, 16 group leaf node K (2),
-//     18 group internal node K (2), 20 consistency flags (4), version 1 only: indexed storage
-//     internal node K (2) + reserved (2); then base address, free-space info address, end-of-file
-//     address, driver information block address, root group symbol table entry (link name
-//     offset, object header address, cache type (4), reserved (4), scratch pad (16)).
-//   version 2/3: 9 O, 10 size of lengths, 11 consistency flags, then base address, superblock
-//     extension address, end-of-file address, root group object header address, checksum (4).
-// Addresses are relative to the base address, which libhdf5 takes as where the signature is;
-// all ones is the undefined address.
-void checkSuperblock(const Failer& f, uint64_t fileSize)
-{
-    static const unsigned char kSig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
-    const int fd = ::open(f.file().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) f.fail("", std::string("cannot open: ") + std::strerror(errno));
-    auto readAt = [&](uint64_t at, unsigned char* buf, size_t n) -> size_t {
-        size_t got = 0;
-        while (got < n) {
-            const ssize_t r = ::pread(fd, buf + got, n - got, off_t(at + got));
-            if (r < 0 && errno == EINTR) continue;
-            if (r <= 0) break;
-            got += size_t(r);
-        }
-        return got;
-    };
-    uint64_t sigAt = 0;
-    bool found = false;
-    unsigned char sb[8 + 16 + 4 + 4 * 8 + 2 * 8 + 24] = {};  // the largest: version 1 with O = 8
-    for (uint64_t at = 0; at + 8 <= fileSize; at = at == 0 ? 512 : at * 2) {
-        unsigned char sig[8];
-        if (readAt(at, sig, 8) == 8 && std::memcmp(sig, kSig, 8) == 0) {
-            sigAt = at;
-            found = true;
-            break;
-        }
-    }
-    if (!found) {
-        ::close(fd);
-        f.fail("", "not an HDF5 file (no HDF5 signature)");
-    }
-    const size_t have = readAt(sigAt, sb, sizeof sb);
-    ::close(fd);
-    const std::string place = "superblock";
-    if (have < 9) f.fail(place, "truncated after the signature");
-    const int version = sb[8];
-    if (version > 3)
-        f.fail(place, "version " + std::to_string(version) + " is not one of 0 to 3");
-    const size_t offsetsAt = version <= 1 ? 13 : 9;
-    if (have < offsetsAt + 2) f.fail(place, "truncated (" + std::to_string(have) + " bytes)");
-    const int sizeOfOffsets = sb[offsetsAt];
-    const int sizeOfLengths = sb[offsetsAt + 1];
-    for (const auto& [what, n] : {std::pair<const char*, int>{"offsets", sizeOfOffsets},
-                                  std::pair<const char*, int>{"lengths", sizeOfLengths}})
-        if (n != 2 && n != 4 && n != 8)
-            f.fail(place, std::string("size of ") + what + " " + std::to_string(n) + " is not 2, 4 or 8");
-    const size_t o = size_t(sizeOfOffsets);
-    const size_t addrAt = version == 0 ? 24 : version == 1 ? 28 : 12;
-    // Addresses by index: 0 base, 2 end of file; version 0/1: 1 free space, 3 driver block, 4 and 5
-    // the root entry's link name offset and object header; version 2/3: 1 superblock extension,
-    // 3 root object header, then the checksum.
-    const size_t need = version <= 1 ? addrAt + 4 * o + 2 * o + 24 : addrAt + 4 * o + 4;
-    if (have < need)
-        f.fail(place, "truncated (" + std::to_string(have) + " of the " + std::to_string(need) +
-                          " bytes of a version " + std::to_string(version) + " superblock)");
-    auto u16 = [&](size_t at) { return unsigned(sb[at]) | unsigned(sb[at + 1]) << 8; };
-    auto addr = [&](size_t index) {
-        uint64_t v = 0;
-        for (size_t i = 0; i < o; ++i) v |= uint64_t(sb[addrAt + index * o + i]) << (8 * i);
-        return v;
-    };
-    const uint64_t undefined = o == 8 ? ~uint64_t(0) : (uint64_t(1) << (8 * o)) - 1;
-    auto hex = [](uint64_t v) {
-        char b[24];
-        std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
-        return std::string(b);
-    };
-    if (version <= 1) {
-        if (u16(16) == 0) f.fail(place, "group leaf node K is 0");
-        if (u16(18) == 0) f.fail(place, "group internal node K is 0");
-        if (version == 1 && u16(24) == 0) f.fail(place, "indexed storage internal node K is 0");
-    }
-    // The stored end-of-file address counts from the start of the file (a user block included);
-    // libhdf5 moves the base to where the signature is and shifts the end of file by as much.
-    // The other addresses count from the base.
-    const uint64_t base = addr(0);
-    if (base == undefined) f.fail(place, "base address is undefined");
-    if (addr(2) == undefined) f.fail(place, "end-of-file address is undefined");
-    const uint64_t eofAbs = addr(2) + sigAt - base;
-    if (eofAbs > fileSize)
-        f.fail(place, "end-of-file address " + hex(eofAbs) + " is beyond the file's " +
-                          std::to_string(fileSize) + " bytes (truncated or forged)");
-    if (eofAbs < sigAt + need)
-        f.fail(place, "end-of-file address " + hex(eofAbs) + " is inside the superblock");
-    const uint64_t eof = eofAbs - sigAt;
-    struct Named {
-        const char* what;
-        size_t index;
-        bool required;
-    };
-    const std::vector<Named> addresses =
-        version <= 1 ? std::vector<Named>{{"free-space info address", 1, false},
-                                          {"driver information block address", 3, false},
-                                          {"root group object header address", 5, true}}
-                     : std::vector<Named>{{"superblock extension address", 1, false},
-                                          {"root group object header address", 3, true}};
-    for (const Named& a : addresses) {
-        const uint64_t v = addr(a.index);
-        if (v == undefined) {
-            if (a.required) f.fail(place, std::string(a.what) + " is undefined");
-            continue;
-        }
-        if (v < need || v >= eof)
-            f.fail(place, std::string(a.what) + " " + hex(v) + " is outside the file's data (" +
-                              hex(need) + " to " + hex(eof) + ")");
-    }
-}
-
 Hid openForRead(const Failer& f)
 {
     const std::string& path = f.file();
@@ -676,7 +551,7 @@ Hid openForRead(const Failer& f)
     if (::stat(path.c_str(), &st) != 0) f.fail("", std::string("cannot open: ") + std::strerror(errno));
     if (S_ISDIR(st.st_mode)) f.fail("", "is a directory, not a KV file");
     if (st.st_size == 0) f.fail("", "empty file, not an HDF5 KV file");
-    checkSuperblock(f, uint64_t(st.st_size));
+    checkH5Bounds(path, uint64_t(st.st_size));
     const htri_t isH5 = H5Fis_hdf5(path.c_str());
     if (isH5 == 0) f.fail("", "not an HDF5 file (no HDF5 signature)");
     if (isH5 < 0) f.failH5("", "cannot open as HDF5");

@@ -33,7 +33,9 @@ struct H5WriteOptions {
 void writeKvH5(const KvSet& kv, const std::string& path, const H5WriteOptions& opt = {});
 
 // Validates format, version, attributes, shapes and dtypes before reading any tensor.
-// Throws kvscope::Error "path: place: reason" for a missing, non-HDF5, truncated or corrupt file,
+// Throws kvscope::Error "path: place: reason" for a missing, non-HDF5, truncated or corrupt file
+// (metadata whose lengths or addresses run past the end of file is refused before libhdf5 reads
+// it: kv_h5_bounds.h),
 // files that are not ours (no format attribute), newer versions, inconsistent shapes or dtypes,
 // unavailable HDF5 filters, or when the cache does not fit in memory.
 KvSet readKvH5(const std::string& path);

@@ -7,7 +7,7 @@ sentence whose end is the answer, asked as a cloze question (the sentence's open
 Deterministic: one fixed seed per item, no clock, no environment. Every name, place and fact is
 made up here from syllable lists; no third-party text.
 
-Outputs (the suite format is DESIGN.md's; "kind" is kvscope's optional per-question tag):
+Outputs (the suite format of core/eval/suite.h; "kind" is kvscope's optional per-question tag):
   facts.json     8 items (about 1K-3K SmolLM2 tokens each), cloze questions, 4 options each
                  (the gold answer and 3 other answers of the same kind from the same item)
   facts_qa.json  the same contexts and answers asked as "Question: ... Answer:" (for comparing
