@@ -311,6 +311,19 @@ private slots:
         QVERIFY(py.waitForFinished(60000));
         QCOMPARE(QString(py.readAllStandardOutput()).trimmed(), QString("kvscope-kv <f2 (4, %1, 16) %1 1").arg(n));
 
+        // The attention mass is written only when asked for: (kv_heads, tokens) per layer.
+        QCOMPARE(r.json()["attn_mass"].toBool(), false);
+        const QString kvMass = path("captured_mass.h5");
+        r = cli(QStringList{"capture"} + model + QStringList{"--context", ctx, "--out", kvMass, "--attn-mass", "--json"});
+        QCOMPARE(r.exitCode, 0);
+        QCOMPARE(r.json()["attn_mass"].toBool(), true);
+        QProcess pyMass;
+        pyMass.start("/usr/bin/python3", {"-c",
+            "import h5py,sys\nfor p in sys.argv[1:]:\n f=h5py.File(p,'r'); g=f['layers/03']\n"
+            " print(g['attn_mass'].shape if 'attn_mass' in g else None)", kv, kvMass});
+        QVERIFY(pyMass.waitForFinished(60000));
+        QCOMPARE(QString(pyMass.readAllStandardOutput()).trimmed(), QString("None\n(4, %1)").arg(n));
+
         // Errors: one "error:" line last on stderr, nothing on stdout.
         for (const QStringList& bad : {QStringList{"generate", "--model", dir + "/aidreams260K.bin", "--prompt", "x", "--json"},
                                        QStringList{"info", "/nonexistent/model.gguf", "--json"}}) {

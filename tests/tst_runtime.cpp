@@ -5,6 +5,8 @@
 //  - an HF folder (config.json + model.safetensors) written from a llama2.c checkpoint gives the
 //    same logits as the llama2.c path (proves the HF loader and the RoPE convention);
 //  - blocked prefill = one-shot prefill, prefill-with-past = prefill of the concatenation;
+//  - the attention mass is recorded only on request, sums to one per query, and changes nothing
+//    else;
 //  - capture -> HDF5 -> read -> generate = generate right after prefill, token for token;
 //  - bad weights are refused by name.
 #include "testmain.h"
@@ -106,6 +108,7 @@ private slots:
     void samplingIsSeeded();
     void badWeights();
     void keyBlocksAndSlidingLayers();
+    void attentionMassOnRequest();
     void phi3FusedProjections();
 };
 
@@ -307,7 +310,7 @@ void TestRuntime::keyBlocksAndSlidingLayers()
     std::vector<int32_t> ctx = {1};
     ctx.insert(ctx.end(), text.begin(), text.end());
 
-    auto run = [&](int keyBlock, int prefillBlock, bool window) {
+    auto run = [&](int keyBlock, int prefillBlock, bool window, int queryBlock = 128) {
         LlamaWeights w = loadLlama2cWeights(kStories);
         if (window) {
             w.spec.config.slidingWindow = 9;
@@ -317,6 +320,7 @@ void TestRuntime::keyBlocksAndSlidingLayers()
         }
         RuntimeOptions o = fp32Options();
         o.keyBlock = keyBlock;
+        o.queryBlock = queryBlock;
         o.prefillBlock = prefillBlock;
         const LlamaRuntime rt(std::move(w), o);
         InferenceSession s(rt);
@@ -335,6 +339,65 @@ void TestRuntime::keyBlocksAndSlidingLayers()
         const float d = maxAbsDiff(run(kb, pb, true), win);
         QVERIFY2(d < 1e-4f, (std::to_string(kb) + "/" + std::to_string(pb) + ": " + std::to_string(d)).c_str());
     }
+    // Query sub-blocks smaller than, equal to and straddling the window (9), with and without it.
+    for (auto [kb, qb] : {std::pair{1024, 1}, std::pair{4, 3}, std::pair{16, 9}, std::pair{5, 20}}) {
+        const float dw = maxAbsDiff(run(kb, 512, true, qb), win);
+        const float dc = maxAbsDiff(run(kb, 512, false, qb), ref);
+        QVERIFY2(dw < 1e-4f && dc < 1e-4f,
+                 (std::to_string(kb) + "/q" + std::to_string(qb) + ": " + std::to_string(dw) + " " + std::to_string(dc)).c_str());
+    }
+}
+
+// KvSet::attnMass is recorded only when RuntimeOptions::attnMass asks for it; then every query's
+// probabilities sum to 1 (mass[t] is the mean over the T - t queries that see token t, so
+// sum_t mass[t] * (T - t) = T per KV head), it does not depend on the key or prefill block, and
+// the logits and the K/V are bit for bit those of a run without it.
+void TestRuntime::attentionMassOnRequest()
+{
+    if (!exists(kStories)) QSKIP("../shared/models/stories260K is absent (third-party test data, not in the repo)");
+    std::vector<int32_t> ctx = {1};
+    {
+        const LlamaRuntime plain(loadLlama2cWeights(kStories), fp32Options());
+        const std::vector<int32_t> text = runtimeGreedy(plain, {1}, 60);
+        ctx.insert(ctx.end(), text.begin(), text.end());
+    }
+    const int T = int(ctx.size());
+    auto run = [&](bool mass, int keyBlock, int prefillBlock, std::vector<float>* logits, int queryBlock = 128) {
+        RuntimeOptions o = fp32Options();
+        o.attnMass = mass;
+        o.keyBlock = keyBlock;
+        o.queryBlock = queryBlock;
+        o.prefillBlock = prefillBlock;
+        const LlamaRuntime rt(loadLlama2cWeights(kStories), o);
+        InferenceSession s(rt);
+        s.append(ctx, nullptr, logits);
+        return s.exportKv();
+    };
+    std::vector<float> logitsOff, logitsOn;
+    const KvSet off = run(false, 1024, 512, &logitsOff);
+    QVERIFY(off.attnMass.empty());
+    QVERIFY(!off.querySq.empty());  // the other codec statistics stay
+    const KvSet on = run(true, 1024, 512, &logitsOn);
+    QCOMPARE(logitsOn, logitsOff);
+    const KvShape sh = on.shape();
+    QCOMPARE(int(on.attnMass.size()), sh.numLayers);
+    for (int l = 0; l < sh.numLayers; ++l) {
+        QCOMPARE(int(on.attnMass[size_t(l)].size()), sh.numKvHeads * T);
+        for (int h = 0; h < sh.numKvHeads; ++h) {
+            for (KvKind kind : {KvKind::Key, KvKind::Value}) {
+                std::vector<float> a(size_t(T) * sh.headDim), b(a.size());
+                on.readRows(kind, l, h, 0, T, a.data());
+                off.readRows(kind, l, h, 0, T, b.data());
+                QCOMPARE(a, b);
+            }
+            double total = 0;
+            for (int t = 0; t < T; ++t) total += double(on.attnMass[size_t(l)][size_t(h) * T + t]) * (T - t);
+            QVERIFY2(std::fabs(total - T) < 1e-3 * T, (std::to_string(l) + "/" + std::to_string(h) + ": " + std::to_string(total)).c_str());
+        }
+    }
+    const KvSet blocked = run(true, 5, 17, nullptr, 6);
+    for (int l = 0; l < sh.numLayers; ++l)
+        QVERIFY(maxAbsDiff(blocked.attnMass[size_t(l)], on.attnMass[size_t(l)]) < 1e-5f);
 }
 
 // Phi-3 checkpoints fuse q/k/v into qkv_proj and gate/up into gate_up_proj: a Phi-3 folder made

@@ -342,6 +342,25 @@ private slots:
         const SuiteReference one(*m_model, selectItems(loadSuite(kMini), {m_ref->items()[1].id}), so);
         QCOMPARE(one.prefills(), 0);
         QCOMPARE(one.referencePasses(), 0);
+
+        // The default runtime records no attention mass. One that does adds it to the cached KV
+        // files once (a prefill per item, the reference passes reused); then it is read from disk.
+        for (const SuitePreparedItem& it : m_ref->items()) QVERIFY(it.original.attnMass.empty());
+        RuntimeOptions ro;
+        ro.threads = 1;
+        ro.attnMass = true;
+        const std::unique_ptr<Model> withMass = Model::open("", "", ro);
+        const SuiteReference first(*withMass, loadSuite(kMini), so);
+        QCOMPARE(first.prefills(), 2);
+        QCOMPARE(first.referencePasses(), 0);
+        const SuiteReference second(*withMass, loadSuite(kMini), so);
+        QCOMPARE(second.prefills(), 0);
+        for (size_t i = 0; i < second.items().size(); ++i) {
+            const KvSet& kv = second.items()[i].original;
+            QCOMPARE(int(kv.attnMass.size()), kv.shape().numLayers);
+            QCOMPARE(kv.attnMass, first.items()[i].original.attnMass);
+            QCOMPARE(kv.tokens, m_ref->items()[i].original.tokens);
+        }
     }
 };
 

@@ -272,7 +272,7 @@ private slots:
         KvSet bare = kv;
         bare.attnMass.clear();
         CodecParams p = on;
-        kvscope_test::expectError("bare.h5", [&] { prepareTransform(p, bare, "bare.h5"); }, "carries no attention mass");
+        kvscope_test::expectError("bare.h5", [&] { prepareTransform(p, bare, "bare.h5"); }, "needs a capture with attention mass");
     }
 
     // RD rounding (READ ME FIRST, 8): the decoder is unchanged, the bytes fall, the weighted

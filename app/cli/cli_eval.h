@@ -24,6 +24,7 @@ struct EvalOpts {
     int holdoutTokens = 0;  // contexts without a continuation: hold out their last tokens
     int threads = 0;
     bool noText = false, perLayer = false, onlyTransform = false;
+    bool attnMass = false;  // record the attention mass at capture (also on when a profile needs it)
     std::vector<std::string> compareProfiles;  // eval --transform-profile
     ProfileOptions profile;
 
@@ -44,7 +45,19 @@ struct EvalOpts {
                         "for a context without continuation, score its last N tokens as one (0 = off)")
             ->capture_default_str();
         sub->add_option("--threads", threads, "CPU threads (0 = all cores)")->capture_default_str();
+        sub->add_flag("--attn-mass", attnMass,
+                      "record the attention mass at capture (automatic when a profile has token_importance)");
         profile.add(sub);
+    }
+    // Whether the captures need KvSet::attnMass: asked for, or a profile with token_importance.
+    bool needsAttnMass() const
+    {
+        if (attnMass) return true;
+        std::vector<std::string> paths = compareProfiles;
+        if (!profile.profilePath.empty()) paths.push_back(profile.profilePath);
+        for (const std::string& p : paths)
+            if (loadProfile(p).transform.tokenImportance) return true;
+        return false;
     }
 };
 

@@ -151,6 +151,7 @@ std::unique_ptr<Model> openEvalModel(const EvalOpts& o)
 {
     RuntimeOptions ro;
     ro.threads = o.threads;
+    ro.attnMass = o.needsAttnMass();
     std::fprintf(stderr, "loading %s\n", resolveModelPath(o.model).c_str());
     return Model::open(o.model, o.tokenizer, ro);
 }

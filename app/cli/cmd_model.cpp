@@ -25,6 +25,7 @@ struct ModelOpts {
     std::string kvDtype = "fp16";
     int block = 512;
     std::string weights = "auto";
+    bool attnMass = false;
 
     void add(CLI::App* sub)
     {
@@ -38,12 +39,16 @@ struct ModelOpts {
                         "quantised weights in memory: packed (stored blocks, expanded per matmul), expanded "
                         "(to the compute dtype at load) or auto (packed when expanded would exceed 2 GiB)")
             ->capture_default_str();
+        sub->add_flag("--attn-mass", attnMass,
+                      "record the attention each token receives during the prefill (KvSet attn_mass, needed by the "
+                      "transform codec's token_importance; a second pass over the keys)");
     }
     RuntimeOptions runtime() const
     {
         RuntimeOptions o;
         o.threads = threads;
         o.prefillBlock = block;
+        o.attnMass = attnMass;
         if (!parseDType(compute, &o.compute) || o.compute == DType::F16)
             throw Error("--compute: '" + compute + "' is not fp32 or bf16");
         if (!parseDType(kvDtype, &o.kvDtype)) throw Error("--kv-dtype: '" + kvDtype + "' is not fp16, bf16 or fp32");
@@ -240,6 +245,7 @@ void addCaptureCommand(CLI::App& app, Output& out)
             {"bytes_fp16", uint64_t(s.totalValues()) * 2},
             {"prefill_s", prefill},
             {"prefill_tokens_per_s", double(s.numTokens) / prefill},
+            {"attn_mass", !kv.attnMass.empty()},
             {"runtime", m->runtime().describe()},
         };
         out.emit(j, [](const json& j) {
@@ -271,6 +277,7 @@ void addBenchModelCommand(CLI::App& app, Output& out)
         std::vector<int> tokens = {512};
         int decode = 32;
         int keyBlock = RuntimeOptions{}.keyBlock;
+        int queryBlock = RuntimeOptions{}.queryBlock;
     };
     auto o = std::make_shared<Opts>();
     o->add(sub);
@@ -279,6 +286,7 @@ void addBenchModelCommand(CLI::App& app, Output& out)
         ->capture_default_str();
     sub->add_option("--decode", o->decode, "tokens decoded one at a time after each prefill")->capture_default_str();
     sub->add_option("--key-block", o->keyBlock, "keys per step of the blocked attention")->capture_default_str();
+    sub->add_option("--query-block", o->queryBlock, "queries per sub-block of the blocked attention")->capture_default_str();
     sub->add_flag("--json", out.asJson, "print one JSON object");
     sub->callback([o, &out] {
         if (o->tokens.empty() || o->decode < 1) throw Error("--tokens and --decode must be at least 1");
@@ -287,6 +295,8 @@ void addBenchModelCommand(CLI::App& app, Output& out)
         RuntimeOptions ro = o->runtime();
         if (o->keyBlock < 1) throw Error("--key-block must be at least 1");
         ro.keyBlock = o->keyBlock;
+        if (o->queryBlock < 1) throw Error("--query-block must be at least 1");
+        ro.queryBlock = o->queryBlock;
         // Weights only: no tokenizer needed, the ids are a fixed pseudo-random sequence.
         const LlamaRuntime rt(loadLlamaWeights(resolveModelPath(o->model)), ro);
         const int vocab = rt.spec().config.vocabSize;
@@ -328,13 +338,16 @@ void addBenchModelCommand(CLI::App& app, Output& out)
         const json j = {{"model", rt.spec().name},
                         {"runs", runs},
                         {"key_block", ro.keyBlock},
+                        {"query_block", ro.queryBlock},
+                        {"attn_mass", ro.attnMass},
                         {"runtime", rt.describe()},
                         {"weights", rt.packedWeights() ? "packed" : "expanded"},
                         {"stored_weight_mb", double(rt.spec().weightBytes) / 1e6}};
         out.emit(j, [](const json& j) {
-            std::printf("%s (%s, key block %d, weights %.0f MB as stored)\n", j["model"].get<std::string>().c_str(),
-                        j["runtime"].get<std::string>().c_str(), j["key_block"].get<int>(),
-                        j["stored_weight_mb"].get<double>());
+            std::printf("%s (%s, key block %d, query block %d%s, weights %.0f MB as stored)\n",
+                        j["model"].get<std::string>().c_str(), j["runtime"].get<std::string>().c_str(),
+                        j["key_block"].get<int>(), j["query_block"].get<int>(),
+                        j["attn_mass"].get<bool>() ? ", attention mass recorded" : "", j["stored_weight_mb"].get<double>());
             // CPU-second figures are what a shared machine can compare: wall time there depends on
             // what else runs.
             std::printf("%8s %10s %13s %9s %14s %9s %14s %12s\n", "tokens", "prefill s", "prefill tok/s", "vs first",

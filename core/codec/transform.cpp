@@ -787,8 +787,8 @@ void prepareTransform(CodecParams& p, const KvSet& kv, const std::string& source
         for (const auto& a : kv.attnMass) ok = ok && a.size() == size_t(kv.shape().numKvHeads) * size_t(kv.shape().numTokens);
         if (!ok)
             throw inputError(source, "transform.token_importance",
-                             "the KV cache carries no attention mass (captured before it was recorded): recapture it or set "
-                             "\"token_importance\": false");
+                             "token_importance needs a capture with attention mass and this KV cache has none: recapture "
+                             "it with attention mass (capture --attn-mass) or set \"token_importance\": false");
     }
     TransformModel m;
     if (!pr.transformModel.empty()) {

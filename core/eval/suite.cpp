@@ -569,9 +569,11 @@ SuiteReference::SuiteReference(const Model& model, Suite suite, const SuiteOptio
                 std::fprintf(stderr, "warning: %s; recomputing\n", e.what());
             }
         }
-        if (haveKv && (it.original.attnMass.empty() || !it.original.hasRope() || it.original.querySq.empty())) {
-            // Cached before the codec statistics (RoPE table, query moments, attention mass) were
-            // recorded: one prefill adds them, the K/V are unchanged.
+        if (haveKv && ((rt.options().attnMass && it.original.attnMass.empty()) || !it.original.hasRope() ||
+                       it.original.querySq.empty())) {
+            // Cached without codec statistics this run needs (the RoPE table, query moments, or the
+            // attention mass when the runtime records it): one prefill adds them, the K/V are
+            // unchanged.
             InferenceSession s(rt);
             s.append(it.context, nullptr, nullptr, [&](int done, int all) {
                 return !progress || progress("prefill " + it.id, done, all);

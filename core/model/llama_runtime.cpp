@@ -135,8 +135,12 @@ std::pair<torch::Tensor, torch::Tensor> ropeTablesAt(const torch::Tensor& invFre
 // keys with a running ("online") softmax, so the (T x keys) score matrix is never materialised:
 // per key block of at most `keyBlock` keys, the scores update each row's running maximum m, its
 // running sum l of exp(score - m) and its output accumulator, both rescaled by exp(m_old - m_new).
-// Blocks that every query masks (after the last query, or older than every query's window) are
-// skipped; only blocks that some query partly masks get an additive mask.
+// The queries go in sub-blocks of queryBlock: each sub-block reads only the keys some of its
+// queries see (from its first query's window start to its last query), so a sliding layer reads
+// window + queryBlock - 1 keys per query sub-block rather than the whole prefill block's span,
+// the masked triangle on the causal diagonal shrinks with the sub-block, and the score buffer
+// (KH x groups*queryBlock x keyBlock) stays in cache. Only key blocks that some query of the
+// sub-block partly masks get an additive mask.
 //   q (H, T, hd), query head h reads KV head h / (H / KH); K, V (KH, >= P+T, hd) fp32.
 //   window > 0: query at p sees keys j with p - window < j <= p. softcap > 0: scores become
 //   softcap * tanh(score / softcap). Returns (H, T, hd).
@@ -144,51 +148,59 @@ std::pair<torch::Tensor, torch::Tensor> ropeTablesAt(const torch::Tensor& invFre
 //   query heads and the T queries, from a second pass over the key blocks with the final
 //   normaliser (what a codec weights token errors by; nothing the forward pass uses).
 torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& K, const torch::Tensor& V, int P, int window,
-                     double scale, double softcap, int keyBlock, torch::Tensor* mass = nullptr)
+                     double scale, double softcap, int keyBlock, int queryBlock, torch::Tensor* mass = nullptr)
 {
     const int64_t H = q.size(0), T = q.size(1), hd = q.size(2), KH = K.size(0), groups = H / KH;
-    const int64_t S = P + T;
-    const torch::Tensor qg = (q * scale).reshape({KH, groups * T, hd});
-    torch::Tensor m = torch::full({KH, groups * T, 1}, -1e30f);  // finite: a fully masked block adds 0
-    torch::Tensor l = torch::zeros({KH, groups * T, 1});
-    torch::Tensor acc = torch::zeros({KH, groups * T, hd});
-    const int64_t first = window > 0 ? std::max<int64_t>(0, int64_t(P) - window + 1) / keyBlock * keyBlock : 0;
-    for (int64_t k0 = first; k0 < S; k0 += keyBlock) {
-        const int64_t B = std::min<int64_t>(keyBlock, S - k0);
-        const torch::Tensor Kb = K.narrow(1, k0, B), Vb = V.narrow(1, k0, B);
-        torch::Tensor s = torch::bmm(qg, Kb.transpose(1, 2));  // (KH, g*T, B)
-        if (softcap > 0) s = torch::tanh(s / softcap) * softcap;
-        const bool causalCut = k0 + B - 1 > P;                       // some key after the first query
-        const bool windowCut = window > 0 && k0 <= P + T - 1 - window;  // some key too old for the last
-        if (causalCut || windowCut) {
-            const torch::Tensor qpos = torch::arange(P, S, torch::kLong).unsqueeze(1);
+    const torch::Tensor q4 = (q * scale).view({KH, groups, T, hd});
+    torch::Tensor out = torch::empty({KH, groups, T, hd});
+    for (int64_t q0 = 0; q0 < T; q0 += queryBlock) {
+        const int64_t Tq = std::min<int64_t>(queryBlock, T - q0);
+        const int64_t p0 = P + q0, p1 = P + q0 + Tq;  // positions of the sub-block: [p0, p1)
+        const torch::Tensor qg = q4.narrow(2, q0, Tq).reshape({KH, groups * Tq, hd});
+        // Keys some query of the sub-block sees: [first, p1).
+        const int64_t first = window > 0 ? std::max<int64_t>(0, p0 - window + 1) : 0;
+        // The additive mask of key block [k0, k0 + B) for this sub-block, or undefined when no
+        // query of it masks any of those keys.
+        auto blockMask = [&](int64_t k0, int64_t B) -> torch::Tensor {
+            const bool causalCut = k0 + B - 1 > p0;                      // a key after the first query
+            const bool windowCut = window > 0 && k0 <= p1 - 1 - window;  // a key too old for the last
+            if (!causalCut && !windowCut) return {};
+            const torch::Tensor qpos = torch::arange(p0, p1, torch::kLong).unsqueeze(1);
             const torch::Tensor kpos = torch::arange(k0, k0 + B, torch::kLong).unsqueeze(0);
             torch::Tensor allowed = kpos <= qpos;
             if (window > 0) allowed = allowed & (kpos > qpos - window);
-            const torch::Tensor mask = torch::zeros({T, B}).masked_fill(allowed.logical_not(), -INFINITY);
-            s.view({KH, groups, T, B}).add_(mask);
+            return torch::zeros({Tq, B}).masked_fill(allowed.logical_not(), -INFINITY);
+        };
+        torch::Tensor m = torch::full({KH, groups * Tq, 1}, -1e30f);  // finite: a fully masked row adds 0
+        torch::Tensor l = torch::zeros({KH, groups * Tq, 1});
+        torch::Tensor acc = torch::zeros({KH, groups * Tq, hd});
+        for (int64_t k0 = first; k0 < p1; k0 += keyBlock) {
+            const int64_t B = std::min<int64_t>(keyBlock, p1 - k0);
+            const torch::Tensor Kb = K.narrow(1, k0, B), Vb = V.narrow(1, k0, B);
+            torch::Tensor s = torch::bmm(qg, Kb.transpose(1, 2));  // (KH, g*Tq, B)
+            if (softcap > 0) s = torch::tanh(s / softcap) * softcap;
+            const torch::Tensor mask = blockMask(k0, B);
+            if (mask.defined()) s.view({KH, groups, Tq, B}).add_(mask);
+            const torch::Tensor mNew = torch::maximum(m, std::get<0>(s.max(-1, /*keepdim=*/true)));
+            s.sub_(mNew).exp_();  // s now holds the block's unnormalised probabilities
+            const torch::Tensor corr = torch::exp(m - mNew);
+            l.mul_(corr).add_(s.sum(-1, /*keepdim=*/true));
+            acc.mul_(corr).baddbmm_(s, Vb);
+            m = mNew;
         }
-        const torch::Tensor mNew = torch::maximum(m, std::get<0>(s.max(-1, /*keepdim=*/true)));
-        s.sub_(mNew).exp_();  // s now holds the block's unnormalised probabilities
-        const torch::Tensor corr = torch::exp(m - mNew);
-        l.mul_(corr).add_(s.sum(-1, /*keepdim=*/true));
-        acc.mul_(corr).baddbmm_(s, Vb);
-        m = mNew;
-    }
-    if (mass) {
-        for (int64_t k0 = first; k0 < S; k0 += keyBlock) {
-            const int64_t B = std::min<int64_t>(keyBlock, S - k0);
-            torch::Tensor sc = torch::bmm(qg, K.narrow(1, k0, B).transpose(1, 2));  // (KH, g*T, B)
-            if (softcap > 0) sc = torch::tanh(sc / softcap) * softcap;
-            const torch::Tensor qpos = torch::arange(P, S, torch::kLong).unsqueeze(1);
-            const torch::Tensor kpos = torch::arange(k0, k0 + B, torch::kLong).unsqueeze(0);
-            torch::Tensor allowed = kpos <= qpos;
-            if (window > 0) allowed = allowed & (kpos > qpos - window);
-            sc.view({KH, groups, T, B}).add_(torch::zeros({T, B}).masked_fill(allowed.logical_not(), -INFINITY));
-            mass->narrow(1, k0, B).add_(sc.sub_(m).exp_().div_(l).sum(1));  // (KH, B)
+        if (mass) {
+            for (int64_t k0 = first; k0 < p1; k0 += keyBlock) {
+                const int64_t B = std::min<int64_t>(keyBlock, p1 - k0);
+                torch::Tensor sc = torch::bmm(qg, K.narrow(1, k0, B).transpose(1, 2));  // (KH, g*Tq, B)
+                if (softcap > 0) sc = torch::tanh(sc / softcap) * softcap;
+                const torch::Tensor mask = blockMask(k0, B);
+                if (mask.defined()) sc.view({KH, groups, Tq, B}).add_(mask);
+                mass->narrow(1, k0, B).add_(sc.sub_(m).exp_().div_(l).sum(1));  // (KH, B)
+            }
         }
+        out.narrow(2, q0, Tq).copy_(acc.div_(l).view({KH, groups, Tq, hd}));
     }
-    return (acc / l).view({H, T, hd});
+    return out.view({H, T, hd});
 }
 
 torch::Tensor geluTanh(const torch::Tensor& x) { return F::gelu(x, F::GELUFuncOptions().approximate("tanh")); }
@@ -272,6 +284,7 @@ LlamaRuntime::LlamaRuntime(LlamaWeights weights, const RuntimeOptions& options) 
         throw Error("compute dtype must be float32 or bfloat16");
     if (options.prefillBlock < 1) throw Error("prefill block must be at least 1 token");
     if (options.keyBlock < 1) throw Error("key block must be at least 1 token");
+    if (options.queryBlock < 1) throw Error("query block must be at least 1 token");
     d.compute = scalarType(options.compute);
     d.kvType = scalarType(options.kvDtype);
     d.fingerprint = weightsFingerprint(weights);
@@ -538,7 +551,7 @@ torch::Tensor InferenceSession::State::forwardBlock(const LlamaRuntime::Impl& d,
         torch::Tensor o;
         if (!maskGlobal.defined()) {
             torch::Tensor* mass = nullptr;
-            if (recordQueries) {
+            if (recordQueries && d.options.attnMass) {
                 // Attention mass per slot (sum over the group's query heads and the block's queries),
                 // and at layer 0 how many queries could see each slot: a codec weights token errors
                 // by their ratio.
@@ -566,7 +579,7 @@ torch::Tensor InferenceSession::State::forwardBlock(const LlamaRuntime::Impl& d,
                 }
             }
             o = attend(q, s_->keys[l], s_->values[l], P, L.sliding ? c.slidingWindow : 0, scale, c.attnSoftcap,
-                       d.options.keyBlock, mass);
+                       d.options.keyBlock, d.options.queryBlock, mass);
         } else {  // an explicit (T, S) mask: dense scores, for small T (branches)
             const torch::Tensor K = s_->keys[l].narrow(1, 0, S).unsqueeze(1);    // (KH, 1, S, hd)
             const torch::Tensor V = s_->values[l].narrow(1, 0, S).unsqueeze(1);  // (KH, 1, S, hd)

@@ -9,8 +9,9 @@
 //    h reads KV head h / (heads / kv_heads)), SwiGLU or GeGLU, sliding windows on all or some
 //    layers (Gemma 3: 5 local layers with their own RoPE base per global one), q/k RMSNorm
 //    (Qwen3, Gemma 3), Gemma's sandwich norms, embedding scale and soft-capping.
-//  - Attention is blocked over keys (RuntimeOptions::keyBlock) with a running softmax: memory per
-//    layer is O(prefillBlock x keyBlock), whatever the context length.
+//  - Attention is blocked over keys (RuntimeOptions::keyBlock) with a running softmax, and over
+//    queries (queryBlock), each query block reading only the keys it sees: memory per layer is
+//    O(queryBlock x keyBlock), whatever the context length.
 //  - KV precision: every K/V row is rounded to RuntimeOptions::kvDtype (fp16 by default, as a
 //    serving stack stores it) *before* attention reads it, during prefill too. So the cache a
 //    session exports (exportKv) is exactly the cache the model attended to, and generating from
@@ -37,6 +38,12 @@ struct RuntimeOptions {
     DType kvDtype = DType::F16;  // precision of the cache (F16, BF16 or F32)
     int prefillBlock = 512;    // tokens per forward during long prefills (bounds memory)
     int keyBlock = 1024;       // keys per step of the blocked attention (bounds the score buffer)
+    int queryBlock = 128;      // queries per sub-block of the blocked attention (each reads only its keys)
+    // Record, during prefills, the attention probability each cached token receives (exported as
+    // KvSet::attnMass, what the transform codec's token_importance weights errors by). Costs a
+    // second pass over the key blocks (the scores again with the final normaliser): off unless a
+    // consumer needs it.
+    bool attnMass = false;
     // Quantised (GGUF) matrices: Packed keeps them in their stored blocks and expands them tile
     // by tile as each matmul runs (memory: about the file size; decode 1.4-1.8x slower on the
     // small models, prefill within 15%); Expanded converts them all at load to the compute dtype
@@ -85,7 +92,8 @@ public:
     // Throws kvscope::Error when its shape does not match the model.
     void loadKv(const KvSet& kv);
     // The cache as a KvSet in the runtime's kvDtype, with tokens, model name and fingerprint, the
-    // RoPE table, and (after a prefill) the codec statistics querySq and valueWeight.
+    // RoPE table, and (after a prefill) the codec statistics querySq and valueWeight, plus
+    // attnMass when RuntimeOptions::attnMass was set.
     KvSet exportKv() const;
     int position() const;          // tokens in the cache
     const std::vector<int32_t>& tokens() const;
