@@ -156,6 +156,19 @@ LinkSchedule LinkSchedule::loadTrace(const std::string& path, double scale)
     return fromTrace(ms, scale, path);
 }
 
+LinkSchedule LinkSchedule::scaled(double factor) const
+{
+    if (!(factor > 0) || !std::isfinite(factor)) throw Error("link schedule: the scale factor must be positive");
+    LinkSchedule s = *this;
+    if (m_kind == Kind::Trace) {
+        s.m_bytesPerOpportunity *= factor;
+        return s;
+    }
+    std::vector<RateStep> steps = m_steps;
+    for (RateStep& st : steps) st.bytesPerSecond *= factor;
+    return LinkSchedule::steps(steps);
+}
+
 double LinkSchedule::opportunitiesUpTo(double tMs) const
 {
     // Seconds -> ms is inexact (0.003 * 1000 = 2.9999999999999996): snap to the whole ms when close.

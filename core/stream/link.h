@@ -53,6 +53,9 @@ public:
     // 1500 * scale bytes. Throws kvscope::Error "name: line N: reason" on bad data.
     static LinkSchedule fromTrace(const std::vector<uint32_t>& timestampsMs, double scale, const std::string& name);
     static LinkSchedule loadTrace(const std::string& path, double scale);
+    // The same schedule with every rate (trace: every opportunity's bytes) multiplied by factor > 0;
+    // step durations and trace timestamps are unchanged. Throws kvscope::Error otherwise.
+    LinkSchedule scaled(double factor) const;
 
     // Bytes the link can carry in link time (t0, t1]; 0 when t1 <= t0. Never negative.
     double capacityBytes(double t0, double t1) const;

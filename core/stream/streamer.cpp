@@ -64,6 +64,10 @@ Policy parsePolicy(const std::string& text)
 // 16.1 GB / 3,350 GB/s = 4.8 ms (H100). KV decode (entropy decoding into fp16) is assumed to run at
 // a quarter of HBM bandwidth (510 and 840 GB/s of fp16 output); at these cache sizes it is well
 // under a millisecond either way, so the assumption hardly moves a TTFT.
+// KV size per token (fp16, K and V): Llama 2 7B has 32 layers of 32 KV heads x 128 (its
+// config.json: num_hidden_layers 32, hidden_size 4096, num_key_value_heads 32): 2 x 32 x 4096 x 2 B
+// = 524,288 B; Llama 3 8B has 32 layers of 8 KV heads x 128 (grouped-query attention,
+// num_key_value_heads 8): 2 x 32 x 1024 x 2 B = 131,072 B.
 TargetHardware targetPreset(const std::string& name)
 {
     TargetHardware t;
@@ -72,11 +76,13 @@ TargetHardware targetPreset(const std::string& name)
         t.prefillTokensPerSecond = 312e12 * 0.5 / (2 * 6.74e9);
         t.decodeGBps = 2039 * 0.25;
         t.firstTokenSeconds = 2 * 6.74e9 / 2039e9;
+        t.kvBytesPerToken = 2.0 * 32 * 4096 * 2;
         t.citation = "NVIDIA A100 datasheet (312 TFLOPS BF16, 2039 GB/s), Llama 2 7B (6.74e9 params), 50% MFU";
     } else if (name == "h100-8b") {
         t.prefillTokensPerSecond = 989e12 * 0.5 / (2 * 8.03e9);
         t.decodeGBps = 3350 * 0.25;
         t.firstTokenSeconds = 2 * 8.03e9 / 3350e9;
+        t.kvBytesPerToken = 2.0 * 32 * 1024 * 2;
         t.citation = "NVIDIA H100 SXM datasheet (989 TFLOPS BF16, 3.35 TB/s), Llama 3 8B (8.03e9 params), 50% MFU";
     } else {
         throw inputError("--target", "'" + name + "'", "expected one of a100-7b, h100-8b (or --target-prefill/--target-decode)");
@@ -85,6 +91,12 @@ TargetHardware targetPreset(const std::string& name)
 }
 
 std::vector<std::string> targetPresetNames() { return {"a100-7b", "h100-8b"}; }
+
+double kvLinkScale(const TargetHardware& target, double servedBytesPerToken)
+{
+    if (!(target.kvBytesPerToken > 0) || !(servedBytesPerToken > 0)) return 1.0;
+    return servedBytesPerToken / target.kvBytesPerToken;
+}
 
 namespace {
 
@@ -329,6 +341,8 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
     const TargetHardware& hw = opt.target;
     const bool modelDecode = hw.decodeGBps > 0, modelPrefill = hw.prefillTokensPerSecond > 0;
     const size_t fp16BytesPerToken = size_t(params.shape.numLayers) * 2 * params.shape.channels() * 2;
+    // Modelled decode writes the target model's fp16 KV, which may be larger than the served one's.
+    const double modelledDecodeBytesPerToken = hw.kvBytesPerToken > 0 ? hw.kvBytesPerToken : double(fp16BytesPerToken);
 
     StreamResult res;
     res.policy = policy.name();
@@ -360,7 +374,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
     const double tailPrefill = modelPrefill ? double(m_question.size()) / hw.prefillTokensPerSecond : m_prefillSeconds;
     const double tailFirst = hw.firstTokenSeconds >= 0 ? hw.firstTokenSeconds : m_firstTokenSeconds;
     const double tailSeconds = tailPrefill + tailFirst + (modelDecode ? 0.0 : m_kvLoadSeconds);
-    std::atomic<double> decodePerToken{modelDecode ? double(fp16BytesPerToken) / (hw.decodeGBps * 1e9)
+    std::atomic<double> decodePerToken{modelDecode ? modelledDecodeBytesPerToken / (hw.decodeGBps * 1e9)
                                                    : m_decodeSecondsPerToken};
     const double recomputePerToken = 1.0 / std::max(1e-9, recomputeRate);
     bool serverDown = false;
@@ -725,7 +739,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         const int n = params.chunkLength(ev.index);
         if ((isText && modelPrefill) || (!isText && modelDecode)) {
             ev.jobSeconds = isText ? double(n) / hw.prefillTokensPerSecond
-                                   : double(size_t(n) * fp16BytesPerToken) / (hw.decodeGBps * 1e9);
+                                   : double(n) * modelledDecodeBytesPerToken / (hw.decodeGBps * 1e9);
             ev.jobStartS = std::max(ev.arrivedS, prevEnd);
             ev.decodedS = ev.jobStartS + ev.jobSeconds;
         }
