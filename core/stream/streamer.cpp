@@ -123,10 +123,19 @@ void copyTokens(const KvSet& src, int srcT0, KvSet& dst, int dstT0, int n)
             }
 }
 
-// Runs jobs one after another on its own thread, in submission order.
+// Runs jobs one after another on its own thread, in submission order. A held worker queues jobs
+// without starting them until release() (drain() releases it first); destroyed while held, it drops them.
 class Worker {
 public:
-    Worker() : m_thread([this] { loop(); }) {}
+    explicit Worker(bool held = false) : m_held(held), m_thread([this] { loop(); }) {}
+    void release()
+    {
+        {
+            std::lock_guard<std::mutex> lock(m_mutex);
+            m_held = false;
+        }
+        m_cv.notify_all();
+    }
     ~Worker()
     {
         {
@@ -147,6 +156,7 @@ public:
     // Waits until every submitted job has run; rethrows the first job's exception.
     void drain()
     {
+        release();
         std::unique_lock<std::mutex> lock(m_mutex);
         m_cv.wait(lock, [this] { return m_jobs.empty() && !m_busy; });
         if (m_error) {
@@ -161,8 +171,8 @@ private:
     {
         std::unique_lock<std::mutex> lock(m_mutex);
         for (;;) {
-            m_cv.wait(lock, [this] { return m_quit || !m_jobs.empty(); });
-            if (m_jobs.empty()) return;
+            m_cv.wait(lock, [this] { return m_quit || (!m_held && !m_jobs.empty()); });
+            if (m_jobs.empty() || m_held) return;
             std::function<void()> job = std::move(m_jobs.front());
             m_jobs.pop_front();
             m_busy = true;
@@ -181,7 +191,7 @@ private:
     std::mutex m_mutex, m_errMutex;
     std::condition_variable m_cv;
     std::deque<std::function<void()>> m_jobs;
-    bool m_busy = false, m_quit = false;
+    bool m_busy = false, m_quit = false, m_held = false;
     std::exception_ptr m_error;
     std::thread m_thread;
 };
@@ -355,7 +365,13 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
     auto recomputeSession = std::make_unique<InferenceSession>(m_model.runtime());
     bool sessionValid = false;  // recomputeSession holds exactly assembled's first position() tokens
 
-    Worker worker;
+    // When decode and recompute are both modelled, their real runs on this CPU only build the
+    // cache (their durations are replayed from the model after the run), so the worker is held
+    // until the last reply has arrived: the real jobs then cannot slow this machine's transfer,
+    // and the planner follows the modelled worker timeline (modelWorkerEnd) instead of the real one.
+    const bool deferJobs = hw.decodeGBps > 0 && hw.prefillTokensPerSecond > 0;
+    Worker worker(deferJobs);
+    double modelWorkerEnd = 0;  // deferJobs: monotonic end of the modelled jobs handed over so far
     ChunkClient client(m_host, m_port, ClientOptions{2.0, opt.stallTimeout});
     if (pacer) pacer->reset(linkOffset);
     const double t0 = monoSeconds();
@@ -438,6 +454,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         while (nextSubmit < chunks && ready[size_t(nextSubmit)]) {
             const int i = nextSubmit++;
             const double predicted = jobPredicted[size_t(i)];
+            modelWorkerEnd = std::max(modelWorkerEnd, t0 + res.chunks[size_t(i)].arrivedS) + predicted;
             {
                 std::lock_guard<std::mutex> lock(owedMutex);
                 owedSeconds += predicted;
@@ -522,7 +539,9 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
             arrivals.push_back(link);
         }
         double worker;
-        {
+        if (deferJobs) {
+            worker = std::max(now, modelWorkerEnd);
+        } else {
             std::lock_guard<std::mutex> lock(owedMutex);
             worker = now + std::max(0.0, owedSeconds);
         }
