@@ -119,6 +119,10 @@ json resultJson(const StreamResult& r)
           {"backlogged_capacity_bytes", r.backloggedCapacityBytes},
           {"pacer_idle_lost_bytes", r.idleLostBytes},
           {"pacer_busy_lost_bytes", r.busyLostBytes},
+          {"pacer_busy_capacity_bytes", r.busyCapacityBytes},
+          // While backlogged: inside the pacer's busy periods only (a reply queued or being sent),
+          // so a plan's own idle stretches (text recompute, no request due) do not count.
+          {"busy_utilisation", r.busyCapacityBytes > 0 ? number(1.0 - r.busyLostBytes / r.busyCapacityBytes) : json(nullptr)},
           {"backlogged_utilisation", r.backloggedCapacityBytes > 0
                                          ? number(double(r.backloggedDeliveredBytes) / r.backloggedCapacityBytes)
                                          : json(nullptr)}}},
@@ -421,8 +425,8 @@ void addStreamCommand(CLI::App& app, Output& out)
             std::vector<double> ttfts;
             json runs = json::array();
             int met = 0;
-            double agreementSum = 0, klSum = 0, pplSum = 0, utilSum = 0;
-            int measured = 0, utilRuns = 0;
+            double agreementSum = 0, klSum = 0, pplSum = 0, utilSum = 0, busyUtilSum = 0;
+            int measured = 0, utilRuns = 0, busyUtilRuns = 0;
             for (int r = 0; r < o->runs; ++r) {
                 // A dead server (fault) stays dead for the rest of the command, as it would.
                 const double offset = schedule.isTrace() ? schedule.tracePeriodSeconds() * r / o->runs : 0.0;
@@ -450,6 +454,10 @@ void addStreamCommand(CLI::App& app, Output& out)
                     utilSum += double(res.deliveredBytes) / res.capacityBytes;
                     ++utilRuns;
                 }
+                if (res.busyCapacityBytes > 0) {
+                    busyUtilSum += 1.0 - res.busyLostBytes / res.busyCapacityBytes;
+                    ++busyUtilRuns;
+                }
                 runs.push_back(j);
             }
             std::vector<double> sorted = ttfts;
@@ -462,6 +470,7 @@ void addStreamCommand(CLI::App& app, Output& out)
             summary["mean_kl"] = measured ? number(klSum / measured) : json(nullptr);
             summary["mean_delta_ppl_pct"] = measured ? number(pplSum / measured) : json(nullptr);
             summary["mean_utilisation"] = utilRuns ? number(utilSum / utilRuns) : json(nullptr);
+            summary["mean_busy_utilisation"] = busyUtilRuns ? number(busyUtilSum / busyUtilRuns) : json(nullptr);
             summary["ttft_mean_s"] = [&] {
                 double t = 0;
                 for (double x : ttfts) t += x;

@@ -266,7 +266,7 @@ void LinkPacer::reset(double offsetSeconds)
     m_busySent = 0;
     m_totalSent = 0;
     m_idleSince = offsetSeconds;
-    m_idleLost = m_busyLost = 0;
+    m_idleLost = m_busyLost = m_busyCapacity = 0;
 }
 
 void LinkPacer::setSchedule(LinkSchedule schedule)
@@ -306,7 +306,9 @@ void LinkPacer::endSend(int id)
     if (id >= 0) m_senders.erase(id);
     if (m_active > 0 && --m_active == 0) {
         m_idleSince = monoSeconds() - m_epoch;
-        m_busyLost += std::max(0.0, std::floor(m_schedule.capacityBytes(m_busyStart, m_idleSince)) - double(m_busySent));
+        const double capacity = std::floor(m_schedule.capacityBytes(m_busyStart, m_idleSince));
+        m_busyCapacity += capacity;
+        m_busyLost += std::max(0.0, capacity - double(m_busySent));
     }
 }
 
@@ -320,6 +322,12 @@ double LinkPacer::busyLostBytes() const
 {
     std::lock_guard<std::mutex> lock(m_mutex);
     return m_busyLost;
+}
+
+double LinkPacer::busyCapacityBytes() const
+{
+    std::lock_guard<std::mutex> lock(m_mutex);
+    return m_busyCapacity;
 }
 
 uint64_t LinkPacer::grant(uint64_t want, double now, int id)

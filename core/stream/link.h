@@ -129,6 +129,9 @@ public:
     // unused when it ended (the sender was late or blocked).
     double idleLostBytes() const;
     double busyLostBytes() const;
+    // The schedule's capacity summed over the busy periods ended since reset (a sender active
+    // throughout): utilisation while backlogged = 1 - busyLostBytes / busyCapacityBytes.
+    double busyCapacityBytes() const;
     // Monotonic time at which the current (or last) busy period began: where a backlogged
     // sender's capacity is counted from.
     double busyStart() const;
@@ -149,7 +152,7 @@ private:
     std::map<int, Sender> m_senders;
     int m_nextId = 0;
     double m_idleSince = 0;     // link time the link went idle
-    double m_idleLost = 0, m_busyLost = 0;
+    double m_idleLost = 0, m_busyLost = 0, m_busyCapacity = 0;
 };
 
 }  // namespace kvscope

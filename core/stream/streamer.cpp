@@ -744,6 +744,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         res.capacityBytes = pacer->schedule().capacityBytes(linkOffset, linkOffset + lastArrival);
         res.idleLostBytes = pacer->idleLostBytes();
         res.busyLostBytes = pacer->busyLostBytes();
+        res.busyCapacityBytes = pacer->busyCapacityBytes();
         if (firstByte >= 0) {
             res.backloggedCapacityBytes = pacer->schedule().capacityBytes(linkOffset + firstByte, linkOffset + lastArrival);
             res.backloggedDeliveredBytes = delivered;

@@ -136,6 +136,7 @@ struct StreamResult {
     // The pacer's view (in-process pacer only): capacity lost while no reply was being sent, and
     // credit left unused within busy periods, up to the end of the run's fetching.
     double idleLostBytes = 0, busyLostBytes = 0;
+    double busyCapacityBytes = 0;  // capacity inside the pacer's busy periods (a reply being sent)
     std::shared_ptr<KvSet> cache;  // the assembled cache (StreamOptions::keepCache)
     std::vector<std::string> log;  // faults, retries, fallbacks, in order
     std::vector<int32_t> tokens;   // greedy answer from the assembled cache
