@@ -79,10 +79,12 @@ size_t expectElemBytes(const KvSet& kv) { return kv.tensorBytes() / (size_t(kv.s
 
 // Checks one paced reply against the schedule, from the instant the server began sending (the
 // pacer's busy period; the store lookup before it is not the link's business): bytes never arrive
-// ahead of the capacity, and never fall more than 5% behind it after the first 100 ms (scheduler
-// jitter of a few ms on a loaded machine exceeds 5% of 50 ms); the whole
-// reply takes the ideal time within 5%. Prints the row of the README's table.
-void checkPacing(const char* label, const LinkPacer& pacer, const Reply& rep, const ArrivalLog& log)
+// ahead of the capacity (asserted on every reply), never fall more than 5% behind it after the
+// first 100 ms, and the whole reply takes the ideal time within 5%. Prints the row of the README's
+// table. Returns whether the last two held: both are timing on the real clock, so a reader or
+// sender thread descheduled for ~10 ms on a loaded 2-core machine (5% of 1 Gbit/s x 0.2 s) fails
+// them once; callers repeat the reply and require the criteria of one whole reply (pacedOnce).
+bool checkPacing(const char* label, const LinkPacer& pacer, const Reply& rep, const ArrivalLog& log)
 {
     const LinkSchedule& s = pacer.schedule();
     const double start = pacer.busyStart();
@@ -99,9 +101,23 @@ void checkPacing(const char* label, const LinkPacer& pacer, const Reply& rep, co
                 "max excess %+.0f bytes\n",
                 label, (unsigned long long)rep.wireBytes, ideal, took, 100 * (took / ideal - 1), 100 * worstLag,
                 worstExcess);
-    QVERIFY2(worstExcess <= 0, "bytes arrived ahead of the link's capacity");
-    QVERIFY2(worstLag < 0.05, std::to_string(worstLag).c_str());
-    QVERIFY2(std::abs(took / ideal - 1) < 0.05, std::to_string(took / ideal).c_str());
+    [&] { QVERIFY2(worstExcess <= 0, "bytes arrived ahead of the link's capacity"); }();
+    return worstLag < 0.05 && std::abs(took / ideal - 1) < 0.05;
+}
+
+// Up to three paced replies from fetch(): the lag and duration criteria must hold for one of them
+// (a pacer that lags or runs long does so every time; a descheduled thread does so once).
+template <class F>
+void pacedOnce(const char* label, F&& fetch)
+{
+    for (int attempt = 1; attempt <= 3; ++attempt) {
+        if (fetch(label)) return;
+        if (QTest::currentTestFailed()) return;
+        std::printf("PACING %s: attempt %d lagged or ran long (timing), repeating the reply\n", label, attempt);
+        // Let the link go idle, so that the next reply starts a busy period of its own.
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    QFAIL((std::string(label) + ": 3 paced replies in a row lagged > 5% or missed the ideal time by > 5%").c_str());
 }
 
 const char* kCli = KVSCOPE_BINARY_DIR "/app/cli/kvscope-cli";
@@ -135,12 +151,15 @@ private slots:
         o.link = LinkSchedule::parse(rate.toStdString());
         auto server = serve(file, o);
         const auto reader = KvcReader::openFile(file);
-        ChunkClient client("127.0.0.1", server->port());
-        ArrivalLog log;
-        const Reply rep = client.request(request(FrameType::ChunkRequest, kvcContextKey(*reader), CodecId::Fp16, 0, 1),
-                                         reader->chunkBytes(0, 1), monoSeconds() + 30, &log);
-        QCOMPARE(int(rep.type), int(FrameType::Chunk));
-        checkPacing(("constant " + rate.toStdString()).c_str(), server->pacer(), rep, log);
+        const std::string label = "constant " + rate.toStdString();
+        pacedOnce(label.c_str(), [&](const char* l) {
+            ChunkClient client("127.0.0.1", server->port());  // one connection per reply
+            ArrivalLog log;
+            const Reply rep = client.request(request(FrameType::ChunkRequest, kvcContextKey(*reader), CodecId::Fp16, 0, 1),
+                                             reader->chunkBytes(0, 1), monoSeconds() + 30, &log);
+            [&] { QCOMPARE(int(rep.type), int(FrameType::Chunk)); }();
+            return !QTest::currentTestFailed() && checkPacing(l, server->pacer(), rep, log);
+        });
     }
 
     void pacingTrace()
@@ -153,13 +172,16 @@ private slots:
         o.link = LinkSchedule::loadTrace(trace, 1.0);
         auto server = serve(file, o);
         const auto reader = KvcReader::openFile(file);
-        ChunkClient client("127.0.0.1", server->port());
         for (double offset : {0.0, 30.0}) {
-            server->pacer().reset(offset);
-            ArrivalLog log;
-            const Reply rep = client.request(request(FrameType::ChunkRequest, kvcContextKey(*reader), CodecId::Fp16, 0, 1),
-                                             reader->chunkBytes(0, 1), monoSeconds() + 60, &log);
-            checkPacing(offset == 0 ? "TMobile-LTE-short @0s" : "TMobile-LTE-short @30s", server->pacer(), rep, log);
+            pacedOnce(offset == 0 ? "TMobile-LTE-short @0s" : "TMobile-LTE-short @30s", [&](const char* l) {
+                ChunkClient client("127.0.0.1", server->port());  // one connection per reply
+                server->pacer().reset(offset);
+                ArrivalLog log;
+                const Reply rep = client.request(request(FrameType::ChunkRequest, kvcContextKey(*reader), CodecId::Fp16, 0, 1),
+                                                 reader->chunkBytes(0, 1), monoSeconds() + 60, &log);
+                return checkPacing(l, server->pacer(), rep, log);
+            });
+            if (QTest::currentTestFailed()) return;
         }
     }
 

@@ -63,6 +63,11 @@ private slots:
                 const double t1 = s.timeForBytes(t0, b);
                 QVERIFY(std::abs(s.capacityBytes(t0, t1) - b) <= 1e-6 * b + 1e-6);
             }
+        // scaled: rates times the factor, durations kept (a target model's larger KV).
+        const LinkSchedule half = s.scaled(0.5);
+        QCOMPARE(half.describe(), std::string("500Mbit:0.5,25Mbit"));
+        QCOMPARE(half.capacityBytes(0.25, 0.75), (62.5e6 / 2 + 6.25e6 / 4) / 2);
+        kvscope_test::expectError("link schedule", [&] { s.scaled(0); }, "positive");
         kvscope_test::expectError("--bandwidth", [] { LinkSchedule::parse("1Gbit,50Mbit"); }, "SECONDS");
         kvscope_test::expectError("--bandwidth", [] { LinkSchedule::parse("1Gbit:-1,50Mbit"); }, "positive");
         kvscope_test::expectError("--bandwidth", [] { LinkSchedule::parse("1Gbit:x,50Mbit"); }, "positive");
@@ -152,8 +157,19 @@ private slots:
             std::this_thread::sleep_until(std::chrono::steady_clock::time_point(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                 std::chrono::duration<double>(std::min(pacer.whenAvailable(1500), monoSeconds() + 0.01)))));
         }
+        const double before = pacer.linkTime(monoSeconds());
         pacer.endSend();
+        const double after = pacer.linkTime(monoSeconds());
         QVERIFY2(worstLag < 0.05, std::to_string(worstLag).c_str());
+        // The busy period's capacity is the schedule's from its start to endSend (whole bytes), and
+        // what the sender left unused of it is the busy loss.
+        const double busyCap = pacer.busyCapacityBytes();
+        const double l0 = pacer.linkTime(pacer.busyStart());
+        QVERIFY2(busyCap >= std::floor(pacer.schedule().capacityBytes(l0, before)) &&
+                     busyCap <= pacer.schedule().capacityBytes(l0, after),
+                 std::to_string(busyCap).c_str());
+        QVERIFY(busyCap > 0.3 * 5e6 / 8);
+        QCOMPARE(pacer.busyLostBytes(), std::max(0.0, busyCap - double(sent)));
         // Idle time is lost: a new busy period starts from zero credit.
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
         pacer.beginSend();

@@ -119,6 +119,10 @@ json resultJson(const StreamResult& r)
           {"backlogged_capacity_bytes", r.backloggedCapacityBytes},
           {"pacer_idle_lost_bytes", r.idleLostBytes},
           {"pacer_busy_lost_bytes", r.busyLostBytes},
+          {"pacer_busy_capacity_bytes", r.busyCapacityBytes},
+          // While backlogged: inside the pacer's busy periods only (a reply queued or being sent),
+          // so a plan's own idle stretches (text recompute, no request due) do not count.
+          {"busy_utilisation", r.busyCapacityBytes > 0 ? number(1.0 - r.busyLostBytes / r.busyCapacityBytes) : json(nullptr)},
           {"backlogged_utilisation", r.backloggedCapacityBytes > 0
                                          ? number(double(r.backloggedDeliveredBytes) / r.backloggedCapacityBytes)
                                          : json(nullptr)}}},
@@ -207,7 +211,7 @@ void addStreamCommand(CLI::App& app, Output& out)
         std::string model, context, question, profile, store, kv, policies = "adaptive", workdir, faults, target,
             continuation, quality = "kl", codec = "cachegen";
         LinkOpts link;
-        double slo = 0, targetPrefill = 0, targetDecode = 0, stallTimeout = 2.0;
+        double slo = 0, targetPrefill = 0, targetDecode = 0, targetKvBytes = 0, stallTimeout = 2.0;
         int runs = 1, qualityTokens = 32, threads = 0, window = 0, horizon = 5;
     };
     auto o = std::make_shared<Opts>();
@@ -234,6 +238,9 @@ void addStreamCommand(CLI::App& app, Output& out)
         ->check(CLI::IsMember(targetPresetNames()));
     sub->add_option("--target-prefill", o->targetPrefill, "model a machine that prefills this many tokens/s (overrides --target's)");
     sub->add_option("--target-decode", o->targetDecode, "model a machine that decodes KV at this many GB/s of fp16 (overrides --target's)");
+    sub->add_option("--target-kv", o->targetKvBytes,
+                    "fp16 KV bytes per token of the target's model (overrides --target's; the link is slowed by the "
+                    "served model's size over this, so transfers take the target's time)");
     sub->add_option("--window", o->window, "requests in flight at most (0 = the bandwidth-delay product, automatic)")
         ->capture_default_str()->check(CLI::Range(0, 16));
     sub->add_option("--horizon", o->horizon, "adaptive planner look-ahead in chunks")->capture_default_str()->check(CLI::Range(1, 8));
@@ -270,7 +277,28 @@ void addStreamCommand(CLI::App& app, Output& out)
         std::vector<Policy> policies;
         for (const std::string& p : splitList(o->policies == "all" ? "adaptive,text,int8,level:1,level:2,level:3" : o->policies))
             policies.push_back(parsePolicy(p));
-        const LinkSchedule schedule = o->link.schedule();
+        const std::string text = readSmallFile(o->context, 64u << 20);
+        RuntimeOptions ro;
+        ro.threads = o->threads;
+        std::fprintf(stderr, "stream: loading %s\n", resolveModelPath(o->model).c_str());
+        const std::unique_ptr<Model> m = Model::open(o->model, "", ro);
+        const std::vector<int32_t> tokens = m->contextTokens(text);
+        const std::string question = questionFor(o->context, o->question);
+        const std::vector<int32_t> qTokens = m->questionTokens(question);
+
+        // A target whose model has a larger KV than the served one: the link runs slower by the
+        // ratio, so every chunk takes as long as the target model's chunk would on the given link.
+        const LinkSchedule given = o->link.schedule();
+        const KvShape servedShape = m->runtime().kvShape(1);
+        const double servedKvBytesPerToken = double(servedShape.numLayers) * 2 * servedShape.channels() * 2;
+        if (o->targetKvBytes < 0) throw Error("--target-kv must be positive (bytes of fp16 KV per token)");
+        if (o->targetKvBytes > 0) so.target.kvBytesPerToken = o->targetKvBytes;
+        const double kvScale = kvLinkScale(so.target, servedKvBytesPerToken);
+        const LinkSchedule schedule = kvScale != 1.0 ? given.scaled(kvScale) : given;
+        if (kvScale != 1.0)
+            std::fprintf(stderr, "stream: target KV %.0f B/token vs served %.0f: link %s carries the served bytes as %s\n",
+                         so.target.kvBytesPerToken, servedKvBytesPerToken, given.describe().c_str(),
+                         schedule.describe().c_str());
         ServerOptions srv;
         srv.link = schedule;
         srv.rttSeconds = o->link.rttMs / 1000.0;
@@ -303,14 +331,6 @@ void addStreamCommand(CLI::App& app, Output& out)
         }
         LinkPacer shadow(schedule);  // kernel mode: the schedule's clock and capacity, not a shaper
 
-        const std::string text = readSmallFile(o->context, 64u << 20);
-        RuntimeOptions ro;
-        ro.threads = o->threads;
-        std::fprintf(stderr, "stream: loading %s\n", resolveModelPath(o->model).c_str());
-        const std::unique_ptr<Model> m = Model::open(o->model, "", ro);
-        const std::vector<int32_t> tokens = m->contextTokens(text);
-        const std::string question = questionFor(o->context, o->question);
-        const std::vector<int32_t> qTokens = m->questionTokens(question);
 
         KvSet original;
         if (!o->kv.empty()) {
@@ -405,8 +425,8 @@ void addStreamCommand(CLI::App& app, Output& out)
             std::vector<double> ttfts;
             json runs = json::array();
             int met = 0;
-            double agreementSum = 0, klSum = 0, pplSum = 0, utilSum = 0;
-            int measured = 0, utilRuns = 0;
+            double agreementSum = 0, klSum = 0, pplSum = 0, utilSum = 0, busyUtilSum = 0;
+            int measured = 0, utilRuns = 0, busyUtilRuns = 0;
             for (int r = 0; r < o->runs; ++r) {
                 // A dead server (fault) stays dead for the rest of the command, as it would.
                 const double offset = schedule.isTrace() ? schedule.tracePeriodSeconds() * r / o->runs : 0.0;
@@ -434,6 +454,10 @@ void addStreamCommand(CLI::App& app, Output& out)
                     utilSum += double(res.deliveredBytes) / res.capacityBytes;
                     ++utilRuns;
                 }
+                if (res.busyCapacityBytes > 0) {
+                    busyUtilSum += 1.0 - res.busyLostBytes / res.busyCapacityBytes;
+                    ++busyUtilRuns;
+                }
                 runs.push_back(j);
             }
             std::vector<double> sorted = ttfts;
@@ -446,6 +470,7 @@ void addStreamCommand(CLI::App& app, Output& out)
             summary["mean_kl"] = measured ? number(klSum / measured) : json(nullptr);
             summary["mean_delta_ppl_pct"] = measured ? number(pplSum / measured) : json(nullptr);
             summary["mean_utilisation"] = utilRuns ? number(utilSum / utilRuns) : json(nullptr);
+            summary["mean_busy_utilisation"] = busyUtilRuns ? number(busyUtilSum / busyUtilRuns) : json(nullptr);
             summary["ttft_mean_s"] = [&] {
                 double t = 0;
                 for (double x : ttfts) t += x;
@@ -470,6 +495,9 @@ void addStreamCommand(CLI::App& app, Output& out)
         j["question_tokens"] = qTokens.size();
         j["reference"] = {{"tokens", streamer.referenceTokens()}, {"text", streamer.referenceText()}};
         j["link_schedule"] = schedule.describe();
+        j["link_schedule_given"] = given.describe();
+        j["kv_link_scale"] = kvScale;
+        j["served_kv_bytes_per_token"] = servedKvBytesPerToken;
         j["rtt_ms"] = o->link.rttMs;
         j["store"] = store;
         j["codec"] = codecName(codec);
@@ -481,6 +509,7 @@ void addStreamCommand(CLI::App& app, Output& out)
                                     {"prefill_tokens_per_s", so.target.prefillTokensPerSecond},
                                     {"decode_GBps", so.target.decodeGBps},
                                     {"first_token_s", so.target.firstTokenSeconds >= 0 ? number(so.target.firstTokenSeconds) : json(nullptr)},
+                                    {"kv_bytes_per_token", so.target.kvBytesPerToken > 0 ? json(so.target.kvBytesPerToken) : json(nullptr)},
                                     {"citation", so.target.citation}};
         j["link_mode"] = linkMode;
         if (kernel) {

@@ -354,6 +354,7 @@ void KernelLink::setRate(double bytesPerSecond, bool add)
     // schedule's mean rate, the same at every tick: a rate drop drains the queue slower instead of
     // dropping what it holds.
     const double tick = m_opt.tickSeconds;
+    bytesPerSecond *= m_opt.frameBytesPerPayloadByte;  // payload rate -> frame rate
     const uint64_t burst = uint64_t(std::max(2.0 * 1514, bytesPerSecond * 0.002));
     const double rate = std::max(1000.0, add ? bytesPerSecond : bytesPerSecond - double(burst) / tick);
     const uint64_t limit = uint64_t(std::max(double(kQueueMinBytes), m_opt.schedule.meanBytesPerSecond() * kQueueSeconds));

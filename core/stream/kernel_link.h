@@ -57,6 +57,12 @@ struct KernelLinkOptions {
     // TCP congestion control of the server's (sending) sockets: "" keeps the namespace's default.
     // Set with TCP_CONGESTION on the listening socket; accepted sockets inherit it.
     std::string congestion = "cubic";
+    // The schedule counts payload bytes (as the in-process pacer does); tbf charges every
+    // Ethernet frame in full. A full TCP segment on a 1500-byte MTU carries 1448 payload bytes
+    // (20 B IP + 20 B TCP + 12 B timestamp option) in a 1514-byte frame, so tbf's rate is the
+    // schedule's times this factor: a backlogged sender then gets the schedule's payload rate.
+    // 1 shapes the frames to the schedule instead (payload then tops out at 1448/1514 of it).
+    double frameBytesPerPayloadByte = 1514.0 / 1448.0;
 };
 
 class KernelLink {

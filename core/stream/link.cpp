@@ -156,6 +156,19 @@ LinkSchedule LinkSchedule::loadTrace(const std::string& path, double scale)
     return fromTrace(ms, scale, path);
 }
 
+LinkSchedule LinkSchedule::scaled(double factor) const
+{
+    if (!(factor > 0) || !std::isfinite(factor)) throw Error("link schedule: the scale factor must be positive");
+    LinkSchedule s = *this;
+    if (m_kind == Kind::Trace) {
+        s.m_bytesPerOpportunity *= factor;
+        return s;
+    }
+    std::vector<RateStep> steps = m_steps;
+    for (RateStep& st : steps) st.bytesPerSecond *= factor;
+    return LinkSchedule::steps(steps);
+}
+
 double LinkSchedule::opportunitiesUpTo(double tMs) const
 {
     // Seconds -> ms is inexact (0.003 * 1000 = 2.9999999999999996): snap to the whole ms when close.
@@ -253,7 +266,7 @@ void LinkPacer::reset(double offsetSeconds)
     m_busySent = 0;
     m_totalSent = 0;
     m_idleSince = offsetSeconds;
-    m_idleLost = m_busyLost = 0;
+    m_idleLost = m_busyLost = m_busyCapacity = 0;
 }
 
 void LinkPacer::setSchedule(LinkSchedule schedule)
@@ -293,7 +306,9 @@ void LinkPacer::endSend(int id)
     if (id >= 0) m_senders.erase(id);
     if (m_active > 0 && --m_active == 0) {
         m_idleSince = monoSeconds() - m_epoch;
-        m_busyLost += std::max(0.0, std::floor(m_schedule.capacityBytes(m_busyStart, m_idleSince)) - double(m_busySent));
+        const double capacity = std::floor(m_schedule.capacityBytes(m_busyStart, m_idleSince));
+        m_busyCapacity += capacity;
+        m_busyLost += std::max(0.0, capacity - double(m_busySent));
     }
 }
 
@@ -307,6 +322,12 @@ double LinkPacer::busyLostBytes() const
 {
     std::lock_guard<std::mutex> lock(m_mutex);
     return m_busyLost;
+}
+
+double LinkPacer::busyCapacityBytes() const
+{
+    std::lock_guard<std::mutex> lock(m_mutex);
+    return m_busyCapacity;
 }
 
 uint64_t LinkPacer::grant(uint64_t want, double now, int id)

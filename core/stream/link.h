@@ -53,6 +53,9 @@ public:
     // 1500 * scale bytes. Throws kvscope::Error "name: line N: reason" on bad data.
     static LinkSchedule fromTrace(const std::vector<uint32_t>& timestampsMs, double scale, const std::string& name);
     static LinkSchedule loadTrace(const std::string& path, double scale);
+    // The same schedule with every rate (trace: every opportunity's bytes) multiplied by factor > 0;
+    // step durations and trace timestamps are unchanged. Throws kvscope::Error otherwise.
+    LinkSchedule scaled(double factor) const;
 
     // Bytes the link can carry in link time (t0, t1]; 0 when t1 <= t0. Never negative.
     double capacityBytes(double t0, double t1) const;
@@ -126,6 +129,9 @@ public:
     // unused when it ended (the sender was late or blocked).
     double idleLostBytes() const;
     double busyLostBytes() const;
+    // The schedule's capacity summed over the busy periods ended since reset (a sender active
+    // throughout): utilisation while backlogged = 1 - busyLostBytes / busyCapacityBytes.
+    double busyCapacityBytes() const;
     // Monotonic time at which the current (or last) busy period began: where a backlogged
     // sender's capacity is counted from.
     double busyStart() const;
@@ -146,7 +152,7 @@ private:
     std::map<int, Sender> m_senders;
     int m_nextId = 0;
     double m_idleSince = 0;     // link time the link went idle
-    double m_idleLost = 0, m_busyLost = 0;
+    double m_idleLost = 0, m_busyLost = 0, m_busyCapacity = 0;
 };
 
 }  // namespace kvscope

@@ -64,6 +64,10 @@ Policy parsePolicy(const std::string& text)
 // 16.1 GB / 3,350 GB/s = 4.8 ms (H100). KV decode (entropy decoding into fp16) is assumed to run at
 // a quarter of HBM bandwidth (510 and 840 GB/s of fp16 output); at these cache sizes it is well
 // under a millisecond either way, so the assumption hardly moves a TTFT.
+// KV size per token (fp16, K and V): Llama 2 7B has 32 layers of 32 KV heads x 128 (its
+// config.json: num_hidden_layers 32, hidden_size 4096, num_key_value_heads 32): 2 x 32 x 4096 x 2 B
+// = 524,288 B; Llama 3 8B has 32 layers of 8 KV heads x 128 (grouped-query attention,
+// num_key_value_heads 8): 2 x 32 x 1024 x 2 B = 131,072 B.
 TargetHardware targetPreset(const std::string& name)
 {
     TargetHardware t;
@@ -72,11 +76,13 @@ TargetHardware targetPreset(const std::string& name)
         t.prefillTokensPerSecond = 312e12 * 0.5 / (2 * 6.74e9);
         t.decodeGBps = 2039 * 0.25;
         t.firstTokenSeconds = 2 * 6.74e9 / 2039e9;
+        t.kvBytesPerToken = 2.0 * 32 * 4096 * 2;
         t.citation = "NVIDIA A100 datasheet (312 TFLOPS BF16, 2039 GB/s), Llama 2 7B (6.74e9 params), 50% MFU";
     } else if (name == "h100-8b") {
         t.prefillTokensPerSecond = 989e12 * 0.5 / (2 * 8.03e9);
         t.decodeGBps = 3350 * 0.25;
         t.firstTokenSeconds = 2 * 8.03e9 / 3350e9;
+        t.kvBytesPerToken = 2.0 * 32 * 1024 * 2;
         t.citation = "NVIDIA H100 SXM datasheet (989 TFLOPS BF16, 3.35 TB/s), Llama 3 8B (8.03e9 params), 50% MFU";
     } else {
         throw inputError("--target", "'" + name + "'", "expected one of a100-7b, h100-8b (or --target-prefill/--target-decode)");
@@ -85,6 +91,12 @@ TargetHardware targetPreset(const std::string& name)
 }
 
 std::vector<std::string> targetPresetNames() { return {"a100-7b", "h100-8b"}; }
+
+double kvLinkScale(const TargetHardware& target, double servedBytesPerToken)
+{
+    if (!(target.kvBytesPerToken > 0) || !(servedBytesPerToken > 0)) return 1.0;
+    return servedBytesPerToken / target.kvBytesPerToken;
+}
 
 namespace {
 
@@ -111,10 +123,19 @@ void copyTokens(const KvSet& src, int srcT0, KvSet& dst, int dstT0, int n)
             }
 }
 
-// Runs jobs one after another on its own thread, in submission order.
+// Runs jobs one after another on its own thread, in submission order. A held worker queues jobs
+// without starting them until release() (drain() releases it first); destroyed while held, it drops them.
 class Worker {
 public:
-    Worker() : m_thread([this] { loop(); }) {}
+    explicit Worker(bool held = false) : m_held(held), m_thread([this] { loop(); }) {}
+    void release()
+    {
+        {
+            std::lock_guard<std::mutex> lock(m_mutex);
+            m_held = false;
+        }
+        m_cv.notify_all();
+    }
     ~Worker()
     {
         {
@@ -135,6 +156,7 @@ public:
     // Waits until every submitted job has run; rethrows the first job's exception.
     void drain()
     {
+        release();
         std::unique_lock<std::mutex> lock(m_mutex);
         m_cv.wait(lock, [this] { return m_jobs.empty() && !m_busy; });
         if (m_error) {
@@ -149,8 +171,8 @@ private:
     {
         std::unique_lock<std::mutex> lock(m_mutex);
         for (;;) {
-            m_cv.wait(lock, [this] { return m_quit || !m_jobs.empty(); });
-            if (m_jobs.empty()) return;
+            m_cv.wait(lock, [this] { return m_quit || (!m_held && !m_jobs.empty()); });
+            if (m_jobs.empty() || m_held) return;
             std::function<void()> job = std::move(m_jobs.front());
             m_jobs.pop_front();
             m_busy = true;
@@ -169,7 +191,7 @@ private:
     std::mutex m_mutex, m_errMutex;
     std::condition_variable m_cv;
     std::deque<std::function<void()>> m_jobs;
-    bool m_busy = false, m_quit = false;
+    bool m_busy = false, m_quit = false, m_held = false;
     std::exception_ptr m_error;
     std::thread m_thread;
 };
@@ -329,6 +351,8 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
     const TargetHardware& hw = opt.target;
     const bool modelDecode = hw.decodeGBps > 0, modelPrefill = hw.prefillTokensPerSecond > 0;
     const size_t fp16BytesPerToken = size_t(params.shape.numLayers) * 2 * params.shape.channels() * 2;
+    // Modelled decode writes the target model's fp16 KV, which may be larger than the served one's.
+    const double modelledDecodeBytesPerToken = hw.kvBytesPerToken > 0 ? hw.kvBytesPerToken : double(fp16BytesPerToken);
 
     StreamResult res;
     res.policy = policy.name();
@@ -341,7 +365,13 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
     auto recomputeSession = std::make_unique<InferenceSession>(m_model.runtime());
     bool sessionValid = false;  // recomputeSession holds exactly assembled's first position() tokens
 
-    Worker worker;
+    // When decode and recompute are both modelled, their real runs on this CPU only build the
+    // cache (their durations are replayed from the model after the run), so the worker is held
+    // until the last reply has arrived: the real jobs then cannot slow this machine's transfer,
+    // and the planner follows the modelled worker timeline (modelWorkerEnd) instead of the real one.
+    const bool deferJobs = hw.decodeGBps > 0 && hw.prefillTokensPerSecond > 0;
+    Worker worker(deferJobs);
+    double modelWorkerEnd = 0;  // deferJobs: monotonic end of the modelled jobs handed over so far
     ChunkClient client(m_host, m_port, ClientOptions{2.0, opt.stallTimeout});
     if (pacer) pacer->reset(linkOffset);
     const double t0 = monoSeconds();
@@ -360,7 +390,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
     const double tailPrefill = modelPrefill ? double(m_question.size()) / hw.prefillTokensPerSecond : m_prefillSeconds;
     const double tailFirst = hw.firstTokenSeconds >= 0 ? hw.firstTokenSeconds : m_firstTokenSeconds;
     const double tailSeconds = tailPrefill + tailFirst + (modelDecode ? 0.0 : m_kvLoadSeconds);
-    std::atomic<double> decodePerToken{modelDecode ? double(fp16BytesPerToken) / (hw.decodeGBps * 1e9)
+    std::atomic<double> decodePerToken{modelDecode ? modelledDecodeBytesPerToken / (hw.decodeGBps * 1e9)
                                                    : m_decodeSecondsPerToken};
     const double recomputePerToken = 1.0 / std::max(1e-9, recomputeRate);
     bool serverDown = false;
@@ -424,6 +454,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         while (nextSubmit < chunks && ready[size_t(nextSubmit)]) {
             const int i = nextSubmit++;
             const double predicted = jobPredicted[size_t(i)];
+            modelWorkerEnd = std::max(modelWorkerEnd, t0 + res.chunks[size_t(i)].arrivedS) + predicted;
             {
                 std::lock_guard<std::mutex> lock(owedMutex);
                 owedSeconds += predicted;
@@ -508,7 +539,9 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
             arrivals.push_back(link);
         }
         double worker;
-        {
+        if (deferJobs) {
+            worker = std::max(now, modelWorkerEnd);
+        } else {
             std::lock_guard<std::mutex> lock(owedMutex);
             worker = now + std::max(0.0, owedSeconds);
         }
@@ -711,6 +744,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         res.capacityBytes = pacer->schedule().capacityBytes(linkOffset, linkOffset + lastArrival);
         res.idleLostBytes = pacer->idleLostBytes();
         res.busyLostBytes = pacer->busyLostBytes();
+        res.busyCapacityBytes = pacer->busyCapacityBytes();
         if (firstByte >= 0) {
             res.backloggedCapacityBytes = pacer->schedule().capacityBytes(linkOffset + firstByte, linkOffset + lastArrival);
             res.backloggedDeliveredBytes = delivered;
@@ -725,7 +759,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         const int n = params.chunkLength(ev.index);
         if ((isText && modelPrefill) || (!isText && modelDecode)) {
             ev.jobSeconds = isText ? double(n) / hw.prefillTokensPerSecond
-                                   : double(size_t(n) * fp16BytesPerToken) / (hw.decodeGBps * 1e9);
+                                   : double(n) * modelledDecodeBytesPerToken / (hw.decodeGBps * 1e9);
             ev.jobStartS = std::max(ev.arrivedS, prevEnd);
             ev.decodedS = ev.jobStartS + ev.jobSeconds;
         }

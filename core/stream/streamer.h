@@ -57,6 +57,11 @@ struct TargetHardware {
     double prefillTokensPerSecond = 0;  // recompute and question prefill
     double decodeGBps = 0;              // KV decode, GB of fp16 KV per second
     double firstTokenSeconds = -1;      // one decode step (the first token); < 0: measured
+    // fp16 KV bytes per token of the target's model (layers x 2 x KV heads x head dim x 2 bytes);
+    // 0: the served model's own. Modelled decode is charged for these bytes, and kvLinkScale()
+    // tells a caller how to slow the link so that the served model's (smaller) chunks take as long
+    // as the target model's would.
+    double kvBytesPerToken = 0;
     std::string citation;               // where the preset's figures come from
     bool enabled() const { return prefillTokensPerSecond > 0 || decodeGBps > 0; }
 };
@@ -64,6 +69,11 @@ struct TargetHardware {
 // kvscope::Error "--target: ..." for other names.
 TargetHardware targetPreset(const std::string& name);
 std::vector<std::string> targetPresetNames();
+// The factor to multiply a link's rates by so that a chunk of the served model (fp16 KV of
+// servedBytesPerToken per token) crosses it in the time the same chunk of the target's model
+// would take on the unscaled link: servedBytesPerToken / target.kvBytesPerToken, every codec
+// being assumed to shrink both models' KV by the same ratio. 1 when the target names no KV size.
+double kvLinkScale(const TargetHardware& target, double servedBytesPerToken);
 
 struct ChunkEvent;
 
@@ -126,6 +136,7 @@ struct StreamResult {
     // The pacer's view (in-process pacer only): capacity lost while no reply was being sent, and
     // credit left unused within busy periods, up to the end of the run's fetching.
     double idleLostBytes = 0, busyLostBytes = 0;
+    double busyCapacityBytes = 0;  // capacity inside the pacer's busy periods (a reply being sent)
     std::shared_ptr<KvSet> cache;  // the assembled cache (StreamOptions::keepCache)
     std::vector<std::string> log;  // faults, retries, fallbacks, in order
     std::vector<int32_t> tokens;   // greedy answer from the assembled cache
