@@ -3,6 +3,7 @@
 #include "bins_table_model.h"
 #include "plot_export.h"
 #include "plot_style.h"
+#include "plot_widget.h"
 
 #include <qcustomplot.h>
 
@@ -210,7 +211,7 @@ CodecTunerView::CodecTunerView(QWidget* parent) : QWidget(parent)
     answers->addWidget(m_originalAnswer, 1, 0);
     answers->addWidget(m_answer, 1, 1);
 
-    m_rdPlot = new QCustomPlot;
+    m_rdPlot = new Plot;
     m_rdPlot->setObjectName(QStringLiteral("rdPlot"));
     m_rdPlot->setMinimumSize(300, 220);
     m_rdPlot->xAxis->setLabel(tr("bits per value"));
@@ -468,7 +469,7 @@ void CodecTunerView::updateRdPlot()
     m_rdPlot->xAxis->scaleRange(1.15);
     m_rdPlot->yAxis->scaleRange(1.2);
     if (m_rdPlot->yAxis->range().lower > 0) m_rdPlot->yAxis->setRangeLower(0);
-    m_rdPlot->replot();
+    replotSoon(m_rdPlot);
 }
 
 void CodecTunerView::clearRdPoints()

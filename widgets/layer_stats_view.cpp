@@ -2,6 +2,7 @@
 
 #include "plot_export.h"
 #include "plot_style.h"
+#include "plot_widget.h"
 
 #include <qcustomplot.h>
 
@@ -99,7 +100,7 @@ LayerStatsView::LayerStatsView(QWidget* parent) : QWidget(parent)
     m_logScale->setChecked(true);
     m_layerInfo = readingLabel(QStringLiteral("layerInfo"));
 
-    m_layerPlot = new QCustomPlot;
+    m_layerPlot = new kvscope::Plot;
     m_layerPlot->setObjectName(QStringLiteral("layerPlot"));
     setupLayerPlot();
 
@@ -126,7 +127,7 @@ LayerStatsView::LayerStatsView(QWidget* parent) : QWidget(parent)
     m_kindCombo->addItem(tr("Values (V)"), int(KvKind::Value));
     m_channelInfo = readingLabel(QStringLiteral("channelInfo"));
 
-    m_channelPlot = new QCustomPlot;
+    m_channelPlot = new kvscope::Plot;
     m_channelPlot->setObjectName(QStringLiteral("channelPlot"));
     setupChannelPlot();
 
@@ -144,7 +145,7 @@ LayerStatsView::LayerStatsView(QWidget* parent) : QWidget(parent)
     channelLayout->addWidget(m_channelInfo);
 
     // Sensitivity section: per layer, the quality cost of quantizing that layer alone.
-    m_sensPlot = new QCustomPlot;
+    m_sensPlot = new kvscope::Plot;
     m_sensPlot->setObjectName(QStringLiteral("sensitivityPlot"));
     setupSensitivityPlot();
     m_sensInfo = readingLabel(QStringLiteral("sensitivityInfo"));
@@ -192,7 +193,7 @@ LayerStatsView::LayerStatsView(QWidget* parent) : QWidget(parent)
     connect(m_logScale, &QCheckBox::toggled, this, [this] {
         updateLogScale();
         rescaleLayerPlot();
-        m_layerPlot->replot();
+        replotSoon(m_layerPlot);
     });
     auto channelChanged = [this] {
         updateChannelPlot();
@@ -406,7 +407,7 @@ void LayerStatsView::updateLayerPlot()
                                          : tr("variance along tokens (mean over channels)"));
     updateLogScale();
     rescaleLayerPlot();
-    m_layerPlot->replot();
+    replotSoon(m_layerPlot);
 
     if (m_stats.empty()) {
         m_layerInfo->setText(tr("No statistics: open a KV file (File ▸ Open) or run the synthetic demo."));
@@ -523,7 +524,7 @@ void LayerStatsView::updateChannelPlot()
             line->setPen(QPen(style::neutralColor(), 1, Qt::DashLine));
         }
     }
-    plot->replot();
+    replotSoon(plot);
 
     if (!s) {
         m_channelInfo->setText(
@@ -728,7 +729,7 @@ void LayerStatsView::setSensitivity(const std::vector<LayerSensitivity>& sensiti
     }
     m_sensPlot->xAxis->setRange(-0.6, std::max<int>(1, int(sensitivity.size())) - 0.4);
     m_sensPlot->yAxis->setRange(0, top > 0 ? top * 1.1 : 1.0);
-    m_sensPlot->replot();
+    replotSoon(m_sensPlot);
     if (sensitivity.empty()) {
         setSensitivityNote(tr("Not measured yet."));
         return;

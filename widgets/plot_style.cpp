@@ -1,4 +1,5 @@
 #include "plot_style.h"
+#include "plot_widget.h"
 
 #include <qcustomplot.h>
 
@@ -116,7 +117,7 @@ void setTheme(Theme t, QWidget* root)
         for (QWidget* w : QApplication::topLevelWidgets()) plots += w->findChildren<QCustomPlot*>();
     for (QCustomPlot* plot : plots) {
         applyPlotStyle(plot);
-        plot->replot();
+        replotSoon(plot);
     }
     emit Notifier::instance()->changed();
 }

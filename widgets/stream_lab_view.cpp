@@ -2,6 +2,7 @@
 
 #include "plot_export.h"
 #include "plot_style.h"
+#include "plot_widget.h"
 
 #include <qcustomplot.h>
 
@@ -53,7 +54,7 @@ const char* const kDropAndRecover = "40Mbit:0.3,4Mbit:0.4,40Mbit";
 
 QCustomPlot* makePlot(const QString& name, const QString& x, const QString& y)
 {
-    auto* plot = new QCustomPlot;
+    auto* plot = new Plot;
     plot->setObjectName(name);
     plot->setMinimumSize(280, 170);
     plot->xAxis->setLabel(x);
@@ -627,7 +628,7 @@ StreamLabView::StreamLabView(QWidget* parent) : QWidget(parent)
             for (double v : m_drawMbps) top = std::max(top, v);
             m_bandwidthPlot->xAxis->setRange(0, std::max(2.0 * m_sloSpin->value(), 1.0));
             m_bandwidthPlot->yAxis->setRange(0, top * 1.3);
-            m_bandwidthPlot->replot(QCustomPlot::rpQueuedReplot);
+            replotSoon(m_bandwidthPlot);
             setStatus(tr("Drag over the bandwidth plot to draw the link's rate; release to use it."));
         }
     });
@@ -1114,7 +1115,7 @@ void StreamLabView::redrawLive()
     m_timelinePlot->yAxis->setTicker(laneTicks);
     m_timelinePlot->yAxis->setRange(0, std::max(1, lanes));
     m_timelinePlot->xAxis->setRange(0, tMax * 1.05);
-    m_timelinePlot->replot(QCustomPlot::rpQueuedReplot);
+    replotSoon(m_timelinePlot);
 
     // Bandwidth: available vs what each lane's chunks got.
     while (m_bandwidthPlot->graphCount() > 1) m_bandwidthPlot->removeGraph(m_bandwidthPlot->graphCount() - 1);
@@ -1141,7 +1142,7 @@ void StreamLabView::redrawLive()
     }
     m_bandwidthPlot->xAxis->setRange(0, tMax * 1.05);
     m_bandwidthPlot->yAxis->setRange(0, top * 1.15);
-    m_bandwidthPlot->replot(QCustomPlot::rpQueuedReplot);
+    replotSoon(m_bandwidthPlot);
 
     // Levels chosen per chunk.
     m_levelsPlot->clearGraphs();
@@ -1168,7 +1169,7 @@ void StreamLabView::redrawLive()
     m_levelsPlot->yAxis->setTicker(levelTicks);
     m_levelsPlot->yAxis->setRange(-0.5, m_levels + 0.5);
     m_levelsPlot->xAxis->setRange(-0.5, maxChunks - 0.5);
-    m_levelsPlot->replot(QCustomPlot::rpQueuedReplot);
+    replotSoon(m_levelsPlot);
 }
 
 void StreamLabView::redrawTtft()
@@ -1207,7 +1208,7 @@ void StreamLabView::redrawTtft()
     m_ttftPlot->xAxis->setTicker(ticks);
     m_ttftPlot->xAxis->setRange(-0.6, std::max(1, lanes) - 0.4);
     m_ttftPlot->yAxis->setRange(0, top * 1.45);  // room for the labels and the legend
-    m_ttftPlot->replot(QCustomPlot::rpQueuedReplot);
+    replotSoon(m_ttftPlot);
 }
 
 bool StreamLabView::saveRace(const QString& path, QString* error) const
@@ -1396,7 +1397,7 @@ void StreamLabView::showDrawGrid()
         r << m_drawMbps.back();
     }
     m_bandwidthPlot->graph(0)->setData(t, r, true);
-    m_bandwidthPlot->replot(QCustomPlot::rpQueuedReplot);
+    replotSoon(m_bandwidthPlot);
 }
 
 void StreamLabView::commitDraw()
