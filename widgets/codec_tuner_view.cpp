@@ -4,6 +4,7 @@
 #include "plot_export.h"
 #include "plot_style.h"
 #include "plot_widget.h"
+#include "view_data.h"
 
 #include <qcustomplot.h>
 
@@ -495,9 +496,19 @@ void CodecTunerView::setRdSource(const QString& source)
     m_rdSource->setText(text);
 }
 
-QString CodecTunerView::suitePath() const { return m_suitePath->text().trimmed(); }
+QString CodecTunerView::suitePath() const
+{
+    // The field shows shownPath(m_suiteFile) until the user types another path.
+    const QString text = m_suitePath->text().trimmed();
+    return !m_suiteFile.isEmpty() && text == shownPath(m_suiteFile) ? m_suiteFile : text;
+}
 
-void CodecTunerView::setSuitePath(const QString& path) { m_suitePath->setText(path); }
+void CodecTunerView::setSuitePath(const QString& path)
+{
+    m_suiteFile = path;
+    m_suitePath->setText(shownPath(path));
+    m_suitePath->setToolTip(path);
+}
 
 void CodecTunerView::setQualitySource(const QString& id)
 {

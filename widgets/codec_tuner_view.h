@@ -140,6 +140,7 @@ private:
     QGroupBox* m_stageBox = nullptr;
     QWidget* m_suiteRow = nullptr;
     QLineEdit* m_suitePath = nullptr;
+    QString m_suiteFile;  // the full path behind the field's shown one
     QLabel* m_rdSource = nullptr;
     QString m_rdSourceText;
     std::vector<CodecStage> m_stages;

@@ -140,6 +140,13 @@ MainWindow::MainWindow(bool useSettings, QWidget* parent) : QMainWindow(parent),
     m_modalErrors = qgetenv("KVSCOPE_NO_MODAL_ERRORS") != "1";
     setWindowTitle(QStringLiteral("kvscope"));
     setAcceptDrops(true);
+    // Paths on screen relative to the tree the samples come from (a source tree or the installed
+    // share directory), else file names.
+    try {
+        setShownPathRoot(QFileInfo(QString::fromStdString(samplesDir())).absolutePath());
+    } catch (const std::exception&) {
+        setShownPathRoot(QString());
+    }
 
     m_loader = new KvLoader(this);
     connect(m_loader, &KvLoader::phaseChanged, this, &MainWindow::onPhaseChanged);
@@ -1161,7 +1168,7 @@ void MainWindow::showSummary(const KvSummary& s, const std::vector<TensorStats>&
         if (auto* label = m_summaryWidget->findChild<QLabel*>(summaryObjectName(QLatin1String(key))))
             label->setText(text.isEmpty() ? QStringLiteral("–") : text);
     };
-    set("source", s.origin);
+    set("source", s.origin == s.source ? shownPath(s.source) : s.origin);
     set("model", s.modelName);
     set("fingerprint", s.modelFingerprint);
     set("layers", QString::number(s.shape.numLayers));
