@@ -65,6 +65,8 @@ public:
     bool hasRdPoints() const { return !m_rd.empty(); }
     const std::vector<RdPoint>& rdPoints() const { return m_rd; }
     QString qualitySource() const;
+    // The rate-distortion points as CSV (codec, label, bits per value, ΔPPL %, KL): exact values.
+    QString rdCsv() const;
     QString suitePath() const;
     QString rdSource() const { return m_rdSourceText; }
     const std::vector<CodecStage>& stages() const { return m_stages; }

@@ -50,21 +50,6 @@ QString kindLabel(KvKind kind)
     return kind == KvKind::Key ? QStringLiteral("keys") : QStringLiteral("values");
 }
 
-// A one-line legend above the axis rect: inside it would hide the highest points or bars.
-void putLegendOnTop(QCustomPlot* plot)
-{
-    plot->legend->setVisible(true);
-    plot->legend->setFillOrder(QCPLegend::foColumnsFirst);
-    plot->legend->setBorderPen(Qt::NoPen);
-    plot->legend->setBrush(Qt::NoBrush);
-    plot->plotLayout()->insertRow(0);
-    plot->plotLayout()->addElement(0, 0, plot->legend);
-    plot->plotLayout()->setRowStretchFactor(0, 0.001);
-    style::applyPlotStyle(plot);
-    plot->legend->setBorderPen(Qt::NoPen);
-    plot->legend->setBrush(Qt::NoBrush);
-}
-
 QLabel* titleLabel(const QString& text)
 {
     auto* label = new QLabel(text);
@@ -238,7 +223,7 @@ void LayerStatsView::setupLayerPlot()
         graph->setScatterStyle(QCPScatterStyle(g.shape, g.color, g.color, 6));
         graph->setLineStyle(QCPGraph::lsLine);
     }
-    putLegendOnTop(plot);
+    style::putLegendAbove(plot);
 
     // A click (not a drag) on the layer plot picks that layer for the channel plot below.
     plot->setContextMenuPolicy(Qt::CustomContextMenu);
@@ -292,7 +277,7 @@ void LayerStatsView::setupChannelPlot()
     m_outlierBars->setWidth(0.9);
     m_outlierBars->setPen(QPen(style::outlierColor(), 1));  // a pen keeps thin outlier bars visible among 1000s
     m_outlierBars->setBrush(style::outlierColor());
-    putLegendOnTop(plot);
+    style::putLegendAbove(plot);
 
     plot->setContextMenuPolicy(Qt::CustomContextMenu);
     connect(plot, &QCustomPlot::customContextMenuRequested, this,
@@ -403,8 +388,8 @@ void LayerStatsView::updateLayerPlot()
     }
     for (int i = 0; i < LayerGraphCount; ++i) m_layerPlot->graph(i)->setData(keys[i], values[i], true);
 
-    m_layerPlot->yAxis->setLabel(entropy ? tr("entropy (bits per value)")
-                                         : tr("variance along tokens (mean over channels)"));
+    m_layerPlot->yAxis->setLabel(entropy ? tr("entropy (bits/value)")
+                                         : tr("variance along tokens"));  // mean over channels: said in the reading
     updateLogScale();
     rescaleLayerPlot();
     replotSoon(m_layerPlot);
@@ -690,7 +675,7 @@ void LayerStatsView::setupSensitivityPlot()
         bars->setWidth(0.4);
         bars->setBarsGroup(group);
     }
-    putLegendOnTop(plot);
+    style::putLegendAbove(plot);
     installPlotMenu(plot, QStringLiteral("layer-sensitivity"));
 }
 

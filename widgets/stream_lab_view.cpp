@@ -610,8 +610,7 @@ StreamLabView::StreamLabView(QWidget* parent) : QWidget(parent)
         available->setPen(QPen(style::neutralColor(), 1.5));
         available->setBrush(QColor(150, 150, 150, 50));
         available->setLineStyle(QCPGraph::lsStepLeft);
-        m_bandwidthPlot->legend->setVisible(true);
-        m_bandwidthPlot->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignRight);
+        style::putLegendAbove(m_bandwidthPlot, 3);
     }
     installPlotMenu(m_bandwidthPlot, QStringLiteral("stream-bandwidth"));
     m_bandwidthPlot->installEventFilter(this);
@@ -635,7 +634,7 @@ StreamLabView::StreamLabView(QWidget* parent) : QWidget(parent)
     m_timelinePlot = makePlot(QStringLiteral("timelinePlot"), tr("time (s)"), QString());
     installPlotMenu(m_timelinePlot, QStringLiteral("stream-timeline"));
     m_levelsPlot = makePlot(QStringLiteral("levelsPlot"), tr("chunk"), tr("level (0 = text)"));
-    m_levelsPlot->legend->setVisible(true);
+    style::putLegendAbove(m_levelsPlot, 4);
     installPlotMenu(m_levelsPlot, QStringLiteral("stream-levels"));
     m_ttftPlot = makePlot(QStringLiteral("ttftPlot"), QString(), tr("TTFT (s)"));
     for (int i = 0; i < StreamRunResult::kParts; ++i) {
@@ -646,8 +645,7 @@ StreamLabView::StreamLabView(QWidget* parent) : QWidget(parent)
         bars->setWidth(0.6);
         if (i > 0) bars->moveAbove(static_cast<QCPBars*>(m_ttftPlot->plottable(i - 1)));
     }
-    m_ttftPlot->legend->setVisible(true);
-    m_ttftPlot->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignLeft);
+    style::putLegendAbove(m_ttftPlot, 3);
     installPlotMenu(m_ttftPlot, QStringLiteral("stream-ttft"));
 
     m_figure = new QWidget;
@@ -1207,7 +1205,7 @@ void StreamLabView::redrawTtft()
     slo->setPen(QPen(style::sloColor(), 1.5, Qt::DashLine));
     m_ttftPlot->xAxis->setTicker(ticks);
     m_ttftPlot->xAxis->setRange(-0.6, std::max(1, lanes) - 0.4);
-    m_ttftPlot->yAxis->setRange(0, top * 1.45);  // room for the labels and the legend
+    m_ttftPlot->yAxis->setRange(0, top * 1.4);  // room for the labels above the bars
     replotSoon(m_ttftPlot);
 }
 

@@ -19,6 +19,14 @@
 #include <time.h>
 #include <unistd.h>
 
+// The limits the GUI tests hold the event loop to while work runs. The app aims at 50 ms between
+// two turns of the loop; what its own code decides is the busy time, held to that aim. The wall
+// gap also holds the time the scheduler gives other threads and processes, which on a shared
+// 2-core machine under load is most of it; its limit is what such a machine gives (the figures
+// are in the README), so a stall of the app's own making still fails the test.
+constexpr qint64 kMaxBusyMs = 50;
+constexpr qint64 kMaxGapMs = 150;
+
 class EventLoopTicks {
 public:
     EventLoopTicks()

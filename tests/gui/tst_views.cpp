@@ -60,14 +60,6 @@ namespace {
 
 constexpr int kTimeoutMs = 180000;
 const QString kSentence = QStringLiteral("Once upon a time, there was a little girl named Lily. She liked to play. ");
-// Bounds on the event loop while work runs. The GUI aims at 50 ms between two turns of the event
-// loop. Two figures are measured: the wall-clock gap between two ticks, which on a machine with
-// more runnable threads than cores includes the time the scheduler gives other processes, and the
-// GUI thread's own CPU time between two ticks (CLOCK_THREAD_CPUTIME_ID), which is what the app's
-// code spends without returning to the loop. The busy time is held to the 50 ms target; the wall
-// gap to a bound that a busy shared machine does not fail.
-constexpr qint64 kMaxBusyMs = 50;
-constexpr qint64 kMaxGapMs = 250;
 
 }  // namespace
 
@@ -465,8 +457,8 @@ void TestViews::qualitySuiteInBackground()
     QTRY_COMPARE_WITH_TIMEOUT(evaluated.count(), 1, kTimeoutMs);
     qInfo("quality suite (2 items, 4 questions, %zu rows): %lld ms, %s", tuner->rdPoints().size(), wall.elapsed(),
           qPrintable(ticks.summary()));
-    QVERIFY2(ticks.maxBusy <= kMaxBusyMs, qPrintable(QString::number(ticks.maxBusy)));
-    QVERIFY2(ticks.maxGap <= kMaxGapMs, qPrintable(QString::number(ticks.maxGap)));
+    QVERIFY2(ticks.maxBusy <= kMaxBusyMs, qPrintable(ticks.summary()));
+    QVERIFY2(ticks.maxGap <= kMaxGapMs, qPrintable(ticks.summary()));
     QVERIFY2(tuner->rdSource().startsWith(QLatin1String("suite tiny (2 items, 4 questions)")), qPrintable(tuner->rdSource()));
     QStringList codecs;
     for (const kvscope::RdPoint& p : tuner->rdPoints()) {
@@ -991,8 +983,8 @@ void TestViews::eventLoopStaysResponsive()
     qInfo("event loop (busy limit %lld ms, gap limit %lld ms, %zu chunks per lane):\n%s", kMaxBusyMs, kMaxGapMs,
           race.results.front().chunks.size(), qPrintable(lines.join(QLatin1Char('\n'))));
     for (const Phase& p : phases) {
-        QVERIFY2(p.busy <= kMaxBusyMs, qPrintable(p.name));
-        QVERIFY2(p.gap <= kMaxGapMs, qPrintable(p.name));
+        QVERIFY2(p.busy <= kMaxBusyMs, qPrintable(p.name + QStringLiteral(": ") + p.figures));
+        QVERIFY2(p.gap <= kMaxGapMs, qPrintable(p.name + QStringLiteral(": ") + p.figures));
     }
 }
 
