@@ -3,16 +3,8 @@
 #include <QElapsedTimer>
 #include <QMetaObject>
 
-#include <algorithm>
-#include <cerrno>
 #include <new>
 #include <stdexcept>
-
-#ifdef __linux__
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 namespace kvscope {
 
@@ -27,20 +19,6 @@ QString jobErrorMessage(std::exception_ptr error, const QString& what)
     } catch (...) {
         return QObject::tr("%1: unexpected error").arg(what);
     }
-}
-
-void lowerWorkerPriority()
-{
-#ifdef __linux__
-    thread_local bool lowered = false;
-    if (lowered) return;
-    lowered = true;
-    constexpr int kWorkerNice = 5;
-    const id_t tid = id_t(::syscall(SYS_gettid));
-    errno = 0;
-    const int current = ::getpriority(PRIO_PROCESS, tid);
-    if (errno == 0) ::setpriority(PRIO_PROCESS, tid, std::min(current + kWorkerNice, 19));
-#endif
 }
 
 JobControl::JobControl(JobLane* lane, quint64 generation, std::shared_ptr<std::atomic<bool>> stop, QString title)
@@ -112,7 +90,6 @@ void JobLane::start(const QString& title, Work work)
     const std::shared_ptr<std::atomic<bool>> stop = m_stop;
     m_pool.start([this, mine, stop, title, work = std::move(work)] {
         if (!current(mine)) return;  // superseded before it started
-        lowerWorkerPriority();
         JobControl control(this, mine, stop, title);
         std::function<void()> deliver;
         QString error;

@@ -25,13 +25,6 @@ namespace kvscope {
 // "<what>: not enough memory" / "<what>: unexpected error".
 QString jobErrorMessage(std::exception_ptr error, const QString& what);
 
-// Gives the calling thread a lower scheduling priority than the GUI thread (Linux: a nice value
-// 5 above the process's, which the threads it starts inherit, the model's and codec's OpenMP
-// teams included); once per thread, a no-op elsewhere. On a machine with fewer cores than
-// runnable threads the GUI thread then gets a core ahead of the app's own workers when events
-// wait, instead of queueing behind them.
-void lowerWorkerPriority();
-
 class JobLane;
 
 class JobControl {

@@ -100,7 +100,6 @@ void KvLoader::saveKv(const QString& path)
             emit saveFailed(error);
     });
     watcher->setFuture(QtConcurrent::run(&m_readPool, [kv, nativePath, path] {
-        lowerWorkerPriority();
         try {
             writeKvH5(*kv, nativePath);
         } catch (...) {
@@ -139,7 +138,6 @@ void KvLoader::start(const QString& phaseText, std::function<KvSet()> produce, K
         startStats(generation, out.kv, base);
     });
     watcher->setFuture(QtConcurrent::run(&m_readPool, [produce = std::move(produce), what] {
-        lowerWorkerPriority();
         ReadOutcome out;
         QElapsedTimer clock;
         clock.start();
@@ -196,7 +194,6 @@ void KvLoader::startStats(quint64 generation, std::shared_ptr<const KvSet> kv, K
     const StatsOptions options = m_options;
     m_statsClock.start();
     QFuture<TensorStats> future = QtConcurrent::mapped(std::move(jobs), [kv, options](const StatsJob& job) {
-        lowerWorkerPriority();
         return computeTensorStats(*kv, job.kind, job.layer, options);
     });
     watcher->setFuture(future);
