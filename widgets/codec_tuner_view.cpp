@@ -414,18 +414,22 @@ void CodecTunerView::updateRdPlot()
         floorY = std::isfinite(minPositive) ? minPositive / 4 : 1e-4;
     }
     auto yOf = [kl, floorY](double dppl, double klv) { return kl ? std::max(klv, floorY) : dppl; };
-    auto labelOf = [kl](const RdPoint& p) { return kl && p.kl <= 0 ? tr("%1 (KL 0)").arg(p.label) : p.label; };
+    auto labelOf = [kl](const RdPoint& p) { return kl && p.kl <= 0 ? tr("%1: KL 0").arg(p.label) : p.label; };
     m_rdPlot->yAxis->setScaleType(kl ? QCPAxis::stLogarithmic : QCPAxis::stLinear);
     if (kl)
         m_rdPlot->yAxis->setTicker(QSharedPointer<QCPAxisTickerLog>::create());
     else
         m_rdPlot->yAxis->setTicker(QSharedPointer<QCPAxisTicker>::create());
     m_rdPlot->yAxis->setLabel(kl ? tr("KL vs the original cache (log)") : tr("ΔPPL %"));
-    auto label = [this](double x, double y, const QString& text) {
+    // Labels right of their point, except in the right fifth of the plot (they would leave it).
+    double xMax = 0;
+    for (const RdPoint& p : m_rd) xMax = std::max(xMax, p.bitsPerValue);
+    auto label = [this, xMax](double x, double y, const QString& text) {
         auto* t = new QCPItemText(m_rdPlot);
         t->position->setCoords(x, y);
-        t->setPositionAlignment(Qt::AlignLeft | Qt::AlignBottom);
-        t->setText(QStringLiteral(" ") + text);
+        const bool right = x > 0.8 * xMax;
+        t->setPositionAlignment((right ? Qt::AlignRight : Qt::AlignLeft) | Qt::AlignBottom);
+        t->setText(right ? text + QStringLiteral(" ") : QStringLiteral(" ") + text);
         t->setColor(m_rdPlot->xAxis->tickLabelColor());
         t->setFont(QFont(font().family(), 7));
     };

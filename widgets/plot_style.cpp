@@ -231,8 +231,8 @@ void applyPlotStyle(QCustomPlot* plot)
 void putLegendAbove(QCustomPlot* plot, int columns)
 {
     plot->legend->setVisible(true);
-    plot->legend->setFillOrder(QCPLegend::foColumnsFirst);
     if (columns > 0) plot->legend->setWrap(columns);
+    plot->legend->setFillOrder(QCPLegend::foColumnsFirst, true);  // rearranges items already there
     // Take it out of the axis rect's inset layout, into a row of its own above the axis rect.
     if (plot->axisRect() && plot->legend->layout() == plot->axisRect()->insetLayout())
         plot->axisRect()->insetLayout()->take(plot->legend);
