@@ -475,6 +475,9 @@ void CodecTunerView::updateRdPlot()
         for (const RdPoint& p : m_rd)
             if (p.codec == QLatin1String("transform")) label(p.bitsPerValue, yOf(p.deltaPplPct, p.kl), p.label);
     }
+    // Lossless baselines share the log axis's floor: one label names them all.
+    QStringList lossless;
+    double losslessX = std::numeric_limits<double>::infinity();
     for (const RdPoint& p : m_rd) {
         if (p.codec == QLatin1String("cachegen") || p.codec == QLatin1String("transform")) continue;
         const QColor c = style::baselineColor(p.codec);
@@ -483,8 +486,14 @@ void CodecTunerView::updateRdPlot()
         g->setLineStyle(QCPGraph::lsNone);
         g->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssSquare, c, c, 8));
         g->setData({p.bitsPerValue}, {yOf(p.deltaPplPct, p.kl)});
-        label(p.bitsPerValue, yOf(p.deltaPplPct, p.kl), labelOf(p));
+        if (kl && p.kl <= 0) {
+            lossless << p.label;
+            losslessX = std::min(losslessX, p.bitsPerValue);
+        } else {
+            label(p.bitsPerValue, yOf(p.deltaPplPct, p.kl), labelOf(p));
+        }
     }
+    if (!lossless.isEmpty()) label(losslessX, floorY, tr("%1: KL 0").arg(lossless.join(QStringLiteral(", "))));
     QCPGraph* edited = m_rdPlot->addGraph();
     edited->setName(tr("edited level"));
     edited->setLineStyle(QCPGraph::lsNone);
