@@ -3,6 +3,12 @@
 #include "bins_table_model.h"
 #include "plot_export.h"
 #include "plot_style.h"
+#include "plot_widget.h"
+#include "view_data.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include <qcustomplot.h>
 
@@ -210,7 +216,7 @@ CodecTunerView::CodecTunerView(QWidget* parent) : QWidget(parent)
     answers->addWidget(m_originalAnswer, 1, 0);
     answers->addWidget(m_answer, 1, 1);
 
-    m_rdPlot = new QCustomPlot;
+    m_rdPlot = new Plot;
     m_rdPlot->setObjectName(QStringLiteral("rdPlot"));
     m_rdPlot->setMinimumSize(300, 220);
     m_rdPlot->xAxis->setLabel(tr("bits per value"));
@@ -219,7 +225,7 @@ CodecTunerView::CodecTunerView(QWidget* parent) : QWidget(parent)
     m_rdPlot->legend->setFont(QFont(font().family(), 8));
     m_rdPlot->setInteractions(QCP::iRangeDrag | QCP::iRangeZoom);
     style::applyPlotStyle(m_rdPlot);
-    installPlotMenu(m_rdPlot, QStringLiteral("rate-distortion"));
+    installPlotMenu(m_rdPlot, QStringLiteral("rate-distortion"), [this] { return rdCsv(); });
 
     auto* right = new QWidget;
     auto* rl = new QVBoxLayout(right);
@@ -396,13 +402,34 @@ void CodecTunerView::updateRdPlot()
     m_rdPlot->clearItems();
     m_rdPlot->clearGraphs();
     const bool kl = !m_useDeltaPpl;
-    auto yOf = [kl](double dppl, double klv) { return kl ? klv : dppl; };
-    m_rdPlot->yAxis->setLabel(kl ? tr("KL vs the original cache") : tr("ΔPPL %"));
-    auto label = [this](double x, double y, const QString& text) {
+    // KL is never negative and spans orders of magnitude (int8 near 1e-4, coarse levels near 1):
+    // a log axis keeps every point apart. Lossless points (KL 0) sit on the axis floor, labelled
+    // so; the plot's CSV has the exact values.
+    double floorY = 0;
+    if (kl) {
+        double minPositive = std::numeric_limits<double>::infinity();
+        for (const RdPoint& p : m_rd)
+            if (p.kl > 0) minPositive = std::min(minPositive, p.kl);
+        if (m_hasQuality && m_quality.hasContinuation && m_quality.kl > 0) minPositive = std::min(minPositive, m_quality.kl);
+        floorY = std::isfinite(minPositive) ? minPositive / 4 : 1e-4;
+    }
+    auto yOf = [kl, floorY](double dppl, double klv) { return kl ? std::max(klv, floorY) : dppl; };
+    auto labelOf = [kl](const RdPoint& p) { return kl && p.kl <= 0 ? tr("%1: KL 0").arg(p.label) : p.label; };
+    m_rdPlot->yAxis->setScaleType(kl ? QCPAxis::stLogarithmic : QCPAxis::stLinear);
+    if (kl)
+        m_rdPlot->yAxis->setTicker(QSharedPointer<QCPAxisTickerLog>::create());
+    else
+        m_rdPlot->yAxis->setTicker(QSharedPointer<QCPAxisTicker>::create());
+    m_rdPlot->yAxis->setLabel(kl ? tr("KL vs the original cache (log)") : tr("ΔPPL %"));
+    // Labels right of their point, except in the right fifth of the plot (they would leave it).
+    double xMax = 0;
+    for (const RdPoint& p : m_rd) xMax = std::max(xMax, p.bitsPerValue);
+    auto label = [this, xMax](double x, double y, const QString& text) {
         auto* t = new QCPItemText(m_rdPlot);
         t->position->setCoords(x, y);
-        t->setPositionAlignment(Qt::AlignLeft | Qt::AlignBottom);
-        t->setText(QStringLiteral(" ") + text);
+        const bool right = x > 0.8 * xMax;
+        t->setPositionAlignment((right ? Qt::AlignRight : Qt::AlignLeft) | Qt::AlignBottom);
+        t->setText(right ? text + QStringLiteral(" ") : QStringLiteral(" ") + text);
         t->setColor(m_rdPlot->xAxis->tickLabelColor());
         t->setFont(QFont(font().family(), 7));
     };
@@ -429,7 +456,7 @@ void CodecTunerView::updateRdPlot()
         g->setLineStyle(QCPGraph::lsNone);
         g->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssDisc, c, c, 9));
         g->setData({p.bitsPerValue}, {yOf(p.deltaPplPct, p.kl)});
-        label(p.bitsPerValue, yOf(p.deltaPplPct, p.kl), p.label);
+        label(p.bitsPerValue, yOf(p.deltaPplPct, p.kl), labelOf(p));
     }
     // The transform codec's levels: one family, one colour, a line through its levels.
     QVector<double> tx, ty;
@@ -448,6 +475,9 @@ void CodecTunerView::updateRdPlot()
         for (const RdPoint& p : m_rd)
             if (p.codec == QLatin1String("transform")) label(p.bitsPerValue, yOf(p.deltaPplPct, p.kl), p.label);
     }
+    // Lossless baselines share the log axis's floor: one label names them all.
+    QStringList lossless;
+    double losslessX = std::numeric_limits<double>::infinity();
     for (const RdPoint& p : m_rd) {
         if (p.codec == QLatin1String("cachegen") || p.codec == QLatin1String("transform")) continue;
         const QColor c = style::baselineColor(p.codec);
@@ -456,8 +486,14 @@ void CodecTunerView::updateRdPlot()
         g->setLineStyle(QCPGraph::lsNone);
         g->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssSquare, c, c, 8));
         g->setData({p.bitsPerValue}, {yOf(p.deltaPplPct, p.kl)});
-        label(p.bitsPerValue, yOf(p.deltaPplPct, p.kl), p.label);
+        if (kl && p.kl <= 0) {
+            lossless << p.label;
+            losslessX = std::min(losslessX, p.bitsPerValue);
+        } else {
+            label(p.bitsPerValue, yOf(p.deltaPplPct, p.kl), labelOf(p));
+        }
     }
+    if (!lossless.isEmpty()) label(losslessX, floorY, tr("%1: KL 0").arg(lossless.join(QStringLiteral(", "))));
     QCPGraph* edited = m_rdPlot->addGraph();
     edited->setName(tr("edited level"));
     edited->setLineStyle(QCPGraph::lsNone);
@@ -466,9 +502,27 @@ void CodecTunerView::updateRdPlot()
         edited->setData({m_quality.bitsPerValue}, {yOf(m_quality.deltaPplPct, m_quality.kl)});
     m_rdPlot->rescaleAxes();
     m_rdPlot->xAxis->scaleRange(1.15);
-    m_rdPlot->yAxis->scaleRange(1.2);
-    if (m_rdPlot->yAxis->range().lower > 0) m_rdPlot->yAxis->setRangeLower(0);
-    m_rdPlot->replot();
+    if (kl) {
+        // A factor of room below the floor and above the top (for the labels).
+        const QCPRange r = m_rdPlot->yAxis->range();
+        m_rdPlot->yAxis->setRange(floorY / 2, std::max(r.upper, floorY * 10) * 4);
+    } else {
+        m_rdPlot->yAxis->scaleRange(1.2);
+        if (m_rdPlot->yAxis->range().lower > 0) m_rdPlot->yAxis->setRangeLower(0);
+    }
+    replotSoon(m_rdPlot);
+}
+
+QString CodecTunerView::rdCsv() const
+{
+    QString out = QStringLiteral("codec,label,bits_per_value,delta_ppl_pct,kl\n");
+    for (const RdPoint& p : m_rd)
+        out += QStringLiteral("%1,%2,%3,%4,%5\n")
+                   .arg(p.codec, QString(p.label).replace(QLatin1Char(','), QLatin1Char(' ')))
+                   .arg(p.bitsPerValue, 0, 'g', 8)
+                   .arg(p.deltaPplPct, 0, 'g', 8)
+                   .arg(p.kl, 0, 'g', 8);
+    return out;
 }
 
 void CodecTunerView::clearRdPoints()
@@ -494,9 +548,19 @@ void CodecTunerView::setRdSource(const QString& source)
     m_rdSource->setText(text);
 }
 
-QString CodecTunerView::suitePath() const { return m_suitePath->text().trimmed(); }
+QString CodecTunerView::suitePath() const
+{
+    // The field shows shownPath(m_suiteFile) until the user types another path.
+    const QString text = m_suitePath->text().trimmed();
+    return !m_suiteFile.isEmpty() && text == shownPath(m_suiteFile) ? m_suiteFile : text;
+}
 
-void CodecTunerView::setSuitePath(const QString& path) { m_suitePath->setText(path); }
+void CodecTunerView::setSuitePath(const QString& path)
+{
+    m_suiteFile = path;
+    m_suitePath->setText(shownPath(path));
+    m_suitePath->setToolTip(path);
+}
 
 void CodecTunerView::setQualitySource(const QString& id)
 {

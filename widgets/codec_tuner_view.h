@@ -65,6 +65,8 @@ public:
     bool hasRdPoints() const { return !m_rd.empty(); }
     const std::vector<RdPoint>& rdPoints() const { return m_rd; }
     QString qualitySource() const;
+    // The rate-distortion points as CSV (codec, label, bits per value, ΔPPL %, KL): exact values.
+    QString rdCsv() const;
     QString suitePath() const;
     QString rdSource() const { return m_rdSourceText; }
     const std::vector<CodecStage>& stages() const { return m_stages; }
@@ -140,6 +142,7 @@ private:
     QGroupBox* m_stageBox = nullptr;
     QWidget* m_suiteRow = nullptr;
     QLineEdit* m_suitePath = nullptr;
+    QString m_suiteFile;  // the full path behind the field's shown one
     QLabel* m_rdSource = nullptr;
     QString m_rdSourceText;
     std::vector<CodecStage> m_stages;

@@ -2,6 +2,7 @@
 
 #include "plot_export.h"
 #include "plot_style.h"
+#include "plot_widget.h"
 
 #include <qcustomplot.h>
 
@@ -25,7 +26,7 @@ const char* kindLetter(KvKind k) { return k == KvKind::Key ? "K" : "V"; }
 
 QCustomPlot* makePlot(const QString& objectName, const QString& title)
 {
-    auto* plot = new QCustomPlot;
+    auto* plot = new Plot;
     plot->setObjectName(objectName);
     plot->setMinimumSize(260, 180);
     plot->plotLayout()->insertRow(0);
@@ -217,7 +218,7 @@ void DistributionsView::clear()
     m_heatMarker->setVisible(false);
     m_tokenMarker->setVisible(false);
     m_info->setText(tr("No KV cache yet: capture a context or open a KV file."));
-    for (QCustomPlot* p : {m_heatPlot, m_histPlot, m_tokenPlot}) p->replot();
+    for (QCustomPlot* p : {m_heatPlot, m_histPlot, m_tokenPlot}) replotSoon(p);
 }
 
 void DistributionsView::setStats(const std::vector<TensorStats>& stats, int headDim)
@@ -274,7 +275,7 @@ void DistributionsView::updateHeatmap()
         data->clear();
         setTitle(m_heatPlot, hasData() ? tr("%1 entropy at %2 bins: computing…").arg(kindLetter(kind)).arg(entropyBins())
                                        : tr("layer x channel"));
-        m_heatPlot->replot();
+        replotSoon(m_heatPlot);
         return;
     }
     data->setSize(m_channels, m_layers);
@@ -298,7 +299,7 @@ void DistributionsView::updateHeatmap()
     m_heatPlot->rescaleAxes();
     m_heatPlot->xAxis->setRange(-0.5, m_channels - 0.5);
     m_heatPlot->yAxis->setRange(-0.5, m_layers - 0.5);
-    m_heatPlot->replot();
+    replotSoon(m_heatPlot);
 }
 
 void DistributionsView::updateOutliers()
@@ -331,7 +332,7 @@ void DistributionsView::updateMarkers()
         line->setVisible(c >= 0);
         line->point1->setCoords(c, 0);
         line->point2->setCoords(c, 1);
-        plot->replot();
+        replotSoon(plot);
     }
 }
 
@@ -364,7 +365,7 @@ void DistributionsView::setHistogram(const HistogramData& data)
     setTitle(m_histPlot, tr("histogram: %1").arg(bars->name()));
     m_histPlot->rescaleAxes();
     m_histPlot->yAxis->setRangeLower(0);
-    m_histPlot->replot();
+    replotSoon(m_histPlot);
 }
 
 void DistributionsView::setTokenMap(const TokenMapData& d)
@@ -388,7 +389,7 @@ void DistributionsView::setTokenMap(const TokenMapData& d)
                                        : tr("%1 layer %2, token x channel").arg(kindLetter(d.kind)).arg(d.layer));
     m_tokenPlot->xAxis->setRange(-0.5, d.channels - 0.5);
     m_tokenPlot->yAxis->setRange(-0.5, double(d.tokens) * d.stride - 0.5);
-    m_tokenPlot->replot();
+    replotSoon(m_tokenPlot);
 }
 
 void DistributionsView::heatmapClicked(QMouseEvent* event)

@@ -2,6 +2,7 @@
 
 #include "plot_export.h"
 #include "plot_style.h"
+#include "plot_widget.h"
 
 #include <qcustomplot.h>
 
@@ -49,21 +50,6 @@ QString kindLabel(KvKind kind)
     return kind == KvKind::Key ? QStringLiteral("keys") : QStringLiteral("values");
 }
 
-// A one-line legend above the axis rect: inside it would hide the highest points or bars.
-void putLegendOnTop(QCustomPlot* plot)
-{
-    plot->legend->setVisible(true);
-    plot->legend->setFillOrder(QCPLegend::foColumnsFirst);
-    plot->legend->setBorderPen(Qt::NoPen);
-    plot->legend->setBrush(Qt::NoBrush);
-    plot->plotLayout()->insertRow(0);
-    plot->plotLayout()->addElement(0, 0, plot->legend);
-    plot->plotLayout()->setRowStretchFactor(0, 0.001);
-    style::applyPlotStyle(plot);
-    plot->legend->setBorderPen(Qt::NoPen);
-    plot->legend->setBrush(Qt::NoBrush);
-}
-
 QLabel* titleLabel(const QString& text)
 {
     auto* label = new QLabel(text);
@@ -99,7 +85,7 @@ LayerStatsView::LayerStatsView(QWidget* parent) : QWidget(parent)
     m_logScale->setChecked(true);
     m_layerInfo = readingLabel(QStringLiteral("layerInfo"));
 
-    m_layerPlot = new QCustomPlot;
+    m_layerPlot = new kvscope::Plot;
     m_layerPlot->setObjectName(QStringLiteral("layerPlot"));
     setupLayerPlot();
 
@@ -126,7 +112,7 @@ LayerStatsView::LayerStatsView(QWidget* parent) : QWidget(parent)
     m_kindCombo->addItem(tr("Values (V)"), int(KvKind::Value));
     m_channelInfo = readingLabel(QStringLiteral("channelInfo"));
 
-    m_channelPlot = new QCustomPlot;
+    m_channelPlot = new kvscope::Plot;
     m_channelPlot->setObjectName(QStringLiteral("channelPlot"));
     setupChannelPlot();
 
@@ -144,7 +130,7 @@ LayerStatsView::LayerStatsView(QWidget* parent) : QWidget(parent)
     channelLayout->addWidget(m_channelInfo);
 
     // Sensitivity section: per layer, the quality cost of quantizing that layer alone.
-    m_sensPlot = new QCustomPlot;
+    m_sensPlot = new kvscope::Plot;
     m_sensPlot->setObjectName(QStringLiteral("sensitivityPlot"));
     setupSensitivityPlot();
     m_sensInfo = readingLabel(QStringLiteral("sensitivityInfo"));
@@ -192,7 +178,7 @@ LayerStatsView::LayerStatsView(QWidget* parent) : QWidget(parent)
     connect(m_logScale, &QCheckBox::toggled, this, [this] {
         updateLogScale();
         rescaleLayerPlot();
-        m_layerPlot->replot();
+        replotSoon(m_layerPlot);
     });
     auto channelChanged = [this] {
         updateChannelPlot();
@@ -237,7 +223,7 @@ void LayerStatsView::setupLayerPlot()
         graph->setScatterStyle(QCPScatterStyle(g.shape, g.color, g.color, 6));
         graph->setLineStyle(QCPGraph::lsLine);
     }
-    putLegendOnTop(plot);
+    style::putLegendAbove(plot);
 
     // A click (not a drag) on the layer plot picks that layer for the channel plot below.
     plot->setContextMenuPolicy(Qt::CustomContextMenu);
@@ -291,7 +277,7 @@ void LayerStatsView::setupChannelPlot()
     m_outlierBars->setWidth(0.9);
     m_outlierBars->setPen(QPen(style::outlierColor(), 1));  // a pen keeps thin outlier bars visible among 1000s
     m_outlierBars->setBrush(style::outlierColor());
-    putLegendOnTop(plot);
+    style::putLegendAbove(plot);
 
     plot->setContextMenuPolicy(Qt::CustomContextMenu);
     connect(plot, &QCustomPlot::customContextMenuRequested, this,
@@ -402,11 +388,11 @@ void LayerStatsView::updateLayerPlot()
     }
     for (int i = 0; i < LayerGraphCount; ++i) m_layerPlot->graph(i)->setData(keys[i], values[i], true);
 
-    m_layerPlot->yAxis->setLabel(entropy ? tr("entropy (bits per value)")
-                                         : tr("variance along tokens (mean over channels)"));
+    m_layerPlot->yAxis->setLabel(entropy ? tr("entropy (bits/value)")
+                                         : tr("variance along tokens"));  // mean over channels: said in the reading
     updateLogScale();
     rescaleLayerPlot();
-    m_layerPlot->replot();
+    replotSoon(m_layerPlot);
 
     if (m_stats.empty()) {
         m_layerInfo->setText(tr("No statistics: open a KV file (File ▸ Open) or run the synthetic demo."));
@@ -523,7 +509,7 @@ void LayerStatsView::updateChannelPlot()
             line->setPen(QPen(style::neutralColor(), 1, Qt::DashLine));
         }
     }
-    plot->replot();
+    replotSoon(plot);
 
     if (!s) {
         m_channelInfo->setText(
@@ -689,7 +675,7 @@ void LayerStatsView::setupSensitivityPlot()
         bars->setWidth(0.4);
         bars->setBarsGroup(group);
     }
-    putLegendOnTop(plot);
+    style::putLegendAbove(plot);
     installPlotMenu(plot, QStringLiteral("layer-sensitivity"));
 }
 
@@ -728,7 +714,7 @@ void LayerStatsView::setSensitivity(const std::vector<LayerSensitivity>& sensiti
     }
     m_sensPlot->xAxis->setRange(-0.6, std::max<int>(1, int(sensitivity.size())) - 0.4);
     m_sensPlot->yAxis->setRange(0, top > 0 ? top * 1.1 : 1.0);
-    m_sensPlot->replot();
+    replotSoon(m_sensPlot);
     if (sensitivity.empty()) {
         setSensitivityNote(tr("Not measured yet."));
         return;

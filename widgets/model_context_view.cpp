@@ -215,7 +215,8 @@ void ModelContextView::setModelInfo(const ModelInfo& m)
     set("kv_per_token", c.formattedDataSize(kvPerToken, 1));
     set("fingerprint", m.fingerprint);
     set("runtime", m.runtime);
-    set("path", m.path);
+    set("path", shownPath(m.path));
+    if (auto* label = m_fields->findChild<QLabel*>(fieldObjectName(QLatin1String("path")))) label->setToolTip(m.path);
     m_tokenView->setPlaceholderText(tr("Tokenizing…"));
 }
 

@@ -1,4 +1,5 @@
 #include "plot_style.h"
+#include "plot_widget.h"
 
 #include <qcustomplot.h>
 
@@ -116,7 +117,7 @@ void setTheme(Theme t, QWidget* root)
         for (QWidget* w : QApplication::topLevelWidgets()) plots += w->findChildren<QCustomPlot*>();
     for (QCustomPlot* plot : plots) {
         applyPlotStyle(plot);
-        plot->replot();
+        replotSoon(plot);
     }
     emit Notifier::instance()->changed();
 }
@@ -213,8 +214,11 @@ void applyPlotStyle(QCustomPlot* plot)
         rect->setBackground(c.background);
         for (QCPAxis* axis : rect->axes()) styleAxis(axis, c);
     }
-    plot->legend->setBrush(QBrush(c.legendBrush));
-    plot->legend->setBorderPen(QPen(c.grid));
+    // A legend inside the axis rect gets a box that hides what is under it; one above it
+    // (putLegendAbove) none.
+    const bool inside = plot->axisRect() && plot->legend->layout() == plot->axisRect()->insetLayout();
+    plot->legend->setBrush(inside ? QBrush(c.legendBrush) : QBrush(Qt::NoBrush));
+    plot->legend->setBorderPen(inside ? QPen(c.grid) : QPen(Qt::NoPen));
     plot->legend->setTextColor(c.foreground);
     QFont legendFont = plot->font();
     legendFont.setPointSizeF(std::max(7.0, legendFont.pointSizeF() - 1));
@@ -222,6 +226,20 @@ void applyPlotStyle(QCustomPlot* plot)
     for (int i = 0; i < plot->plotLayout()->elementCount(); ++i)
         if (auto* title = qobject_cast<QCPTextElement*>(plot->plotLayout()->elementAt(i))) title->setTextColor(c.foreground);
     plot->setAntialiasedElements(QCP::aePlottables | QCP::aeItems);
+}
+
+void putLegendAbove(QCustomPlot* plot, int columns)
+{
+    plot->legend->setVisible(true);
+    if (columns > 0) plot->legend->setWrap(columns);
+    plot->legend->setFillOrder(QCPLegend::foColumnsFirst, true);  // rearranges items already there
+    // Take it out of the axis rect's inset layout, into a row of its own above the axis rect.
+    if (plot->axisRect() && plot->legend->layout() == plot->axisRect()->insetLayout())
+        plot->axisRect()->insetLayout()->take(plot->legend);
+    plot->plotLayout()->insertRow(0);
+    plot->plotLayout()->addElement(0, 0, plot->legend);
+    plot->plotLayout()->setRowStretchFactor(0, 0.001);
+    applyPlotStyle(plot);
 }
 
 Notifier* Notifier::instance()

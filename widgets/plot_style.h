@@ -57,6 +57,10 @@ QCPColorGradient divergingGradient();
 // creating it (setTheme restyles existing plots).
 void applyPlotStyle(QCustomPlot* plot);
 
+// The legend in a row of its own above the axis rect (columns per line, 0 = all in one), so it
+// never hides the data; call after applyPlotStyle.
+void putLegendAbove(QCustomPlot* plot, int columns = 0);
+
 // Emits changed() after setTheme, for views that redraw theme-dependent items.
 class Notifier : public QObject {
     Q_OBJECT

@@ -2,6 +2,7 @@
 
 #include "plot_export.h"
 #include "plot_style.h"
+#include "plot_widget.h"
 
 #include <qcustomplot.h>
 
@@ -53,7 +54,7 @@ const char* const kDropAndRecover = "40Mbit:0.3,4Mbit:0.4,40Mbit";
 
 QCustomPlot* makePlot(const QString& name, const QString& x, const QString& y)
 {
-    auto* plot = new QCustomPlot;
+    auto* plot = new Plot;
     plot->setObjectName(name);
     plot->setMinimumSize(280, 170);
     plot->xAxis->setLabel(x);
@@ -609,8 +610,7 @@ StreamLabView::StreamLabView(QWidget* parent) : QWidget(parent)
         available->setPen(QPen(style::neutralColor(), 1.5));
         available->setBrush(QColor(150, 150, 150, 50));
         available->setLineStyle(QCPGraph::lsStepLeft);
-        m_bandwidthPlot->legend->setVisible(true);
-        m_bandwidthPlot->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignRight);
+        style::putLegendAbove(m_bandwidthPlot, 3);
     }
     installPlotMenu(m_bandwidthPlot, QStringLiteral("stream-bandwidth"));
     m_bandwidthPlot->installEventFilter(this);
@@ -627,14 +627,14 @@ StreamLabView::StreamLabView(QWidget* parent) : QWidget(parent)
             for (double v : m_drawMbps) top = std::max(top, v);
             m_bandwidthPlot->xAxis->setRange(0, std::max(2.0 * m_sloSpin->value(), 1.0));
             m_bandwidthPlot->yAxis->setRange(0, top * 1.3);
-            m_bandwidthPlot->replot(QCustomPlot::rpQueuedReplot);
+            replotSoon(m_bandwidthPlot);
             setStatus(tr("Drag over the bandwidth plot to draw the link's rate; release to use it."));
         }
     });
     m_timelinePlot = makePlot(QStringLiteral("timelinePlot"), tr("time (s)"), QString());
     installPlotMenu(m_timelinePlot, QStringLiteral("stream-timeline"));
     m_levelsPlot = makePlot(QStringLiteral("levelsPlot"), tr("chunk"), tr("level (0 = text)"));
-    m_levelsPlot->legend->setVisible(true);
+    style::putLegendAbove(m_levelsPlot, 4);
     installPlotMenu(m_levelsPlot, QStringLiteral("stream-levels"));
     m_ttftPlot = makePlot(QStringLiteral("ttftPlot"), QString(), tr("TTFT (s)"));
     for (int i = 0; i < StreamRunResult::kParts; ++i) {
@@ -645,8 +645,7 @@ StreamLabView::StreamLabView(QWidget* parent) : QWidget(parent)
         bars->setWidth(0.6);
         if (i > 0) bars->moveAbove(static_cast<QCPBars*>(m_ttftPlot->plottable(i - 1)));
     }
-    m_ttftPlot->legend->setVisible(true);
-    m_ttftPlot->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignLeft);
+    style::putLegendAbove(m_ttftPlot, 3);
     installPlotMenu(m_ttftPlot, QStringLiteral("stream-ttft"));
 
     m_figure = new QWidget;
@@ -1114,7 +1113,7 @@ void StreamLabView::redrawLive()
     m_timelinePlot->yAxis->setTicker(laneTicks);
     m_timelinePlot->yAxis->setRange(0, std::max(1, lanes));
     m_timelinePlot->xAxis->setRange(0, tMax * 1.05);
-    m_timelinePlot->replot(QCustomPlot::rpQueuedReplot);
+    replotSoon(m_timelinePlot);
 
     // Bandwidth: available vs what each lane's chunks got.
     while (m_bandwidthPlot->graphCount() > 1) m_bandwidthPlot->removeGraph(m_bandwidthPlot->graphCount() - 1);
@@ -1141,7 +1140,7 @@ void StreamLabView::redrawLive()
     }
     m_bandwidthPlot->xAxis->setRange(0, tMax * 1.05);
     m_bandwidthPlot->yAxis->setRange(0, top * 1.15);
-    m_bandwidthPlot->replot(QCustomPlot::rpQueuedReplot);
+    replotSoon(m_bandwidthPlot);
 
     // Levels chosen per chunk.
     m_levelsPlot->clearGraphs();
@@ -1168,7 +1167,7 @@ void StreamLabView::redrawLive()
     m_levelsPlot->yAxis->setTicker(levelTicks);
     m_levelsPlot->yAxis->setRange(-0.5, m_levels + 0.5);
     m_levelsPlot->xAxis->setRange(-0.5, maxChunks - 0.5);
-    m_levelsPlot->replot(QCustomPlot::rpQueuedReplot);
+    replotSoon(m_levelsPlot);
 }
 
 void StreamLabView::redrawTtft()
@@ -1206,8 +1205,8 @@ void StreamLabView::redrawTtft()
     slo->setPen(QPen(style::sloColor(), 1.5, Qt::DashLine));
     m_ttftPlot->xAxis->setTicker(ticks);
     m_ttftPlot->xAxis->setRange(-0.6, std::max(1, lanes) - 0.4);
-    m_ttftPlot->yAxis->setRange(0, top * 1.45);  // room for the labels and the legend
-    m_ttftPlot->replot(QCustomPlot::rpQueuedReplot);
+    m_ttftPlot->yAxis->setRange(0, top * 1.4);  // room for the labels above the bars
+    replotSoon(m_ttftPlot);
 }
 
 bool StreamLabView::saveRace(const QString& path, QString* error) const
@@ -1396,7 +1395,7 @@ void StreamLabView::showDrawGrid()
         r << m_drawMbps.back();
     }
     m_bandwidthPlot->graph(0)->setData(t, r, true);
-    m_bandwidthPlot->replot(QCustomPlot::rpQueuedReplot);
+    replotSoon(m_bandwidthPlot);
 }
 
 void StreamLabView::commitDraw()

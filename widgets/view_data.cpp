@@ -1,3 +1,32 @@
 #include "view_data.h"
 
-// The structs are plain data; this file keeps the library's source list stable.
+#include <QDir>
+#include <QFileInfo>
+
+namespace kvscope {
+
+namespace {
+QString& shownRoot()
+{
+    static QString root;
+    return root;
+}
+}  // namespace
+
+void setShownPathRoot(const QString& root)
+{
+    shownRoot() = root.isEmpty() ? QString() : QDir::cleanPath(QFileInfo(root).absoluteFilePath());
+}
+
+QString shownPath(const QString& path)
+{
+    if (path.isEmpty()) return path;
+    const QFileInfo info(path);
+    if (info.isRelative() && !path.contains(QLatin1String(".."))) return QDir::cleanPath(path);
+    const QString full = QDir::cleanPath(info.absoluteFilePath());
+    const QString& root = shownRoot();
+    if (!root.isEmpty() && full.startsWith(root + QLatin1Char('/'))) return full.mid(root.size() + 1);
+    return info.fileName();
+}
+
+}  // namespace kvscope

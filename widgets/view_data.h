@@ -16,6 +16,14 @@
 
 namespace kvscope {
 
+// ---- Paths on screen -------------------------------------------------------------------------
+
+// A file's path as the views show it, so windows and screenshots never show where this machine
+// keeps things: relative to the root set here (the source tree the samples come from) when the
+// file is under it, else the file name alone. The full path goes in tooltips and is what is used.
+void setShownPathRoot(const QString& root);
+QString shownPath(const QString& path);
+
 // ---- Model & context -------------------------------------------------------------------------
 
 // What the Model & context page shows about a model; filled on the worker that opened it.

@@ -56,6 +56,7 @@ void JobControl::post(std::function<void()> f) const
 
 JobLane::JobLane(const QString& what, QObject* parent) : QObject(parent), m_what(what)
 {
+    setObjectName(what);
     m_pool.setMaxThreadCount(1);
     m_pool.setExpiryTimeout(-1);  // keep the thread: torch and the allocator like a stable worker
 }

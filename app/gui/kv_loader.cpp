@@ -1,5 +1,6 @@
 #include "kv_loader.h"
 
+#include "background_job.h"
 #include "kv/kv_h5.h"
 
 #include <QFile>
@@ -26,20 +27,6 @@ struct StatsJob {
     KvKind kind;
     int layer;
 };
-
-// The one-line message of whatever a worker threw; `what` names the file when the thrower did not.
-QString messageOf(std::exception_ptr error, const QString& what)
-{
-    try {
-        std::rethrow_exception(error);
-    } catch (const std::bad_alloc&) {
-        return QObject::tr("%1: not enough memory to load this KV cache").arg(what);
-    } catch (const std::exception& e) {
-        return QString::fromStdString(e.what());
-    } catch (...) {
-        return QObject::tr("%1: unexpected error").arg(what);
-    }
-}
 
 }  // namespace
 
@@ -116,7 +103,7 @@ void KvLoader::saveKv(const QString& path)
         try {
             writeKvH5(*kv, nativePath);
         } catch (...) {
-            return messageOf(std::current_exception(), path);
+            return jobErrorMessage(std::current_exception(), path);
         }
         return QString();
     }));
@@ -157,7 +144,7 @@ void KvLoader::start(const QString& phaseText, std::function<KvSet()> produce, K
         try {
             out.kv = std::make_shared<const KvSet>(produce());
         } catch (...) {
-            out.error = messageOf(std::current_exception(), what);
+            out.error = jobErrorMessage(std::current_exception(), what);
         }
         out.seconds = double(clock.nsecsElapsed()) * 1e-9;
         return out;
@@ -188,9 +175,9 @@ void KvLoader::startStats(quint64 generation, std::shared_ptr<const KvSet> kv, K
             const QList<TensorStats> results = watcher->future().results();
             stats.assign(results.begin(), results.end());
         } catch (const QUnhandledException& e) {
-            error = messageOf(e.exception(), summary.origin);
+            error = jobErrorMessage(e.exception(), summary.origin);
         } catch (...) {
-            error = messageOf(std::current_exception(), summary.origin);
+            error = jobErrorMessage(std::current_exception(), summary.origin);
         }
         summary.statsSeconds = double(m_statsClock.nsecsElapsed()) * 1e-9;
         finish();

@@ -16,6 +16,7 @@
 #include "tuner_session.h"
 #include "codec_tuner_view.h"
 #include "layer_stats_view.h"
+#include "plot_widget.h"
 
 #include <QPushButton>
 
@@ -42,6 +43,7 @@ void arrangeScreenshot(kvscope::MainWindow& window, const QString& path, bool wa
     auto grabAndQuit = [&window, path] {
         // Let layouts settle and QCustomPlot finish its queued replots after the resize.
         QTimer::singleShot(300, &window, [&window, path] {
+            kvscope::flushReplots();
             const QPixmap pixmap = window.grab();
             if (!pixmap.save(path, "PNG")) {
                 std::fprintf(stderr, "error: %s: could not write the screenshot\n", qPrintable(path));

@@ -11,6 +11,7 @@
 #include "tuner_session.h"
 #include "plot_export.h"
 #include "plot_style.h"
+#include "plot_widget.h"
 
 #include "codec/profile.h"
 #include "eval/samples.h"
@@ -56,6 +57,16 @@ namespace kvscope {
 namespace {
 
 constexpr int kMaxRecentFiles = 10;
+
+// QProgressBar::setValue repaints the bar at once (meant for loops that block the event loop),
+// and that repaint paints every dirty widget of the window with it. Progress here comes from
+// workers through the event loop: the bar is only marked for the next paint.
+void setProgressLater(QProgressBar* bar, int value)
+{
+    bar->setUpdatesEnabled(false);
+    bar->setValue(value);
+    bar->setUpdatesEnabled(true);  // schedules the paint
+}
 
 const char* const kSettingsGeometry = "window/geometry";
 const char* const kSettingsState = "window/state";
@@ -129,10 +140,17 @@ MainWindow::MainWindow(bool useSettings, QWidget* parent) : QMainWindow(parent),
     m_modalErrors = qgetenv("KVSCOPE_NO_MODAL_ERRORS") != "1";
     setWindowTitle(QStringLiteral("kvscope"));
     setAcceptDrops(true);
+    // Paths on screen relative to the tree the samples come from (a source tree or the installed
+    // share directory), else file names.
+    try {
+        setShownPathRoot(QFileInfo(QString::fromStdString(samplesDir())).absolutePath());
+    } catch (const std::exception&) {
+        setShownPathRoot(QString());
+    }
 
     m_loader = new KvLoader(this);
     connect(m_loader, &KvLoader::phaseChanged, this, &MainWindow::onPhaseChanged);
-    connect(m_loader, &KvLoader::progressChanged, this, [this](int value) { m_progress->setValue(value); });
+    connect(m_loader, &KvLoader::progressChanged, this, [this](int value) { setProgressLater(m_progress, value); });
     connect(m_loader, &KvLoader::loaded, this, &MainWindow::onLoaded);
     connect(m_loader, &KvLoader::failed, this, &MainWindow::onFailed);
     connect(m_loader, &KvLoader::cancelled, this, [this] {
@@ -487,7 +505,7 @@ void MainWindow::createTunerPage()
         m_streamView->setLevels(int(profile.levels.size()));
     });
     connect(ts, &TunerSession::phaseChanged, this, &MainWindow::showTask);
-    connect(ts, &TunerSession::progressChanged, this, [this](int value) { m_progress->setValue(value); });
+    connect(ts, &TunerSession::progressChanged, this, [this](int value) { setProgressLater(m_progress, value); });
     connect(ts, &TunerSession::longTaskDone, this, &MainWindow::endTask);
     connect(ts, &TunerSession::cancelled, this, [this] { endTask(tr("Codec tuner: cancelled.")); });
     connect(ts, &TunerSession::failed, this, [this](const QString& message) {
@@ -566,7 +584,7 @@ void MainWindow::createStreamPage()
         showTask(text, maximum);
         m_streamView->setStatus(text);
     });
-    connect(ss, &StreamSession::progressChanged, this, [this](int value) { m_progress->setValue(value); });
+    connect(ss, &StreamSession::progressChanged, this, [this](int value) { setProgressLater(m_progress, value); });
     connect(ss, &StreamSession::raceStarted, m_streamView, &StreamLabView::raceStarted);
     connect(ss, &StreamSession::laneStarted, m_streamView, &StreamLabView::laneStarted);
     connect(ss, &StreamSession::chunkArrived, m_streamView, &StreamLabView::addChunk);
@@ -707,7 +725,7 @@ void MainWindow::showTask(const QString& text, int maximum)
 {
     m_phaseLabel->setText(text);
     m_progress->setRange(0, maximum);
-    m_progress->setValue(0);
+    setProgressLater(m_progress, 0);
     m_progress->setFormat(maximum > 0 ? QStringLiteral("%v / %m") : QString());
     m_progress->setVisible(true);
     m_cancelButton->setVisible(true);
@@ -807,6 +825,7 @@ QStringList MainWindow::saveScreenshots(const QString& dir)
             if (distTabs && shot.subTab >= 0) distTabs->setCurrentIndex(shot.subTab);
             // Let layouts settle, then draw every plot at its new size.
             for (int i = 0; i < 3; ++i) QApplication::processEvents();
+            flushReplots();
             for (QCustomPlot* plot : findChildren<QCustomPlot*>()) plot->replot(QCustomPlot::rpImmediateRefresh);
             const QString path =
                 QDir(dir).filePath(QStringLiteral("%1-%2x%3.png").arg(QLatin1String(shot.name)).arg(sz.width()).arg(sz.height()));
@@ -824,10 +843,10 @@ void MainWindow::connectSession()
     connect(m_session, &ModelSession::phaseChanged, this, [this](const QString& text, int maximum) {
         m_phaseLabel->setText(text);
         m_progress->setRange(0, maximum);
-        m_progress->setValue(0);
+        setProgressLater(m_progress, 0);
         m_progress->setFormat(maximum > 0 ? tr("%v / %m tokens") : QString());
     });
-    connect(m_session, &ModelSession::progressChanged, this, [this](int value) { m_progress->setValue(value); });
+    connect(m_session, &ModelSession::progressChanged, this, [this](int value) { setProgressLater(m_progress, value); });
     connect(m_session, &ModelSession::modelOpened, this, [this](const ModelInfo& info) {
         setBusy(false);
         m_contextView->setModelInfo(info);
@@ -1099,7 +1118,7 @@ void MainWindow::onPhaseChanged(const QString& text, int maximum)
 {
     m_phaseLabel->setText(text);
     m_progress->setRange(0, maximum);  // (0, 0) shows a busy indicator
-    m_progress->setValue(0);
+    setProgressLater(m_progress, 0);
     m_progress->setFormat(maximum > 0 ? tr("%v / %m tensors") : QString());
 }
 
@@ -1149,7 +1168,7 @@ void MainWindow::showSummary(const KvSummary& s, const std::vector<TensorStats>&
         if (auto* label = m_summaryWidget->findChild<QLabel*>(summaryObjectName(QLatin1String(key))))
             label->setText(text.isEmpty() ? QStringLiteral("–") : text);
     };
-    set("source", s.origin);
+    set("source", s.origin == s.source ? shownPath(s.source) : s.origin);
     set("model", s.modelName);
     set("fingerprint", s.modelFingerprint);
     set("layers", QString::number(s.shape.numLayers));

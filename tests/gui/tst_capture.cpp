@@ -2,6 +2,7 @@
 // architecture of a real llama2.c checkpoint, a capture that fills the distributions view and can
 // be saved, cancel, and the longest gap between event-loop ticks while a capture runs.
 #include "gui_testmain.h"
+#include "event_loop_ticks.h"
 
 #include "kv/kv_h5.h"
 #include "layer_stats_view.h"
@@ -22,12 +23,9 @@ using kvscope::MainWindow;
 
 namespace {
 
-constexpr int kTimeoutMs = 120000;
+// Long enough for a capture with the default model on a loaded shared machine (40 s alone).
+constexpr int kTimeoutMs = 300000;
 const QString kShortContext = QStringLiteral("Once upon a time, there was a little girl named Lily. She liked to play.");
-// Bound on the longest event-loop gap during a capture. The GUI aims at 50 ms; on a 2-core machine
-// at load average 7-8, seven runs measured 22-39 ms (captures of 5 to 59 s), too close to 50 to
-// assert it, so the test asserts twice the aim and prints the figure.
-constexpr qint64 kMaxGapMs = 100;
 
 }  // namespace
 
@@ -43,9 +41,6 @@ private slots:
 
 private:
     bool openTinyModel(MainWindow& window);
-    // Ticks every 5 ms from start() until stop(); maxGapMs() is the longest time between ticks.
-    struct TickRecorder;
-
     QString m_model, m_tokenizer;
     QTemporaryDir m_dir;
 };
@@ -166,31 +161,6 @@ void TestCapture::cancelDropsTheCapture()
     QCOMPARE(window.statsView()->layerCombo()->count(), 4);
 }
 
-struct TestCapture::TickRecorder {
-    QTimer timer;
-    QElapsedTimer clock;
-    qint64 last = 0;
-    qint64 maxGap = 0;
-    int ticks = 0;
-    TickRecorder()
-    {
-        timer.setInterval(5);
-        timer.setTimerType(Qt::PreciseTimer);
-        QObject::connect(&timer, &QTimer::timeout, [this] {
-            const qint64 now = clock.elapsed();
-            maxGap = std::max(maxGap, now - last);
-            last = now;
-            ++ticks;
-        });
-    }
-    void start()
-    {
-        clock.start();
-        last = 0;
-        timer.start();
-    }
-};
-
 void TestCapture::eventLoopStaysResponsive()
 {
     // The default model when installed (a real prefill of a few seconds), else the tiny one.
@@ -213,17 +183,17 @@ void TestCapture::eventLoopStaysResponsive()
     QTRY_VERIFY_WITH_TIMEOUT(window.contextView()->tokenCount() > 0, kTimeoutMs);
 
     QSignalSpy shown(&window, &MainWindow::dataShown);
-    TickRecorder ticks;
-    ticks.start();
+    EventLoopTicks ticks;
     QElapsedTimer wall;
     wall.start();
     window.captureContext();
     QTRY_COMPARE_WITH_TIMEOUT(shown.count(), 1, kTimeoutMs);
     const qint64 elapsed = wall.elapsed();
-    qInfo("event-loop gap during capture+statistics of %d tokens (%s): longest %lld ms over %lld ms, %d ticks",
-          window.contextView()->tokenCount(), useDefault ? "default model" : "aidreams260K", ticks.maxGap,
-          elapsed, ticks.ticks);
-    QVERIFY2(ticks.maxGap <= kMaxGapMs, qPrintable(QString::number(ticks.maxGap)));
+    qInfo("event loop during capture+statistics of %d tokens (%s, %lld ms, %d ticks; busy limit %lld ms, gap limit %lld ms): %s",
+          window.contextView()->tokenCount(), useDefault ? "default model" : "aidreams260K", elapsed, ticks.ticks,
+          kMaxBusyMs, kMaxGapMs, qPrintable(ticks.summary()));
+    QVERIFY2(ticks.maxBusy <= kMaxBusyMs, qPrintable(ticks.summary()));
+    QVERIFY2(ticks.maxGap <= kMaxGapMs, qPrintable(ticks.summary()));
 }
 
 void TestCapture::aboutNamesLibraries()
