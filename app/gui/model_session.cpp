@@ -72,6 +72,9 @@ void ModelSession::openModel(const QString& path, const QString& tokenizerPath)
     m_job->start(tr("Loading %1…").arg(shown), [this, modelArg, tokenizerArg](JobControl&) -> std::function<void()> {
         RuntimeOptions options;
         options.prefillBlock = kPrefillBlock;
+        // Captures record each token's attention mass so that the Codec page's Token importance
+        // stage can be toggled (one more q.k pass over the keys: a few percent at workbench lengths).
+        options.attnMass = true;
         std::shared_ptr<const Model> model = Model::open(modelArg, tokenizerArg, options);
         const ModelInfo info = describeModel(*model);
         return [this, model, info] {

@@ -173,7 +173,14 @@ TargetHardware targetFor(const StreamConfig& c)
 {
     const std::string id = c.hardware.toStdString();
     for (const std::string& name : targetPresetNames())
-        if (name == id) return targetPreset(name);
+        if (name == id) {
+            // The race models the target's compute rates only: its link carries the served
+            // model's bytes unscaled, so modelled decode is charged for those same bytes
+            // (kvBytesPerToken 0). The CLI's stream also slows the link to the target's KV size.
+            TargetHardware t = targetPreset(name);
+            t.kvBytesPerToken = 0;
+            return t;
+        }
     TargetHardware t;
     if (c.prefillTokensPerSecond > 0 || c.decodeGBps > 0) {
         t.name = "custom";
