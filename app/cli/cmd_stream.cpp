@@ -289,8 +289,7 @@ void addStreamCommand(CLI::App& app, Output& out)
         // A target whose model has a larger KV than the served one: the link runs slower by the
         // ratio, so every chunk takes as long as the target model's chunk would on the given link.
         const LinkSchedule given = o->link.schedule();
-        const KvShape servedShape = m->runtime().kvShape(1);
-        const double servedKvBytesPerToken = double(servedShape.numLayers) * 2 * servedShape.channels() * 2;
+        const double servedKvBytesPerToken = fp16KvBytesPerToken(m->runtime().kvShape(1));
         if (o->targetKvBytes < 0) throw Error("--target-kv must be positive (bytes of fp16 KV per token)");
         if (o->targetKvBytes > 0) so.target.kvBytesPerToken = o->targetKvBytes;
         const double kvScale = kvLinkScale(so.target, servedKvBytesPerToken);

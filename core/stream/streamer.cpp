@@ -98,6 +98,8 @@ double kvLinkScale(const TargetHardware& target, double servedBytesPerToken)
     return servedBytesPerToken / target.kvBytesPerToken;
 }
 
+double fp16KvBytesPerToken(const KvShape& shape) { return 2.0 * shape.numLayers * shape.channels() * 2; }
+
 namespace {
 
 // Copies tokens [t0, t0 + n) of every (kind, layer, head) from src (starting at srcT0) into dst.
@@ -350,7 +352,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
     const int chunks = params.numChunks();
     const TargetHardware& hw = opt.target;
     const bool modelDecode = hw.decodeGBps > 0, modelPrefill = hw.prefillTokensPerSecond > 0;
-    const size_t fp16BytesPerToken = size_t(params.shape.numLayers) * 2 * params.shape.channels() * 2;
+    const size_t fp16BytesPerToken = size_t(fp16KvBytesPerToken(params.shape));
     // Modelled decode writes the target model's fp16 KV, which may be larger than the served one's.
     const double modelledDecodeBytesPerToken = hw.kvBytesPerToken > 0 ? hw.kvBytesPerToken : double(fp16BytesPerToken);
 

@@ -74,6 +74,8 @@ std::vector<std::string> targetPresetNames();
 // would take on the unscaled link: servedBytesPerToken / target.kvBytesPerToken, every codec
 // being assumed to shrink both models' KV by the same ratio. 1 when the target names no KV size.
 double kvLinkScale(const TargetHardware& target, double servedBytesPerToken);
+// Bytes of fp16 KV one token takes in a cache of this shape: K and V of every layer, 2 bytes a value.
+double fp16KvBytesPerToken(const KvShape& shape);
 
 struct ChunkEvent;
 
