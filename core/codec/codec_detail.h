@@ -183,6 +183,10 @@ struct W32Stream {
 struct W32Row {
     const uint32_t* tables;    // the unit's CodingTables, as 32-bit words
     const int32_t* tableWord;  // (D) word offset of the table of channel d for this row's role
+    // When every channel of the row uses one table (uniform kernels), 64-byte aligned, else null:
+    // its 64 bucket entries split into low words [0, 64) and high words [64, 128); start(s) for
+    // s < 32 in [128, 160) (4096 past the alphabet); [160] is 1 when the alphabet has <= 32 symbols.
+    const uint32_t* split;
     int D;
     int lane0;                 // state of the row's first symbol: (t * D) % 32
     int m;                     // MAX of the row's bins: value = (q - m) * scale + base
@@ -191,11 +195,17 @@ struct W32Row {
     const float* base;         // (D) the group's reconstructed anchor, or null: +0
     float* anchorOut;          // (D) an anchor row's float values go here too (delta coding), or null
     uint8_t* out;              // D elements of the RowOut kind
+    // The SIMD kernels decode `rows` consecutive rows of the same role and base in one call (out
+    // advancing by a row each); row j's per-token scale is rowScales[j] (f16) when set, else
+    // `scale`. The scalar reference takes one row.
+    int rows = 1;
+    const uint16_t* rowScales = nullptr;
 };
 // A SIMD row kernel needs D % width == 0 and at least w32RowSlack(D) bytes left in the stream.
 using W32RowFn = void (*)(W32Stream&, const W32Row&);
-inline size_t w32RowSlack(int D) { return 2 * size_t(D) + 64; }
-W32RowFn w32RowKernel(SimdPath path, RowOut k, int D);  // nullptr: use the scalar rows
+inline size_t w32RowSlack(int D, int rows = 1) { return 2 * size_t(D) * size_t(rows) + 64; }
+// uniform: every row's channels share one table (W32Row::split is set). nullptr: use the scalar rows.
+W32RowFn w32RowKernel(SimdPath path, RowOut k, int D, bool uniform);
 
 // A whole stream's symbols for a SIMD encoder: x (32 states, 64-byte aligned) and the word
 // pointer move exactly as in encodeHeadStreamV2's scalar loop.

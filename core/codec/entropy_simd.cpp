@@ -136,6 +136,7 @@ static_assert(offsetof(CodingTable, sf) % 4 == 0 && offsetof(CodingTable, bucket
 // dependency between them), then s0 + (slot > last0) + (slot > last1) (prob_table.h).
 struct Lookup16 {
     __m512i sym, start, freq;
+    __mmask16 rare;  // lanes past their bucket's third symbol (resolve512 with T: already walked)
 };
 
 // Lanes whose slot lies past the third symbol of their bucket: the scalar walk (rare).
@@ -161,15 +162,11 @@ KVS_AVX512 __attribute__((noinline)) void lookupRare512(const int* T, __m512i id
     lk.freq = _mm512_load_si512(fr);
 }
 
-KVS_AVX512 inline Lookup16 lookup512(const int* T, __m512i idx, __m512i slot)
+// Resolves 16 lanes from their bucket entries' low words a (s0 | start0 | last0) and high words
+// c (last1 | last2); the lanes past the bucket's third symbol take the scalar walk.
+KVS_AVX512 inline Lookup16 resolve512(__m512i a, __m512i c, __m512i slot, const int* T, __m512i idx)
 {
     const __m512i m12 = _mm512_set1_epi32(4095), one = _mm512_set1_epi32(1);
-    const __m512i b = _mm512_add_epi32(_mm512_srli_epi32(idx, 1), _mm512_srli_epi32(slot, CodingTable::kBucketShift));
-    const __m512i lo = _mm512_i32gather_epi64(_mm512_castsi512_si256(b), T, 8);
-    const __m512i hi = _mm512_i32gather_epi64(_mm512_extracti64x4_epi64(b, 1), T, 8);
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i a = _mm512_permutex2var_epi32(lo, even, hi);                                // s0 | start0 | last0
-    const __m512i c = _mm512_permutex2var_epi32(lo, _mm512_add_epi32(even, one), hi);         // last1 | last2
     const __m512i e0 = _mm512_srli_epi32(a, 20), e1 = _mm512_and_si512(c, m12), e2 = _mm512_srli_epi32(c, 12);
     const __mmask16 g0 = _mm512_cmpgt_epu32_mask(slot, e0), g1 = _mm512_cmpgt_epu32_mask(slot, e1);
     Lookup16 lk;
@@ -182,27 +179,102 @@ KVS_AVX512 inline Lookup16 lookup512(const int* T, __m512i idx, __m512i slot)
     const __m512i end = _mm512_mask_mov_epi32(_mm512_mask_mov_epi32(e0, g0, e1), g1, e2);
     lk.start = start;
     lk.freq = _mm512_sub_epi32(_mm512_add_epi32(end, one), start);
-    const __mmask16 rare = _mm512_cmpgt_epu32_mask(slot, e2);
-    if (__builtin_expect(rare != 0, 0)) lookupRare512(T, idx, slot, rare, lk);
+    lk.rare = _mm512_cmpgt_epu32_mask(slot, e2);
+    if (__builtin_expect(lk.rare != 0, 0) && T) lookupRare512(T, idx, slot, lk.rare, lk);
     return lk;
 }
 
-template <RowOut K>
+KVS_AVX512 inline Lookup16 lookup512(const int* T, __m512i idx, __m512i slot)
+{
+    const __m512i one = _mm512_set1_epi32(1);
+    const __m512i b = _mm512_add_epi32(_mm512_srli_epi32(idx, 1), _mm512_srli_epi32(slot, CodingTable::kBucketShift));
+    const __m512i lo = _mm512_i32gather_epi64(_mm512_castsi512_si256(b), T, 8);
+    const __m512i hi = _mm512_i32gather_epi64(_mm512_extracti64x4_epi64(b, 1), T, 8);
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i a = _mm512_permutex2var_epi32(lo, even, hi);                                // s0 | start0 | last0
+    const __m512i c = _mm512_permutex2var_epi32(lo, _mm512_add_epi32(even, one), hi);         // last1 | last2
+    return resolve512(a, c, slot, T, idx);
+}
+
+// One table for all 16 lanes (W32Row::split): its 64 bucket entries held in registers, the low
+// words in a[0..3] and the high words in c[0..3], looked up with two-register permutes instead
+// of gathers: no memory access on the decoding chain.
+// With an alphabet of at most 32 symbols st[0..1] also hold start(s) for s < 32 (4096 past the
+// alphabet), and lanes past their bucket's third symbol find theirs by a binary search over them.
+struct Regs16 {
+    __m512i a[4], c[4], st[2];
+};
+
+KVS_AVX512 inline Regs16 loadSplit512(const uint32_t* split)
+{
+    Regs16 R;
+    for (int j = 0; j < 4; ++j) {
+        R.a[j] = _mm512_load_si512(split + 16 * j);
+        R.c[j] = _mm512_load_si512(split + 64 + 16 * j);
+    }
+    R.st[0] = _mm512_load_si512(split + 128);
+    R.st[1] = _mm512_load_si512(split + 144);
+    return R;
+}
+
+// The largest s < 32 with start(s) <= slot, for the lanes in `m`: five halving steps.
+KVS_AVX512 inline void searchSmall512(const Regs16& R, __m512i slot, __mmask16 m, Lookup16& lk)
+{
+    __m512i sym = _mm512_setzero_si512();
+    for (int step = 16; step >= 1; step >>= 1) {
+        const __m512i cand = _mm512_add_epi32(sym, _mm512_set1_epi32(step));
+        const __m512i st = _mm512_permutex2var_epi32(R.st[0], cand, R.st[1]);
+        sym = _mm512_mask_mov_epi32(sym, _mm512_cmple_epu32_mask(st, slot), cand);
+    }
+    const __m512i next = _mm512_add_epi32(sym, _mm512_set1_epi32(1));
+    const __m512i start = _mm512_permutex2var_epi32(R.st[0], sym, R.st[1]);
+    // next == 32 wraps to index 0 in the permute: the end of the alphabet is slot 4096.
+    const __m512i end = _mm512_mask_mov_epi32(_mm512_permutex2var_epi32(R.st[0], next, R.st[1]),
+                                              _mm512_cmpeq_epi32_mask(next, _mm512_set1_epi32(32)),
+                                              _mm512_set1_epi32(int(rans::kProbScale)));
+    lk.sym = _mm512_mask_mov_epi32(lk.sym, m, sym);
+    lk.start = _mm512_mask_mov_epi32(lk.start, m, start);
+    lk.freq = _mm512_mask_mov_epi32(lk.freq, m, _mm512_sub_epi32(end, start));
+}
+
+KVS_AVX512 inline Lookup16 lookupRegs512(const Regs16& R, bool small, const int* T, const int32_t* tw, __m512i slot)
+{
+    const __m512i b = _mm512_srli_epi32(slot, CodingTable::kBucketShift);  // 0..63: bit 5 picks the pair
+    const __mmask16 top = _mm512_test_epi32_mask(b, _mm512_set1_epi32(32));
+    const __m512i a = _mm512_mask_mov_epi32(_mm512_permutex2var_epi32(R.a[0], b, R.a[1]), top,
+                                            _mm512_permutex2var_epi32(R.a[2], b, R.a[3]));
+    const __m512i c = _mm512_mask_mov_epi32(_mm512_permutex2var_epi32(R.c[0], b, R.c[1]), top,
+                                            _mm512_permutex2var_epi32(R.c[2], b, R.c[3]));
+    Lookup16 lk = resolve512(a, c, slot, nullptr, _mm512_setzero_si512());
+    if (__builtin_expect(lk.rare != 0, 0)) {
+        if (small) searchSmall512(R, slot, lk.rare, lk);
+        else lookupRare512(T, _mm512_loadu_si512(tw), slot, lk.rare, lk);
+    }
+    return lk;
+}
+
+template <RowOut K, bool Uniform>
 KVS_AVX512 void rowAvx512(W32Stream& s, const W32Row& r)
 {
-    const int nv = r.D / 16;
+    const int nv = r.D / 16, rows = r.rows;
     __m512i xa = _mm512_load_si512(s.x + r.lane0), xb = _mm512_load_si512(s.x + (r.lane0 ^ 16));
     const uint8_t* p = s.p;
     const int* T = reinterpret_cast<const int*>(r.tables);
     const __m512i m12 = _mm512_set1_epi32(4095), one = _mm512_set1_epi32(1);
     const __m512i lowL = _mm512_set1_epi32(int(rans::w32::kL));
     const __m512 mq = _mm512_set1_ps(float(r.m));
-    const __m512 tokenScale = _mm512_set1_ps(r.scale);
+    Regs16 R;
+    const bool small = Uniform && r.split[160] != 0;
+    if constexpr (Uniform) R = loadSplit512(r.split);
+    uint8_t* o = r.out;
+    for (int row = 0; row < rows; ++row, o += size_t(r.D) * rowOutBytes(K)) {
+    const __m512 tokenScale = _mm512_set1_ps(r.rowScales ? _cvtsh_ss(r.rowScales[row]) : r.scale);
     for (int v = 0; v < nv; ++v) {
         const int d0 = 16 * v;
-        const __m512i idx = _mm512_loadu_si512(r.tableWord + d0);
         const __m512i slot = _mm512_and_si512(xa, m12);
-        const Lookup16 lk = lookup512(T, idx, slot);
+        Lookup16 lk;
+        if constexpr (Uniform) lk = lookupRegs512(R, small, T, r.tableWord + d0, slot);
+        else lk = lookup512(T, _mm512_loadu_si512(r.tableWord + d0), slot);
         const __m512i sym = lk.sym;
         const __m512i k = _mm512_sub_epi32(slot, lk.start);
         __m512i x = _mm512_add_epi32(_mm512_mullo_epi32(lk.freq, _mm512_srli_epi32(xa, 12)), k);
@@ -212,7 +284,6 @@ KVS_AVX512 void rowAvx512(W32Stream& s, const W32Row& r)
         p += 2 * _mm_popcnt_u32(need);
         xa = xb;
         xb = x;
-        uint8_t* o = r.out;
         if constexpr (K == RowOut::Symbols) {
             _mm_storeu_si128(reinterpret_cast<__m128i*>(o + d0), _mm512_cvtepi32_epi8(sym));
         } else {
@@ -246,8 +317,9 @@ KVS_AVX512 void rowAvx512(W32Stream& s, const W32Row& r)
             }
         }
     }
-    // xa holds the states of the next symbol's vector: lanes (lane0 + 16 nv) % 32.
-    const int next = (r.lane0 + 16 * nv) & 31;
+    }
+    // xa holds the states of the next symbol's vector: lanes (lane0 + 16 nv rows) % 32.
+    const int next = (r.lane0 + 16 * nv * rows) & 31;
     _mm512_store_si512(s.x + next, xa);
     _mm512_store_si512(s.x + (next ^ 16), xb);
     s.p = p;
@@ -373,7 +445,7 @@ KVS_AVX2 inline Lookup8 lookup256(const int* T, __m256i idx, __m256i slot)
 template <RowOut K>
 KVS_AVX2 void rowAvx2(W32Stream& s, const W32Row& r)
 {
-    const int nv = r.D / 8;
+    const int nv = r.D / 8, rows = r.rows;
     const int l0 = r.lane0;
     __m256i x0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(s.x + l0));
     __m256i x1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(s.x + ((l0 + 8) & 31)));
@@ -384,7 +456,9 @@ KVS_AVX2 void rowAvx2(W32Stream& s, const W32Row& r)
     const __m256i m12 = _mm256_set1_epi32(4095), one = _mm256_set1_epi32(1);
     const __m256i zero = _mm256_setzero_si256();
     const __m256 mq = _mm256_set1_ps(float(r.m));
-    const __m256 tokenScale = _mm256_set1_ps(r.scale);
+    uint8_t* o = r.out;
+    for (int row = 0; row < rows; ++row, o += size_t(r.D) * rowOutBytes(K)) {
+    const __m256 tokenScale = _mm256_set1_ps(r.rowScales ? _cvtsh_ss(r.rowScales[row]) : r.scale);
     for (int v = 0; v < nv; ++v) {
         const int d0 = 8 * v;
         const __m256i idx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.tableWord + d0));
@@ -404,7 +478,6 @@ KVS_AVX2 void rowAvx2(W32Stream& s, const W32Row& r)
         x1 = x2;
         x2 = x3;
         x3 = x;
-        uint8_t* o = r.out;
         if constexpr (K == RowOut::Symbols) {
             const __m128i w16 = _mm_packus_epi32(_mm256_castsi256_si128(sym), _mm256_extracti128_si256(sym, 1));
             _mm_storel_epi64(reinterpret_cast<__m128i*>(o + d0), _mm_packus_epi16(w16, w16));
@@ -443,7 +516,8 @@ KVS_AVX2 void rowAvx2(W32Stream& s, const W32Row& r)
             }
         }
     }
-    const int next = (l0 + 8 * nv) & 31;  // x0 holds lanes next..next+7
+    }
+    const int next = (l0 + 8 * nv * rows) & 31;  // x0 holds lanes next..next+7
     _mm256_store_si256(reinterpret_cast<__m256i*>(s.x + next), x0);
     _mm256_store_si256(reinterpret_cast<__m256i*>(s.x + ((next + 8) & 31)), x1);
     _mm256_store_si256(reinterpret_cast<__m256i*>(s.x + ((next + 16) & 31)), x2);
@@ -540,15 +614,23 @@ W32EncFn w32EncodeKernel(SimdPath path, int D)
     return nullptr;
 }
 
-W32RowFn w32RowKernel(SimdPath path, RowOut k, int D)
+W32RowFn w32RowKernel(SimdPath path, RowOut k, int D, bool uniform)
 {
 #ifdef KVSCOPE_SIMD_X86
+    if (path == SimdPath::Avx512 && D % 16 == 0 && uniform) {
+        switch (k) {
+        case RowOut::F16: return rowAvx512<RowOut::F16, true>;
+        case RowOut::BF16: return rowAvx512<RowOut::BF16, true>;
+        case RowOut::F32: return rowAvx512<RowOut::F32, true>;
+        case RowOut::Symbols: return rowAvx512<RowOut::Symbols, true>;
+        }
+    }
     if (path == SimdPath::Avx512 && D % 16 == 0) {
         switch (k) {
-        case RowOut::F16: return rowAvx512<RowOut::F16>;
-        case RowOut::BF16: return rowAvx512<RowOut::BF16>;
-        case RowOut::F32: return rowAvx512<RowOut::F32>;
-        case RowOut::Symbols: return rowAvx512<RowOut::Symbols>;
+        case RowOut::F16: return rowAvx512<RowOut::F16, false>;
+        case RowOut::BF16: return rowAvx512<RowOut::BF16, false>;
+        case RowOut::F32: return rowAvx512<RowOut::F32, false>;
+        case RowOut::Symbols: return rowAvx512<RowOut::Symbols, false>;
         }
     }
     if ((path == SimdPath::Avx2 || path == SimdPath::Avx512) && D % 8 == 0) {
@@ -563,6 +645,7 @@ W32RowFn w32RowKernel(SimdPath path, RowOut k, int D)
     (void)path;
     (void)k;
     (void)D;
+    (void)uniform;
 #endif
     return nullptr;
 }

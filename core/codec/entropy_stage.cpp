@@ -8,6 +8,7 @@
 #include "codec/rans.h"
 #include "common/half.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -339,6 +340,8 @@ namespace {
 struct HeadDecoder {
     W32Stream st;
     std::vector<int32_t> tableWord;    // (2, D): role-major
+    alignas(64) uint32_t split[2][176];  // per role, when uniform: the one table's bucket words (W32Row::split)
+    bool uniform = false;
     std::vector<float> scaleVec;       // (2, D)
     std::vector<float> anchor;         // (D)
     std::vector<uint8_t> tail;         // the zero-padded copy of the stream's end
@@ -384,11 +387,28 @@ struct HeadDecoder {
         for (int role = 0; role < (delta ? 2 : 1); ++role)
             for (int d = 0; d < D; ++d)
                 tableWord[size_t(role) * D + d] = int32_t((size_t(role) * C + size_t(h) * D + size_t(d)) * tableWords);
+        uniform = true;
+        for (int role = 0; role < (delta ? 2 : 1); ++role) {
+            const int32_t* tw = tableWord.data() + size_t(role) * D;
+            for (int d = 1; d < D; ++d) uniform = uniform && tw[d] == tw[0];
+        }
+        if (uniform)
+            for (int role = 0; role < (delta ? 2 : 1); ++role) {
+                const CodingTable& t = *reinterpret_cast<const CodingTable*>(
+                    reinterpret_cast<const uint32_t*>(tab.tables.data()) + tableWord[size_t(role) * D]);
+                for (int b = 0; b < CodingTable::kBuckets; ++b) {
+                    split[role][b] = uint32_t(t.bucket[b]);
+                    split[role][64 + b] = uint32_t(t.bucket[b] >> 32);
+                }
+                const int a = quant::alphabetSize(role == 1 ? spec.anchorBins : spec.bins);
+                for (int sy = 0; sy < 32; ++sy) split[role][128 + sy] = sy < a ? t.start(sy) : rans::kProbScale;
+                split[role][160] = a <= 32 ? 1 : 0;
+            }
         if (perChannel) {
             halfToFloatN(sc + h * D, scaleVec.data(), size_t(D));
             if (delta) halfToFloatN(sc + C + h * D, scaleVec.data() + D, size_t(D));
         }
-        fast = w32RowKernel(simdPath(), kind, D);
+        fast = w32RowKernel(simdPath(), kind, D, uniform);
         slack = w32RowSlack(D);
         elem = rowOutBytes(kind);
         realEnd = st.end;
@@ -406,6 +426,7 @@ struct HeadDecoder {
         const int role = isAnchor ? 1 : 0;
         uint8_t* out = r.out;
         r.tableWord = tableWord.data() + size_t(role) * D;
+        r.split = uniform ? split[role] : nullptr;
         r.lane0 = int((size_t(t) * D) % W);
         r.m = isAnchor ? maxA : maxL;
         r.scaleVec = perChannel ? scaleVec.data() + size_t(role) * D : nullptr;
@@ -430,6 +451,48 @@ struct HeadDecoder {
         r.out = out;
     }
 
+    // Rows t..t+n-1, none of them an anchor: one kernel call when the stream has the bytes for
+    // all of them ahead, else row by row (which handles a stream's end).
+    void rows(int t, int n)
+    {
+        const int D = b->headDim;
+        if (!fast || n < 2 || size_t(st.end - st.p) < w32RowSlack(D, n)) {
+            for (int j = 0; j < n; ++j) row(t + j);
+            return;
+        }
+        uint8_t* out = r.out;
+        r.tableWord = tableWord.data();
+        r.split = uniform ? split[0] : nullptr;
+        r.lane0 = int((size_t(t) * D) % rans::w32::kLanes);
+        r.m = maxL;
+        r.scaleVec = perChannel ? scaleVec.data() : nullptr;
+        r.scale = 0.0f;
+        r.rowScales = perChannel ? nullptr : scales + t;
+        r.base = delta ? anchor.data() : nullptr;
+        r.anchorOut = nullptr;
+        r.out = out + size_t(t) * D * elem;
+        r.rows = n;
+        fast(st, r);
+        r.rows = 1;
+        r.rowScales = nullptr;
+        r.out = out;
+    }
+
+    // Every row of the block: an anchor row, then the rest of its group in one call.
+    void all()
+    {
+        const int G = b->deltaGroup >= 2 ? b->deltaGroup : b->tokens;
+        for (int t = 0; t < b->tokens; t += G) {
+            const int n = std::min(G, b->tokens - t);
+            if (b->isAnchor(t)) {
+                row(t);
+                rows(t + 1, n - 1);
+            } else {
+                rows(t, n);
+            }
+        }
+    }
+
     // Whether the stream ended exactly at its last word with every state back at its initial value.
     bool finish()
     {
@@ -452,7 +515,7 @@ void decodeHeadStreamV2(const quant::BlockSpec& b, int h, const uint8_t* data, s
 {
     thread_local HeadDecoder dec;
     dec.start(b, h, data, size, tab, scales, k, out);
-    for (int t = 0; t < b.tokens; ++t) dec.row(t);
+    dec.all();
     if (!dec.finish()) throw Error(where + ": head " + std::to_string(h) + ": entropy-coded stream is corrupt");
 }
 
@@ -462,10 +525,21 @@ void decodeHeadStreamsV2(const quant::BlockSpec& b, const uint8_t* const* data, 
     thread_local std::vector<HeadDecoder> dec;
     if (dec.size() < size_t(b.heads)) dec.resize(size_t(b.heads));
     for (int h = 0; h < b.heads; ++h) dec[size_t(h)].start(b, h, data[h], size[h], tab, scales, k, out[h]);
-    // Row t of every head in turn: the heads' state chains are independent, so the CPU overlaps
-    // one head's gathers with another's arithmetic instead of waiting on a single chain.
-    for (int t = 0; t < b.tokens; ++t)
-        for (int h = 0; h < b.heads; ++h) dec[size_t(h)].row(t);
+    // Delta group by delta group, every head in turn: the heads' state chains are independent, so
+    // the CPU overlaps the end of one head's rows with the start of the next head's.
+    const int G = b.deltaGroup >= 2 ? b.deltaGroup : b.tokens;
+    for (int t = 0; t < b.tokens; t += G) {
+        const int n = std::min(G, b.tokens - t);
+        for (int h = 0; h < b.heads; ++h) {
+            HeadDecoder& d = dec[size_t(h)];
+            if (b.isAnchor(t)) {
+                d.row(t);
+                d.rows(t + 1, n - 1);
+            } else {
+                d.rows(t, n);
+            }
+        }
+    }
     for (int h = 0; h < b.heads; ++h)  // the lowest corrupt head, as when they are decoded one by one
         if (!dec[size_t(h)].finish())
             throw Error(where + ": head " + std::to_string(h) + ": entropy-coded stream is corrupt");
