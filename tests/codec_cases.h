@@ -23,6 +23,7 @@ struct Case {
     int anchorBins = 0;
     Quantizer keyQ = Quantizer::PerToken, valueQ = Quantizer::PerToken;
     TableMode tables = TableMode::InBand;
+    TableScope scope = TableScope::Channel;
     bool random = false;  // i.i.d. normal values instead of the structured synthetic cache
     uint64_t seed = 1;
 };
@@ -66,6 +67,7 @@ inline CodecParams makeParams(const Case& c, const KvSet& kv)
     extreme.valueBins.assign(size_t(c.shape.numLayers), 4);
     p.profile.levels.push_back(extreme);
     p.profile.tables = TableMode::InBand;
+    p.profile.tableScope = c.scope;
     if (c.tables == TableMode::Shared) calibrateProfile(p, {&kv});
     return p;
 }

@@ -158,25 +158,38 @@ private slots:
         QCOMPARE(cli({"decode", bad, "--out", path("verify_l1.h5"), "--level", "1", "--json"}).exitCode, 0);
     }
 
-    // Tables calibrated offline on one cache and stored in the profile code another cache of the
-    // same shape; at small chunks they beat tables shipped in every chunk.
+    // Per-channel tables calibrated offline on one cache and stored in the profile code another
+    // cache of the same shape; at small chunks they beat per-channel tables shipped in every chunk.
+    // One table per KV head (the default) ships so few tables that in-band beats both.
     void calibratedProfileTables()
     {
         const QString other = path("other.h5"), profile = path("calibrated.json");
         QCOMPARE(cli({"synth", "--out", other, "--layers", "6", "--kv-heads", "2", "--head-dim", "32", "--tokens", "600",
                       "--seed", "9", "--json"}).exitCode, 0);
-        Run r = cli({"calibrate", other, "--out", profile, "--chunk-tokens", "64", "--delta-group", "0", "--json"});
+        Run r = cli({"calibrate", other, "--out", profile, "--chunk-tokens", "64", "--delta-group", "0", "--table-scope",
+                     "channel", "--json"});
         QCOMPARE(r.exitCode, 0);
         QCOMPARE(r.json()["channels"].toInt(), 64);
         r = cli({"encode", m_kv, "--out", path("cal.kvc"), "--profile", profile, "--verify", "--json"});
         QCOMPARE(r.exitCode, 0);
+        QCOMPARE(r.json()["table_scope"].toString(), QString("channel"));
         const QJsonArray calibrated = r.json()["levels"].toArray();
-        r = cli({"encode", m_kv, "--out", path("inband.kvc"), "--chunk-tokens", "64", "--delta-group", "0", "--verify", "--json"});
+        r = cli({"encode", m_kv, "--out", path("inband.kvc"), "--chunk-tokens", "64", "--delta-group", "0", "--table-scope",
+                 "channel", "--verify", "--json"});
         QCOMPARE(r.exitCode, 0);
         const QJsonArray inband = r.json()["levels"].toArray();
+        r = cli({"encode", m_kv, "--out", path("inband_head.kvc"), "--chunk-tokens", "64", "--delta-group", "0", "--verify",
+                 "--json"});
+        QCOMPARE(r.exitCode, 0);
+        QCOMPARE(r.json()["table_scope"].toString(), QString("head"));
+        const QJsonArray perHead = r.json()["levels"].toArray();
         QCOMPARE(calibrated.size(), 3);
         for (int l = 0; l < 3; ++l) {
-            const QJsonObject c = calibrated[l].toObject(), i = inband[l].toObject();
+            const QJsonObject c = calibrated[l].toObject(), i = inband[l].toObject(), h = perHead[l].toObject();
+            QVERIFY2(h["bits_per_value"].toDouble() < c["bits_per_value"].toDouble(),
+                     qPrintable(QString("level %1: per head %2 vs calibrated per channel %3").arg(l + 1)
+                                    .arg(h["bits_per_value"].toDouble()).arg(c["bits_per_value"].toDouble())));
+            QCOMPARE(h["max_abs_error"].toDouble(), i["max_abs_error"].toDouble());
             QCOMPARE(c["tables_from"].toString(), QString("profile"));
             QVERIFY(c["table_bytes"].toInteger() > 0);
             QVERIFY2(c["bits_per_value"].toDouble() < i["bits_per_value"].toDouble(),

@@ -21,10 +21,12 @@ uint32_t u32(const uint8_t* p) { return uint32_t(p[0]) | uint32_t(p[1]) << 8 | u
 uint16_t u16(const uint8_t* p) { return uint16_t(p[0] | p[1] << 8); }
 
 // Decodes a cachegen chunk payload of v2 from the words of FORMAT.md, into float values in
-// KvSet order (kind, layer, head, token, d) of this chunk. In-band tables only.
+// KvSet order (kind, layer, head, token, d) of this chunk. In-band tables only, one per channel or
+// (table_scope 1) one per head.
 std::vector<float> formatDecode(const CodecParams& p, const uint8_t* data, size_t size, int chunk, int level)
 {
-    const int L = p.shape.numLayers, H = p.shape.numKvHeads, D = p.shape.headDim, C = H * D;
+    const bool perHead = p.profile.tableScope == TableScope::Head;
+    const int L = p.shape.numLayers, H = p.shape.numKvHeads, D = p.shape.headDim, C = perHead ? H : H * D;
     const int n = p.chunkLength(chunk), G = p.profile.deltaGroup, roles = G >= 2 ? 2 : 1;
     const size_t B = size_t(2) * L;
     size_t pos = 0;
@@ -67,7 +69,7 @@ std::vector<float> formatDecode(const CodecParams& p, const uint8_t* data, size_
             for (int t = 0; t < n; ++t)
                 for (int d = 0; d < D; ++d) {
                     const int role = (G >= 2 && t % G == 0) ? 1 : 0;
-                    const ProbTable& tab = tables[u][size_t(role) * C + h * D + d];
+                    const ProbTable& tab = tables[u][size_t(role) * C + (perHead ? h : h * D + d)];
                     uint32_t& st = x[(size_t(t) * D + d) % 32];
                     const uint32_t slot = st & 4095;
                     int sy = 0;
@@ -129,14 +131,24 @@ private slots:
         QTest::addColumn<bool>("perChannel");
         QTest::addColumn<bool>("shared");
         QTest::addColumn<bool>("random");
-        QTest::newRow("d64 f16 delta10 per-token") << 64 << int(DType::F16) << 10 << false << false << false;
-        QTest::newRow("d64 bf16 delta10 per-channel") << 64 << int(DType::BF16) << 10 << true << false << false;
-        QTest::newRow("d128 f32 no delta") << 128 << int(DType::F32) << 0 << false << false << true;
-        QTest::newRow("d16 f16 shared tables") << 16 << int(DType::F16) << 4 << true << true << false;
-        QTest::newRow("d80 f16 (rows start at lane 16)") << 80 << int(DType::F16) << 10 << false << false << true;
-        QTest::newRow("d24 bf16 (AVX2 only)") << 24 << int(DType::BF16) << 3 << true << false << true;
-        QTest::newRow("d8 f32 (AVX2 only)") << 8 << int(DType::F32) << 2 << false << false << false;
-        QTest::newRow("d5 f16 (scalar rows)") << 5 << int(DType::F16) << 10 << false << false << true;
+        QTest::addColumn<bool>("perHead");
+        QTest::newRow("d64 f16 delta10 per-token") << 64 << int(DType::F16) << 10 << false << false << false << false;
+        QTest::newRow("d64 bf16 delta10 per-channel") << 64 << int(DType::BF16) << 10 << true << false << false << false;
+        QTest::newRow("d128 f32 no delta") << 128 << int(DType::F32) << 0 << false << false << true << false;
+        QTest::newRow("d16 f16 shared tables") << 16 << int(DType::F16) << 4 << true << true << false << false;
+        QTest::newRow("d80 f16 (rows start at lane 16)") << 80 << int(DType::F16) << 10 << false << false << true << false;
+        QTest::newRow("d24 bf16 (AVX2 only)") << 24 << int(DType::BF16) << 3 << true << false << true << false;
+        QTest::newRow("d8 f32 (AVX2 only)") << 8 << int(DType::F32) << 2 << false << false << false << false;
+        QTest::newRow("d5 f16 (scalar rows)") << 5 << int(DType::F16) << 10 << false << false << true << false;
+        // One table per head: the AVX-512 rows look it up in registers.
+        QTest::newRow("per-head d64 f16 delta10") << 64 << int(DType::F16) << 10 << false << false << false << true;
+        QTest::newRow("per-head d64 bf16 per-channel random") << 64 << int(DType::BF16) << 10 << true << false << true << true;
+        QTest::newRow("per-head d128 f32 no delta") << 128 << int(DType::F32) << 0 << false << false << true << true;
+        QTest::newRow("per-head d16 f16 shared") << 16 << int(DType::F16) << 4 << true << true << false << true;
+        QTest::newRow("per-head d80 f16 (lane 16)") << 80 << int(DType::F16) << 10 << false << false << true << true;
+        QTest::newRow("per-head d32 f16 delta 3 random") << 32 << int(DType::F16) << 3 << false << false << true << true;
+        QTest::newRow("per-head d8 f32 (AVX2 only)") << 8 << int(DType::F32) << 2 << false << false << false << true;
+        QTest::newRow("per-head d5 f16 (scalar rows)") << 5 << int(DType::F16) << 10 << false << false << true << true;
     }
 
     // Every level (the extreme one: 256-bin keys, 4-bin values), every chunk (the last one short).
@@ -148,7 +160,9 @@ private slots:
         QFETCH(bool, perChannel);
         QFETCH(bool, shared);
         QFETCH(bool, random);
+        QFETCH(bool, perHead);
         Case c;
+        c.scope = perHead ? TableScope::Head : TableScope::Channel;
         c.shape = KvShape{2, 2, headDim, 100};
         c.dtype = DType(dtype);
         c.chunkTokens = 64;

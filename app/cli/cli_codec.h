@@ -20,7 +20,7 @@ struct ProfileOptions {
     int chunkTokens = 0;
     int deltaGroup = -1;
     int anchorBins = -1;
-    std::string tables, keyQuantizer, valueQuantizer;
+    std::string tables, tableScope, keyQuantizer, valueQuantizer;
     bool forceProfile = false;
 
     void add(CLI::App* sub)
@@ -31,6 +31,7 @@ struct ProfileOptions {
         sub->add_option("--delta-group", deltaGroup, "tokens per anchor group, 0 = no delta coding");
         sub->add_option("--anchor-bins", anchorBins, "bins for anchor tokens, 0 = the layer's bins");
         sub->add_option("--tables", tables, "inband (per chunk) or shared (calibrated once per file)");
+        sub->add_option("--table-scope", tableScope, "head (one table per KV head, the default) or channel (CacheGen's one per channel)");
         sub->add_option("--key-quantizer", keyQuantizer, "token (CacheGen) or channel (KIVI-style)");
         sub->add_option("--value-quantizer", valueQuantizer, "token or channel");
         sub->add_flag("--force-profile", forceProfile, "use a profile tuned for another model");
@@ -61,6 +62,9 @@ struct ProfileOptions {
         if (tables == "inband") pr.tables = TableMode::InBand;
         else if (tables == "shared") pr.tables = TableMode::Shared;
         else if (!tables.empty()) throw Error("--tables: expected inband or shared, got '" + tables + "'");
+        if (tableScope == "head") pr.tableScope = TableScope::Head;
+        else if (tableScope == "channel") pr.tableScope = TableScope::Channel;
+        else if (!tableScope.empty()) throw Error("--table-scope: expected head or channel, got '" + tableScope + "'");
         auto quantizer = [](const std::string& s, Quantizer* q, const char* opt) {
             if (s == "token") *q = Quantizer::PerToken;
             else if (s == "channel") *q = Quantizer::PerChannel;
@@ -70,8 +74,9 @@ struct ProfileOptions {
         quantizer(valueQuantizer, &pr.valueQuantizer, "--value-quantizer");
         const std::string src = source();
         checkProfileModel(pr, kv.modelFingerprint, src, forceProfile);
-        if (pr.hasCalibratedTables() && (deltaGroup >= 0 || anchorBins >= 0 || !keyQuantizer.empty() || !valueQuantizer.empty()))
-            throw inputError(src, "calibrated_tables", "--delta-group, --anchor-bins and the quantizer options change what "
+        if (pr.hasCalibratedTables() && (deltaGroup >= 0 || anchorBins >= 0 || !keyQuantizer.empty() || !valueQuantizer.empty() ||
+                                         !tableScope.empty()))
+            throw inputError(src, "calibrated_tables", "--delta-group, --anchor-bins, --table-scope and the quantizer options change what "
                                                        "the calibrated tables describe: recalibrate instead");
         if (p.codec == CodecId::Transform && !pr.hasTransform()) pr.transformLevels = defaultTransformLevels();
         validateProfile(pr, src);

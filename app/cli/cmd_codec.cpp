@@ -97,6 +97,7 @@ json encodeReport(const KvSet& kv, const CodecParams& p, const std::string& path
     if (p.codec == CodecId::CacheGen) {
         j["delta_group"] = p.profile.deltaGroup;
         j["tables"] = tableModeName(p.profile.tables);
+        j["table_scope"] = tableScopeName(p.profile.tableScope);
         j["key_quantizer"] = quantizerName(p.profile.keyQuantizer);
         j["value_quantizer"] = quantizerName(p.profile.valueQuantizer);
     }

@@ -163,7 +163,8 @@ EntropyBenchResult benchEntropy(const KvSet& kv, const CodecParams& p, int level
     using namespace detail;
     ThreadScope threads(opt.threads);
     KVSCOPE_ASSERT(p.codec == CodecId::CacheGen);
-    const int L = p.shape.numLayers, H = p.shape.numKvHeads, C = p.shape.channels(), roles = numRoles(p);
+    const int L = p.shape.numLayers, H = p.shape.numKvHeads, C = tablesPerRole(p), roles = numRoles(p);
+    const bool perHead = p.profile.tableScope == TableScope::Head;
     const int chunks = p.numChunks(), units = chunks * 2 * L;
     const bool shared = p.profile.tables == TableMode::Shared;
     LevelTables levelTables;
@@ -205,7 +206,7 @@ EntropyBenchResult benchEntropy(const KvSet& kv, const CodecParams& p, int level
             if (shared) {
                 t = &sharedTabs[size_t(u % (2 * L))];
             } else {
-                inBandUnitTables(q, roles, tab, out.tables);
+                inBandUnitTables(q, roles, perHead, tab, out.tables);
             }
             for (int h = 0; h < H; ++h) encodeHeadStreamV2(q.spec, h, q.sym.data(), *t, out.streams[size_t(h)]);
         });
@@ -221,7 +222,7 @@ EntropyBenchResult benchEntropy(const KvSet& kv, const CodecParams& p, int level
             if (shared) {
                 t = &sharedTabs[size_t(u % (2 * L))];
             } else {
-                tab.tables.resize(size_t(roles) * C);
+                tab.resize(roles, C, channelsPerTable(p));
                 const uint8_t* tp = in.tables.data();
                 const uint8_t* te = tp + in.tables.size();
                 for (int role = 0; role < roles; ++role)

@@ -17,15 +17,15 @@ QuantizedBlock quantizeUnit(const CodecParams& p, const KvSet& kv, KvKind kind, 
     return q;
 }
 
-void inBandUnitTables(const QuantizedBlock& q, int roles, UnitTables& tab, std::vector<uint8_t>& serialized)
+void inBandUnitTables(const QuantizedBlock& q, int roles, bool perHead, UnitTables& tab, std::vector<uint8_t>& serialized)
 {
     thread_local std::vector<uint32_t> flat;
-    const size_t stride = countUnit(q, roles, flat);
-    const int C = q.spec.channels();
-    tab.tables.resize(size_t(roles) * C);
+    const size_t stride = countUnit(q, roles, perHead, flat);
+    const int n = perHead ? q.spec.heads : q.spec.channels();
+    tab.resize(roles, n, perHead ? q.spec.headDim : 1);
     for (int role = 0; role < roles; ++role)
-        for (int c = 0; c < C; ++c) {
-            const size_t i = size_t(role) * C + size_t(c);
+        for (int c = 0; c < n; ++c) {
+            const size_t i = size_t(role) * n + size_t(c);
             const int a = quant::alphabetSize(role ? q.spec.anchorBins : q.spec.bins);
             buildCodingTable(flat.data() + i * stride, a, &tab.tables[i], false);
             serializeCodingTable(tab.tables[i], a, serialized);
@@ -38,6 +38,8 @@ std::vector<uint8_t> encodeCacheGenChunk(const CodecParams& p, const KvSet& kv, 
     const int L = p.shape.numLayers, H = p.shape.numKvHeads;
     const int t0 = p.chunkStart(chunk), n = p.chunkLength(chunk);
     KVSCOPE_ASSERT((p.profile.tables == TableMode::Shared) == (shared != nullptr));
+    if (p.entropy == EntropyLayout::Rans4x8 && p.profile.tableScope != TableScope::Channel)
+        throw Error("version-1 streams need per-channel tables (table_scope channel)");
     const int roles = numRoles(p);
     std::vector<std::vector<uint8_t>> tableBytes(size_t(2) * L), scaleBytes(size_t(2) * L);
     std::vector<std::vector<std::vector<uint8_t>>> streams(size_t(2) * L, std::vector<std::vector<uint8_t>>(size_t(H)));
@@ -53,7 +55,7 @@ std::vector<uint8_t> encodeCacheGenChunk(const CodecParams& p, const KvSet& kv, 
         if (shared) {
             sharedUnitTables(p, *shared, kind, layer, false, tab);
         } else {
-            inBandUnitTables(q, roles, tab, tableBytes[size_t(u)]);
+            inBandUnitTables(q, roles, p.profile.tableScope == TableScope::Head, tab, tableBytes[size_t(u)]);
         }
         for (int h = 0; h < H; ++h) {
             if (p.entropy == EntropyLayout::Rans4x8) encodeHeadStream(b, h, sym.data(), tab, streams[size_t(u)][size_t(h)]);
@@ -114,17 +116,18 @@ void parseLayout(const CodecParams& p, const uint8_t* data, size_t size, int chu
 // Parses unit u's in-band tables into tab (decoding form).
 void parseUnitTables(const CodecParams& p, const ChunkLayout& lay, int u, UnitTables& tab, const std::string& unitWhere)
 {
-    const int C = p.shape.channels(), roles = numRoles(p);
+    const int n = tablesPerRole(p), roles = numRoles(p);
+    const bool perHead = p.profile.tableScope == TableScope::Head;
     const quant::BlockSpec& b = lay.specs[size_t(u)];
-    tab.tables.resize(size_t(roles) * C);
+    tab.resize(roles, n, channelsPerTable(p));
     const uint8_t* tp = lay.tablePtr[size_t(u)];
     const uint8_t* te = tp + lay.tableSize[size_t(u)];
     for (int role = 0; role < roles; ++role)
-        for (int c = 0; c < C; ++c) {
+        for (int c = 0; c < n; ++c) {
             std::string why;
             if (!parseCodingTable(&tp, te, quant::alphabetSize(role ? b.anchorBins : b.bins),
-                                  &tab.tables[size_t(role) * C + c], &why))
-                throw Error(unitWhere + ": channel " + std::to_string(c) + ": " + why);
+                                  &tab.tables[size_t(role) * n + c], &why))
+                throw Error(unitWhere + ": " + (perHead ? "head " : "channel ") + std::to_string(c) + ": " + why);
         }
     if (tp != te) throw Error(unitWhere + ": unexpected bytes after the probability tables");
 }

@@ -72,7 +72,8 @@ quant::BlockSpec cachegenBlockSpec(const CodecParams& p, KvKind kind, int layer,
 struct LevelTables {
     std::vector<ProbTable> tables;
     const ProbTable& at(const CodecParams& p, KvKind kind, int layer, int role, int channel) const;
-    static size_t index(const CodecParams& p, KvKind kind, int layer, int role, int channel);
+    // table: the channel, or the KV head with TableScope::Head (tablesPerRole per role).
+    static size_t index(const CodecParams& p, KvKind kind, int layer, int role, int table);
 };
 
 // Symbol counts for calibration, same indexing as LevelTables, `alphabet` counters per table.

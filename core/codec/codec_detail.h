@@ -31,6 +31,13 @@ namespace kvscope::detail {
 inline constexpr KvKind kKinds[2] = {KvKind::Key, KvKind::Value};
 
 inline int numRoles(const CodecParams& p) { return p.profile.deltaEnabled() ? 2 : 1; }
+// Probability tables per (kind, layer, role): one per channel, or one per KV head.
+inline int tablesPerRole(const CodecParams& p)
+{
+    return p.profile.tableScope == TableScope::Head ? p.shape.numKvHeads : p.shape.channels();
+}
+// Channels one table covers: 1, or head_dim.
+inline int channelsPerTable(const CodecParams& p) { return p.profile.tableScope == TableScope::Head ? p.shape.headDim : 1; }
 
 // Reads one (kind, layer) block of a chunk as floats: (heads, n, head_dim).
 inline void readBlock(const KvSet& kv, KvKind kind, int layer, int t0, int n, std::vector<float>& x)
@@ -116,13 +123,15 @@ struct QuantizedBlock {
 };
 QuantizedBlock quantizeUnit(const CodecParams& p, const KvSet& kv, KvKind kind, int layer, int level, int t0, int n);
 
-// Counts a quantized block's symbols per (role, channel) into flat; returns the stride between tables.
-size_t countUnit(const QuantizedBlock& q, int roles, std::vector<uint32_t>& flat);
+// Counts a quantized block's symbols per (role, channel), or per (role, head) when perHead, into
+// flat; returns the stride between tables.
+size_t countUnit(const QuantizedBlock& q, int roles, bool perHead, std::vector<uint32_t>& flat);
 
-// The per-(role, channel) coding tables of one block built from its own symbol counts (in-band
-// mode): fills tab for encoding and appends their serialised form to `serialized`.
+// The per-(role, channel) coding tables (perHead: per (role, head)) of one block built from its
+// own symbol counts (in-band mode): fills tab for encoding and appends their serialised form to
+// `serialized`.
 struct UnitTables;
-void inBandUnitTables(const QuantizedBlock& q, int roles, UnitTables& tab, std::vector<uint8_t>& serialized);
+void inBandUnitTables(const QuantizedBlock& q, int roles, bool perHead, UnitTables& tab, std::vector<uint8_t>& serialized);
 
 std::vector<uint8_t> encodeCacheGenChunk(const CodecParams& p, const KvSet& kv, int chunk, int level,
                                          const LevelTables* shared);
@@ -138,12 +147,21 @@ void decodeCacheGenChunks(const CodecParams& p, const std::vector<ChunkPayload>&
 // units on the same thread so the hot path never allocates.
 struct UnitTables {
     std::vector<CodingTable> tables;
-    const CodingTable& at(int role, int channels, int channel) const { return tables[size_t(role) * channels + channel]; }
+    int perRole = 0;           // tables per role
+    int channelsPerTable = 1;  // 1 (per channel) or head_dim (per head)
+    size_t index(int role, int channel) const { return size_t(role) * size_t(perRole) + size_t(channel / channelsPerTable); }
+    const CodingTable& at(int role, int channel) const { return tables[index(role, channel)]; }
+    void resize(int roles, int perRoleTables, int channelsPer)
+    {
+        perRole = perRoleTables;
+        channelsPerTable = channelsPer;
+        tables.resize(size_t(roles) * size_t(perRoleTables));
+    }
 };
 
 // Symbol counts of a block into flat[(role * C + c) * stride + symbol], added to what is there;
 // stride is at least the larger alphabet of the two roles.
-void countBlock(const quant::BlockSpec& b, const uint8_t* sym, int roles, uint32_t* flat, size_t stride);
+void countBlock(const quant::BlockSpec& b, const uint8_t* sym, int roles, bool perHead, uint32_t* flat, size_t stride);
 
 // One stream per head: symbols (t, d) in token-major order, symbol i coded by state i % 4.
 void encodeHeadStream(const quant::BlockSpec& b, int h, const uint8_t* sym, const UnitTables& tab,

@@ -210,14 +210,17 @@ KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const std::string
     ByteWriter h;
     h.bytes(kMagic, 8);
     h.u16(p.entropy == EntropyLayout::Rans4x8 ? uint16_t(1) : kKvcVersionMajor);
-    h.u16(p.codec == CodecId::Transform ? kKvcVersionMinor : 0);  // x.0 files stay byte-identical
+    // x.0 files stay byte-identical; 2.1 adds the transform section, 2.2 per-head tables.
+    const bool perHead = p.codec == CodecId::CacheGen && p.profile.tableScope == TableScope::Head;
+    h.u16(p.codec == CodecId::Transform ? uint16_t(1) : perHead ? uint16_t(2) : uint16_t(0));
     h.u32(uint32_t(kKvcHeaderSize));
     h.u8(uint8_t(p.codec));
     h.u8(uint8_t(p.dtype));
     h.u8(uint8_t(p.profile.keyQuantizer));
     h.u8(uint8_t(p.profile.valueQuantizer));
     h.u8(uint8_t(p.profile.tables));
-    h.u8(0); h.u8(0); h.u8(0);
+    h.u8(perHead ? 1 : 0);  // table_scope
+    h.u8(0); h.u8(0);
     h.u32(uint32_t(p.shape.numLayers));
     h.u32(uint32_t(p.shape.numKvHeads));
     h.u32(uint32_t(p.shape.headDim));
@@ -321,12 +324,16 @@ void KvcReader::parse()
 
     CodecParams& p = m_params;
     p.entropy = major == 1 ? EntropyLayout::Rans4x8 : EntropyLayout::Rans32x16;
-    const uint8_t codec = h.u8(), dtype = h.u8(), kq = h.u8(), vq = h.u8(), tm = h.u8();
-    h.take(3);
+    const uint8_t codec = h.u8(), dtype = h.u8(), kq = h.u8(), vq = h.u8(), tm = h.u8(), scope = h.u8();
+    h.take(2);
     if (codec > uint8_t(CodecId::Transform)) throw Error(where("header") + ": unknown codec id " + std::to_string(codec));
     if (dtype > uint8_t(DType::F32)) throw Error(where("header") + ": unknown dtype id " + std::to_string(dtype));
     if (kq > 1 || vq > 1) throw Error(where("header") + ": unknown quantizer id");
     if (tm > 1) throw Error(where("header") + ": unknown table mode " + std::to_string(tm));
+    if (scope > 1) throw Error(where("header") + ": unknown table scope " + std::to_string(scope));
+    if (scope == 1 && (major < 2 || minor < 2 || codec != uint8_t(CodecId::CacheGen)))
+        throw Error(where("header") + ": per-head tables need a cachegen file of format version 2.2 or later");
+    p.profile.tableScope = TableScope(scope);
     p.codec = CodecId(codec);
     p.dtype = DType(dtype);
     p.profile.keyQuantizer = Quantizer(kq);

@@ -16,7 +16,7 @@ namespace kvscope {
 // Version 2 changed the entropy-coded streams of cachegen chunks (EntropyLayout); minor 1 (1.1 or
 // 2.1) adds the transform codec's section. Readers accept majors 1 and 2.
 constexpr uint16_t kKvcVersionMajor = 2;
-constexpr uint16_t kKvcVersionMinor = 1;  // written only by the transform codec; other files are x.0
+constexpr uint16_t kKvcVersionMinor = 2;  // 1: the transform codec's files; 2: cachegen with per-head tables; others x.0
 constexpr uint16_t kKvcOldestMajor = 1;
 constexpr size_t kKvcHeaderSize = 160;
 

@@ -33,6 +33,7 @@
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12's AVX-512 headers build vectors from deliberately undefined ones (false positives).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>

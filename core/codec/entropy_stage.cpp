@@ -14,11 +14,39 @@
 
 namespace kvscope::detail {
 
-// Symbol counts of a block into flat[(role * C + c) * stride + symbol], added to what is there;
-// stride is at least the larger alphabet of the two roles.
-void countBlock(const quant::BlockSpec& b, const uint8_t* sym, int roles, uint32_t* flat, size_t stride)
+// Symbol counts of a block into flat[(role * C + c) * stride + symbol] (perHead: into
+// flat[(role * heads + h) * stride + symbol]), added to what is there; stride is at least the
+// larger alphabet of the two roles.
+void countBlock(const quant::BlockSpec& b, const uint8_t* sym, int roles, bool perHead, uint32_t* flat, size_t stride)
 {
     const int D = b.headDim, C = b.channels();
+    if (perHead) {
+        // Four sub-histograms per role, so that runs of one symbol do not wait on each other's
+        // increments of a single counter; added to flat per head.
+        thread_local std::vector<uint32_t> sub;
+        for (int h = 0; h < b.heads; ++h) {
+            sub.assign(size_t(2) * 4 * stride, 0);
+            for (int t = 0; t < b.tokens; ++t) {
+                const int role = (roles == 2 && b.isAnchor(t)) ? 1 : 0;
+                const uint8_t* row = sym + (size_t(h) * b.tokens + t) * D;
+                uint32_t* r = sub.data() + size_t(role) * 4 * stride;
+                int d = 0;
+                for (; d + 4 <= D; d += 4) {
+                    r[row[d]]++;
+                    r[stride + row[d + 1]]++;
+                    r[2 * stride + row[d + 2]]++;
+                    r[3 * stride + row[d + 3]]++;
+                }
+                for (; d < D; ++d) r[row[d]]++;
+            }
+            for (int role = 0; role < roles; ++role) {
+                uint32_t* base = flat + (size_t(role) * b.heads + size_t(h)) * stride;
+                const uint32_t* r = sub.data() + size_t(role) * 4 * stride;
+                for (size_t s = 0; s < stride; ++s) base[s] += r[s] + r[stride + s] + r[2 * stride + s] + r[3 * stride + s];
+            }
+        }
+        return;
+    }
     for (int h = 0; h < b.heads; ++h)
         for (int t = 0; t < b.tokens; ++t) {
             const int role = (roles == 2 && b.isAnchor(t)) ? 1 : 0;
@@ -28,12 +56,11 @@ void countBlock(const quant::BlockSpec& b, const uint8_t* sym, int roles, uint32
         }
 }
 
-// Counts a quantized block's symbols per (role, channel) into flat; returns the stride between tables.
-size_t countUnit(const QuantizedBlock& q, int roles, std::vector<uint32_t>& flat)
+size_t countUnit(const QuantizedBlock& q, int roles, bool perHead, std::vector<uint32_t>& flat)
 {
     const size_t stride = size_t(quant::alphabetSize(std::max(q.spec.bins, q.spec.anchorBins)));
-    flat.assign(size_t(roles) * q.spec.channels() * stride, 0);
-    countBlock(q.spec, q.sym.data(), roles, flat.data(), stride);
+    flat.assign(size_t(roles) * size_t(perHead ? q.spec.heads : q.spec.channels()) * stride, 0);
+    countBlock(q.spec, q.sym.data(), roles, perHead, flat.data(), stride);
     return stride;
 }
 
@@ -42,7 +69,8 @@ size_t countUnit(const QuantizedBlock& q, int roles, std::vector<uint32_t>& flat
 void encodeHeadStream(const quant::BlockSpec& b, int h, const uint8_t* sym, const UnitTables& tab,
                       std::vector<uint8_t>& out)
 {
-    const int D = b.headDim, C = b.channels();
+    const int D = b.headDim;
+    KVSCOPE_ASSERT(tab.channelsPerTable == 1);  // v1 files have per-channel tables only
     const size_t n = size_t(b.tokens) * D;
     const uint8_t* s = sym + size_t(h) * n;
     const rans::FreqDivider& div = rans::freqDivider();
@@ -65,7 +93,7 @@ void encodeHeadStream(const quant::BlockSpec& b, int h, const uint8_t* sym, cons
     uint32_t x[rans::kRansWays];
     for (uint32_t& v : x) rans::encInit(&v);
     for (int t = b.tokens - 1; t >= 0; --t) {  // reverse order: see rans.h
-        const CodingTable* row = &tab.at(b.isAnchor(t) ? 1 : 0, C, h * D);
+        const CodingTable* row = &tab.at(b.isAnchor(t) ? 1 : 0, h * D);
         const uint8_t* st = s + size_t(t) * D;
         if (D % 4 == 0) {
             uint32_t x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3];
@@ -104,6 +132,7 @@ void decodeHeadStream(const quant::BlockSpec& b, int h, const uint8_t* data, siz
     const int D = b.headDim, C = b.channels();
     const int maxL = quant::maxLevel(b.bins), maxA = quant::maxLevel(b.anchorBins);
     static_assert(rans::kRansWays == 4, "the unrolled loops below assume 4 ways");
+    if (tab.channelsPerTable != 1) throw Error(where + ": version-1 streams need per-channel tables");
     rans::RansReader r{data, data + size, false};
     uint32_t x0 = rans::decInit(r), x1 = rans::decInit(r), x2 = rans::decInit(r), x3 = rans::decInit(r);
     std::vector<float> scale(static_cast<size_t>(D)), zero(static_cast<size_t>(D), 0.0f);
@@ -111,7 +140,7 @@ void decodeHeadStream(const quant::BlockSpec& b, int h, const uint8_t* data, siz
     const bool perChannel = b.quantizer == Quantizer::PerChannel;
     for (int t = 0; t < b.tokens; ++t) {
         const bool anchor = b.isAnchor(t);
-        const CodingTable* row = &tab.at(anchor ? 1 : 0, C, h * D);
+        const CodingTable* row = &tab.at(anchor ? 1 : 0, h * D);
         const int m = anchor ? maxA : maxL;
         if (perChannel) halfToFloatN(scales + (anchor ? C : 0) + h * D, scale.data(), size_t(D));
         const float* base = (b.deltaGroup >= 2 && !anchor) ? out + size_t(t - t % b.deltaGroup) * D : zero.data();
@@ -215,10 +244,14 @@ static void finishStreamV2(const uint32_t* x, uint16_t* w, const std::vector<uin
     const size_t words = size_t(wordsEnd - w), at = out.size();
     out.resize(at + 2 * words);
     uint8_t* o = out.data() + at;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    std::memcpy(o, w, 2 * words);
+#else
     for (size_t j = 0; j < words; ++j) {  // little-endian words on any host
         o[2 * j] = uint8_t(w[j]);
         o[2 * j + 1] = uint8_t(w[j] >> 8);
     }
+#endif
 }
 
 // Symbols from last to first, state i % 32, words pushed towards the front of a buffer sized for
@@ -227,7 +260,7 @@ void encodeHeadStreamV2(const quant::BlockSpec& b, int h, const uint8_t* sym, co
                         std::vector<uint8_t>& out)
 {
     constexpr int W = rans::w32::kLanes;
-    const int D = b.headDim, C = b.channels();
+    const int D = b.headDim;
     const size_t n = size_t(b.tokens) * D;
     const uint8_t* s = sym + size_t(h) * n;
     const FreqDivider32& div = freqDivider32();
@@ -243,7 +276,7 @@ void encodeHeadStreamV2(const quant::BlockSpec& b, int h, const uint8_t* sym, co
         const bool delta = b.deltaGroup >= 2;
         for (int role = 0; role < (delta ? 2 : 1); ++role)
             for (int d = 0; d < D; ++d)
-                tableWord[size_t(role) * D + d] = int32_t((size_t(role) * C + size_t(h) * D + size_t(d)) * (sizeof(CodingTable) / 4));
+                tableWord[size_t(role) * D + d] = int32_t(tab.index(role, h * D + d) * (sizeof(CodingTable) / 4));
         const W32EncJob job{reinterpret_cast<const uint32_t*>(tab.tables.data()), tableWord.data(), s, b.tokens, D,
                             b.deltaGroup};
         fast(job, x, w);
@@ -262,13 +295,13 @@ void encodeHeadStreamV2(const quant::BlockSpec& b, int h, const uint8_t* sym, co
     };
     size_t i = n;
     for (int t = b.tokens - 1; t >= 0; --t) {  // reverse order: see rans.h
-        const CodingTable* row = &tab.at(b.isAnchor(t) ? 1 : 0, C, h * D);
+        const int role = b.isAnchor(t) ? 1 : 0;
         const uint8_t* st = s + size_t(t) * D;
         if (D % W == 0) {
-            for (int d = D - 1; d >= 0; --d) put(x[d & (W - 1)], row[d].sf[st[d]]);
+            for (int d = D - 1; d >= 0; --d) put(x[d & (W - 1)], tab.at(role, h * D + d).sf[st[d]]);
             i -= size_t(D);
         } else {
-            for (int d = D - 1; d >= 0; --d) put(x[--i % W], row[d].sf[st[d]]);
+            for (int d = D - 1; d >= 0; --d) put(x[--i % W], tab.at(role, h * D + d).sf[st[d]]);
         }
     }
     finishStreamV2(x, w, buf, wordsEnd, out);
@@ -386,7 +419,7 @@ struct HeadDecoder {
         constexpr size_t tableWords = sizeof(CodingTable) / 4;
         for (int role = 0; role < (delta ? 2 : 1); ++role)
             for (int d = 0; d < D; ++d)
-                tableWord[size_t(role) * D + d] = int32_t((size_t(role) * C + size_t(h) * D + size_t(d)) * tableWords);
+                tableWord[size_t(role) * D + d] = int32_t(tab.index(role, h * D + d) * tableWords);
         uniform = true;
         for (int role = 0; role < (delta ? 2 : 1); ++role) {
             const int32_t* tw = tableWord.data() + size_t(role) * D;

@@ -11,6 +11,9 @@ namespace kvscope {
 
 std::unique_ptr<GpuCodec> gpuCodec(const CodecParams& p, const std::vector<LevelTables>* shared)
 {
+    if (p.codec == CodecId::CacheGen && p.profile.tableScope != TableScope::Channel)
+        throw Error("GPU decode: per-head probability tables (table_scope head, format 2.2) are not supported by the "
+                    "CUDA decoder yet; encode with table_scope channel for GPU decoding");
     auto g = std::make_unique<GpuCodec>();
     kvscope_cuda_codec& c = g->c;
     c.codec = int(p.codec);

@@ -14,11 +14,11 @@ namespace detail {
 void sharedUnitTables(const CodecParams& p, const LevelTables& shared, KvKind kind, int layer, bool forDecoding,
                       UnitTables& tab)
 {
-    const int C = p.shape.channels(), roles = numRoles(p);
-    tab.tables.resize(size_t(roles) * C);
+    const int n = tablesPerRole(p), roles = numRoles(p);
+    tab.resize(roles, n, channelsPerTable(p));
     for (int role = 0; role < roles; ++role)
-        for (int c = 0; c < C; ++c)
-            toCodingTable(shared.at(p, kind, layer, role, c), &tab.tables[size_t(role) * C + c], forDecoding);
+        for (int c = 0; c < n; ++c)
+            toCodingTable(shared.at(p, kind, layer, role, c), &tab.tables[size_t(role) * n + c], forDecoding);
 }
 
 }  // namespace detail
@@ -28,16 +28,17 @@ const ProbTable& LevelTables::at(const CodecParams& p, KvKind kind, int layer, i
     return tables[index(p, kind, layer, role, channel)];
 }
 
-size_t LevelTables::index(const CodecParams& p, KvKind kind, int layer, int role, int channel)
+size_t LevelTables::index(const CodecParams& p, KvKind kind, int layer, int role, int table)
 {
-    const size_t C = size_t(p.shape.channels());
-    return ((size_t(kind) * p.shape.numLayers + size_t(layer)) * size_t(numRoles(p)) + size_t(role)) * C +
-           size_t(channel);
+    const size_t n = size_t(tablesPerRole(p));
+    return ((size_t(kind) * p.shape.numLayers + size_t(layer)) * size_t(numRoles(p)) + size_t(role)) * n +
+           size_t(table);
 }
 
 void countChunkSymbols(const CodecParams& p, const KvSet& kv, int chunk, int level, LevelCounts& counts)
 {
-    const int L = p.shape.numLayers, C = p.shape.channels(), roles = numRoles(p);
+    const int L = p.shape.numLayers, C = tablesPerRole(p), roles = numRoles(p);
+    const bool perHead = p.profile.tableScope == TableScope::Head;
     const size_t numTables = size_t(2) * L * roles * C;
     if (counts.counts.empty()) {
         counts.counts.resize(numTables);
@@ -56,7 +57,7 @@ void countChunkSymbols(const CodecParams& p, const KvSet& kv, int chunk, int lev
         const int layer = u % L;
         const QuantizedBlock q = quantizeUnit(p, kv, kind, layer, level, t0, n);
         std::vector<uint32_t> flat;
-        const size_t stride = countUnit(q, roles, flat);
+        const size_t stride = countUnit(q, roles, perHead, flat);
         const size_t base = LevelTables::index(p, kind, layer, 0, 0);
         for (size_t i = 0; i < size_t(roles) * C; ++i)  // tables of one block are disjoint across units
             for (size_t sy = 0; sy < counts.counts[base + i].size(); ++sy) counts.counts[base + i][sy] += flat[i * stride + sy];
@@ -81,7 +82,8 @@ void serializeLevelTables(const CodecParams& /*p*/, int /*level*/, const LevelTa
 LevelTables parseLevelTables(const CodecParams& p, int level, const uint8_t* data, size_t size,
                              const std::string& where)
 {
-    const int L = p.shape.numLayers, C = p.shape.channels(), roles = numRoles(p);
+    const int L = p.shape.numLayers, C = tablesPerRole(p), roles = numRoles(p);
+    const bool perHead = p.profile.tableScope == TableScope::Head;
     const size_t numTables = size_t(2) * L * roles * C;
     if (size / 2 < numTables)  // every table takes at least 2 bytes: refuse before allocating
         throw Error(where + ": " + std::to_string(size) + " bytes cannot hold " + std::to_string(numTables) + " tables");
@@ -98,7 +100,7 @@ LevelTables parseLevelTables(const CodecParams& p, int level, const uint8_t* dat
                     std::string why;
                     if (!parseProbTable(&cur, end, a, &t.tables[LevelTables::index(p, kKinds[k], l, role, c)], &why))
                         throw Error(where + ": " + kindName(kKinds[k]) + " layer " + std::to_string(l) +
-                                    " channel " + std::to_string(c) + ": " + why);
+                                    (perHead ? " head " : " channel ") + std::to_string(c) + ": " + why);
                 }
             }
     if (cur != end) throw Error(where + ": " + std::to_string(end - cur) + " bytes after the last table");

@@ -16,6 +16,7 @@ using json = nlohmann::json;
 
 const char* quantizerName(Quantizer q) { return q == Quantizer::PerToken ? "token" : "channel"; }
 const char* tableModeName(TableMode m) { return m == TableMode::InBand ? "inband" : "shared"; }
+const char* tableScopeName(TableScope s) { return s == TableScope::Channel ? "channel" : "head"; }
 
 namespace {
 
@@ -84,6 +85,7 @@ CodecProfile defaultProfile(int numLayers)
     CodecProfile p;
     p.numLayers = numLayers;
     p.defaultLevel = 2;
+    p.tableScope = TableScope::Head;
     auto level = [numLayers](const char* name, std::vector<int> k, std::vector<int> v) {
         return CodecLevel{name, cachegenGroupBins(true, k, numLayers), cachegenGroupBins(false, v, numLayers), ""};
     };
@@ -371,6 +373,10 @@ CodecProfile profileFromJson(const std::string& text, const std::string& src)
     if (tables == "inband") p.tables = TableMode::InBand;
     else if (tables == "shared") p.tables = TableMode::Shared;
     else throw inputError(src, "tables", "unknown table mode '" + tables + "' (inband or shared)");
+    const std::string scope = getString(j, "table_scope", "channel", src);
+    if (scope == "channel") p.tableScope = TableScope::Channel;
+    else if (scope == "head") p.tableScope = TableScope::Head;
+    else throw inputError(src, "table_scope", "unknown table scope '" + scope + "' (channel or head)");
     p.defaultLevel = getInt(j, "default_level", 1, src);
     if (!j.contains("levels") || !j.at("levels").is_array()) throw inputError(src, "levels", "missing or not an array");
     const json& levels = j.at("levels");
@@ -424,6 +430,7 @@ std::string profileToJson(const CodecProfile& p)
     j["key_quantizer"] = quantizerName(p.keyQuantizer);
     j["value_quantizer"] = quantizerName(p.valueQuantizer);
     j["tables"] = tableModeName(p.tables);
+    j["table_scope"] = tableScopeName(p.tableScope);
     j["default_level"] = p.defaultLevel;
     json levels = json::array();
     for (const CodecLevel& l : p.levels) {

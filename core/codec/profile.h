@@ -10,6 +10,7 @@
 //   "model_fingerprint": "", "num_layers": 30,
 //   "chunk_tokens": 256, "delta_group": 10, "anchor_bins": 0,
 //   "key_quantizer": "token", "value_quantizer": "token", "tables": "inband",
+//   "table_scope": "head",            ("channel" when absent: profiles written before it existed)
 //   "default_level": 2,
 //   "levels": [ { "name": "level 1",
 //                 "key_bins": [ {"start": 0, "end": 10, "bins": 16}, ... ]   or [16, 16, ...],
@@ -45,7 +46,16 @@ enum class TableMode : uint8_t {
     Shared = 1,  // one set of tables per level, calibrated once and stored once per file/profile
 };
 
+// What one probability table covers within a (kind, layer, role): one channel (CacheGen's
+// per-channel tables) or all head_dim channels of one KV head. Per head, a row of a stream has
+// one table, which the SIMD decoders hold in registers (FORMAT.md, "Probability tables").
+enum class TableScope : uint8_t {
+    Channel = 0,
+    Head = 1,
+};
+
 const char* quantizerName(Quantizer q);  // "token" | "channel"
+const char* tableScopeName(TableScope s);  // "channel" | "head"
 const char* tableModeName(TableMode m);  // "inband" | "shared"
 
 struct CodecLevel {
@@ -65,6 +75,7 @@ struct CodecProfile {
     Quantizer keyQuantizer = Quantizer::PerToken;
     Quantizer valueQuantizer = Quantizer::PerToken;
     TableMode tables = TableMode::InBand;
+    TableScope tableScope = TableScope::Channel;  // defaultProfile() uses Head
     int defaultLevel = 1;    // 1-based
     std::vector<CodecLevel> levels;  // ordered from smallest (level 1) to highest quality
 

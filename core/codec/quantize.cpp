@@ -11,6 +11,7 @@
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's AVX-512 headers (false positives)
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -98,6 +99,20 @@ KVS_Q512 void quantizeRow512(const float* v, size_t n, float inv, int maxLevel, 
     quantizeRowScalar(v + i, n - i, inv, maxLevel, q + i);
 }
 
+KVS_Q512 void subtract512(const float* x, const float* a, float* out, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, _mm512_sub_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(a + i)));
+    for (; i < n; ++i) out[i] = x[i] - a[i];
+}
+
+KVS_Q256 void subtract256(const float* x, const float* a, float* out, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(a + i)));
+    for (; i < n; ++i) out[i] = x[i] - a[i];
+}
+
 KVS_Q256 uint32_t absBits256(const float* v, size_t n)
 {
     __m256i m = _mm256_setzero_si256();
@@ -150,6 +165,19 @@ void quantizeRow(const float* v, size_t n, float inv, int maxLevel, uint8_t* q)
     quantizeRowScalar(v, n, inv, maxLevel, q);
 }
 
+// out = x - a over n floats (the same IEEE subtraction on every path).
+void subtractRow(const float* x, const float* a, float* out, size_t n)
+{
+#ifdef KVSCOPE_QUANT_X86
+    switch (simdPath()) {
+    case SimdPath::Avx512: return subtract512(x, a, out, n);
+    case SimdPath::Avx2: return subtract256(x, a, out, n);
+    case SimdPath::Scalar: break;
+    }
+#endif
+    for (size_t i = 0; i < n; ++i) out[i] = x[i] - a[i];
+}
+
 float absMaxFinite(const float* v, size_t n)
 {
     const uint32_t m = absBits(v, n);
@@ -168,14 +196,17 @@ void quantizeBlock(const BlockSpec& b, const float* x, uint8_t* sym, uint16_t* s
     const bool delta = b.deltaGroup >= 2;
 
     if (b.quantizer == Quantizer::PerToken) {
-        std::vector<float> row(static_cast<size_t>(C));     // the token across every head: (channels)
-        std::vector<float> anchor(static_cast<size_t>(C));  // reconstructed anchor of the current group
-        std::vector<uint8_t> q(static_cast<size_t>(C));
+        thread_local std::vector<float> row, anchor;  // the token across every head, the group's anchor: (channels)
+        thread_local std::vector<uint8_t> q;
+        row.resize(size_t(C)), anchor.resize(size_t(C)), q.resize(size_t(C));
         for (int t = 0; t < T; ++t) {
-            for (int h = 0; h < b.heads; ++h) std::copy_n(x + (size_t(h) * T + t) * D, D, row.data() + size_t(h) * D);
             const bool isAnchor = b.isAnchor(t);
-            if (delta && !isAnchor)
-                for (int c = 0; c < C; ++c) row[size_t(c)] -= anchor[size_t(c)];
+            for (int h = 0; h < b.heads; ++h) {
+                const float* src = x + (size_t(h) * T + t) * D;
+                float* dst = row.data() + size_t(h) * D;
+                if (delta && !isAnchor) subtractRow(src, anchor.data() + size_t(h) * D, dst, size_t(D));
+                else std::memcpy(dst, src, sizeof(float) * size_t(D));
+            }
             const int maxL = maxLevel(b.binsFor(t));
             scales[t] = scaleFor(absMaxFinite(row.data(), row.size()), maxL);
             quantizeRow(row.data(), row.size(), inverse(scales[t]), maxL, q.data());
