@@ -232,9 +232,13 @@ struct W32EncJob {
     const int32_t* tableWord;  // (2, D): word offset of channel d's table, role 0 then role 1
     const uint8_t* sym;        // (tokens, D) of this head
     int tokens, D, deltaGroup;
+    // When each role's row uses one table of at most 32 symbols: per role, sf[s] of that table
+    // (32 words, 0 past the alphabet) then 1.0f / freq(s) as float bits (32 words), 64-byte
+    // aligned; the AVX-512 encoder then looks both up in registers. Else null.
+    const uint32_t* small = nullptr;
 };
 using W32EncFn = void (*)(const W32EncJob&, uint32_t* x, uint16_t*& words);
-W32EncFn w32EncodeKernel(SimdPath path, int D);  // nullptr: scalar
+W32EncFn w32EncodeKernel(SimdPath path, int D, bool small);  // small: W32EncJob::small is set. nullptr: scalar
 void w32RowScalar(W32Stream& s, const W32Row& r, RowOut k);
 
 // ---------------------------------------------------------------------------------------------

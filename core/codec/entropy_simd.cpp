@@ -330,22 +330,42 @@ KVS_AVX512 void rowAvx512(W32Stream& s, const W32Row& r)
 // start | freq << 16, emit the low words of the states that need renormalising (compressed, in
 // lane order, as one block in front of the words already written), and divide by the frequency
 // in single precision with an exact correction.
+// Small: one table of <= 32 symbols per role (W32EncJob::small), start | freq and 1 / freq looked
+// up with permutes instead of a gather and a division (the same reciprocal: IEEE division is
+// correctly rounded either way).
+template <bool Small>
 KVS_AVX512 void encodeAvx512(const W32EncJob& j, uint32_t* x, uint16_t*& words)
 {
     const int D = j.D;
     const int* T = reinterpret_cast<const int*>(j.tables);
     const __m512i sfOff = _mm512_set1_epi32(int(kSfWords)), lo16 = _mm512_set1_epi32(0xffff), one = _mm512_set1_epi32(1);
+    __m512i sfR[2][2], rcpR[2][2];
+    if constexpr (Small)
+        for (int role = 0; role < 2; ++role)
+            for (int k = 0; k < 2; ++k) {
+                sfR[role][k] = _mm512_load_si512(j.small + 64 * role + 16 * k);
+                rcpR[role][k] = _mm512_load_si512(j.small + 64 * role + 32 + 16 * k);
+            }
     uint16_t* w = words;
     for (int t = j.tokens - 1; t >= 0; --t) {
-        const int32_t* tw = j.tableWord + (j.deltaGroup >= 2 && t % j.deltaGroup == 0 ? D : 0);
+        const int role = j.deltaGroup >= 2 && t % j.deltaGroup == 0 ? 1 : 0;
+        const int32_t* tw = j.tableWord + (role ? D : 0);
         const uint8_t* row = j.sym + size_t(t) * D;
         for (int d0 = D - 16; d0 >= 0; d0 -= 16) {
             uint32_t* xs = x + ((size_t(t) * D + size_t(d0)) & 31);
             __m512i st = _mm512_load_si512(xs);
             const __m512i sym = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d0)));
-            const __m512i idx = _mm512_add_epi32(_mm512_loadu_si512(tw + d0), _mm512_add_epi32(sym, sfOff));
-            const __m512i sf = _mm512_i32gather_epi32(idx, T, 4);
+            __m512i sf;
+            __m512 rcp;
+            if constexpr (Small) {
+                sf = _mm512_permutex2var_epi32(sfR[role][0], sym, sfR[role][1]);
+                rcp = _mm512_castsi512_ps(_mm512_permutex2var_epi32(rcpR[role][0], sym, rcpR[role][1]));
+            } else {
+                const __m512i idx = _mm512_add_epi32(_mm512_loadu_si512(tw + d0), _mm512_add_epi32(sym, sfOff));
+                sf = _mm512_i32gather_epi32(idx, T, 4);
+            }
             const __m512i freq = _mm512_srli_epi32(sf, 16);
+            if constexpr (!Small) rcp = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_cvtepi32_ps(freq));
             const __mmask16 need = _mm512_cmpge_epu32_mask(st, _mm512_slli_epi32(freq, 20));
             const int cnt = _mm_popcnt_u32(need);
             w -= cnt;
@@ -355,7 +375,6 @@ KVS_AVX512 void encodeAvx512(const W32EncJob& j, uint32_t* x, uint16_t*& words)
             // q = floor(st / freq) in float32: st < 2^20 freq, so float(st) * (1 / freq) is within
             // 0.2 of the true quotient (three roundings of 2^-24 on a value < 2^20) and one
             // correction either way makes it exact; r = st - q freq wraps to its signed value.
-            const __m512 rcp = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_cvtepi32_ps(freq));
             __m512i q = _mm512_cvttps_epi32(_mm512_mul_ps(_mm512_cvtepu32_ps(st), rcp));
             __m512i r = _mm512_sub_epi32(st, _mm512_mullo_epi32(q, freq));
             const __mmask16 under = _mm512_cmplt_epi32_mask(r, _mm512_setzero_si512());
@@ -603,14 +622,15 @@ KVS_AVX2 void encodeAvx2(const W32EncJob& j, uint32_t* x, uint16_t*& words)
 }  // namespace
 #endif
 
-W32EncFn w32EncodeKernel(SimdPath path, int D)
+W32EncFn w32EncodeKernel(SimdPath path, int D, bool small)
 {
 #ifdef KVSCOPE_SIMD_X86
-    if (path == SimdPath::Avx512 && D % 16 == 0) return encodeAvx512;
+    if (path == SimdPath::Avx512 && D % 16 == 0) return small ? encodeAvx512<true> : encodeAvx512<false>;
     if ((path == SimdPath::Avx2 || path == SimdPath::Avx512) && D % 8 == 0) return encodeAvx2;
 #else
     (void)path;
     (void)D;
+    (void)small;
 #endif
     return nullptr;
 }

@@ -270,15 +270,29 @@ void encodeHeadStreamV2(const quant::BlockSpec& b, int h, const uint8_t* sym, co
     uint16_t* w = wordsEnd;
     alignas(64) uint32_t x[W];
     for (uint32_t& v : x) v = rans::w32::kL;
-    if (const W32EncFn fast = w32EncodeKernel(simdPath(), D)) {
+    const bool delta = b.deltaGroup >= 2;
+    // One table per row of at most 32 symbols (per-head tables at <= 32 bins): sf and 1 / freq in
+    // registers (W32EncJob::small).
+    const bool small = tab.channelsPerTable == D && quant::alphabetSize(std::max(b.bins, b.anchorBins)) <= 32;
+    if (const W32EncFn fast = w32EncodeKernel(simdPath(), D, small)) {
         thread_local std::vector<int32_t> tableWord;
         tableWord.resize(2 * size_t(D));
-        const bool delta = b.deltaGroup >= 2;
         for (int role = 0; role < (delta ? 2 : 1); ++role)
             for (int d = 0; d < D; ++d)
                 tableWord[size_t(role) * D + d] = int32_t(tab.index(role, h * D + d) * (sizeof(CodingTable) / 4));
-        const W32EncJob job{reinterpret_cast<const uint32_t*>(tab.tables.data()), tableWord.data(), s, b.tokens, D,
-                            b.deltaGroup};
+        alignas(64) uint32_t smallTables[2][64] = {};
+        if (small)
+            for (int role = 0; role < (delta ? 2 : 1); ++role) {
+                const CodingTable& ct = tab.at(role, h * D);
+                const int a = quant::alphabetSize(role ? b.anchorBins : b.bins);
+                for (int sy = 0; sy < a; ++sy) {
+                    smallTables[role][sy] = ct.sf[sy];
+                    const float rcp = 1.0f / float(ct.freq(sy));
+                    std::memcpy(&smallTables[role][32 + sy], &rcp, 4);
+                }
+            }
+        W32EncJob job{reinterpret_cast<const uint32_t*>(tab.tables.data()), tableWord.data(), s, b.tokens, D, b.deltaGroup};
+        job.small = small ? &smallTables[0][0] : nullptr;
         fast(job, x, w);
         return finishStreamV2(x, w, buf, wordsEnd, out);
     }

@@ -30,13 +30,16 @@ echo
 echo "| configuration | level | bytes | bits/value | vs fp16 | vs int8 | max abs err | RMS err |"
 echo "|---|---|---|---|---|---|---|---|"
 for c in int8 kivi4 kivi2 zstd; do row "$c" --codec "$c"; done
-row "cachegen (CacheGen's code: per-token, no delta, in-band, 256)" --delta-group 0
+row "cachegen (CacheGen's code: per-token, no delta, per-channel in-band tables, 256)" --delta-group 0 --table-scope channel
+row "cachegen, per-head tables (default scope)" --delta-group 0
 row "cachegen + delta 10" --delta-group 10
 row "cachegen + channel keys" --delta-group 0 --key-quantizer channel
 row "cachegen + channel keys + delta 10" --delta-group 10 --key-quantizer channel
 for n in 64 256 1024; do
-  row "chunk $n, in-band tables" --delta-group 0 --chunk-tokens $n --tables inband
-  row "chunk $n, shared tables" --delta-group 0 --chunk-tokens $n --tables shared
+  for scope in channel head; do
+    row "chunk $n, in-band tables per $scope" --delta-group 0 --chunk-tokens $n --tables inband --table-scope $scope
+    row "chunk $n, shared tables per $scope" --delta-group 0 --chunk-tokens $n --tables shared --table-scope $scope
+  done
 done
 echo
 echo "Per-layer error of the default profile at its default level:"
