@@ -21,28 +21,26 @@ void countBlock(const quant::BlockSpec& b, const uint8_t* sym, int roles, bool p
 {
     const int D = b.headDim, C = b.channels();
     if (perHead) {
-        // Four sub-histograms per role, so that runs of one symbol do not wait on each other's
+        // Eight sub-histograms per role, so that runs of one symbol do not wait on each other's
         // increments of a single counter; added to flat per head.
+        constexpr int kSub = 8;
         thread_local std::vector<uint32_t> sub;
         for (int h = 0; h < b.heads; ++h) {
-            sub.assign(size_t(2) * 4 * stride, 0);
+            sub.assign(size_t(2) * kSub * stride, 0);
             for (int t = 0; t < b.tokens; ++t) {
                 const int role = (roles == 2 && b.isAnchor(t)) ? 1 : 0;
                 const uint8_t* row = sym + (size_t(h) * b.tokens + t) * D;
-                uint32_t* r = sub.data() + size_t(role) * 4 * stride;
+                uint32_t* r = sub.data() + size_t(role) * kSub * stride;
                 int d = 0;
-                for (; d + 4 <= D; d += 4) {
-                    r[row[d]]++;
-                    r[stride + row[d + 1]]++;
-                    r[2 * stride + row[d + 2]]++;
-                    r[3 * stride + row[d + 3]]++;
-                }
+                for (; d + kSub <= D; d += kSub)
+                    for (int k = 0; k < kSub; ++k) r[size_t(k) * stride + row[d + k]]++;
                 for (; d < D; ++d) r[row[d]]++;
             }
             for (int role = 0; role < roles; ++role) {
                 uint32_t* base = flat + (size_t(role) * b.heads + size_t(h)) * stride;
-                const uint32_t* r = sub.data() + size_t(role) * 4 * stride;
-                for (size_t s = 0; s < stride; ++s) base[s] += r[s] + r[stride + s] + r[2 * stride + s] + r[3 * stride + s];
+                const uint32_t* r = sub.data() + size_t(role) * kSub * stride;
+                for (size_t s = 0; s < stride; ++s)
+                    for (int k = 0; k < kSub; ++k) base[s] += r[size_t(k) * stride + s];
             }
         }
         return;
