@@ -197,6 +197,14 @@ private slots:
             // same quantization, so the same reconstruction
             QCOMPARE(c["max_abs_error"].toDouble(), i["max_abs_error"].toDouble());
         }
+        // recalibrating the profile may change what its tables describe: one table per head
+        const QString perHeadProfile = path("calibrated_head.json");
+        r = cli({"calibrate", other, "--profile", profile, "--table-scope", "head", "--out", perHeadProfile, "--json"});
+        QCOMPARE(r.exitCode, 0);
+        r = cli({"encode", m_kv, "--out", path("cal_head.kvc"), "--profile", perHeadProfile, "--verify", "--json"});
+        QCOMPARE(r.exitCode, 0);
+        QCOMPARE(r.json()["table_scope"].toString(), QString("head"));
+        QCOMPARE(r.json()["tables"].toString(), QString("shared"));
         // overriding what the tables describe is refused
         r = cli({"encode", m_kv, "--out", path("x.kvc"), "--profile", profile, "--delta-group", "10", "--json"});
         QVERIFY(r.exitCode != 0);

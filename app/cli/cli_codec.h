@@ -22,6 +22,7 @@ struct ProfileOptions {
     int anchorBins = -1;
     std::string tables, tableScope, keyQuantizer, valueQuantizer;
     bool forceProfile = false;
+    bool recalibrate = false;  // calibrate: the profile's calibrated tables are replaced, so any option may change
 
     void add(CLI::App* sub)
     {
@@ -73,6 +74,10 @@ struct ProfileOptions {
         quantizer(keyQuantizer, &pr.keyQuantizer, "--key-quantizer");
         quantizer(valueQuantizer, &pr.valueQuantizer, "--value-quantizer");
         const std::string src = source();
+        if (recalibrate) {
+            pr.levelTables.clear();
+            pr.tableChannels = 0;
+        }
         checkProfileModel(pr, kv.modelFingerprint, src, forceProfile);
         if (pr.hasCalibratedTables() && (deltaGroup >= 0 || anchorBins >= 0 || !keyQuantizer.empty() || !valueQuantizer.empty() ||
                                          !tableScope.empty()))

@@ -309,6 +309,7 @@ void addCalibrateCommand(CLI::App& app, Output& out)
         }
         ProfileOptions po = o->profile;
         po.tables.clear();
+        po.recalibrate = true;
         CodecParams p = po.params(caches.front());
         const double t0 = nowSeconds();
         calibrateProfile(p, ptrs);
