@@ -472,10 +472,10 @@ KVS_HD void w32Phase1(const ChunkGeom& g, const BlockPlan& bp, int step, int lan
     if (!w->active) return;
     w->t = int32_t(i / uint64_t(D));
     w->d = int32_t(i % uint64_t(D));
-    const bool anchor = G >= 2 && w->t % G == 0;
-    const int role = anchor ? 1 : 0;
-    const int A = bp.alphabet[role];
-    const uint16_t* st = tab.role[role] + size_t(w->d) * tab.step[role];
+    const bool anchor = G >= 2 && w->t % G == 0;  // role 1
+    // selects, not indexing: a runtime index into these small arrays would put them in local memory
+    const int A = anchor ? bp.alphabet[1] : bp.alphabet[0];
+    const uint16_t* st = (anchor ? tab.role[1] : tab.role[0]) + size_t(w->d) * (anchor ? tab.step[1] : tab.step[0]);
     const uint32_t slot = x & (kProbScale - 1);
     const int s = findSymbol(st, A, slot);
     w->x = freqOf(st, s) * (x >> kProbBits) + slot - uint32_t(st[s]);
