@@ -337,6 +337,39 @@ private slots:
         }
     }
 
+    // gpuCodec passes the table scope on; the decoder refuses an unknown scope, and per-head tables
+    // with format 1.x streams (the CPU encoder refuses to write those, and the container reader
+    // accepts per-head tables only in format 2.2).
+    void tableScopeParameter()
+    {
+        Case c;
+        c.shape = {2, 2, 16, 64};
+        c.scope = TableScope::Head;
+        const KvSet kv = makeKv(c);
+        const CodecParams p = makeParams(c, kv);
+        const auto g = gpuCodec(p, nullptr);
+        QCOMPARE(g->c.table_scope, 1);
+        gpu::Codec codec;
+        std::string why;
+        QVERIFY2(gpu::makeCodec(g->c, &codec, &why), why.c_str());
+        QCOMPARE(codec.tablesPerRole(), 2);
+        QCOMPARE(gpu::chunkGeom(codec, 0).perHead, 1);
+        kvscope_cuda_codec bad = g->c;
+        bad.table_scope = 2;
+        QVERIFY(!gpu::makeCodec(bad, &codec, &why));
+        QCOMPARE(why, std::string("decoder parameters: table_scope 2 unknown"));
+        bad = g->c;
+        bad.entropy_layout = 1;
+        QVERIFY(!gpu::makeCodec(bad, &codec, &why));
+        QVERIFY2(why.find("need format 2.x streams") != std::string::npos, why.c_str());
+        CodecParams q = p;
+        q.profile.tableScope = TableScope::Channel;
+        QCOMPARE(gpuCodec(q, nullptr)->c.table_scope, 0);
+        QVERIFY2(gpu::makeCodec(gpuCodec(q, nullptr)->c, &codec, &why), why.c_str());
+        QCOMPARE(codec.tablesPerRole(), 32);
+        QCOMPARE(gpu::chunkGeom(codec, 0).perHead, 0);
+    }
+
     void corruptPayloads_data()
     {
         QTest::addColumn<int>("mode");
