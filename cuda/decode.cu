@@ -58,7 +58,7 @@ __global__ void scanKernel(const uint8_t* batch, uint32_t* offsets, ErrorInfo* e
     const int u = int(blockIdx.x * blockDim.x + threadIdx.x);
     if (u >= 2 * cd.g.L) return;
     const BlockPlan bp = reinterpret_cast<const BlockPlan*>(batch + cd.plan)[u];
-    const int C = cd.g.H * cd.g.D;
+    const int C = tablesPerRole(cd.g);
     uint32_t end = 0;
     int32_t bad = 0;
     int32_t code = scanBlockTables(batch + cd.payload, bp.tableBegin, bp.tableEnd, C, cd.g.roles, bp.alphabet,
@@ -67,11 +67,11 @@ __global__ void scanKernel(const uint8_t* batch, uint32_t* offsets, ErrorInfo* e
     if (code != kOk) setError(&errs[blockIdx.y], code, u, bad);
 }
 
-// One thread per (block, role, channel): frequencies -> cumulative starts.
+// One thread per (block, role, table): frequencies -> cumulative starts.
 __global__ void buildKernel(const uint8_t* batch, const uint32_t* offsets, uint16_t* store, ErrorInfo* errs)
 {
     const ChunkDesc cd = reinterpret_cast<const ChunkDesc*>(batch)[blockIdx.y];
-    const int C = cd.g.H * cd.g.D, perBlock = cd.g.roles * C;
+    const int C = tablesPerRole(cd.g), perBlock = cd.g.roles * C;
     const size_t idx = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (idx >= size_t(2) * cd.g.L * perBlock || chunkFailed(&errs[blockIdx.y])) return;
     const int u = int(idx / perBlock), i = int(idx % perBlock), r = i / C, c = i % C;
@@ -101,11 +101,13 @@ __global__ void decodeKernel(const uint8_t* batch, const uint16_t* tables, Error
 
 // Format 2.x streams: one warp per (block, head), lane j owning state j (decode_core.h w32Phase1/2).
 // Every branch a warp takes before its ballots is uniform across the warp (same stream, same step).
+// Dynamic shared memory: with per-head tables, kW32HeadTableElems starts per warp (the stream's
+// tables, copied once), then every warp's anchor ring of ringBytes.
 constexpr int kW32Warps = 4;
 
 __global__ void decodeKernelW32(const uint8_t* batch, const uint16_t* tables, ErrorInfo* errs, void* out, int ringBytes)
 {
-    extern __shared__ uint8_t ringShm[];
+    extern __shared__ __align__(16) uint8_t w32Shm[];
     const ChunkDesc cd = reinterpret_cast<const ChunkDesc*>(batch)[blockIdx.y];
     const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
     const int idx = int(blockIdx.x) * kW32Warps + warp;
@@ -117,7 +119,8 @@ __global__ void decodeKernelW32(const uint8_t* batch, const uint16_t* tables, Er
     const StreamPlan sp = reinterpret_cast<const StreamPlan*>(bps + 2 * cd.g.L)[idx];
     const BlockPlan bp = bps[u];
     const uint8_t* payload = batch + cd.payload;
-    uint8_t* ring = ringShm + size_t(warp) * size_t(ringBytes);
+    const size_t tableShm = cd.g.perHead ? size_t(kW32Warps) * kW32HeadTableElems * sizeof(uint16_t) : 0;
+    uint8_t* ring = w32Shm + tableShm + size_t(warp) * size_t(ringBytes);
     if (sp.size < 128) {
         if (lane == 0) setError(&errs[blockIdx.y], kErrStream, u, h);
         return;
@@ -129,10 +132,15 @@ __global__ void decodeKernelW32(const uint8_t* batch, const uint16_t* tables, Er
     const uint32_t nwords = (sp.size - 128) / 2, below = (1u << lane) - 1u;
     uint32_t pos = 0;
     bool overrun = false;
-    const uint16_t* tab = tables + cd.store;
+    W32Tables tab = w32StreamTables(cd.g, bp, h, tables + cd.store);
+    if (cd.g.perHead) {  // the head's one or two tables, into this warp's shared memory
+        uint16_t* local = reinterpret_cast<uint16_t*>(w32Shm) + size_t(warp) * kW32HeadTableElems;
+        tab = w32CopyHeadTables(cd.g, bp, tab, lane, 32, local);
+        __syncwarp();
+    }
     for (int step = 0, steps = w32Steps(cd.g); step < steps; ++step) {
         W32Lane w;
-        w32Phase1(cd.g, bp, h, step, lane, x, tab, ring, &w);
+        w32Phase1(cd.g, bp, step, lane, x, tab, ring, &w);
         const unsigned need = __ballot_sync(0xffffffffu, w.active && w.need);
         __syncwarp();  // anchor symbols of this step are in the ring before phase 2 reads them
         uint32_t word = 0;
@@ -359,7 +367,7 @@ int launchBatch(kvscope_cuda_decoder* d, Slot& s, const kvscope_cuda_chunk* chun
 {
     const Codec& c = d->codec;
     const int count = last - first;
-    const int units = 2 * c.L, C = c.C(), roles = c.roles();
+    const int units = 2 * c.L, C = c.tablesPerRole(), roles = c.roles();  // C: tables per role
     const bool cachegen = c.codec == 0, inBand = cachegen && c.tableMode == 0;
     const size_t planBytes = cachegen ? align16(units * sizeof(BlockPlan) + size_t(units) * c.H * sizeof(StreamPlan)) : 0;
     // layout: [ChunkDesc x count][plans][payloads]
@@ -444,8 +452,9 @@ int launchBatch(kvscope_cuda_decoder* d, Slot& s, const kvscope_cuda_chunk* chun
     const unsigned blocks = unsigned((units * c.H + threads - 1) / threads);
     if (cachegen && c.layout == 2) {
         const int ringBytes = w32AnchorRing(c.D, c.deltaGroup) * c.D;
+        const size_t tableShm = c.tableScope == 1 ? size_t(kW32Warps) * kW32HeadTableElems * sizeof(uint16_t) : 0;
         const unsigned warpBlocks = unsigned((units * c.H + kW32Warps - 1) / kW32Warps);
-        decodeKernelW32<<<dim3(warpBlocks, count), 32 * kW32Warps, size_t(kW32Warps) * ringBytes, s.stream>>>(
+        decodeKernelW32<<<dim3(warpBlocks, count), 32 * kW32Warps, tableShm + size_t(kW32Warps) * ringBytes, s.stream>>>(
             s.batch, inBand ? s.store : d->shared, s.errs, d->out, ringBytes);
     } else if (cachegen) {
         const size_t shm = c.deltaGroup >= 2 ? size_t(threads) * c.D : 0;

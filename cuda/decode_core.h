@@ -6,7 +6,7 @@
 // READ ME FIRST
 // - Decomposition of one CacheGen chunk (FORMAT.md "Chunk payloads"), in launch order:
 //     scanBlockTables  one thread per block (kind, layer): where each in-band table starts
-//     buildTable       one thread per (block, role, channel): frequencies -> cumulative starts
+//     buildTable       one thread per (block, role, table): frequencies -> cumulative starts
 //     decodeStream     one thread per (block, head): rANS + dequantization + delta, written
 //                      straight into the output layout (format 1.x streams: 4 states x bytes)
 //     w32Phase1/2      format 2.x streams (32 states x 16-bit words): one warp per (block, head),
@@ -16,6 +16,11 @@
 //                      refills and writes the values. w32DecodeStreamHost runs both phases lane
 //                      by lane for the emulation; decode.cu's kernel runs them as a warp.
 //   Shared (calibrated) tables are built once per level on the host with the same two functions.
+// - Tables (FORMAT.md "Probability tables"): one per (role, channel), or with table_scope 1 one
+//   per (role, KV head) for all head_dim channels of the head (ChunkGeom::perHead). Everything
+//   that indexes tables goes through tablesPerRole / tableOf. A format 2.x stream with per-head
+//   tables reads at most two small tables (<= 256 starts each), which the warp copies into shared
+//   memory before it starts (w32CopyHeadTables).
 // - Every byte read is bounded by a range the host checked against the payload before launch
 //   (decode_plan.h); a thread that meets bad bytes records an error and stops, it never reads
 //   outside its range. Corrupt tables cannot make decodeStream read out of bounds either (the
@@ -78,13 +83,14 @@ struct ChunkGeom {
     int32_t dtype;         // output: 0 float16, 1 bfloat16, 2 float32
     int32_t codec;         // 0 cachegen, 1 fp16, 2 int8
     int32_t layout;        // cachegen streams: 1 (4 states x bytes) or 2 (32 states x 16-bit words)
+    int32_t perHead;       // cachegen tables: 0 one per channel (H * D per role), 1 one per KV head (H per role)
 };
 
 // One block (kind, layer) of a cachegen chunk.
 struct BlockPlan {
     uint32_t tableBegin, tableEnd;  // payload offsets of the block's in-band tables (empty when shared)
     uint32_t scaleOffset;           // payload offset of the block's fp16 scales
-    uint32_t tableStore[2];         // element offset of role r's C tables (alphabet[r] + 1 starts each)
+    uint32_t tableStore[2];         // element offset of role r's tablesPerRole tables (alphabet[r] + 1 starts each)
     int32_t alphabet[2];            // per role
     int32_t maxL, maxA;             // MAX of the layer's bins and of the anchor bins
     int32_t perChannel;             // quantizer: 0 per token, 1 per channel
@@ -93,6 +99,18 @@ struct BlockPlan {
 struct StreamPlan {
     uint32_t offset, size;  // payload bytes of one (block, head) rANS stream
 };
+
+// Tables per (block, role): one per channel, or one per KV head.
+KVS_HD int tablesPerRole(const ChunkGeom& g) { return g.perHead ? g.H : g.H * g.D; }
+
+// Index, within its role, of the table that codes channel d of head h.
+KVS_HD size_t tableOf(const ChunkGeom& g, int h, int d)
+{
+    return g.perHead ? size_t(h) : size_t(h) * size_t(g.D) + size_t(d);
+}
+
+// The largest alphabet of a table: bins <= 256 give 2 * 127 + 1 symbols.
+constexpr int kMaxAlphabet = 255;
 
 // ---------------------------------------------------------------------------------------------
 // Arithmetic that must round the same way on both sides
@@ -213,18 +231,19 @@ KVS_HD void setError(ErrorInfo* e, int32_t code, int32_t block, int32_t index)
 // ---------------------------------------------------------------------------------------------
 // Probability tables (FORMAT.md "Probability tables"; the reference is prob_table.cpp parseFreq)
 
-// Walks the roles * C serialised tables of one block starting at payload offset `begin`, never
-// past `limit`, and stores each table's offset in off[role * C + c]. Checks the structure only
-// (lengths, symbol range, varint length); values and sums are buildTable's. Returns kOk and the
-// offset after the last table in *endOut, or an error code and the failing table in *badIndex.
-KVS_HD int32_t scanBlockTables(const uint8_t* base, uint32_t begin, uint32_t limit, int C, int roles,
+// Walks the roles * n serialised tables of one block (n = tablesPerRole: channels or KV heads)
+// starting at payload offset `begin`, never past `limit`, and stores each table's offset in
+// off[role * n + c]. Checks the structure only (lengths, symbol range, varint length); values and
+// sums are buildTable's. Returns kOk and the offset after the last table in *endOut, or an error
+// code and the failing table in *badIndex.
+KVS_HD int32_t scanBlockTables(const uint8_t* base, uint32_t begin, uint32_t limit, int n, int roles,
                                const int32_t* alphabet, uint32_t* off, uint32_t* endOut, int32_t* badIndex)
 {
     uint32_t p = begin;
     for (int role = 0; role < roles; ++role) {
         const int A = alphabet[role];
-        for (int c = 0; c < C; ++c) {
-            const int idx = role * C + c;
+        for (int c = 0; c < n; ++c) {
+            const int idx = role * n + c;
             *badIndex = idx;
             off[idx] = p;
             if (limit - p < 2) return kErrTableTruncated;
@@ -326,8 +345,8 @@ KVS_HD int findSymbol(const uint16_t* start, int A, uint32_t slot)
 KVS_HD uint32_t freqOf(const uint16_t* start, int s) { return uint32_t(start[s + 1]) - uint32_t(start[s]); }
 
 // Decodes stream (block, h) of a cachegen chunk, dequantizes it and writes it into `out`.
-// tables: the table store (role r of this block at bp.tableStore[r], C tables of alphabet + 1
-// entries). anchorSym: D bytes of scratch for the current group's anchor symbols, element d at
+// tables: the table store (role r of this block at bp.tableStore[r], tablesPerRole(g) tables of
+// alphabet + 1 entries). anchorSym: D bytes of scratch for the current group's anchor symbols, element d at
 // anchorSym[d * anchorStride]. Returns kOk or kErrStream.
 KVS_HD int32_t decodeStream(const uint8_t* payload, const ChunkGeom& g, const BlockPlan& bp, StreamPlan sp, int block,
                             int h, const uint16_t* tables, uint8_t* anchorSym, int anchorStride, void* out)
@@ -343,7 +362,7 @@ KVS_HD int32_t decodeStream(const uint8_t* payload, const ChunkGeom& g, const Bl
         const int role = anchor ? 1 : 0;
         const int A = bp.alphabet[role];
         const int m = anchor ? bp.maxA : bp.maxL;
-        const uint16_t* tab = tables + bp.tableStore[role] + size_t(h) * D * size_t(A + 1);
+        const uint16_t* tab = tables + bp.tableStore[role];
         // per token: this token's scale and (delta) its anchor's
         float tokenScale = 0.0f, anchorScale = 0.0f;
         if (!bp.perChannel) {
@@ -353,7 +372,7 @@ KVS_HD int32_t decodeStream(const uint8_t* payload, const ChunkGeom& g, const Bl
         const size_t outRow = (rowBase + size_t(t)) * size_t(D);
         for (int d = 0; d < D; ++d) {
             const uint32_t slot = x0 & (kProbScale - 1);
-            const uint16_t* st = tab + size_t(d) * (A + 1);
+            const uint16_t* st = tab + tableOf(g, h, d) * size_t(A + 1);
             const int s = findSymbol(st, A, slot);
             uint32_t x = freqOf(st, s) * (x0 >> kProbBits) + slot - uint32_t(st[s]);
             const int k = int(x < kRansL) + int(x < (kRansL >> 8));
@@ -403,9 +422,47 @@ struct W32Lane {
     int32_t need;    // takes a word
 };
 
+// The tables one stream reads: role r's table of channel d starts at role[r] + d * step[r], with
+// step alphabet + 1 (a table per channel) or 0 (one table per KV head).
+struct W32Tables {
+    const uint16_t* role[2];
+    uint32_t step[2];
+};
+
+// Stream (block, h)'s tables in the table store.
+KVS_HD W32Tables w32StreamTables(const ChunkGeom& g, const BlockPlan& bp, int h, const uint16_t* tables)
+{
+    W32Tables t{};
+    for (int r = 0; r < g.roles && r < 2; ++r) {
+        const size_t entries = size_t(bp.alphabet[r]) + 1;
+        t.role[r] = tables + bp.tableStore[r] + tableOf(g, h, 0) * entries;
+        t.step[r] = g.perHead ? 0u : uint32_t(entries);
+    }
+    return t;
+}
+
+// Entries of a per-head stream's local table copy: both roles, kMaxAlphabet + 1 starts each.
+constexpr int kW32HeadTableElems = 2 * (kMaxAlphabet + 1);
+
+// Per-head tables (g.perHead): lane `lane` of `lanes` copies its share of the stream's one or two
+// tables from src into dst (kW32HeadTableElems entries, role r at r * (kMaxAlphabet + 1)). Returns
+// the tables as read from dst; the lanes must synchronise before the first lookup.
+KVS_HD W32Tables w32CopyHeadTables(const ChunkGeom& g, const BlockPlan& bp, const W32Tables& src, int lane, int lanes,
+                                   uint16_t* dst)
+{
+    W32Tables t{};
+    for (int r = 0; r < g.roles && r < 2; ++r) {
+        uint16_t* d = dst + r * (kMaxAlphabet + 1);
+        for (int i = lane; i <= bp.alphabet[r]; i += lanes) d[i] = src.role[r][i];
+        t.role[r] = d;
+        t.step[r] = 0;
+    }
+    return t;
+}
+
 // Phase 1 of step g for `lane`: slot lookup and state update of symbol 32 g + lane.
-KVS_HD void w32Phase1(const ChunkGeom& g, const BlockPlan& bp, int h, int step, int lane, uint32_t x,
-                      const uint16_t* tables, uint8_t* ring, W32Lane* w)
+KVS_HD void w32Phase1(const ChunkGeom& g, const BlockPlan& bp, int step, int lane, uint32_t x, const W32Tables& tab,
+                      uint8_t* ring, W32Lane* w)
 {
     const int D = g.D, G = g.deltaGroup;
     const uint64_t i = uint64_t(step) * 32u + uint64_t(lane);
@@ -415,10 +472,10 @@ KVS_HD void w32Phase1(const ChunkGeom& g, const BlockPlan& bp, int h, int step, 
     if (!w->active) return;
     w->t = int32_t(i / uint64_t(D));
     w->d = int32_t(i % uint64_t(D));
-    const bool anchor = G >= 2 && w->t % G == 0;
-    const int role = anchor ? 1 : 0;
-    const int A = bp.alphabet[role];
-    const uint16_t* st = tables + bp.tableStore[role] + (size_t(h) * D + size_t(w->d)) * size_t(A + 1);
+    const bool anchor = G >= 2 && w->t % G == 0;  // role 1
+    // selects, not indexing: a runtime index into these small arrays would put them in local memory
+    const int A = anchor ? bp.alphabet[1] : bp.alphabet[0];
+    const uint16_t* st = (anchor ? tab.role[1] : tab.role[0]) + size_t(w->d) * (anchor ? tab.step[1] : tab.step[0]);
     const uint32_t slot = x & (kProbScale - 1);
     const int s = findSymbol(st, A, slot);
     w->x = freqOf(st, s) * (x >> kProbBits) + slot - uint32_t(st[s]);
@@ -454,8 +511,9 @@ KVS_HD uint32_t w32Phase2(const uint8_t* payload, const ChunkGeom& g, const Bloc
 
 KVS_HD int w32Steps(const ChunkGeom& g) { return int((uint64_t(g.n) * uint64_t(g.D) + 31) / 32); }
 
-// The host's warp: both phases lane by lane, words handed out in lane order. ring: w32AnchorRing
-// rows of D bytes. Returns kOk or kErrStream, exactly when kvscope::decodeChunk refuses the stream.
+// The host's warp: both phases lane by lane, words handed out in lane order; per-head tables are
+// read from a local copy as the kernel reads them from shared memory. ring: w32AnchorRing rows of
+// D bytes. Returns kOk or kErrStream, exactly when kvscope::decodeChunk refuses the stream.
 inline int32_t w32DecodeStreamHost(const uint8_t* payload, const ChunkGeom& g, const BlockPlan& bp, StreamPlan sp,
                                    int block, int h, const uint16_t* tables, uint8_t* ring, void* out)
 {
@@ -469,8 +527,14 @@ inline int32_t w32DecodeStreamHost(const uint8_t* payload, const ChunkGeom& g, c
     uint32_t pos = 0;
     bool overrun = false;
     W32Lane w[32];
+    W32Tables tab = w32StreamTables(g, bp, h, tables);
+    uint16_t local[kW32HeadTableElems];
+    if (g.perHead) {
+        const W32Tables src = tab;
+        for (int j = 0; j < 32; ++j) tab = w32CopyHeadTables(g, bp, src, j, 32, local);
+    }
     for (int step = 0, steps = w32Steps(g); step < steps; ++step) {
-        for (int j = 0; j < 32; ++j) w32Phase1(g, bp, h, step, j, x[j], tables, ring, &w[j]);
+        for (int j = 0; j < 32; ++j) w32Phase1(g, bp, step, j, x[j], tab, ring, &w[j]);
         for (int j = 0; j < 32; ++j) {
             uint32_t word = 0;
             if (w[j].active && w[j].need) {

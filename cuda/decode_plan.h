@@ -24,6 +24,7 @@ struct Codec {
     int L = 0, H = 0, D = 0, T = 0, N = 0, levels = 1;
     int quantizer[2] = {0, 0};  // per kind
     int deltaGroup = 0, anchorBins = 0, tableMode = 0;
+    int tableScope = 0;         // cachegen: 0 one table per channel, 1 one per KV head
     int layout = 2;             // cachegen streams: 1 (format 1.x) or 2 (format 2.x)
     std::vector<int> bins[2];   // per kind: level-major (level - 1) * L + layer
     std::vector<std::vector<uint8_t>> sharedBlobs;  // table_mode 1: per level
@@ -31,6 +32,7 @@ struct Codec {
     std::vector<double> rope;   // codec 6 with rope_undo: ropeTable(tf, T, D)
 
     int C() const { return H * D; }
+    int tablesPerRole() const { return tableScope == 1 ? H : H * D; }  // per (kind, layer, role)
     int roles() const { return deltaGroup >= 2 ? 2 : 1; }
     int numChunks() const { return (T + N - 1) / N; }
     int chunkLength(int c) const { return (c + 1) * N <= T ? N : T - c * N; }
@@ -97,6 +99,9 @@ inline bool makeCodec(const kvscope_cuda_codec& in, Codec* out, std::string* why
     if (c.layout != 1 && c.layout != 2) return bad("entropy_layout " + std::to_string(in.entropy_layout) + " unknown");
     c.tableMode = in.table_mode;
     if (c.tableMode != 0 && c.tableMode != 1) return bad("table_mode " + std::to_string(c.tableMode) + " unknown");
+    c.tableScope = in.table_scope;
+    if (c.tableScope != 0 && c.tableScope != 1) return bad("table_scope " + std::to_string(c.tableScope) + " unknown");
+    if (c.tableScope == 1 && c.layout != 2) return bad("per-head tables (table_scope 1) need format 2.x streams");
     if (c.tableMode == 1) {
         if (!in.level_tables || !in.level_table_bytes) return bad("shared tables missing");
         for (int l = 0; l < c.levels; ++l) {
@@ -110,7 +115,8 @@ inline bool makeCodec(const kvscope_cuda_codec& in, Codec* out, std::string* why
 }
 
 // The blocks of one level (2L, kind-major) with their quantizer settings and the layout of the
-// table store: role r of block u at blocks[u].tableStore[r], C tables of alphabet + 1 starts each.
+// table store: role r of block u at blocks[u].tableStore[r], tablesPerRole tables of alphabet + 1
+// starts each.
 // Table offsets in the payload are filled in by planChunk.
 inline void levelBlocks(const Codec& c, int level, std::vector<BlockPlan>* blocks, uint64_t* storeElems)
 {
@@ -128,7 +134,7 @@ inline void levelBlocks(const Codec& c, int level, std::vector<BlockPlan>* block
             b.perChannel = c.quantizer[k];
             for (int r = 0; r < c.roles(); ++r) {
                 b.tableStore[r] = uint32_t(pos);  // checked below
-                pos += uint64_t(c.C()) * uint64_t(b.alphabet[r] + 1);
+                pos += uint64_t(c.tablesPerRole()) * uint64_t(b.alphabet[r] + 1);
             }
         }
     *storeElems = pos;
@@ -145,6 +151,7 @@ inline ChunkGeom chunkGeom(const Codec& c, int chunk)
     g.dtype = c.dtype;
     g.codec = c.codec;
     g.layout = c.layout;
+    g.perHead = c.codec == 0 && c.tableScope == 1;
     return g;
 }
 
@@ -249,7 +256,8 @@ inline bool planChunk(const Codec& c, int chunk, int level, const uint8_t* data,
     return true;
 }
 
-// "key layer 3: channel 17: <reason>" / "value layer 0: head 2: <reason>".
+// "key layer 3: channel 17: <reason>" / "value layer 0: head 2: <reason>" (a stream, or a table
+// with table_scope 1).
 inline std::string errorMessage(const Codec& c, const ErrorInfo& e)
 {
     static const char* const reasons[] = {"ok",
@@ -269,8 +277,11 @@ inline std::string errorMessage(const Codec& c, const ErrorInfo& e)
     if (e.block >= 0 && e.block < 2 * c.L) where = std::string(kindName(e.block / c.L)) + " layer " + std::to_string(e.block % c.L) + ": ";
     if (e.code == kErrStream)
         where += "head " + std::to_string(e.index) + ": ";
-    else if (e.code != kErrTableTrailing && c.C() > 0)
-        where += "channel " + std::to_string(e.index % c.C()) + (e.index >= c.C() ? " (anchor table)" : "") + ": ";
+    else if (e.code != kErrTableTrailing && c.tablesPerRole() > 0) {
+        const int n = c.tablesPerRole();
+        where += std::string(c.tableScope == 1 ? "head " : "channel ") + std::to_string(e.index % n) +
+                 (e.index >= n ? " (anchor table)" : "") + ": ";
+    }
     return where + reason;
 }
 
@@ -287,7 +298,7 @@ inline bool buildSharedStore(const Codec& c, int level, const uint8_t* blob, uin
         return false;
     }
     store->assign(size_t(elems), 0);
-    const int C = c.C(), roles = c.roles();
+    const int C = c.tablesPerRole(), roles = c.roles();
     std::vector<uint32_t> off(size_t(roles) * C);
     uint32_t pos = 0;
     for (size_t u = 0; u < blocks.size(); ++u) {
@@ -347,7 +358,7 @@ inline bool emulateDecodeChunk(const Codec& c, int chunk, int level, const uint8
             for (int h = 0; h < c.H; ++h) decodeBaselineHead(data, g, u, h, out);
         return true;
     }
-    const int C = c.C(), roles = c.roles();
+    const int C = c.tablesPerRole(), roles = c.roles();  // tables per role
     ErrorInfo err{};
     std::vector<uint16_t> scratch;
     const uint16_t* store = nullptr;
@@ -366,7 +377,7 @@ inline bool emulateDecodeChunk(const Codec& c, int chunk, int level, const uint8
             if (code != kOk) setError(&err, code, u, bad);
         }
         if (!err.code)
-            for (int u = 0; u < units; ++u)  // build kernel: thread (u, role, channel)
+            for (int u = 0; u < units; ++u)  // build kernel: thread (u, role, table)
                 for (int i = 0; i < roles * C; ++i) {
                     const BlockPlan& b = plan.blocks[size_t(u)];
                     const int r = i / C, ch = i % C;

@@ -38,7 +38,7 @@ int kvscope_cuda_dequantize_per_token(const uint8_t* sym, const uint16_t* scales
  * Chunk decoding (core/codec/FORMAT.md): a decoder made from a container's parameters decodes
  * .kvc chunk payloads into one device buffer holding the whole cache, bit-identical to
  * kvscope::decodeChunk. Codecs: cachegen (any level, per-token or per-channel quantizer, delta
- * on or off, in-band or shared tables), fp16, int8 and transform (every stage switch: RoPE
+ * on or off, in-band or shared tables, one table per channel or per KV head), fp16, int8 and transform (every stage switch: RoPE
  * re-applied to keys, fixed or rANS symbols, token-importance classes, sink/recent fp16 tokens);
  * kivi2/kivi4/zstd are refused (EINVAL).
  *
@@ -84,6 +84,8 @@ typedef struct kvscope_cuda_codec {
     int delta_group;      /* 0 = no delta coding, else 2..N */
     int anchor_bins;      /* 0 = anchors use their layer's bins */
     int table_mode;       /* 0 in-band, 1 shared */
+    int table_scope;      /* 0 one probability table per channel, 1 one per KV head (format 2.2; needs
+                             entropy_layout 2) */
     int entropy_layout;   /* cachegen streams: 2 (or 0) = format 2.x, 32 states x 16-bit words,
                              decoded by one warp per stream; 1 = format 1.x, 4 states x bytes */
     const uint16_t* key_bins;   /* cachegen: num_levels * num_layers, level-major */

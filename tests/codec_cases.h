@@ -217,6 +217,44 @@ inline std::vector<std::pair<const char*, Case>> parityCases()
         Case& c = add("real-shaped: 2 layers x 32 heads x 128 (Llama-2-7B), 520 tokens, chunks of 256");
         c.shape = {2, 32, 128, 520}, c.chunkTokens = 256;
     }
+    // One probability table per KV head (table_scope head, format 2.2): the same options again.
+    {
+        Case& c = add("per-head tables: structured, chunks of 64 (last 44), per token, delta 10, in-band");
+        c.shape = {3, 2, 64, 300}, c.scope = TableScope::Head;
+    }
+    {
+        Case& c = add("per-head tables: random, chunks of 16 (last 12), per token, no delta, in-band");
+        c.shape = {2, 2, 32, 300}, c.chunkTokens = 16, c.deltaGroup = 0, c.random = true, c.scope = TableScope::Head;
+    }
+    {
+        Case& c = add("per-head tables: random, chunks of 256 (one short chunk), per channel K and V, delta 10, in-band");
+        c.shape = {2, 3, 16, 200}, c.chunkTokens = 256, c.random = true, c.scope = TableScope::Head;
+        c.keyQ = c.valueQ = Quantizer::PerChannel;
+    }
+    {
+        Case& c = add("per-head tables: random, chunks of 32, per-channel K, no delta, in-band, f32");
+        c.shape = {2, 4, 8, 100}, c.chunkTokens = 32, c.keyQ = Quantizer::PerChannel, c.deltaGroup = 0;
+        c.random = true, c.dtype = DType::F32, c.scope = TableScope::Head;
+    }
+    {
+        Case& c = add("per-head tables: structured, chunks of 64, per-channel K, delta 8 with 64-bin anchors, shared");
+        c.shape = {2, 2, 64, 200}, c.keyQ = Quantizer::PerChannel, c.deltaGroup = 8, c.anchorBins = 64;
+        c.tables = TableMode::Shared, c.scope = TableScope::Head;
+    }
+    {
+        Case& c = add("per-head tables: structured, chunks of 128, per token, no delta, shared, bf16");
+        c.shape = {2, 4, 32, 300}, c.chunkTokens = 128, c.deltaGroup = 0, c.tables = TableMode::Shared, c.dtype = DType::BF16;
+        c.scope = TableScope::Head;
+    }
+    {
+        Case& c = add("per-head tables: head_dim 20, chunks of 50, per-channel V, delta 7, shared");
+        c.shape = {2, 3, 20, 130}, c.chunkTokens = 50, c.deltaGroup = 7, c.valueQ = Quantizer::PerChannel;
+        c.tables = TableMode::Shared, c.scope = TableScope::Head;
+    }
+    {
+        Case& c = add("per-head tables: real-shaped: 2 layers x 32 heads x 128 (Llama-2-7B), 520 tokens, chunks of 256, shared");
+        c.shape = {2, 32, 128, 520}, c.chunkTokens = 256, c.tables = TableMode::Shared, c.scope = TableScope::Head;
+    }
     return v;
 }
 

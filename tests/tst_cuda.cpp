@@ -154,7 +154,8 @@ private slots:
     // A whole container through core's wrapper equals KvcReader::decodeAll, for the committed golden files.
     void goldenFiles()
     {
-        for (const char* name : {"cachegen-inband", "cachegen-shared", "int8"}) {
+        for (const char* name : {"cachegen-inband", "cachegen-shared", "int8", "cachegen-head-inband", "cachegen-head-shared",
+                                 "cachegen-head-d16"}) {
             const auto reader = KvcReader::openFile(std::string(KVSCOPE_TEST_DATA) + "/golden/" + name + ".kvc");
             const std::vector<int> levels{std::min(2, reader->params().numLevels())};
             const KvSet cpu = reader->decodeAll(levels);
@@ -193,10 +194,19 @@ private slots:
 
     // Corrupt payloads: EDATA exactly when the CPU decoder refuses, equal output when both accept,
     // and the device stays usable (a good decode after each bad one).
+    void corruptInput_data()
+    {
+        QTest::addColumn<int>("scope");
+        QTest::newRow("per-channel tables") << int(TableScope::Channel);
+        QTest::newRow("per-head tables") << int(TableScope::Head);
+    }
+
     void corruptInput()
     {
+        QFETCH(int, scope);
         Case c;
         c.shape = {2, 2, 16, 100};
+        c.scope = TableScope(scope);
         const KvSet kv = makeKv(c);
         const CodecParams p = makeParams(c, kv);
         const auto codec = gpuCodec(p, nullptr);

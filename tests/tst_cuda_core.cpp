@@ -2,7 +2,8 @@
 // decomposition (cuda/decode_plan.h emulateDecodeChunk: one "thread" per block for the table
 // scan, per table for the build, per (block, head) for the streams), against kvscope::decodeChunk:
 // exact bytes on random and structured KV over every level, chunk size (short last chunks
-// included), quantizer, delta setting, table mode and output dtype; corrupt payloads and tables
+// included), quantizer, delta setting, table mode, table scope (per channel or per KV head) and
+// output dtype; corrupt payloads and tables
 // must fail exactly when the CPU decoder fails, never crash. Needs no GPU and no nvcc: this is
 // the evidence for the kernels' logic on machines without a device (tst_cuda checks the device).
 #include "testmain.h"
@@ -121,6 +122,43 @@ class TestCudaCore : public QObject {
         ++m_acceptedSame;
     }
 
+    // In-band tables: a symbol outside the alphabet in the second table of value layer 1 is
+    // refused by both decoders, both naming that table: channel 1, or head 1 with per-head tables.
+    void checkTableNamed(const CodecParams& p, const Emu& emu, int chunk, int level, const std::vector<uint8_t>& good)
+    {
+        gpu::ChunkPlan plan;
+        std::string why;
+        QVERIFY2(gpu::planChunk(emu.codec, chunk, level, good.data(), good.size(), &plan, &why), why.c_str());
+        const int u = 2 * p.shape.numLayers - 1, n = emu.codec.tablesPerRole();
+        QCOMPARE(n, p.profile.tableScope == TableScope::Head ? p.shape.numKvHeads : p.shape.channels());
+        const gpu::BlockPlan& b = plan.blocks[size_t(u)];
+        std::vector<uint32_t> off(size_t(emu.codec.roles()) * n);
+        uint32_t end = 0;
+        int32_t badIndex = 0;
+        QCOMPARE(gpu::scanBlockTables(good.data(), b.tableBegin, b.tableEnd, n, emu.codec.roles(), b.alphabet, off.data(), &end,
+                                      &badIndex),
+                 int32_t(gpu::kOk));
+        QCOMPARE(end, b.tableEnd);
+        std::vector<uint8_t> bad = good;
+        bad[off[1]] = 0;
+        bad[off[1] + 1] = 255;  // hi: outside every alphabet but the 256-bin one
+        QVERIFY(b.alphabet[0] <= 255);
+        std::string cpuWhy;
+        try {
+            KvSet cpu(p.shape, p.dtype);
+            decodeChunk(p, bad.data(), bad.size(), chunk, level, nullptr, cpu, "cpu");
+        } catch (const Error& e) {
+            cpuWhy = e.what();
+        }
+        std::vector<uint8_t> out(emu.codec.outputElems() * emu.codec.dtypeBytes());
+        QVERIFY(!gpu::emulateDecodeChunk(emu.codec, chunk, level, bad.data(), bad.size(), emu.shared, out.data(), &why));
+        const std::string table = p.profile.tableScope == TableScope::Head ? "head 1" : "channel 1";
+        QVERIFY2(cpuWhy.find(table + ": ") != std::string::npos, cpuWhy.c_str());
+        QVERIFY2(why == "value layer " + std::to_string(p.shape.numLayers - 1) + ": " + table +
+                            ": probability table names a symbol outside the alphabet",
+                 why.c_str());
+    }
+
     // Encodes kv with p (prepared) at every level, decodes every chunk with the CPU decoder and
     // the emulated kernels, and compares the whole cache byte for byte. Also checks the entropy
     // stage alone: for streams without token classes, the emulated symbol decoder against
@@ -227,6 +265,9 @@ private slots:
         QTest::newRow("cachegen-d16") << "cachegen-d16" << QList<int>{2, 3, 1};
         QTest::newRow("v1-cachegen-inband (format 1.0)") << "v1-cachegen-inband" << QList<int>{1, 2, 3};
         QTest::newRow("v1-cachegen-shared (format 1.0)") << "v1-cachegen-shared" << QList<int>{3, 1, 2};
+        QTest::newRow("cachegen-head-inband (format 2.2)") << "cachegen-head-inband" << QList<int>{1, 2, 3};
+        QTest::newRow("cachegen-head-shared (format 2.2)") << "cachegen-head-shared" << QList<int>{3, 1, 2};
+        QTest::newRow("cachegen-head-d16 (format 2.2)") << "cachegen-head-d16" << QList<int>{2, 3, 1};
     }
 
     void goldenFiles()
@@ -296,12 +337,48 @@ private slots:
         }
     }
 
+    // gpuCodec passes the table scope on; the decoder refuses an unknown scope, and per-head tables
+    // with format 1.x streams (the CPU encoder refuses to write those, and the container reader
+    // accepts per-head tables only in format 2.2).
+    void tableScopeParameter()
+    {
+        Case c;
+        c.shape = {2, 2, 16, 64};
+        c.scope = TableScope::Head;
+        const KvSet kv = makeKv(c);
+        const CodecParams p = makeParams(c, kv);
+        const auto g = gpuCodec(p, nullptr);
+        QCOMPARE(g->c.table_scope, 1);
+        gpu::Codec codec;
+        std::string why;
+        QVERIFY2(gpu::makeCodec(g->c, &codec, &why), why.c_str());
+        QCOMPARE(codec.tablesPerRole(), 2);
+        QCOMPARE(gpu::chunkGeom(codec, 0).perHead, 1);
+        kvscope_cuda_codec bad = g->c;
+        bad.table_scope = 2;
+        QVERIFY(!gpu::makeCodec(bad, &codec, &why));
+        QCOMPARE(why, std::string("decoder parameters: table_scope 2 unknown"));
+        bad = g->c;
+        bad.entropy_layout = 1;
+        QVERIFY(!gpu::makeCodec(bad, &codec, &why));
+        QVERIFY2(why.find("need format 2.x streams") != std::string::npos, why.c_str());
+        CodecParams q = p;
+        q.profile.tableScope = TableScope::Channel;
+        QCOMPARE(gpuCodec(q, nullptr)->c.table_scope, 0);
+        QVERIFY2(gpu::makeCodec(gpuCodec(q, nullptr)->c, &codec, &why), why.c_str());
+        QCOMPARE(codec.tablesPerRole(), 32);
+        QCOMPARE(gpu::chunkGeom(codec, 0).perHead, 0);
+    }
+
     void corruptPayloads_data()
     {
         QTest::addColumn<int>("mode");
         QTest::newRow("in-band tables, per token, delta") << 0;
         QTest::newRow("shared tables, per-channel keys, delta") << 1;
         QTest::newRow("in-band tables, per channel, no delta") << 2;
+        QTest::newRow("per-head tables, in-band, per token, delta") << 3;
+        QTest::newRow("per-head tables, shared, per-channel keys, delta") << 4;
+        QTest::newRow("per-head tables, in-band, per channel, no delta") << 5;
     }
 
     // Truncations, single flipped bytes all over the payload (size lists, tables, scales,
@@ -313,8 +390,9 @@ private slots:
         Case c;
         c.shape = {2, 2, 16, 100};
         c.chunkTokens = 64;
-        if (mode == 1) c.keyQ = Quantizer::PerChannel, c.tables = TableMode::Shared;
-        if (mode == 2) c.keyQ = c.valueQ = Quantizer::PerChannel, c.deltaGroup = 0;
+        if (mode >= 3) c.scope = TableScope::Head;
+        if (mode % 3 == 1) c.keyQ = Quantizer::PerChannel, c.tables = TableMode::Shared;
+        if (mode % 3 == 2) c.keyQ = c.valueQ = Quantizer::PerChannel, c.deltaGroup = 0;
         const KvSet kv = makeKv(c);
         const CodecParams p = makeParams(c, kv);
         std::vector<LevelTables> tables;
@@ -347,18 +425,28 @@ private slots:
             for (size_t k = 0; k < 8; ++k) bad[rng() % bad.size()] = uint8_t(rng());
             checkSame(p, shared, emu, chunk, level, bad, QString("garbage %1").arg(i));
         }
+        if (!shared) checkTableNamed(p, emu, chunk, level, good);
         qInfo("mode %d: %d corrupt payloads refused by both, %d accepted by both with equal output", mode, m_refused,
               m_acceptedSame);
         QVERIFY(m_refused > 100);
     }
 
     // Damaged shared tables: the GPU decoder's table build refuses exactly the blobs the CPU
-    // parser refuses.
+    // parser refuses (one table per channel, and per KV head).
+    void corruptSharedTables_data()
+    {
+        QTest::addColumn<int>("scope");
+        QTest::newRow("per-channel tables") << int(TableScope::Channel);
+        QTest::newRow("per-head tables") << int(TableScope::Head);
+    }
+
     void corruptSharedTables()
     {
+        QFETCH(int, scope);
         Case c;
         c.shape = {2, 2, 16, 64};
         c.tables = TableMode::Shared;
+        c.scope = TableScope(scope);
         const KvSet kv = makeKv(c);
         const CodecParams p = makeParams(c, kv);
         const std::vector<uint8_t> good = p.profile.levelTables[0];
@@ -394,7 +482,9 @@ private slots:
         QVERIFY(refused > 50);
     }
 
-    // Optional: a real captured cache (KVSCOPE_REAL_KV=path.h5), first 600 tokens, every level.
+    // Optional: a real captured cache (KVSCOPE_REAL_KV=path.h5), first 600 tokens, every level:
+    // the default profile and per-channel keys with shared tables, each with one table per KV
+    // head and one per channel.
     void realKv()
     {
         const QByteArray path = qgetenv("KVSCOPE_REAL_KV");
@@ -410,11 +500,13 @@ private slots:
                     full.readRows(KvKind(k), l, h, 0, s.numTokens, row.data());
                     kv.writeRows(KvKind(k), l, h, 0, s.numTokens, row.data());
                 }
-        for (int mode = 0; mode < 2; ++mode) {
+        for (int run = 0; run < 4; ++run) {
+            const int mode = run % 2;
             CodecParams p;
             p.shape = s;
             p.dtype = kv.dtype();
             p.profile = defaultProfile(s.numLayers);
+            p.profile.tableScope = run < 2 ? TableScope::Head : TableScope::Channel;
             if (mode == 1) p.profile.keyQuantizer = Quantizer::PerChannel, calibrateProfile(p, {&kv});
             std::vector<LevelTables> tables;
             if (mode == 1) tables = profileTables(p, "real");
@@ -430,9 +522,11 @@ private slots:
                     QVERIFY2(gpu::emulateDecodeChunk(emu.codec, ch, level, pl.data(), pl.size(), emu.shared, out.data(), &why),
                              why.c_str());
                 }
-                QVERIFY(out == flatten(cpu));
+                QVERIFY2(out == flatten(cpu), qPrintable(QString("run %1, level %2").arg(run).arg(level)));
                 m_valuesChecked += s.totalValues();
             }
+            qInfo("real KV, per-%s tables, %s: every level bit-exact", tableScopeName(p.profile.tableScope),
+                  mode == 1 ? "per-channel keys, shared tables" : "default profile");
         }
     }
 

@@ -11,9 +11,6 @@ namespace kvscope {
 
 std::unique_ptr<GpuCodec> gpuCodec(const CodecParams& p, const std::vector<LevelTables>* shared)
 {
-    if (p.codec == CodecId::CacheGen && p.profile.tableScope != TableScope::Channel)
-        throw Error("GPU decode: per-head probability tables (table_scope head, format 2.2) are not supported by the "
-                    "CUDA decoder yet; encode with table_scope channel for GPU decoding");
     auto g = std::make_unique<GpuCodec>();
     kvscope_cuda_codec& c = g->c;
     c.codec = int(p.codec);
@@ -62,6 +59,7 @@ std::unique_ptr<GpuCodec> gpuCodec(const CodecParams& p, const std::vector<Level
     c.delta_group = p.profile.deltaEnabled() ? p.profile.deltaGroup : 0;
     c.anchor_bins = p.profile.anchorBins;
     c.table_mode = int(p.profile.tables);
+    c.table_scope = int(p.profile.tableScope);
     c.entropy_layout = int(p.entropy);
     for (int l = 1; l <= p.numLevels(); ++l)
         for (int layer = 0; layer < p.shape.numLayers; ++layer) {

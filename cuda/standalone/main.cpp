@@ -3,8 +3,9 @@
 // tests/codec_cases.h at every mix of levels, GPU output equal to kvscope::decodeChunk byte for
 // byte, and corrupt payloads refused. Speed: a synthetic cache of the given shape (default
 // Llama-2-7B at 8K tokens: 32 layers, 32 KV heads x 128, 8192 tokens, 4 GiB fp16), decoded from
-// pinned host memory into device memory. The transform codec (codec 6): parity over its stage
-// switches, and the decode of a 4 GiB fp16 cache shaped like SmolLM2 (30 layers, 3 KV heads x 64,
+// pinned host memory into device memory, with in-band and shared tables, one table per KV head
+// (the default profile, format 2.2) and one per channel. The transform codec (codec 6): parity
+// over its stage switches, and the decode of a 4 GiB fp16 cache shaped like SmolLM2 (30 layers, 3 KV heads x 64,
 // 186368 tokens: the transform encoder's fit inverts C x C matrices, which is out of reach for
 // Llama-2-7B's C = 4096 within a few minutes), calibrated on a 2048-token cache of the same kind.
 // Prints one JSON object on stdout; exit 1 on any failure. --only transform|cachegen limits it.
@@ -170,22 +171,25 @@ int main(int argc, char** argv)
         bench = bench == "null" ? std::string("[") + line : bench + ", " + line;
     };
     const KvSet kv = doCachegen ? makeSyntheticKv(s) : KvSet(KvShape{1, 1, 1, 1}, DType::F16);
-    for (int shared = 0; shared < (doCachegen ? 2 : 0); ++shared) {
+    for (int run = 0; run < (doCachegen ? 4 : 0); ++run) {
+        const int shared = run / 2;
+        const TableScope scope = run % 2 == 0 ? TableScope::Head : TableScope::Channel;
         try {
             CodecParams p;
             p.shape = s.shape;
             p.profile = defaultProfile(s.shape.numLayers);
             p.profile.chunkTokens = argInt(argc, argv, "--chunk-tokens", 256);
+            p.profile.tableScope = scope;
             if (shared) p.profile.tables = TableMode::Shared;
             const int level = argInt(argc, argv, "--level", p.profile.defaultLevel);
             const GpuDecodeStats st = benchGpuDecode(kv, p, level, 0, repeats);  // checks parity with the CPU too
             const double parts = st.h2dS + st.tableS + st.kernelS;
             char line[1024];
             std::snprintf(line, sizeof line,
-                          "{\"tables\": \"%s\", \"device\": \"%s\", \"level\": %d, \"output_GB\": %.3f, \"compressed_GB\": %.3f, "
+                          "{\"tables\": \"%s\", \"table_scope\": \"%s\", \"device\": \"%s\", \"level\": %d, \"output_GB\": %.3f, \"compressed_GB\": %.3f, "
                           "\"wall_ms\": %.2f, \"decode_GBps\": %.1f, \"h2d_ms\": %.2f, \"table_kernels_ms\": %.2f, "
                           "\"decode_kernels_ms\": %.2f, \"copy_share\": %.3f, \"kernel_share\": %.3f, \"batches\": %d, \"parity\": true}",
-                          shared ? "shared" : "inband", st.device.c_str(), level, double(st.outputBytes) / 1e9,
+                          shared ? "shared" : "inband", tableScopeName(scope), st.device.c_str(), level, double(st.outputBytes) / 1e9,
                           double(st.h2dBytes) / 1e9, st.wallS * 1e3, double(st.outputBytes) / st.wallS / 1e9, st.h2dS * 1e3,
                           st.tableS * 1e3, st.kernelS * 1e3, parts > 0 ? st.h2dS / parts : 0, parts > 0 ? (st.tableS + st.kernelS) / parts : 0,
                           st.batches);
