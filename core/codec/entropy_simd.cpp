@@ -140,9 +140,10 @@ struct Lookup16 {
     __mmask16 rare;  // lanes past their bucket's third symbol (resolve512 with T: already walked)
 };
 
-// Lanes whose slot lies past the third symbol of their bucket: the scalar walk (rare).
-KVS_AVX512 __attribute__((noinline)) void lookupRare512(const int* T, __m512i idx, __m512i slot, __mmask16 rare,
-                                                        Lookup16& lk)
+// Lanes whose slot lies past the third symbol of their bucket: the scalar walk (rare). Takes and
+// returns the lookup by value, so that the hot path keeps it in registers.
+KVS_AVX512 __attribute__((noinline)) Lookup16 lookupRare512(const int* T, __m512i idx, __m512i slot, __mmask16 rare,
+                                                            Lookup16 lk)
 {
     alignas(64) int32_t ix[16], sl[16], sy[16], st[16], fr[16];
     _mm512_store_si512(ix, idx);
@@ -161,6 +162,7 @@ KVS_AVX512 __attribute__((noinline)) void lookupRare512(const int* T, __m512i id
     lk.sym = _mm512_load_si512(sy);
     lk.start = _mm512_load_si512(st);
     lk.freq = _mm512_load_si512(fr);
+    return lk;
 }
 
 // Resolves 16 lanes from their bucket entries' low words a (s0 | start0 | last0) and high words
@@ -181,7 +183,7 @@ KVS_AVX512 inline Lookup16 resolve512(__m512i a, __m512i c, __m512i slot, const 
     lk.start = start;
     lk.freq = _mm512_sub_epi32(_mm512_add_epi32(end, one), start);
     lk.rare = _mm512_cmpgt_epu32_mask(slot, e2);
-    if (__builtin_expect(lk.rare != 0, 0) && T) lookupRare512(T, idx, slot, lk.rare, lk);
+    if (__builtin_expect(lk.rare != 0, 0) && T) lk = lookupRare512(T, idx, slot, lk.rare, lk);
     return lk;
 }
 
@@ -249,7 +251,7 @@ KVS_AVX512 inline Lookup16 lookupRegs512(const Regs16& R, bool small, const int*
     Lookup16 lk = resolve512(a, c, slot, nullptr, _mm512_setzero_si512());
     if (__builtin_expect(lk.rare != 0, 0)) {
         if (small) searchSmall512(R, slot, lk.rare, lk);
-        else lookupRare512(T, _mm512_loadu_si512(tw), slot, lk.rare, lk);
+        else lk = lookupRare512(T, _mm512_loadu_si512(tw), slot, lk.rare, lk);
     }
     return lk;
 }
