@@ -93,7 +93,7 @@ PlanResult planChunks(const PlanInput& in)
     std::vector<int> plan(size_t(n), 1);
 
     auto consider = [&](double ttft, double dist, int k) {
-        const bool feasible = ttft <= in.slo;
+        const bool feasible = ttft <= in.slo + kTtftTolerance;
         bool better;
         const double distTol = kDistTolerance * std::max(1.0, std::abs(bestDist));
         if (feasible != bestFeasible) better = feasible;
@@ -111,8 +111,8 @@ PlanResult planChunks(const PlanInput& in)
     auto hopeless = [&](double partialTtft, double partialDist, int j, int m) {
         const double rest = (suffixTokens[size_t(j)] - suffixTokens[size_t(m)]) * minLevelDist;
         const double distTol = kDistTolerance * std::max(1.0, std::abs(bestDist));
-        if (bestFeasible) return partialTtft > in.slo || partialDist + rest > bestDist + distTol;
-        return partialTtft > in.slo && partialTtft > bestTtft + kTtftTolerance;
+        if (bestFeasible) return partialTtft > in.slo + kTtftTolerance || partialDist + rest > bestDist + distTol;
+        return partialTtft > in.slo + kTtftTolerance && partialTtft > bestTtft + kTtftTolerance;
     };
     // One fetched chunk's step of the timeline.
     auto step = [&](int j, int c, double& link, double& worker, double& dist) {
