@@ -61,6 +61,7 @@ public:
     // runs from the last byte read (or the first call), time spent away from the call included.
     bool receivePart(Reply& out, uint64_t maxPayload, double deadline, double yieldAt, ArrivalLog* log = nullptr);
     bool receiving() const { return m_part.active; }  // a reply is partly read
+    uint64_t partialBytes() const { return m_part.active ? m_part.total : 0; }  // of the reply partly read
 
     // Sends the request and reads the reply before `deadline` (monotonic seconds); nothing may be
     // pending. A reply whose

@@ -219,6 +219,7 @@ namespace {
 constexpr int kMaxWindow = 8;          // requests in flight at most with an automatic window
 constexpr double kPriorDiscount = 0.5; // a previous run's estimate, before anything is measured (planner.h)
 constexpr double kSloSafety = 0.1;     // the planner aims at 90% of the SLO (planner.h)
+constexpr double kProgressSeconds = 0.1;  // a reply read this long gives its rate so far to the planner
 }
 
 Streamer::Streamer(const Model& model, std::string host, int port, std::vector<int32_t> contextTokens,
@@ -386,7 +387,8 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
     };
 
     // Estimates the controller learns as the run goes.
-    double rttEstimate = -1;  // smallest first-byte delay seen
+    double rttEstimate = -1;  // smallest first-byte delay seen (not counting a new connection's first reply)
+    double rttUpper = -1;     // a new connection's first reply's delay: at least the RTT
     ThroughputEstimator estimator;
     bool provisional = false;  // the estimator holds only a new connection's first reply
     const double prior = m_priorThroughput * kPriorDiscount;
@@ -569,12 +571,21 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
     struct AdaptivePlan {
         PlanResult plan;
         double throughput = 0;   // the estimate it used (bytes/s)
+        double linkEnd = 0;      // predicted end of the replies in flight (monotonic; 0: none or no estimate)
     };
     auto planAdaptive = [&](double now) {
         AdaptivePlan ap;
         PlanResult& pr = ap.plan;
         const int textable = textableCount();
-        const double thr = estimator.valid() ? estimator.estimate() : prior;
+        double thr = estimator.valid() ? estimator.estimate() : prior;
+        // A reply that has been arriving for a while more slowly than the estimate is the newest
+        // evidence of the link: its rate so far caps the estimate. Only after kProgressSeconds,
+        // so that a reply of a few milliseconds (reads in bursts) never counts.
+        const double rttKnown = rttEstimate >= 0 ? rttEstimate : std::max(0.0, rttUpper);
+        if (thr > 0 && client.receiving() && !inflight.empty()) {
+            const double elapsed = now - std::max(prevReplyEnd, inflight.front().sentAt + rttKnown);
+            if (elapsed >= kProgressSeconds) thr = std::min(thr, double(client.partialBytes()) / elapsed);
+        }
         pr.predictedTtft = 0;
         if (thr <= 0) {
             // Nothing known of the link: the next fetch at the file's default level, and chunk 0
@@ -592,7 +603,10 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         // Replay what is committed: the replies in flight on the link, their decodes owed.
         double link = prevReplyEnd > 0 ? prevReplyEnd : now;
         for (const InFlight& f : inflight) {
-            link = std::max(link, f.sentAt + rtt) + wireBytes(f.chunk, f.level) / thr;
+            // The reply being read has only its rest to cross.
+            const double bytes = wireBytes(f.chunk, f.level) - (&f == &inflight.front() ? double(client.partialBytes()) : 0.0);
+            link = &f == &inflight.front() && client.receiving() ? now + std::max(0.0, bytes) / thr
+                                                                 : std::max(link, f.sentAt + rtt) + bytes / thr;
             in.owed.push_back({since(std::max(link, now)), double(params.chunkLength(f.chunk)) * dpt});
         }
         in.distortion = m_distortion;
@@ -605,6 +619,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         in.textable = textable;
         in.now = since(now);
         in.linkBusyUntil = since(std::max(link, now));
+        if (!inflight.empty()) ap.linkEnd = std::max(link, now);
         in.workerBusyUntil = since(workerFreeAt(now));
         in.throughput = thr;
         in.rtt = rtt;
@@ -653,7 +668,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
     while (!todo.empty() || !inflight.empty()) {
         // Keep the window full; adaptive also commits its next text chunk when it is due.
         const int window = windowNow();
-        double wakeAt = 0;  // adaptive: when the next text chunk falls due (monotonic; 0: none)
+        double wakeAt = 0;  // adaptive: when the next text chunk or fetch falls due (monotonic; 0: none)
         while (!serverDown && !todo.empty()) {
             const int i = todo.front();
             ChunkEvent& ev = res.chunks[size_t(i)];
@@ -691,6 +706,19 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
                     wakeAt = free - textLead(t);
                 }
                 if (allText || int(inflight.size()) >= window) break;
+                // Just in time: the next request need only reach the server before the link runs
+                // out of replies, so it is committed when the replies in flight are predicted to
+                // end within 2 x (RTT + 2 ms) (twice, for an estimate up to 2x low), not a whole
+                // reply ahead: on a link that dips, the level of the next chunk is then chosen
+                // after the current one has measured the dip.
+                const double rttJit = rttEstimate >= 0 ? rttEstimate : rttUpper;
+                if (ap.linkEnd > 0 && rttJit >= 0) {
+                    const double due = ap.linkEnd - 2 * (rttJit + 0.002);
+                    if (now < due) {
+                        wakeAt = wakeAt > 0 ? std::min(wakeAt, due) : due;
+                        break;
+                    }
+                }
                 level = std::max(1, pr.choice);
                 ev.throughputEstimate = thr;
                 ev.predictedTtftS = pr.predictedTtft;
@@ -759,7 +787,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         Reply rep;
         try {
             if (!client.receiving()) frontDeadline = monoSeconds() + opt.fetchTimeout;
-            // Read the reply, but break off when a text chunk falls due (wakeAt): commit it, then read on.
+            // Read the reply, but break off when a text chunk or fetch falls due (wakeAt): commit it, then read on.
             if (!client.receivePart(rep, f.expected, frontDeadline,
                                     wakeAt > 0 ? wakeAt : std::numeric_limits<double>::infinity()))
                 continue;
@@ -805,6 +833,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         // measures the link.
         const double firstDelay = rep.firstByteAt - rep.sentAt;
         if (!f.fresh) rttEstimate = rttEstimate < 0 ? firstDelay : std::min(rttEstimate, firstDelay);
+        else rttUpper = rttUpper < 0 ? firstDelay : std::min(rttUpper, firstDelay);
         if (f.level > 0 && rep.payload.size() >= 1024) {
             if (f.fresh) {
                 if (!estimator.valid() && rep.arrivedAt > rep.sentAt) {
