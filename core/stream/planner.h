@@ -13,7 +13,9 @@
 //    span looks tiny: 1,020 MB/s measured on a 137 MB/s link) or a sender thread descheduled for a
 //    few milliseconds (45.7 MB/s) is held to the band, while a lasting change moves the median and
 //    passes within ceil(kHistory / 2) samples. The harmonic mean is dominated by the slow samples;
-//    the discount shrinks the estimate when the link has recently been less predictable.
+//    the discount shrinks the estimate when the link has recently been less predictable. (The
+//    streamer also caps it with the rate so far of a reply that has been arriving slowly for a
+//    while: streamer.h.)
 //  - Shape of a plan: text from the FRONT, fetches from the BACK. Recomputing a prefix of the
 //    context needs no KV (chunk k's recompute attends to chunks < k, all recomputed before it), so
 //    it can start at once and overlap every transfer; a recomputed chunk after fetched ones would
