@@ -220,6 +220,7 @@ constexpr int kMaxWindow = 8;          // requests in flight at most with an aut
 constexpr double kPriorDiscount = 0.5; // a previous run's estimate, before anything is measured (planner.h)
 constexpr double kSloSafety = 0.1;     // the planner aims at 90% of the SLO (planner.h)
 constexpr double kProgressSeconds = 0.1;  // a reply read this long gives its rate so far to the planner
+constexpr double kJitReplies = 10;       // just-in-time requests where a reply takes 10x the guard or more
 }
 
 Streamer::Streamer(const Model& model, std::string host, int port, std::vector<int32_t> contextTokens,
@@ -572,6 +573,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         PlanResult plan;
         double throughput = 0;   // the estimate it used (bytes/s)
         double linkEnd = 0;      // predicted end of the replies in flight (monotonic; 0: none or no estimate)
+        double lastReplySeconds = 0;  // predicted time the last reply in flight takes on the link
     };
     auto planAdaptive = [&](double now) {
         AdaptivePlan ap;
@@ -619,7 +621,10 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         in.textable = textable;
         in.now = since(now);
         in.linkBusyUntil = since(std::max(link, now));
-        if (!inflight.empty()) ap.linkEnd = std::max(link, now);
+        if (!inflight.empty()) {
+            ap.linkEnd = std::max(link, now);
+            ap.lastReplySeconds = wireBytes(inflight.back().chunk, inflight.back().level) / thr;
+        }
         in.workerBusyUntil = since(workerFreeAt(now));
         in.throughput = thr;
         in.rtt = rtt;
@@ -661,8 +666,8 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         ready[size_t(i)] = 1;
     };
     // Adaptive commits a text chunk only when the worker is about to run out of work, this much
-    // ahead (a quarter of the recompute, 2-20 ms), so that a late wake-up does not idle it.
-    auto textLead = [&](int i) { return std::clamp(0.25 * jobCost(i, 0), 0.002, 0.02); };
+    // ahead (half the recompute, 2-20 ms), so that a wake-up late by a descheduled thread does not idle it.
+    auto textLead = [&](int i) { return std::clamp(0.5 * jobCost(i, 0), 0.002, 0.02); };
 
     double frontDeadline = 0;  // the hard limit on the reply being read
     while (!todo.empty() || !inflight.empty()) {
@@ -710,10 +715,14 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
                 // out of replies, so it is committed when the replies in flight are predicted to
                 // end within 2 x (RTT + 2 ms) (twice, for an estimate up to 2x low), not a whole
                 // reply ahead: on a link that dips, the level of the next chunk is then chosen
-                // after the current one has measured the dip.
+                // after the current one has measured the dip. Only where a reply takes at least
+                // kJitReplies times that guard: on a fast link an estimate several times low
+                // (replies of milliseconds, read in bursts) would leave the link idle for a round
+                // trip before every reply, and there is little to learn by waiting.
                 const double rttJit = rttEstimate >= 0 ? rttEstimate : rttUpper;
-                if (ap.linkEnd > 0 && rttJit >= 0) {
-                    const double due = ap.linkEnd - 2 * (rttJit + 0.002);
+                const double guard = 2 * (rttJit + 0.002);
+                if (ap.linkEnd > 0 && rttJit >= 0 && ap.lastReplySeconds >= kJitReplies * guard) {
+                    const double due = ap.linkEnd - guard;
                     if (now < due) {
                         wakeAt = wakeAt > 0 ? std::min(wakeAt, due) : due;
                         break;
@@ -829,8 +838,9 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         // The first reply on a new connection also waited for the connection's setup (and a reader
         // that comes late finds it whole in the socket: 431 KB "in 0.2 ms"): its delay is no RTT and
         // its span no measure of the link. It gives a provisional sample, its bytes over the whole
-        // round trip (a lower bound on the rate), used only until a reply on the open connection
-        // measures the link.
+        // round trip (a lower bound on the rate): it ages out like any other, and until then holds
+        // the next samples to the estimator's band (a second reply read late looked 4x too fast).
+        // Requests sent on it alone make no prediction error.
         const double firstDelay = rep.firstByteAt - rep.sentAt;
         if (!f.fresh) rttEstimate = rttEstimate < 0 ? firstDelay : std::min(rttEstimate, firstDelay);
         else rttUpper = rttUpper < 0 ? firstDelay : std::min(rttUpper, firstDelay);
@@ -843,7 +853,6 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
             } else {
                 const double span = rep.arrivedAt - std::max(replyStart, rep.sentAt + std::max(0.0, rttEstimate));
                 if (span > 0) {
-                    if (provisional) estimator = ThroughputEstimator();
                     provisional = false;
                     estimator.add(double(rep.wireBytes) / span, f.predictedThroughput);
                 }
