@@ -220,7 +220,7 @@ constexpr int kMaxWindow = 8;          // requests in flight at most with an aut
 constexpr double kPriorDiscount = 0.5; // a previous run's estimate, before anything is measured (planner.h)
 constexpr double kSloSafety = 0.1;     // the planner aims at 90% of the SLO (planner.h)
 constexpr double kProgressSeconds = 0.1;  // a reply read this long gives its rate so far to the planner
-constexpr double kJitReplies = 10;       // just-in-time requests where a reply takes 10x the guard or more
+constexpr double kJitReplies = 5;        // just-in-time requests where a reply takes 5x the guard or more
 }
 
 Streamer::Streamer(const Model& model, std::string host, int port, std::vector<int32_t> contextTokens,

@@ -10,7 +10,7 @@
 //    current one ends and the link never idles for a round trip between chunks. Fixed policies
 //    keep 8 requests in flight; adaptive keeps at most the bandwidth-delay product's worth (each
 //    request commits a level), only 1 until this run has measured a chunk, and sends each request
-//    just in time where replies are long (10x that margin or more): when the replies in flight are
+//    just in time where replies are long (5x that margin or more): when the replies in flight are
 //    predicted to end within 2 x (RTT + 2 ms), so a chunk's level is chosen after the chunk before
 //    it has measured the link.
 //  - Adaptation (policy adaptive): text is recomputed from the front of the context and the rest
