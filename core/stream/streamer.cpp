@@ -530,6 +530,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         uint64_t expected;
         double sentAt, predictedThroughput;
         bool fresh;  // sent on a new connection
+        bool lowerBound;  // predictedThroughput came from the provisional sample alone
     };
     std::deque<InFlight> inflight;
     // Fixed policies fetch in chunk order. Adaptive fetches from the last chunk backwards
@@ -758,10 +759,11 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
             try {
                 const bool fresh = !client.connected();  // this request opens the connection
                 const double sentAt = client.send(rq);
-                // A prior from an earlier run, or a provisional sample, is a guess, not this
-                // estimator's prediction: its miss does not count as the estimator's error.
-                inflight.push_back({i, level, expected, sentAt, estimator.valid() && !provisional ? ev.throughputEstimate : 0.0,
-                                    fresh});
+                // A prior from an earlier run is a guess, not this estimator's prediction: its miss
+                // does not count as the estimator's error. A provisional sample is a lower bound:
+                // only a reply slower than predicted from it counts.
+                inflight.push_back({i, level, expected, sentAt, estimator.valid() ? ev.throughputEstimate : 0.0, fresh,
+                                    provisional});
                 todo.pop_front();
             } catch (const std::exception& e) {
                 const NetError* ne = dynamic_cast<const NetError*>(&e);
@@ -840,7 +842,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         // its span no measure of the link. It gives a provisional sample, its bytes over the whole
         // round trip (a lower bound on the rate): it ages out like any other, and until then holds
         // the next samples to the estimator's band (a second reply read late looked 4x too fast).
-        // Requests sent on it alone make no prediction error.
+        // A reply requested on it alone counts a prediction error only when slower than predicted.
         const double firstDelay = rep.firstByteAt - rep.sentAt;
         if (!f.fresh) rttEstimate = rttEstimate < 0 ? firstDelay : std::min(rttEstimate, firstDelay);
         else rttUpper = rttUpper < 0 ? firstDelay : std::min(rttUpper, firstDelay);
@@ -854,7 +856,8 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
                 const double span = rep.arrivedAt - std::max(replyStart, rep.sentAt + std::max(0.0, rttEstimate));
                 if (span > 0) {
                     provisional = false;
-                    estimator.add(double(rep.wireBytes) / span, f.predictedThroughput);
+                    const double sample = double(rep.wireBytes) / span;
+                    estimator.add(sample, f.lowerBound && sample >= f.predictedThroughput ? 0.0 : f.predictedThroughput);
                 }
             }
         }
