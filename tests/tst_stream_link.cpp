@@ -8,6 +8,7 @@
 #include "stream/planner.h"
 
 #include <QFile>
+#include <algorithm>
 
 #include <chrono>
 #include <cmath>
@@ -185,51 +186,177 @@ private slots:
         QCOMPARE(e.estimate(), 0.0);
         e.add(10, 0);   // no prediction yet: no error sample
         QCOMPARE(e.estimate(), 10.0);
-        e.add(20, 10);  // predicted 10, was 20: error 0.5
+        e.add(20, 10);  // predicted 10, was 20: error 0.5 (20 is within the band of 2x the median 10)
         QVERIFY(std::abs(e.harmonicMean() - 40.0 / 3) < 1e-12);
         QVERIFY(std::abs(e.estimate() - 40.0 / 3 / 1.5) < 1e-12);
         for (int k = 0; k < 5; ++k) e.add(30, 30);  // the old samples and errors age out
         QVERIFY(std::abs(e.estimate() - 30.0) < 1e-12);
     }
 
-    // The planner's choices on timelines worked out by hand (2 chunks of 100 tokens, 1000 B/s).
+    // The outlier guard: each sample held to [median / 2, 2 x median] (the lower median of the
+    // recent samples), the prediction error counted against the held sample and capped at 1.
+    void throughputOutliers()
+    {
+        // A reply read late looks 10x faster: it counts as 2x the median.
+        ThroughputEstimator e;
+        e.add(100, 0);
+        e.add(1000, 100);  // median of {100, 1000} is 100: 1000 counts as 200, error |100 - 200| / 200
+        QCOMPARE(e.median(), 100.0);
+        QCOMPARE(e.clamped(1000), 200.0);
+        QVERIFY(std::abs(e.harmonicMean() - 400.0 / 3) < 1e-9);
+        QVERIFY(std::abs(e.estimate() - 400.0 / 3 / 1.5) < 1e-9);
+        e.add(100, 400.0 / 3 / 1.5);  // {100, 1000, 100}: HM of 100, 200, 100 = 120; errors 0.5, 1/9
+        QVERIFY(std::abs(e.harmonicMean() - 120.0) < 1e-9);
+        QVERIFY(std::abs(e.estimate() - 80.0) < 1e-9);
+
+        // A slow sample counts as half the median; a lasting drop passes after 3 of 5 samples.
+        ThroughputEstimator f;
+        for (int k = 0; k < 4; ++k) f.add(100, 0);
+        f.add(10, 0);  // {100 x4, 10}: 10 counts as 50
+        QVERIFY(std::abs(f.harmonicMean() - 5.0 / (4.0 / 100 + 1.0 / 50)) < 1e-9);
+        f.add(10, 0);  // {100 x3, 10 x2}: median still 100
+        QVERIFY(std::abs(f.harmonicMean() - 5.0 / (3.0 / 100 + 2.0 / 50)) < 1e-9);
+        f.add(10, 0);  // {100 x2, 10 x3}: the median is 10, the old 100s count as 20
+        QCOMPARE(f.median(), 10.0);
+        QVERIFY(std::abs(f.harmonicMean() - 12.5) < 1e-9);
+
+        // An absurd prediction (1000 for a 10 link) halves the estimate at most.
+        ThroughputEstimator g;
+        g.add(10, 0);
+        g.add(10, 1000);
+        QCOMPARE(g.maxRecentError(), 1.0);
+        QCOMPARE(g.estimate(), 5.0);
+    }
+
+    // The planner's splits on timelines worked out by hand: chunks listed in fetch order (the
+    // context's back first), the last `textable` of them recomputable (the context's front).
     void planner()
     {
+        // 4 chunks of 100 tokens; 1000 B/s: level 1 (100 B) 0.1 s, level 2 (200 B) 0.2 s; recompute
+        // 0.2 s a chunk; no RTT, decode or tail.
         PlanInput in;
-        in.distortion = {0.0, 0.03, 0.01, 0.001};
-        for (int k = 0; k < 2; ++k) in.chunks.push_back(PlanChunk{100, {0, 100, 200, 400}});
+        in.distortion = {0.0, 0.03, 0.01};
+        for (int k = 0; k < 4; ++k) in.chunks.push_back(PlanChunk{100, {0, 100, 200}});
+        in.textable = 4;
         in.throughput = 1000;
-        in.recomputeSecondsPerToken = 0.01;  // 1 s per chunk: text never fits
-        in.slo = 0.5;
+        in.recomputeSecondsPerToken = 0.002;
+        in.slo = 0.4;
         PlanResult r = planChunks(in);
-        // (2,2) takes 0.4 s with distortion 2.0; (3,1) fits too (0.5 s) but costs 3.1.
+        // Two text chunks (0.2 + 0.2 s, from t = 0) while two level-2 fetches take 0.2 + 0.2 s:
+        // 0.4 s, distortion 2 x 100 x 0.01 = 2. One text + three fetches fits only at levels
+        // (1, 1, 2): distortion 7.
         QVERIFY(r.feasible);
-        QCOMPARE(r.plan, (std::vector<int>{2, 2}));
+        QCOMPARE(r.plan, (std::vector<int>{2, 2, 0, 0}));
+        QCOMPARE(r.textChunks, 2);
+        QCOMPARE(r.choice, 2);
         QVERIFY(std::abs(r.predictedTtft - 0.4) < 1e-12);
-        // Nothing fits: the fastest plan.
+        QVERIFY(std::abs(r.distortion - 2.0) < 1e-12);
+        // 0.3 s: two text chunks no longer fit; one (0.2 s) with three level-1 fetches (0.3 s).
+        in.slo = 0.3;
+        r = planChunks(in);
+        QVERIFY(r.feasible);
+        QCOMPARE(r.plan, (std::vector<int>{1, 1, 1, 0}));
+        QVERIFY(std::abs(r.predictedTtft - 0.3) < 1e-12);
+        // Only the front may be recomputed: with textable 1 the plan above stays; with 0, four
+        // fetches (0.4 s at best) miss 0.3 s and the fastest plan wins.
+        in.textable = 1;
+        QCOMPARE(planChunks(in).plan, (std::vector<int>{1, 1, 1, 0}));
+        in.textable = 0;
+        r = planChunks(in);
+        QVERIFY(!r.feasible);
+        QCOMPARE(r.plan, (std::vector<int>{1, 1, 1, 1}));
+        QCOMPARE(r.textChunks, 0);
+        in.textable = 4;
+        in.allowText = false;
+        QCOMPARE(planChunks(in).plan, (std::vector<int>{1, 1, 1, 1}));
+        in.allowText = true;
+
+        // Nothing fits (recompute 0.4 s a chunk, SLO 0.1 s): the earliest TTFT, 0.4 s, reached by
+        // four level-1 fetches (distortion 12) and by one text chunk beside fetches of 0.4 s in
+        // all, one of them at level 2 (distortion 7): equal TTFTs go to the lower distortion.
+        in.recomputeSecondsPerToken = 0.004;
         in.slo = 0.1;
         r = planChunks(in);
         QVERIFY(!r.feasible);
-        QCOMPARE(r.plan, (std::vector<int>{1, 1}));
-        // Recompute runs on the worker while the link carries the other chunk: text for chunk 0
-        // (0.3 s, from the client's tokens), level 3 for chunk 1 (arrives at 0.4 s); both as text
-        // would take 0.6 s.
-        in.slo = 0.5;
-        in.recomputeSecondsPerToken = 0.003;
-        r = planChunks(in);
-        QCOMPARE(r.plan, (std::vector<int>{0, 3}));
         QVERIFY(std::abs(r.predictedTtft - 0.4) < 1e-12);
-        // What is in flight delays everything: the link is busy until 0.3 s.
+        QVERIFY(std::abs(r.distortion - 7.0) < 1e-12);
+        QCOMPARE(r.textChunks, 1);
+        QCOMPARE(r.plan.back(), 0);
+        QCOMPARE(int(std::count(r.plan.begin(), r.plan.end(), 2)), 1);
+
+        // Beyond the horizon, fetches repeat the horizon's last level.
         in.recomputeSecondsPerToken = 0.01;
-        in.linkBusyUntil = 0.3;
-        r = planChunks(in);
-        QCOMPARE(r.plan, (std::vector<int>{1, 1}));  // 0.3 + 0.2 = 0.5: only the smallest fits
-        QVERIFY(r.feasible);
-        // Beyond the horizon, chunks repeat the horizon's last choice.
-        in.linkBusyUntil = 0;
+        in.slo = 10;
         in.horizon = 1;
         r = planChunks(in);
-        QCOMPARE(r.plan, (std::vector<int>{2, 2}));
+        QCOMPARE(r.plan, (std::vector<int>{0, 0, 0, 0}));  // text everywhere fits 10 s: distortion 0
+        in.textable = 0;
+        QCOMPARE(planChunks(in).plan, (std::vector<int>{2, 2, 2, 2}));
+    }
+
+    // What is committed: text runs first (released at once), then the decodes of the replies in
+    // flight (at their arrival), then the planned fetches.
+    void plannerCommitted()
+    {
+        // 2 chunks of 100 tokens left, the second recomputable; recompute 0.2 s, decode 0.05 s a
+        // chunk; a text chunk owes the worker until 0.1 s; a reply in flight arrives at 0.15 s
+        // (its decode 0.05 s owed) and holds the link until then.
+        PlanInput in;
+        in.distortion = {0.0, 0.03, 0.01};
+        for (int k = 0; k < 2; ++k) in.chunks.push_back(PlanChunk{100, {0, 100, 200}});
+        in.textable = 1;
+        in.throughput = 1000;
+        in.recomputeSecondsPerToken = 0.002;
+        in.decodeSecondsPerToken = 0.0005;
+        in.workerBusyUntil = 0.1;
+        in.linkBusyUntil = 0.15;
+        in.owed = {PlanJob{0.15, 0.05}};
+        in.slo = 0.5;
+        // Text: worker 0.1 -> 0.3, the owed decode 0.3 -> 0.35, chunk 0 at level 2 arrives at
+        // 0.35, decoded at 0.40 (distortion 1). Two fetches: level 2 + level 1 arrive at 0.35 and
+        // 0.45, decoded by 0.50 (distortion 4).
+        PlanResult r = planChunks(in);
+        QVERIFY(r.feasible);
+        QCOMPARE(r.plan, (std::vector<int>{2, 0}));
+        QVERIFY(std::abs(r.predictedTtft - 0.4) < 1e-12);
+        // The tail (question prefill, first token) adds to every plan.
+        in.tailSeconds = 0.05;
+        in.slo = 0.45;
+        r = planChunks(in);
+        QCOMPARE(r.plan, (std::vector<int>{2, 0}));
+        QVERIFY(std::abs(r.predictedTtft - 0.45) < 1e-12);
+        // Had the owed decode gone first (idle until 0.15 s), the text chunk would end at 0.4 and
+        // chunk 0 at 0.45: the planner's order is the release order.
+        in.tailSeconds = 0;
+        in.slo = 0.35;  // nothing fits: the earliest, 0.4 s, the text plan at level 2 or 1 (level 2: less distortion)
+        r = planChunks(in);
+        QVERIFY(!r.feasible);
+        QCOMPARE(r.plan, (std::vector<int>{2, 0}));
+        QVERIFY(std::abs(r.predictedTtft - 0.4) < 1e-12);
+    }
+
+    // The modelled GPU case in round numbers: 16 chunks, recompute 20 ms a chunk, a level-1 fetch
+    // 10 ms, RTT 2 ms, tail 8 ms, an SLO nothing meets. k text chunks end at 20k ms, the 16 - k
+    // fetches at 2 + 10 (16 - k) ms: five text chunks give max(100, 112) + 8 = 120 ms, four
+    // 130 ms, six 128 ms; all text 328 ms.
+    void plannerSplit()
+    {
+        PlanInput in;
+        in.distortion = {0.0, 0.03, 0.01};
+        for (int k = 0; k < 16; ++k) in.chunks.push_back(PlanChunk{100, {0, 10, 20}});
+        in.textable = 16;
+        in.throughput = 1000;
+        in.rtt = 0.002;
+        in.recomputeSecondsPerToken = 0.0002;
+        in.tailSeconds = 0.008;
+        in.slo = 0.05;
+        const PlanResult r = planChunks(in);
+        QVERIFY(!r.feasible);
+        QCOMPARE(r.textChunks, 5);
+        QVERIFY(std::abs(r.predictedTtft - 0.120) < 1e-12);
+        std::vector<int> expect(16, 1);
+        std::fill(expect.end() - 5, expect.end(), 0);
+        QCOMPARE(r.plan, expect);
     }
 
     void distortionFallback()

@@ -46,6 +46,7 @@ public:
     {
         m_socket.close();
         m_pending.clear();
+        m_part = Partial{};
     }
 
     // Pipelining: send() writes a request (connecting when needed) and returns its send time;
@@ -54,6 +55,13 @@ public:
     double send(const Request& r);
     Reply receive(uint64_t maxPayload, double deadline, ArrivalLog* log = nullptr);
     size_t pending() const { return m_pending.size(); }
+    // receive() in installments: reads the oldest pending reply until it is whole (true, in `out`)
+    // or until yieldAt (monotonic) comes first (false; what was read is kept, and the next call
+    // goes on from there). Errors, the stall timeout and the deadline as receive(); the stall clock
+    // runs from the last byte read (or the first call), time spent away from the call included.
+    bool receivePart(Reply& out, uint64_t maxPayload, double deadline, double yieldAt, ArrivalLog* log = nullptr);
+    bool receiving() const { return m_part.active; }  // a reply is partly read
+    uint64_t partialBytes() const { return m_part.active ? m_part.total : 0; }  // of the reply partly read
 
     // Sends the request and reads the reply before `deadline` (monotonic seconds); nothing may be
     // pending. A reply whose
@@ -72,6 +80,19 @@ private:
         double sentAt;
     };
     std::deque<Pending> m_pending;
+    // The reply being read (receivePart).
+    struct Partial {
+        bool active = false;
+        Reply rep;
+        uint8_t header[kFrameHeaderBytes] = {};
+        size_t headerGot = 0;
+        bool headerDone = false;
+        uint32_t length = 0;
+        size_t payloadGot = 0;
+        uint64_t total = 0;
+        double progressAt = 0;  // last byte read, or the first call
+    };
+    Partial m_part;
 };
 
 }  // namespace kvscope

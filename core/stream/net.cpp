@@ -170,6 +170,8 @@ size_t Socket::recvSome(void* data, size_t n, double deadline) const
     }
 }
 
+bool Socket::waitReadable(double deadline) const { return waitFor(m_fd, POLLIN, deadline); }
+
 void Socket::recvAll(void* data, size_t n, double deadline) const
 {
     char* p = static_cast<char*>(data);

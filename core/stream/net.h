@@ -54,6 +54,9 @@ public:
     size_t recvSome(void* data, size_t n, double deadline) const;
     // Reads exactly n bytes before the deadline. Throws NetError.
     void recvAll(void* data, size_t n, double deadline) const;
+    // Waits until a read would not block (data, end of stream or an error to report) or the
+    // deadline passes (false). Reads nothing.
+    bool waitReadable(double deadline) const;
 
 private:
     int m_fd = -1;

@@ -1,27 +1,48 @@
-// The adaptive streamer's planner: which level (or text recompute) each chunk of a context is
-// fetched at, chosen by model predictive control over the chunks still to request.
+// The adaptive streamer's planner: which chunks of a context are recomputed from text and which
+// level each of the others is fetched at, chosen by model predictive control over the chunks not
+// yet committed.
 //
 // READ ME FIRST
-//  - Throughput estimate (RobustMPC, Yin et al., SIGCOMM 2015): the harmonic mean of the last
-//    kHistory chunk goodputs, divided by 1 + the largest relative prediction error of the last
-//    kHistory chunks (|predicted - actual| / actual, the prediction being the estimate in force
-//    when the chunk was requested). The harmonic mean is dominated by the slow samples; the
-//    discount shrinks the estimate when the link has recently been less predictable.
+//  - Throughput estimate (RobustMPC, Yin et al., SIGCOMM 2015, with an outlier guard): the last
+//    kHistory chunk goodputs, each clamped to [m / kBand, m x kBand] around m, the (lower) median
+//    of those samples; their harmonic mean, divided by 1 + the largest relative prediction error
+//    of the last kHistory chunks (|predicted - clamped actual| / clamped actual, the prediction
+//    being the estimate in force when the chunk was requested; each error counted as at most
+//    kMaxError, so one absurd prediction cannot crush the estimate). One sample cannot move the
+//    estimate by more than kBand: a reply that sat in the socket while the client was busy (its
+//    span looks tiny: 1,020 MB/s measured on a 137 MB/s link) or a sender thread descheduled for a
+//    few milliseconds (45.7 MB/s) is held to the band, while a lasting change moves the median and
+//    passes within ceil(kHistory / 2) samples. The harmonic mean is dominated by the slow samples;
+//    the discount shrinks the estimate when the link has recently been less predictable. (The
+//    streamer also caps it with the rate so far of a reply that has been arriving slowly for a
+//    while: streamer.h.)
+//  - Shape of a plan: text from the FRONT, fetches from the BACK. Recomputing a prefix of the
+//    context needs no KV (chunk k's recompute attends to chunks < k, all recomputed before it), so
+//    it can start at once and overlap every transfer; a recomputed chunk after fetched ones would
+//    have to wait for them. So the streamer fetches the chunks from the last one backwards and
+//    recomputes from chunk 0 forwards; the two fronts meet at a split point. The planner is given
+//    the chunks not yet committed in fetch order (PlanInput::chunks: the next fetch first); the
+//    last `textable` of them are the context's front (contiguous with the text already committed)
+//    and may be recomputed instead, the last k of the list for a split of k. Only what is not yet
+//    committed moves: the split is revised with every new estimate.
 //  - Timeline model of a plan (everything the planner predicts): the link carries the replies one
 //    after another at the estimated throughput; a reply cannot start before its request reached the
-//    server and came back (now + RTT) nor before the link finished what is already in flight; one
-//    worker runs decode jobs (per fp16 byte, measured or modelled) and recompute jobs (tokens at the
-//    prefill rate, measured or modelled) in chunk order, each no earlier than its chunk's arrival
-//    and the previous job's end; TTFT = the last job's end + the tail (cache load, question prefill
-//    and first token, measured in prepare() or modelled). A text chunk is recomputed from the
-//    client's own tokens: no link time, only its recompute on the worker, so its cost is known
-//    before it is chosen.
-//  - Search: exhaustive over the (levels + 1)^H choices of the next H chunks (H = kHorizon, fewer
-//    near the end); every chunk after the horizon takes the horizon's last choice, so a plan always
-//    covers the whole context. Among plans whose predicted TTFT meets the SLO, the one with the
-//    least total distortion (sum over chunks of tokens x the choice's distortion) wins, ties going
-//    to the earlier TTFT; when no plan meets the SLO, the one with the earliest TTFT wins. Only the
-//    first choice is committed; the plan is redone for every request with fresh estimates (MPC).
+//    server and came back (now + RTT) nor before the link finished what is already in flight. One
+//    worker runs the jobs (decode per fp16 byte, recompute per token at the prefill rate, measured
+//    or modelled) in order of release: after the work already handed to it (workerBusyUntil), the k
+//    text chunks (released now: their tokens are the client's own), then the decodes of the replies
+//    in flight (PlanInput::owed: predicted arrival, duration), then those of the planned fetches at
+//    their predicted arrivals. TTFT = the worker's end + the tail (cache load, question prefill and
+//    first token, measured in prepare() or modelled).
+//  - Search: for every split k in 0..textable, exhaustive over the levels of the next H fetches
+//    (H = horizon, lowered until levels^H <= kMaxLeaves; fewer near the end), every fetch after the
+//    horizon taking the horizon's last level; branch and bound on distortion and predicted TTFT
+//    (both only grow along a plan). Among plans whose predicted TTFT meets the SLO, the one with
+//    the least total distortion (sum over chunks of tokens x the choice's distortion) wins, ties
+//    going to the earlier TTFT; when no plan meets the SLO, the one with the earliest TTFT wins. The
+//    streamer commits only the plan's next fetch (when its window has room) and its next text chunk
+//    (only when the worker is about to run out of work, so that the split is decided as late as
+//    possible), and plans again after every commit, arrival and wake-up (MPC).
 //  - Distortion of a level: the profile's measured mean KL (levels[*].measured.mean_kl, written by
 //    `kvscope-cli tune`), else its measured KL ("kl"), else a fallback from the level's size:
 //    4^-(bits per value), the rate-distortion law of a Gaussian source, so more bits always means
@@ -29,11 +50,10 @@
 //    (it reproduces the model's own cache). Measured and fallback figures are never mixed: when any
 //    level lacks a measured KL, every level uses the fallback.
 //  - Safety: the streamer plans against 90% of the SLO (kSloSafety in streamer.cpp): a request,
-//    once sent, cannot be taken back, and a recompute chain after a fetched chunk waits for it, so
-//    an estimate that is too high costs more than one that is too low.
+//    once sent, cannot be taken back.
 //  - Before any chunk has been measured there is no estimate: the first request goes at the
-//    file's default level, unless a prior estimate (the previous run's, kept by the Streamer) is
-//    given, which is then discounted by kPriorDiscount.
+//    file's default level and at most chunk 0 is recomputed meanwhile, unless a prior estimate (the
+//    previous run's, kept by the Streamer) is given, which is then discounted by kPriorDiscount.
 #pragma once
 
 #include <cstdint>
@@ -47,10 +67,14 @@ namespace kvscope {
 class ThroughputEstimator {
 public:
     static constexpr int kHistory = 5;
+    static constexpr double kBand = 2.0;      // a sample counts as at most kBand x (at least 1/kBand x) the median
+    static constexpr double kMaxError = 1.0;  // a prediction error counts as at most this (the discount at most halves)
     // A chunk's measured goodput and what the estimator predicted for it (<= 0: no prediction).
     void add(double measured, double predicted);
     bool valid() const { return !m_samples.empty(); }
-    double harmonicMean() const;
+    double median() const;        // lower median of the recent samples as measured
+    double clamped(double sample) const;  // the sample held to the band around median()
+    double harmonicMean() const;  // of the recent samples, each clamped
     double maxRecentError() const;
     double estimate() const;  // harmonicMean / (1 + maxRecentError); 0 when !valid()
 
@@ -60,18 +84,23 @@ private:
 
 struct PlanChunk {
     int tokens = 0;
-    std::vector<double> bytes;  // [choice]: 1..L = level; choice 0 = text, 0 bytes when recomputed
-                                // from the client's own tokens (no request)
+    std::vector<double> bytes;  // [choice]: 1..L = level (bytes on the wire); [0] unused (text: no request)
+};
+
+// A job owed to the worker: the decode of a reply in flight.
+struct PlanJob {
+    double release = 0;  // predicted arrival
+    double seconds = 0;
 };
 
 struct PlanInput {
-    std::vector<PlanChunk> chunks;   // the chunks still to request, in order
+    std::vector<PlanChunk> chunks;   // the chunks not yet committed, in fetch order (next fetch first)
+    int textable = 0;                // the last `textable` of them may be recomputed (the context's front)
     std::vector<double> distortion;  // [choice], choice 0 = text
-    // Already committed: bytes in flight on the link, and the jobs still owed to the worker (their
-    // arrival, predicted, and duration) before the planned chunks' jobs.
+    std::vector<PlanJob> owed;       // decodes of the replies in flight, in arrival order
     double now = 0;
     double linkBusyUntil = 0;        // predicted end of the replies in flight
-    double workerBusyUntil = 0;      // predicted end of the jobs queued or owed
+    double workerBusyUntil = 0;      // end of the work already handed to the worker
     double throughput = 0;           // bytes/s (robust estimate)
     double rtt = 0;
     double decodeSecondsPerToken = 0;
@@ -83,8 +112,9 @@ struct PlanInput {
 };
 
 struct PlanResult {
-    int choice = 1;                 // for the first chunk of PlanInput::chunks
-    std::vector<int> plan;          // the whole plan, one choice per chunk
+    int choice = 1;                 // the next fetch's level (chunks[0]); 0 when every chunk is text
+    int textChunks = 0;             // the split: the last textChunks of PlanInput::chunks are text
+    std::vector<int> plan;          // one choice per chunk of PlanInput::chunks (0 = text)
     double predictedTtft = 0;       // same clock as PlanInput::now
     double distortion = 0;          // sum of tokens x distortion
     bool feasible = false;          // predicted TTFT <= slo

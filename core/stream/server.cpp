@@ -38,6 +38,8 @@ namespace {
 
 enum ReplyFault { kNoFault, kDieHalfway, kStallHalfway };
 
+constexpr size_t kWritePiece = size_t(64) << 10;  // bytes per write with its own ioTimeout
+
 std::chrono::steady_clock::time_point toTimePoint(double mono)
 {
     return std::chrono::steady_clock::time_point(
@@ -175,7 +177,14 @@ void ChunkServer::sendPaced(Connection* c, const uint8_t* data, size_t n)
             std::this_thread::sleep_until(toTimePoint(std::clamp(t, now + 0.0002, now + 0.05)));
             continue;
         }
-        s.sendAll(data + sent, size_t(g), monoSeconds() + m_opt.ioTimeout);
+        // ioTimeout bounds a write that makes no progress, not a whole grant: under --link kernel
+        // the pacer is unlimited and grants up to 4 MiB at once, which a slow shaped link may take
+        // longer than ioTimeout to drain (2.8 MB at 2 Mbit/s: 11 s).
+        for (size_t off = 0; off < size_t(g);) {
+            const size_t piece = std::min<size_t>(size_t(g) - off, kWritePiece);
+            s.sendAll(data + sent + off, piece, monoSeconds() + m_opt.ioTimeout);
+            off += piece;
+        }
         sent += size_t(g);
     }
     guard.armed = false;

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -218,6 +219,8 @@ namespace {
 constexpr int kMaxWindow = 8;          // requests in flight at most with an automatic window
 constexpr double kPriorDiscount = 0.5; // a previous run's estimate, before anything is measured (planner.h)
 constexpr double kSloSafety = 0.1;     // the planner aims at 90% of the SLO (planner.h)
+constexpr double kProgressSeconds = 0.1;  // a reply read this long gives its rate so far to the planner
+constexpr double kJitReplies = 5;        // just-in-time requests where a reply takes 5x the guard or more
 }
 
 Streamer::Streamer(const Model& model, std::string host, int port, std::vector<int32_t> contextTokens,
@@ -385,8 +388,10 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
     };
 
     // Estimates the controller learns as the run goes.
-    double rttEstimate = -1;  // smallest first-byte delay seen
+    double rttEstimate = -1;  // smallest first-byte delay seen (not counting a new connection's first reply)
+    double rttUpper = -1;     // a new connection's first reply's delay: at least the RTT
     ThroughputEstimator estimator;
+    bool provisional = false;  // the estimator holds only a new connection's first reply
     const double prior = m_priorThroughput * kPriorDiscount;
     const double recomputeRate = modelPrefill ? hw.prefillTokensPerSecond : m_prefillRate;
     const double tailPrefill = modelPrefill ? double(m_question.size()) / hw.prefillTokensPerSecond : m_prefillSeconds;
@@ -437,14 +442,18 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         };
     };
 
-    // Jobs are handed to the worker in chunk order; owedSeconds is the predicted work it still owes.
+    // Jobs are handed to the worker as soon as they can run: a decode when its chunk has arrived
+    // (decoding needs no other chunk), a recompute once every chunk before it has been handed over
+    // (it attends to them). owedSeconds is the predicted work the worker still owes.
     std::vector<std::function<void()>> jobs(static_cast<size_t>(chunks));
     std::vector<double> jobPredicted(size_t(chunks), 0.0);
-    std::vector<char> ready(size_t(chunks), 0);  // fetched or given up, job built
+    std::vector<char> ready(size_t(chunks), 0);      // fetched or given up, job built
+    std::vector<char> submitted(size_t(chunks), 0);  // handed to the worker
+    std::vector<int> submitOrder;                    // the worker's job order
     std::vector<int> attempts(size_t(chunks), 0);
     std::mutex owedMutex;
     double owedSeconds = 0;
-    int nextSubmit = 0;
+    int prefixSubmitted = 0;  // chunks [0, prefixSubmitted) are all handed over
     auto localTokens = [&](int i) {
         const int start = params.chunkStart(i), n = params.chunkLength(i);
         return std::vector<int32_t>(m_tokens.begin() + start, m_tokens.begin() + start + n);
@@ -452,46 +461,52 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
     auto jobCost = [&](int i, int level) {
         return double(params.chunkLength(i)) * (level == 0 ? recomputePerToken : decodePerToken.load());
     };
+    auto submitOne = [&](int i) {
+        const double predicted = jobPredicted[size_t(i)];
+        modelWorkerEnd = std::max(modelWorkerEnd, t0 + res.chunks[size_t(i)].arrivedS) + predicted;
+        {
+            std::lock_guard<std::mutex> lock(owedMutex);
+            owedSeconds += predicted;
+        }
+        submitted[size_t(i)] = 1;
+        submitOrder.push_back(i);
+        worker.submit([&, job = std::move(jobs[size_t(i)]), predicted] {
+            struct Paid {
+                std::mutex& m;
+                double& owed;
+                double p;
+                ~Paid()
+                {
+                    std::lock_guard<std::mutex> lock(m);
+                    owed -= p;
+                }
+            } paid{owedMutex, owedSeconds, predicted};
+            job();
+        });
+        const ChunkEvent& ev = res.chunks[size_t(i)];
+        // A copy of the fetch's fields only: the worker may be writing the job's fields now.
+        ChunkEvent fetched;
+        fetched.index = ev.index;
+        fetched.level = ev.level;
+        fetched.local = ev.local;
+        fetched.bytes = ev.bytes;
+        fetched.sentS = ev.sentS;
+        fetched.firstByteS = ev.firstByteS;
+        fetched.arrivedS = ev.arrivedS;
+        fetched.attempts = ev.attempts;
+        fetched.note = ev.note;
+        fetched.throughputEstimate = ev.throughputEstimate;
+        fetched.predictedTtftS = ev.predictedTtftS;
+        if (opt.onChunk && !opt.onChunk(fetched)) {
+            worker.drain();  // the jobs hold references into this frame
+            throw Error("stream: cancelled");
+        }
+    };
     auto submitReady = [&] {
-        while (nextSubmit < chunks && ready[size_t(nextSubmit)]) {
-            const int i = nextSubmit++;
-            const double predicted = jobPredicted[size_t(i)];
-            modelWorkerEnd = std::max(modelWorkerEnd, t0 + res.chunks[size_t(i)].arrivedS) + predicted;
-            {
-                std::lock_guard<std::mutex> lock(owedMutex);
-                owedSeconds += predicted;
-            }
-            worker.submit([&, job = std::move(jobs[size_t(i)]), predicted] {
-                struct Paid {
-                    std::mutex& m;
-                    double& owed;
-                    double p;
-                    ~Paid()
-                    {
-                        std::lock_guard<std::mutex> lock(m);
-                        owed -= p;
-                    }
-                } paid{owedMutex, owedSeconds, predicted};
-                job();
-            });
-            const ChunkEvent& ev = res.chunks[size_t(i)];
-            // A copy of the fetch's fields only: the worker may be writing the job's fields now.
-            ChunkEvent fetched;
-            fetched.index = ev.index;
-            fetched.level = ev.level;
-            fetched.local = ev.local;
-            fetched.bytes = ev.bytes;
-            fetched.sentS = ev.sentS;
-            fetched.firstByteS = ev.firstByteS;
-            fetched.arrivedS = ev.arrivedS;
-            fetched.attempts = ev.attempts;
-            fetched.note = ev.note;
-            fetched.throughputEstimate = ev.throughputEstimate;
-            fetched.predictedTtftS = ev.predictedTtftS;
-            if (opt.onChunk && !opt.onChunk(fetched)) {
-                worker.drain();  // the jobs hold references into this frame
-                throw Error("stream: cancelled");
-            }
+        for (int i = prefixSubmitted; i < chunks; ++i) {
+            if (!submitted[size_t(i)] && ready[size_t(i)] && (res.chunks[size_t(i)].level > 0 || i == prefixSubmitted))
+                submitOne(i);
+            if (submitted[size_t(i)] && i == prefixSubmitted) ++prefixSubmitted;
         }
     };
     auto giveUp = [&](int i) {
@@ -514,60 +529,104 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         int chunk, level;
         uint64_t expected;
         double sentAt, predictedThroughput;
+        bool fresh;  // sent on a new connection
+        bool lowerBound;  // predictedThroughput came from the provisional sample alone
     };
     std::deque<InFlight> inflight;
+    // Fixed policies fetch in chunk order. Adaptive fetches from the last chunk backwards
+    // (todo.front() is the next fetch) and recomputes text from chunk 0 forwards (todo.back(),
+    // while it is textFront): see planner.h.
+    const bool adaptive = policy.kind == Policy::Adaptive;
     std::deque<int> todo;
     for (int i = 0; i < chunks; ++i) {
-        todo.push_back(i);
+        todo.push_back(adaptive ? chunks - 1 - i : i);
         res.chunks[size_t(i)].index = i;
     }
+    int textFront = 0;  // adaptive: chunks [0, textFront) are committed to text recompute
     double prevReplyEnd = 0;  // monotonic end of the previous reply on this connection (0: none)
     auto wireBytes = [&](int i, int level) {
         return level == 0 ? 0.0 : double(kFrameHeaderBytes) + double(reader.chunkBytes(i, level));
     };
 
-    // The adaptive choice for chunk i, given what is in flight and owed.
-    auto chooseAdaptive = [&](int i, ChunkEvent& ev) {
-        const double thr = estimator.valid() ? estimator.estimate() : prior;
-        if (thr <= 0) return std::clamp(params.defaultLevel(), 1, levels);
-        const double now = monoSeconds();
-        const double rtt = std::max(0.0, rttEstimate);
-        const double dpt = decodePerToken.load();
-        // Replay what is committed: the replies in flight on the link, then the jobs.
-        double link = prevReplyEnd > 0 ? prevReplyEnd : now;
-        std::vector<double> arrivals;
-        for (const InFlight& f : inflight) {
-            link = std::max(link, f.sentAt + rtt) + wireBytes(f.chunk, f.level) / thr;
-            arrivals.push_back(link);
-        }
-        double worker;
+    // End (monotonic) of the work handed to the worker, and of the settled chunks held back for
+    // it; not the decodes of the replies still in flight.
+    auto workerFreeAt = [&](double now) {
+        double w;
         if (deferJobs) {
-            worker = std::max(now, modelWorkerEnd);
+            w = std::max(now, modelWorkerEnd);
         } else {
             std::lock_guard<std::mutex> lock(owedMutex);
-            worker = now + std::max(0.0, owedSeconds);
+            w = now + std::max(0.0, owedSeconds);
         }
-        // Settled chunks not yet handed over (held back by an earlier one), then those in flight.
-        for (int k = nextSubmit; k < chunks; ++k)
-            if (ready[size_t(k)]) worker += jobPredicted[size_t(k)];
-        for (size_t k = 0; k < inflight.size(); ++k)
-            worker = std::max(worker, arrivals[k]) +
-                     double(params.chunkLength(inflight[k].chunk)) * (inflight[k].level == 0 ? recomputePerToken : dpt);
+        for (int k = prefixSubmitted; k < chunks; ++k)
+            if (ready[size_t(k)] && !submitted[size_t(k)]) w += jobPredicted[size_t(k)];
+        return w;
+    };
+    // The chunks at the back of todo that continue the text prefix: they may be recomputed.
+    auto textableCount = [&] {
+        int c = 0;
+        for (auto it = todo.rbegin(); it != todo.rend() && *it == textFront + c; ++it) ++c;
+        return c;
+    };
+
+    // The adaptive plan for the chunks in todo (planner.h), given what is in flight and owed.
+    struct AdaptivePlan {
+        PlanResult plan;
+        double throughput = 0;   // the estimate it used (bytes/s)
+        double linkEnd = 0;      // predicted end of the replies in flight (monotonic; 0: none or no estimate)
+        double lastReplySeconds = 0;  // predicted time the last reply in flight takes on the link
+    };
+    auto planAdaptive = [&](double now) {
+        AdaptivePlan ap;
+        PlanResult& pr = ap.plan;
+        const int textable = textableCount();
+        double thr = estimator.valid() ? estimator.estimate() : prior;
+        // A reply that has been arriving for a while more slowly than the estimate is the newest
+        // evidence of the link: its rate so far caps the estimate. Only after kProgressSeconds,
+        // so that a reply of a few milliseconds (reads in bursts) never counts.
+        const double rttKnown = rttEstimate >= 0 ? rttEstimate : std::max(0.0, rttUpper);
+        if (thr > 0 && client.receiving() && !inflight.empty()) {
+            const double elapsed = now - std::max(prevReplyEnd, inflight.front().sentAt + rttKnown);
+            if (elapsed >= kProgressSeconds) thr = std::min(thr, double(client.partialBytes()) / elapsed);
+        }
+        pr.predictedTtft = 0;
+        if (thr <= 0) {
+            // Nothing known of the link: the next fetch at the file's default level, and chunk 0
+            // recomputed meanwhile if that alone fits the SLO (it overlaps the first fetch).
+            pr.choice = std::clamp(params.defaultLevel(), 1, levels);
+            const bool chunk0 = textFront == 0 && textable > 0 &&
+                                jobCost(0, 0) + tailSeconds <= opt.sloSeconds * (1.0 - kSloSafety);
+            pr.textChunks = chunk0 ? 1 : 0;
+            if (pr.textChunks == int(todo.size())) pr.choice = 0;
+            return ap;
+        }
+        const double rtt = std::max(0.0, rttEstimate);
+        const double dpt = decodePerToken.load();
         PlanInput in;
+        // Replay what is committed: the replies in flight on the link, their decodes owed.
+        double link = prevReplyEnd > 0 ? prevReplyEnd : now;
+        for (const InFlight& f : inflight) {
+            // The reply being read has only its rest to cross.
+            const double bytes = wireBytes(f.chunk, f.level) - (&f == &inflight.front() ? double(client.partialBytes()) : 0.0);
+            link = &f == &inflight.front() && client.receiving() ? now + std::max(0.0, bytes) / thr
+                                                                 : std::max(link, f.sentAt + rtt) + bytes / thr;
+            in.owed.push_back({since(std::max(link, now)), double(params.chunkLength(f.chunk)) * dpt});
+        }
         in.distortion = m_distortion;
         for (int k : todo) {
-            if (ready[size_t(k)]) continue;
-            bool flying = false;
-            for (const InFlight& f : inflight) flying = flying || f.chunk == k;
-            if (flying) continue;
             PlanChunk pc;
             pc.tokens = params.chunkLength(k);
             for (int c = 0; c <= levels; ++c) pc.bytes.push_back(wireBytes(k, c));
             in.chunks.push_back(pc);
         }
+        in.textable = textable;
         in.now = since(now);
         in.linkBusyUntil = since(std::max(link, now));
-        in.workerBusyUntil = since(worker);
+        if (!inflight.empty()) {
+            ap.linkEnd = std::max(link, now);
+            ap.lastReplySeconds = wireBytes(inflight.back().chunk, inflight.back().level) / thr;
+        }
+        in.workerBusyUntil = since(workerFreeAt(now));
         in.throughput = thr;
         in.rtt = rtt;
         in.decodeSecondsPerToken = dpt;
@@ -575,11 +634,9 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         in.tailSeconds = tailSeconds;
         in.slo = opt.sloSeconds * (1.0 - kSloSafety);
         in.horizon = opt.horizon;
-        const PlanResult pr = planChunks(in);
-        ev.throughputEstimate = thr;
-        ev.predictedTtftS = pr.predictedTtft;
-        (void)i;
-        return pr.choice;
+        pr = planChunks(in);
+        ap.throughput = thr;
+        return ap;
     };
 
     // Requests to keep in flight. A fixed policy has nothing to decide: kMaxWindow requests (the
@@ -599,10 +656,26 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         return std::clamp(2 + int(std::ceil(thr * rttEstimate / lastReplyBytes)), 2, kMaxWindow);
     };
 
+    // Text recompute costs no request (the client holds the context's tokens: it named the context
+    // by them), only the worker's time.
+    auto commitText = [&](int i) {
+        ChunkEvent& ev = res.chunks[size_t(i)];
+        ev.level = 0;
+        ev.sentS = ev.firstByteS = ev.arrivedS = since(monoSeconds());
+        jobs[size_t(i)] = recomputeJob(i, localTokens(i));
+        jobPredicted[size_t(i)] = jobCost(i, 0);
+        ready[size_t(i)] = 1;
+    };
+    // Adaptive commits a text chunk only when the worker is about to run out of work, this much
+    // ahead (half the recompute, 2-20 ms), so that a wake-up late by a descheduled thread does not idle it.
+    auto textLead = [&](int i) { return std::clamp(0.5 * jobCost(i, 0), 0.002, 0.02); };
+
+    double frontDeadline = 0;  // the hard limit on the reply being read
     while (!todo.empty() || !inflight.empty()) {
-        // Keep the window full.
+        // Keep the window full; adaptive also commits its next text chunk when it is due.
         const int window = windowNow();
-        while (!serverDown && !todo.empty() && int(inflight.size()) < window) {
+        double wakeAt = 0;  // adaptive: when the next text chunk or fetch falls due (monotonic; 0: none)
+        while (!serverDown && !todo.empty()) {
             const int i = todo.front();
             ChunkEvent& ev = res.chunks[size_t(i)];
             if (attempts[size_t(i)] >= opt.maxAttempts ||
@@ -611,26 +684,68 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
                     logLine("chunk " + std::to_string(i) + ": no SLO budget left for another attempt");
                 todo.pop_front();
                 giveUp(i);
+                submitReady();
                 continue;
             }
             int level = 0;
-            switch (policy.kind) {
-            case Policy::Text: level = 0; break;
-            case Policy::Int8: level = 1; break;
-            case Policy::Level: level = policy.level; break;
-            case Policy::Adaptive: level = chooseAdaptive(i, ev); break;
-            }
-            if (level == 0) {
-                // Text: the client holds the context's tokens (it named the context by them), so
-                // recomputing costs no request, only the worker's time.
-                ev.level = 0;
-                ev.sentS = ev.firstByteS = ev.arrivedS = since(monoSeconds());
-                jobs[size_t(i)] = recomputeJob(i, localTokens(i));
-                jobPredicted[size_t(i)] = jobCost(i, 0);
-                ready[size_t(i)] = 1;
-                todo.pop_front();
-                submitReady();
-                continue;
+            if (adaptive) {
+                const double now = monoSeconds();
+                const AdaptivePlan ap = planAdaptive(now);
+                const PlanResult& pr = ap.plan;
+                const double thr = ap.throughput;
+                wakeAt = 0;
+                const bool allText = pr.textChunks >= int(todo.size());
+                if (pr.textChunks > 0) {
+                    // Due when the worker is about to run dry; until then the loop reads replies
+                    // and wakes up at that moment (wakeAt).
+                    const int t = todo.back();
+                    const double free = workerFreeAt(now);
+                    if (free <= now + textLead(t) || (allText && inflight.empty())) {
+                        commitText(t);
+                        res.chunks[size_t(t)].throughputEstimate = thr;
+                        res.chunks[size_t(t)].predictedTtftS = pr.predictedTtft;
+                        todo.pop_back();
+                        ++textFront;
+                        submitReady();
+                        continue;
+                    }
+                    wakeAt = free - textLead(t);
+                }
+                if (allText || int(inflight.size()) >= window) break;
+                // Just in time: the next request need only reach the server before the link runs
+                // out of replies, so it is committed when the replies in flight are predicted to
+                // end within 2 x (RTT + 2 ms) (twice, for an estimate up to 2x low), not a whole
+                // reply ahead: on a link that dips, the level of the next chunk is then chosen
+                // after the current one has measured the dip. Only where a reply takes at least
+                // kJitReplies times that guard: on a fast link an estimate several times low
+                // (replies of milliseconds, read in bursts) would leave the link idle for a round
+                // trip before every reply, and there is little to learn by waiting.
+                const double rttJit = rttEstimate >= 0 ? rttEstimate : rttUpper;
+                const double guard = 2 * (rttJit + 0.002);
+                if (ap.linkEnd > 0 && rttJit >= 0 && ap.lastReplySeconds >= kJitReplies * guard) {
+                    const double due = ap.linkEnd - guard;
+                    if (now < due) {
+                        wakeAt = wakeAt > 0 ? std::min(wakeAt, due) : due;
+                        break;
+                    }
+                }
+                level = std::max(1, pr.choice);
+                ev.throughputEstimate = thr;
+                ev.predictedTtftS = pr.predictedTtft;
+            } else {
+                if (int(inflight.size()) >= window) break;
+                switch (policy.kind) {
+                case Policy::Text: level = 0; break;
+                case Policy::Int8: level = 1; break;
+                case Policy::Level: level = policy.level; break;
+                case Policy::Adaptive: break;
+                }
+                if (level == 0) {
+                    commitText(i);
+                    todo.pop_front();
+                    submitReady();
+                    continue;
+                }
             }
             Request rq;
             rq.type = level == 0 ? FrameType::TextRequest : FrameType::ChunkRequest;
@@ -642,8 +757,13 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
             const int attempt = ++attempts[size_t(i)];
             ev.attempts = attempt;
             try {
+                const bool fresh = !client.connected();  // this request opens the connection
                 const double sentAt = client.send(rq);
-                inflight.push_back({i, level, expected, sentAt, ev.throughputEstimate});
+                // A prior from an earlier run is a guess, not this estimator's prediction: its miss
+                // does not count as the estimator's error. A provisional sample is a lower bound:
+                // only a reply slower than predicted from it counts.
+                inflight.push_back({i, level, expected, sentAt, estimator.valid() ? ev.throughputEstimate : 0.0, fresh,
+                                    provisional});
                 todo.pop_front();
             } catch (const std::exception& e) {
                 const NetError* ne = dynamic_cast<const NetError*>(&e);
@@ -677,7 +797,11 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         ChunkEvent& ev = res.chunks[size_t(f.chunk)];
         Reply rep;
         try {
-            rep = client.receive(f.expected, monoSeconds() + opt.fetchTimeout);
+            if (!client.receiving()) frontDeadline = monoSeconds() + opt.fetchTimeout;
+            // Read the reply, but break off when a text chunk or fetch falls due (wakeAt): commit it, then read on.
+            if (!client.receivePart(rep, f.expected, frontDeadline,
+                                    wakeAt > 0 ? wakeAt : std::numeric_limits<double>::infinity()))
+                continue;
         } catch (const std::exception& e) {
             note(f.chunk, "attempt " + std::to_string(attempts[size_t(f.chunk)]) + ": " + e.what());
             logLine("chunk " + std::to_string(f.chunk) + " attempt " + std::to_string(attempts[size_t(f.chunk)]) + ": " +
@@ -713,11 +837,30 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
             continue;
         }
         // Success: measure, then hand the chunk on.
+        // The first reply on a new connection also waited for the connection's setup (and a reader
+        // that comes late finds it whole in the socket: 431 KB "in 0.2 ms"): its delay is no RTT and
+        // its span no measure of the link. It gives a provisional sample, its bytes over the whole
+        // round trip (a lower bound on the rate): it ages out like any other, and until then holds
+        // the next samples to the estimator's band (a second reply read late looked 4x too fast).
+        // A reply requested on it alone counts a prediction error only when slower than predicted.
         const double firstDelay = rep.firstByteAt - rep.sentAt;
-        rttEstimate = rttEstimate < 0 ? firstDelay : std::min(rttEstimate, firstDelay);
-        const double span = rep.arrivedAt - std::max(replyStart, rep.sentAt + rttEstimate);
-        if (f.level > 0 && rep.payload.size() >= 1024 && span > 0)
-            estimator.add(double(rep.wireBytes) / span, f.predictedThroughput);
+        if (!f.fresh) rttEstimate = rttEstimate < 0 ? firstDelay : std::min(rttEstimate, firstDelay);
+        else rttUpper = rttUpper < 0 ? firstDelay : std::min(rttUpper, firstDelay);
+        if (f.level > 0 && rep.payload.size() >= 1024) {
+            if (f.fresh) {
+                if (!estimator.valid() && rep.arrivedAt > rep.sentAt) {
+                    estimator.add(double(rep.wireBytes) / (rep.arrivedAt - rep.sentAt), 0);
+                    provisional = true;
+                }
+            } else {
+                const double span = rep.arrivedAt - std::max(replyStart, rep.sentAt + std::max(0.0, rttEstimate));
+                if (span > 0) {
+                    provisional = false;
+                    const double sample = double(rep.wireBytes) / span;
+                    estimator.add(sample, f.lowerBound && sample >= f.predictedThroughput ? 0.0 : f.predictedThroughput);
+                }
+            }
+        }
         ev.level = f.level;
         ev.bytes = rep.payload.size();
         ev.sentS = since(rep.sentAt);
@@ -754,9 +897,12 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
     }
     res.deliveredBytes = delivered;
 
-    // Job timeline: measured as it ran, or replayed with modelled durations from measured arrivals.
+    // Job timeline: measured as it ran, or replayed with modelled durations from measured arrivals,
+    // in the order the worker ran the jobs.
+    KVSCOPE_ASSERT(int(submitOrder.size()) == chunks);
     double prevEnd = 0;
-    for (ChunkEvent& ev : res.chunks) {
+    for (int idx : submitOrder) {
+        ChunkEvent& ev = res.chunks[size_t(idx)];
         const bool isText = ev.level == 0;
         const int n = params.chunkLength(ev.index);
         if ((isText && modelPrefill) || (!isText && modelDecode)) {

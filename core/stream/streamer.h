@@ -8,16 +8,27 @@
 //  - Pipelining: up to StreamOptions::window requests are in flight on the one connection (the
 //    server answers them in order), so the next reply is already queued at the server when the
 //    current one ends and the link never idles for a round trip between chunks. Fixed policies
-//    keep 8 requests in flight; adaptive keeps the bandwidth-delay product's worth (each request
-//    commits a level), and only 1 until this run has measured a chunk.
-//  - Adaptation (policy adaptive): every request's level comes from the planner (planner.h:
-//    RobustMPC throughput estimate, model predictive control over the remaining chunks with text
-//    recompute as one of the choices, distortion from the profile's measured KL). The planner is
-//    given what is already committed: the replies in flight (their bytes) and the jobs the worker
-//    still owes (their predicted durations).
-//  - One worker runs decode and recompute jobs in chunk order, so chunk i decodes while chunk i+1
-//    travels, and a recompute runs only after every chunk before it is in the cache. A chunk that
-//    has to be fetched again (CRC mismatch) holds back the jobs of the chunks after it.
+//    keep 8 requests in flight; adaptive keeps at most the bandwidth-delay product's worth (each
+//    request commits a level), only 1 until this run has measured a chunk, and sends each request
+//    just in time where replies are long (5x that margin or more): when the replies in flight are
+//    predicted to end within 2 x (RTT + 2 ms), so a chunk's level is chosen after the chunk before
+//    it has measured the link.
+//  - Adaptation (policy adaptive): text is recomputed from the front of the context and the rest
+//    fetched from the back (planner.h): the first fetch measures the link while chunk 0
+//    recomputes. Every decision comes from the planner (RobustMPC throughput estimate with an
+//    outlier guard, model predictive control over the chunks not yet committed, distortion from
+//    the profile's measured KL), given what is committed: the replies in flight (their bytes and
+//    decodes) and the work handed to the worker. A fetch is committed when the window has room; a
+//    text chunk only when the worker is about to run out of work (half the recompute
+//    ahead, 2-20 ms), the run breaking off reading a reply for it (ChunkClient::receivePart), so
+//    the split between text and fetched chunks moves with every new sample until the two meet.
+//    The first reply on a new connection gives only a provisional sample, its bytes over its
+//    whole round trip (its delay includes the connection's setup). A reply that has been arriving for 0.1 s (kProgressSeconds) more slowly
+//    than the estimate caps it with its rate so far, and the planner replays only its bytes left.
+//  - One worker runs the jobs in the order they can run: a decode when its chunk has arrived, a
+//    recompute once every chunk before it has been handed over (it attends to them), so chunk i
+//    decodes while chunk i+1 travels. A chunk that has to be fetched again (CRC mismatch) holds
+//    back only the recompute jobs after it.
 //  - Text recompute: the chunk's tokens run through the model after the cache assembled so far
 //    (InferenceSession::loadKv + append, then exportKv), so later tokens attend to the decoded,
 //    lossy KV exactly as they would in serving.
