@@ -164,7 +164,7 @@ EntropyBenchResult benchEntropy(const KvSet& kv, const CodecParams& p, int level
     ThreadScope threads(opt.threads);
     KVSCOPE_ASSERT(p.codec == CodecId::CacheGen);
     const int L = p.shape.numLayers, H = p.shape.numKvHeads, C = tablesPerRole(p), roles = numRoles(p);
-    const bool perHead = p.profile.tableScope == TableScope::Head;
+    const bool perHead = perHeadTables(p);
     const int chunks = p.numChunks(), units = chunks * 2 * L;
     const bool shared = p.profile.tables == TableMode::Shared;
     LevelTables levelTables;

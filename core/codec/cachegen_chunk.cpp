@@ -38,7 +38,7 @@ std::vector<uint8_t> encodeCacheGenChunk(const CodecParams& p, const KvSet& kv, 
     const int L = p.shape.numLayers, H = p.shape.numKvHeads;
     const int t0 = p.chunkStart(chunk), n = p.chunkLength(chunk);
     KVSCOPE_ASSERT((p.profile.tables == TableMode::Shared) == (shared != nullptr));
-    if (p.entropy == EntropyLayout::Rans4x8 && p.profile.tableScope != TableScope::Channel)
+    if (p.entropy == EntropyLayout::Rans4x8 && perHeadTables(p))
         throw Error("version-1 streams need per-channel tables (table_scope channel)");
     const int roles = numRoles(p);
     std::vector<std::vector<uint8_t>> tableBytes(size_t(2) * L), scaleBytes(size_t(2) * L);
@@ -55,7 +55,7 @@ std::vector<uint8_t> encodeCacheGenChunk(const CodecParams& p, const KvSet& kv, 
         if (shared) {
             sharedUnitTables(p, *shared, kind, layer, false, tab);
         } else {
-            inBandUnitTables(q, roles, p.profile.tableScope == TableScope::Head, tab, tableBytes[size_t(u)]);
+            inBandUnitTables(q, roles, perHeadTables(p), tab, tableBytes[size_t(u)]);
         }
         for (int h = 0; h < H; ++h) {
             if (p.entropy == EntropyLayout::Rans4x8) encodeHeadStream(b, h, sym.data(), tab, streams[size_t(u)][size_t(h)]);
@@ -117,7 +117,7 @@ void parseLayout(const CodecParams& p, const uint8_t* data, size_t size, int chu
 void parseUnitTables(const CodecParams& p, const ChunkLayout& lay, int u, UnitTables& tab, const std::string& unitWhere)
 {
     const int n = tablesPerRole(p), roles = numRoles(p);
-    const bool perHead = p.profile.tableScope == TableScope::Head;
+    const bool perHead = perHeadTables(p);
     const quant::BlockSpec& b = lay.specs[size_t(u)];
     tab.resize(roles, n, channelsPerTable(p));
     const uint8_t* tp = lay.tablePtr[size_t(u)];

@@ -31,13 +31,12 @@ namespace kvscope::detail {
 inline constexpr KvKind kKinds[2] = {KvKind::Key, KvKind::Value};
 
 inline int numRoles(const CodecParams& p) { return p.profile.deltaEnabled() ? 2 : 1; }
+// Whether one probability table covers all channels of a KV head (TableScope::Head).
+inline bool perHeadTables(const CodecParams& p) { return p.profile.tableScope == TableScope::Head; }
 // Probability tables per (kind, layer, role): one per channel, or one per KV head.
-inline int tablesPerRole(const CodecParams& p)
-{
-    return p.profile.tableScope == TableScope::Head ? p.shape.numKvHeads : p.shape.channels();
-}
+inline int tablesPerRole(const CodecParams& p) { return perHeadTables(p) ? p.shape.numKvHeads : p.shape.channels(); }
 // Channels one table covers: 1, or head_dim.
-inline int channelsPerTable(const CodecParams& p) { return p.profile.tableScope == TableScope::Head ? p.shape.headDim : 1; }
+inline int channelsPerTable(const CodecParams& p) { return perHeadTables(p) ? p.shape.headDim : 1; }
 
 // Reads one (kind, layer) block of a chunk as floats: (heads, n, head_dim).
 inline void readBlock(const KvSet& kv, KvKind kind, int layer, int t0, int n, std::vector<float>& x)

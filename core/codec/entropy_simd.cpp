@@ -11,6 +11,12 @@
 //   symbol of the bucket, its start and the last slots of it and the next two), gathered in two
 //   independent halves, resolve every lane without a second, dependent gather; a lane whose slot
 //   lies beyond those three symbols (a bucket crossed by 3+ boundaries) takes the scalar walk.
+// - Uniform rows (one table for all channels of a row, TableScope::Head; AVX-512 only): the
+//   table's buckets sit in registers (W32Row::split) and are looked up with two-register
+//   permutes instead of gathers; with <= 32 symbols a lane past its bucket's third symbol finds
+//   its symbol by a binary search over the starts, also in registers.
+// - A call decodes W32Row::rows consecutive rows of one role (a delta group after its anchor),
+//   the states and the table staying in registers across them.
 // - Renormalisation reads words in symbol order: the lanes that need a word take the next words
 //   in lane order (AVX-512 expand; AVX2 a permutation from a 256-entry table), and the read
 //   pointer moves by their count. Loads look up to 32 bytes ahead, hence w32RowSlack.
@@ -271,55 +277,55 @@ KVS_AVX512 void rowAvx512(W32Stream& s, const W32Row& r)
     if constexpr (Uniform) R = loadSplit512(r.split);
     uint8_t* o = r.out;
     for (int row = 0; row < rows; ++row, o += size_t(r.D) * rowOutBytes(K)) {
-    const __m512 tokenScale = _mm512_set1_ps(r.rowScales ? _cvtsh_ss(r.rowScales[row]) : r.scale);
-    for (int v = 0; v < nv; ++v) {
-        const int d0 = 16 * v;
-        const __m512i slot = _mm512_and_si512(xa, m12);
-        Lookup16 lk;
-        if constexpr (Uniform) lk = lookupRegs512(R, small, T, r.tableWord + d0, slot);
-        else lk = lookup512(T, _mm512_loadu_si512(r.tableWord + d0), slot);
-        const __m512i sym = lk.sym;
-        const __m512i k = _mm512_sub_epi32(slot, lk.start);
-        __m512i x = _mm512_add_epi32(_mm512_mullo_epi32(lk.freq, _mm512_srli_epi32(xa, 12)), k);
-        const __mmask16 need = _mm512_cmplt_epu32_mask(x, lowL);
-        const __m512i words = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-        x = _mm512_mask_or_epi32(x, need, _mm512_slli_epi32(x, 16), _mm512_maskz_expand_epi32(need, words));
-        p += 2 * _mm_popcnt_u32(need);
-        xa = xb;
-        xb = x;
-        if constexpr (K == RowOut::Symbols) {
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(o + d0), _mm512_cvtepi32_epi8(sym));
-        } else {
-            const __m512 sc = r.scaleVec ? _mm512_loadu_ps(r.scaleVec + d0) : tokenScale;
-            const __m512 q = _mm512_sub_ps(_mm512_cvtepi32_ps(sym), mq);  // exact: small integers
-            __m512 val = _mm512_mul_ps(q, sc);
-            if (r.base) val = _mm512_add_ps(val, _mm512_loadu_ps(r.base + d0));
-            else val = _mm512_add_ps(val, _mm512_setzero_ps());
-            if (r.anchorOut) _mm512_storeu_ps(r.anchorOut + d0, val);
-            if constexpr (K == RowOut::F32) {
-                _mm512_storeu_ps(reinterpret_cast<float*>(o) + d0, val);
-            } else if constexpr (K == RowOut::F16) {
-                __m256i hv = _mm512_cvtps_ph(val, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                const __mmask16 nan = _mm512_cmp_ps_mask(val, val, _CMP_UNORD_Q);
-                if (nan) {
-                    const __m256i sign = _mm512_cvtepi32_epi16(
-                        _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(val), 16), _mm512_set1_epi32(0x8000)));
-                    hv = _mm256_mask_blend_epi16(nan, hv, _mm256_or_si256(sign, _mm256_set1_epi16(0x7e00)));
-                }
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 2 * size_t(d0)), hv);
+        const __m512 tokenScale = _mm512_set1_ps(r.rowScales ? _cvtsh_ss(r.rowScales[row]) : r.scale);
+        for (int v = 0; v < nv; ++v) {
+            const int d0 = 16 * v;
+            const __m512i slot = _mm512_and_si512(xa, m12);
+            Lookup16 lk;
+            if constexpr (Uniform) lk = lookupRegs512(R, small, T, r.tableWord + d0, slot);
+            else lk = lookup512(T, _mm512_loadu_si512(r.tableWord + d0), slot);
+            const __m512i sym = lk.sym;
+            const __m512i k = _mm512_sub_epi32(slot, lk.start);
+            __m512i x = _mm512_add_epi32(_mm512_mullo_epi32(lk.freq, _mm512_srli_epi32(xa, 12)), k);
+            const __mmask16 need = _mm512_cmplt_epu32_mask(x, lowL);
+            const __m512i words = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+            x = _mm512_mask_or_epi32(x, need, _mm512_slli_epi32(x, 16), _mm512_maskz_expand_epi32(need, words));
+            p += 2 * _mm_popcnt_u32(need);
+            xa = xb;
+            xb = x;
+            if constexpr (K == RowOut::Symbols) {
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(o + d0), _mm512_cvtepi32_epi8(sym));
             } else {
-                const __m512i xb16 = _mm512_castps_si512(val);
-                const __m512i rounded = _mm512_srli_epi32(
-                    _mm512_add_epi32(xb16, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
-                                                            _mm512_and_si512(_mm512_srli_epi32(xb16, 16), one))), 16);
-                const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(xb16, _mm512_set1_epi32(0x7fffffff)),
-                                                              _mm512_set1_epi32(0x7f800000));
-                const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(xb16, 16), _mm512_set1_epi32(0x40));
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 2 * size_t(d0)),
-                                    _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet)));
+                const __m512 sc = r.scaleVec ? _mm512_loadu_ps(r.scaleVec + d0) : tokenScale;
+                const __m512 q = _mm512_sub_ps(_mm512_cvtepi32_ps(sym), mq);  // exact: small integers
+                __m512 val = _mm512_mul_ps(q, sc);
+                if (r.base) val = _mm512_add_ps(val, _mm512_loadu_ps(r.base + d0));
+                else val = _mm512_add_ps(val, _mm512_setzero_ps());
+                if (r.anchorOut) _mm512_storeu_ps(r.anchorOut + d0, val);
+                if constexpr (K == RowOut::F32) {
+                    _mm512_storeu_ps(reinterpret_cast<float*>(o) + d0, val);
+                } else if constexpr (K == RowOut::F16) {
+                    __m256i hv = _mm512_cvtps_ph(val, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                    const __mmask16 nan = _mm512_cmp_ps_mask(val, val, _CMP_UNORD_Q);
+                    if (nan) {
+                        const __m256i sign = _mm512_cvtepi32_epi16(
+                            _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(val), 16), _mm512_set1_epi32(0x8000)));
+                        hv = _mm256_mask_blend_epi16(nan, hv, _mm256_or_si256(sign, _mm256_set1_epi16(0x7e00)));
+                    }
+                    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 2 * size_t(d0)), hv);
+                } else {
+                    const __m512i xb16 = _mm512_castps_si512(val);
+                    const __m512i rounded = _mm512_srli_epi32(
+                        _mm512_add_epi32(xb16, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                                                _mm512_and_si512(_mm512_srli_epi32(xb16, 16), one))), 16);
+                    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(xb16, _mm512_set1_epi32(0x7fffffff)),
+                                                                  _mm512_set1_epi32(0x7f800000));
+                    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(xb16, 16), _mm512_set1_epi32(0x40));
+                    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 2 * size_t(d0)),
+                                        _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet)));
+                }
             }
         }
-    }
     }
     // xa holds the states of the next symbol's vector: lanes (lane0 + 16 nv rows) % 32.
     const int next = (r.lane0 + 16 * nv * rows) & 31;
@@ -480,64 +486,66 @@ KVS_AVX2 void rowAvx2(W32Stream& s, const W32Row& r)
     const __m256 mq = _mm256_set1_ps(float(r.m));
     uint8_t* o = r.out;
     for (int row = 0; row < rows; ++row, o += size_t(r.D) * rowOutBytes(K)) {
-    const __m256 tokenScale = _mm256_set1_ps(r.rowScales ? _cvtsh_ss(r.rowScales[row]) : r.scale);
-    for (int v = 0; v < nv; ++v) {
-        const int d0 = 8 * v;
-        const __m256i idx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.tableWord + d0));
-        const __m256i slot = _mm256_and_si256(x0, m12);
-        const Lookup8 lk = lookup256(T, idx, slot);
-        const __m256i sym = lk.sym;
-        const __m256i k = _mm256_sub_epi32(slot, lk.start);
-        __m256i x = _mm256_add_epi32(_mm256_mullo_epi32(lk.freq, _mm256_srli_epi32(x0, 12)), k);
-        const __m256i needV = _mm256_cmpeq_epi32(_mm256_srli_epi32(x, 16), zero);
-        const unsigned need = unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(needV)));
-        const __m256i words = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-        const __m256i take = _mm256_permutevar8x32_epi32(
-            words, _mm256_load_si256(reinterpret_cast<const __m256i*>(kExpand.idx[need])));
-        x = _mm256_blendv_epi8(x, _mm256_or_si256(_mm256_slli_epi32(x, 16), take), needV);
-        p += 2 * _mm_popcnt_u32(need);
-        x0 = x1;
-        x1 = x2;
-        x2 = x3;
-        x3 = x;
-        if constexpr (K == RowOut::Symbols) {
-            const __m128i w16 = _mm_packus_epi32(_mm256_castsi256_si128(sym), _mm256_extracti128_si256(sym, 1));
-            _mm_storel_epi64(reinterpret_cast<__m128i*>(o + d0), _mm_packus_epi16(w16, w16));
-        } else {
-            const __m256 sc = r.scaleVec ? _mm256_loadu_ps(r.scaleVec + d0) : tokenScale;
-            const __m256 q = _mm256_sub_ps(_mm256_cvtepi32_ps(sym), mq);
-            __m256 val = _mm256_mul_ps(q, sc);
-            if (r.base) val = _mm256_add_ps(val, _mm256_loadu_ps(r.base + d0));
-            else val = _mm256_add_ps(val, _mm256_setzero_ps());
-            if (r.anchorOut) _mm256_storeu_ps(r.anchorOut + d0, val);
-            if constexpr (K == RowOut::F32) {
-                _mm256_storeu_ps(reinterpret_cast<float*>(o) + d0, val);
-            } else if constexpr (K == RowOut::F16) {
-                __m128i hv = _mm256_cvtps_ph(val, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                const __m256 nanV = _mm256_cmp_ps(val, val, _CMP_UNORD_Q);
-                if (_mm256_movemask_ps(nanV)) {
-                    const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(val), 16), _mm256_set1_epi32(0x8000));
-                    const __m256i canon = _mm256_or_si256(sign, _mm256_set1_epi32(0x7e00));
-                    const __m256i n32 = _mm256_castps_si256(nanV);
-                    const __m128i canon16 = _mm_packus_epi32(_mm256_castsi256_si128(canon), _mm256_extracti128_si256(canon, 1));
-                    const __m128i nan16 = _mm_packs_epi32(_mm256_castsi256_si128(n32), _mm256_extracti128_si256(n32, 1));
-                    hv = _mm_blendv_epi8(hv, canon16, nan16);
-                }
-                _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 2 * size_t(d0)), hv);
+        const __m256 tokenScale = _mm256_set1_ps(r.rowScales ? _cvtsh_ss(r.rowScales[row]) : r.scale);
+        for (int v = 0; v < nv; ++v) {
+            const int d0 = 8 * v;
+            const __m256i idx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.tableWord + d0));
+            const __m256i slot = _mm256_and_si256(x0, m12);
+            const Lookup8 lk = lookup256(T, idx, slot);
+            const __m256i sym = lk.sym;
+            const __m256i k = _mm256_sub_epi32(slot, lk.start);
+            __m256i x = _mm256_add_epi32(_mm256_mullo_epi32(lk.freq, _mm256_srli_epi32(x0, 12)), k);
+            const __m256i needV = _mm256_cmpeq_epi32(_mm256_srli_epi32(x, 16), zero);
+            const unsigned need = unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(needV)));
+            const __m256i words = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+            const __m256i take = _mm256_permutevar8x32_epi32(
+                words, _mm256_load_si256(reinterpret_cast<const __m256i*>(kExpand.idx[need])));
+            x = _mm256_blendv_epi8(x, _mm256_or_si256(_mm256_slli_epi32(x, 16), take), needV);
+            p += 2 * _mm_popcnt_u32(need);
+            x0 = x1;
+            x1 = x2;
+            x2 = x3;
+            x3 = x;
+            if constexpr (K == RowOut::Symbols) {
+                const __m128i w16 = _mm_packus_epi32(_mm256_castsi256_si128(sym), _mm256_extracti128_si256(sym, 1));
+                _mm_storel_epi64(reinterpret_cast<__m128i*>(o + d0), _mm_packus_epi16(w16, w16));
             } else {
-                const __m256i xb16 = _mm256_castps_si256(val);
-                const __m256i rounded = _mm256_srli_epi32(
-                    _mm256_add_epi32(xb16, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
-                                                            _mm256_and_si256(_mm256_srli_epi32(xb16, 16), one))), 16);
-                const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(xb16, _mm256_set1_epi32(0x7fffffff)),
-                                                       _mm256_set1_epi32(0x7f800000));
-                const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(xb16, 16), _mm256_set1_epi32(0x40));
-                const __m256i b = _mm256_blendv_epi8(rounded, quiet, nan);
-                _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 2 * size_t(d0)),
-                                 _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+                const __m256 sc = r.scaleVec ? _mm256_loadu_ps(r.scaleVec + d0) : tokenScale;
+                const __m256 q = _mm256_sub_ps(_mm256_cvtepi32_ps(sym), mq);
+                __m256 val = _mm256_mul_ps(q, sc);
+                if (r.base) val = _mm256_add_ps(val, _mm256_loadu_ps(r.base + d0));
+                else val = _mm256_add_ps(val, _mm256_setzero_ps());
+                if (r.anchorOut) _mm256_storeu_ps(r.anchorOut + d0, val);
+                if constexpr (K == RowOut::F32) {
+                    _mm256_storeu_ps(reinterpret_cast<float*>(o) + d0, val);
+                } else if constexpr (K == RowOut::F16) {
+                    __m128i hv = _mm256_cvtps_ph(val, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                    const __m256 nanV = _mm256_cmp_ps(val, val, _CMP_UNORD_Q);
+                    if (_mm256_movemask_ps(nanV)) {
+                        const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(val), 16),
+                                                              _mm256_set1_epi32(0x8000));
+                        const __m256i canon = _mm256_or_si256(sign, _mm256_set1_epi32(0x7e00));
+                        const __m256i n32 = _mm256_castps_si256(nanV);
+                        const __m128i canon16 =
+                            _mm_packus_epi32(_mm256_castsi256_si128(canon), _mm256_extracti128_si256(canon, 1));
+                        const __m128i nan16 = _mm_packs_epi32(_mm256_castsi256_si128(n32), _mm256_extracti128_si256(n32, 1));
+                        hv = _mm_blendv_epi8(hv, canon16, nan16);
+                    }
+                    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 2 * size_t(d0)), hv);
+                } else {
+                    const __m256i xb16 = _mm256_castps_si256(val);
+                    const __m256i rounded = _mm256_srli_epi32(
+                        _mm256_add_epi32(xb16, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                                                _mm256_and_si256(_mm256_srli_epi32(xb16, 16), one))), 16);
+                    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(xb16, _mm256_set1_epi32(0x7fffffff)),
+                                                           _mm256_set1_epi32(0x7f800000));
+                    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(xb16, 16), _mm256_set1_epi32(0x40));
+                    const __m256i b = _mm256_blendv_epi8(rounded, quiet, nan);
+                    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 2 * size_t(d0)),
+                                     _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+                }
             }
         }
-    }
     }
     const int next = (l0 + 8 * nv * rows) & 31;  // x0 holds lanes next..next+7
     _mm256_store_si256(reinterpret_cast<__m256i*>(s.x + next), x0);
@@ -624,6 +632,22 @@ KVS_AVX2 void encodeAvx2(const W32EncJob& j, uint32_t* x, uint16_t*& words)
 }  // namespace
 #endif
 
+#ifdef KVSCOPE_SIMD_X86
+namespace {
+template <bool Uniform>
+W32RowFn rowAvx512For(RowOut k)
+{
+    switch (k) {
+    case RowOut::F16: return rowAvx512<RowOut::F16, Uniform>;
+    case RowOut::BF16: return rowAvx512<RowOut::BF16, Uniform>;
+    case RowOut::F32: return rowAvx512<RowOut::F32, Uniform>;
+    case RowOut::Symbols: return rowAvx512<RowOut::Symbols, Uniform>;
+    }
+    return nullptr;
+}
+}  // namespace
+#endif
+
 W32EncFn w32EncodeKernel(SimdPath path, int D, bool small)
 {
 #ifdef KVSCOPE_SIMD_X86
@@ -640,22 +664,7 @@ W32EncFn w32EncodeKernel(SimdPath path, int D, bool small)
 W32RowFn w32RowKernel(SimdPath path, RowOut k, int D, bool uniform)
 {
 #ifdef KVSCOPE_SIMD_X86
-    if (path == SimdPath::Avx512 && D % 16 == 0 && uniform) {
-        switch (k) {
-        case RowOut::F16: return rowAvx512<RowOut::F16, true>;
-        case RowOut::BF16: return rowAvx512<RowOut::BF16, true>;
-        case RowOut::F32: return rowAvx512<RowOut::F32, true>;
-        case RowOut::Symbols: return rowAvx512<RowOut::Symbols, true>;
-        }
-    }
-    if (path == SimdPath::Avx512 && D % 16 == 0) {
-        switch (k) {
-        case RowOut::F16: return rowAvx512<RowOut::F16, false>;
-        case RowOut::BF16: return rowAvx512<RowOut::BF16, false>;
-        case RowOut::F32: return rowAvx512<RowOut::F32, false>;
-        case RowOut::Symbols: return rowAvx512<RowOut::Symbols, false>;
-        }
-    }
+    if (path == SimdPath::Avx512 && D % 16 == 0) return uniform ? rowAvx512For<true>(k) : rowAvx512For<false>(k);
     if ((path == SimdPath::Avx2 || path == SimdPath::Avx512) && D % 8 == 0) {
         switch (k) {
         case RowOut::F16: return rowAvx2<RowOut::F16>;

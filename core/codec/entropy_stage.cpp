@@ -432,11 +432,7 @@ struct HeadDecoder {
         for (int role = 0; role < (delta ? 2 : 1); ++role)
             for (int d = 0; d < D; ++d)
                 tableWord[size_t(role) * D + d] = int32_t(tab.index(role, h * D + d) * tableWords);
-        uniform = true;
-        for (int role = 0; role < (delta ? 2 : 1); ++role) {
-            const int32_t* tw = tableWord.data() + size_t(role) * D;
-            for (int d = 1; d < D; ++d) uniform = uniform && tw[d] == tw[0];
-        }
+        uniform = tab.channelsPerTable == D;  // one table for every channel of a row
         if (uniform)
             for (int role = 0; role < (delta ? 2 : 1); ++role) {
                 const CodingTable& t = *reinterpret_cast<const CodingTable*>(
@@ -523,18 +519,18 @@ struct HeadDecoder {
         r.out = out;
     }
 
-    // Every row of the block: an anchor row, then the rest of its group in one call.
-    void all()
+    // Tokens from one anchor to the next (the whole block without delta coding).
+    static int groupTokens(const quant::BlockSpec& spec) { return spec.deltaGroup >= 2 ? spec.deltaGroup : spec.tokens; }
+
+    // The rows of the group that starts at token t: its anchor row, then the rest in one call.
+    void group(int t)
     {
-        const int G = b->deltaGroup >= 2 ? b->deltaGroup : b->tokens;
-        for (int t = 0; t < b->tokens; t += G) {
-            const int n = std::min(G, b->tokens - t);
-            if (b->isAnchor(t)) {
-                row(t);
-                rows(t + 1, n - 1);
-            } else {
-                rows(t, n);
-            }
+        const int n = std::min(groupTokens(*b), b->tokens - t);
+        if (b->isAnchor(t)) {
+            row(t);
+            rows(t + 1, n - 1);
+        } else {
+            rows(t, n);
         }
     }
 
@@ -560,7 +556,7 @@ void decodeHeadStreamV2(const quant::BlockSpec& b, int h, const uint8_t* data, s
 {
     thread_local HeadDecoder dec;
     dec.start(b, h, data, size, tab, scales, k, out);
-    dec.all();
+    for (int t = 0; t < b.tokens; t += HeadDecoder::groupTokens(b)) dec.group(t);
     if (!dec.finish()) throw Error(where + ": head " + std::to_string(h) + ": entropy-coded stream is corrupt");
 }
 
@@ -572,19 +568,8 @@ void decodeHeadStreamsV2(const quant::BlockSpec& b, const uint8_t* const* data, 
     for (int h = 0; h < b.heads; ++h) dec[size_t(h)].start(b, h, data[h], size[h], tab, scales, k, out[h]);
     // Delta group by delta group, every head in turn: the heads' state chains are independent, so
     // the CPU overlaps the end of one head's rows with the start of the next head's.
-    const int G = b.deltaGroup >= 2 ? b.deltaGroup : b.tokens;
-    for (int t = 0; t < b.tokens; t += G) {
-        const int n = std::min(G, b.tokens - t);
-        for (int h = 0; h < b.heads; ++h) {
-            HeadDecoder& d = dec[size_t(h)];
-            if (b.isAnchor(t)) {
-                d.row(t);
-                d.rows(t + 1, n - 1);
-            } else {
-                d.rows(t, n);
-            }
-        }
-    }
+    for (int t = 0; t < b.tokens; t += HeadDecoder::groupTokens(b))
+        for (int h = 0; h < b.heads; ++h) dec[size_t(h)].group(t);
     for (int h = 0; h < b.heads; ++h)  // the lowest corrupt head, as when they are decoded one by one
         if (!dec[size_t(h)].finish())
             throw Error(where + ": head " + std::to_string(h) + ": entropy-coded stream is corrupt");

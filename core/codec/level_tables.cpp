@@ -38,7 +38,7 @@ size_t LevelTables::index(const CodecParams& p, KvKind kind, int layer, int role
 void countChunkSymbols(const CodecParams& p, const KvSet& kv, int chunk, int level, LevelCounts& counts)
 {
     const int L = p.shape.numLayers, C = tablesPerRole(p), roles = numRoles(p);
-    const bool perHead = p.profile.tableScope == TableScope::Head;
+    const bool perHead = perHeadTables(p);
     const size_t numTables = size_t(2) * L * roles * C;
     if (counts.counts.empty()) {
         counts.counts.resize(numTables);
@@ -83,7 +83,7 @@ LevelTables parseLevelTables(const CodecParams& p, int level, const uint8_t* dat
                              const std::string& where)
 {
     const int L = p.shape.numLayers, C = tablesPerRole(p), roles = numRoles(p);
-    const bool perHead = p.profile.tableScope == TableScope::Head;
+    const bool perHead = perHeadTables(p);
     const size_t numTables = size_t(2) * L * roles * C;
     if (size / 2 < numTables)  // every table takes at least 2 bytes: refuse before allocating
         throw Error(where + ": " + std::to_string(size) + " bytes cannot hold " + std::to_string(numTables) + " tables");

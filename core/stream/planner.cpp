@@ -25,17 +25,19 @@ double ThroughputEstimator::median() const
     return v[(v.size() - 1) / 2];
 }
 
-double ThroughputEstimator::clamped(double sample) const
+double ThroughputEstimator::clampTo(double sample, double m)
 {
-    const double m = median();
     return m > 0 ? std::clamp(sample, m / kBand, m * kBand) : sample;
 }
+
+double ThroughputEstimator::clamped(double sample) const { return clampTo(sample, median()); }
 
 double ThroughputEstimator::harmonicMean() const
 {
     if (m_samples.empty()) return 0;
+    const double m = median();  // once: every sample is held to the same band
     double inv = 0;
-    for (double s : m_samples) inv += 1.0 / clamped(s);
+    for (double s : m_samples) inv += 1.0 / clampTo(s, m);
     return double(m_samples.size()) / inv;
 }
 

@@ -79,6 +79,8 @@ public:
     double estimate() const;  // harmonicMean / (1 + maxRecentError); 0 when !valid()
 
 private:
+    // sample held to [m / kBand, m x kBand] (unchanged when m is 0: no samples).
+    static double clampTo(double sample, double m);
     std::deque<double> m_samples, m_errors;
 };
 

@@ -390,6 +390,8 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
     // Estimates the controller learns as the run goes.
     double rttEstimate = -1;  // smallest first-byte delay seen (not counting a new connection's first reply)
     double rttUpper = -1;     // a new connection's first reply's delay: at least the RTT
+    // The RTT as best known: the measured one, else the upper bound (-1: neither yet).
+    auto rttOrUpper = [&] { return rttEstimate >= 0 ? rttEstimate : rttUpper; };
     ThroughputEstimator estimator;
     bool provisional = false;  // the estimator holds only a new connection's first reply
     const double prior = m_priorThroughput * kPriorDiscount;
@@ -584,7 +586,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         // A reply that has been arriving for a while more slowly than the estimate is the newest
         // evidence of the link: its rate so far caps the estimate. Only after kProgressSeconds,
         // so that a reply of a few milliseconds (reads in bursts) never counts.
-        const double rttKnown = rttEstimate >= 0 ? rttEstimate : std::max(0.0, rttUpper);
+        const double rttKnown = std::max(0.0, rttOrUpper());
         if (thr > 0 && client.receiving() && !inflight.empty()) {
             const double elapsed = now - std::max(prevReplyEnd, inflight.front().sentAt + rttKnown);
             if (elapsed >= kProgressSeconds) thr = std::min(thr, double(client.partialBytes()) / elapsed);
@@ -720,7 +722,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
                 // kJitReplies times that guard: on a fast link an estimate several times low
                 // (replies of milliseconds, read in bursts) would leave the link idle for a round
                 // trip before every reply, and there is little to learn by waiting.
-                const double rttJit = rttEstimate >= 0 ? rttEstimate : rttUpper;
+                const double rttJit = rttOrUpper();
                 const double guard = 2 * (rttJit + 0.002);
                 if (ap.linkEnd > 0 && rttJit >= 0 && ap.lastReplySeconds >= kJitReplies * guard) {
                     const double due = ap.linkEnd - guard;

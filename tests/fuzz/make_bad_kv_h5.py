@@ -125,17 +125,23 @@ def find_object(src, at):
     return None
 
 
+def kv_attributes(a, num_layers):
+    """The root attributes of a kvscope KV file of num_layers layers, 1 head of 2 dims, 2 tokens."""
+    import numpy as np
+    a['format'] = 'kvscope-kv'
+    a['version'] = np.int64(1)
+    for k, v in (('num_layers', num_layers), ('num_kv_heads', 1), ('head_dim', 2), ('num_tokens', 2)):
+        a[k] = np.int64(v)
+    a['dtype'] = 'float16'
+
+
 def version2(tmp):
     import h5py
     import numpy as np
     path = os.path.join(tmp, 'v2.h5')
     with h5py.File(path, 'w', libver='latest') as f:
         a = f.attrs
-        a['format'] = 'kvscope-kv'
-        a['version'] = np.int64(1)
-        for k, v in (('num_layers', 9), ('num_kv_heads', 1), ('head_dim', 2), ('num_tokens', 2)):
-            a[k] = np.int64(v)
-        a['dtype'] = 'float16'
+        kv_attributes(a, 9)
         for i in range(3):
             a['extra%d' % i] = np.int64(i)  # 10 attributes: dense storage (more than 8)
         f['tokens'] = np.arange(2, dtype=np.int32)
@@ -190,11 +196,7 @@ def version2_huge(tmp):
     path = os.path.join(tmp, 'v2h.h5')
     with h5py.File(path, 'w', libver='latest') as f:
         a = f.attrs
-        a['format'] = 'kvscope-kv'
-        a['version'] = np.int64(1)
-        for k, v in (('num_layers', 1), ('num_kv_heads', 1), ('head_dim', 2), ('num_tokens', 2)):
-            a[k] = np.int64(v)
-        a['dtype'] = 'float16'
+        kv_attributes(a, 1)
         # 66,400 bytes: above the heap's 64 KiB managed limit, so a huge object of the dense
         # attribute storage, listed in the heap's huge-object v2 B-tree (type 1)
         a['big'] = np.arange(8300, dtype=np.int64)
