@@ -359,6 +359,29 @@ private slots:
         QCOMPARE(r.plan, expect);
     }
 
+    // The roofline floor of a recompute: chunks whose FLOPs take 5 ms but whose pass reads the
+    // weights for 20 ms cost 20 ms each, and the split is plannerSplit's (5 text, 120 ms). Without
+    // the floor 11 text chunks (55 ms) meet 5 fetches (2 + 5 x 10 = 52 ms): 55 + 8 = 63 ms.
+    void plannerFloor()
+    {
+        PlanInput in;
+        in.distortion = {0.0, 0.03, 0.01};
+        for (int k = 0; k < 16; ++k) in.chunks.push_back(PlanChunk{100, {0, 10, 20}});
+        in.textable = 16;
+        in.throughput = 1000;
+        in.rtt = 0.002;
+        in.recomputeSecondsPerToken = 0.00005;
+        in.tailSeconds = 0.008;
+        in.slo = 0.05;
+        PlanResult r = planChunks(in);
+        QCOMPARE(r.textChunks, 11);
+        QVERIFY2(std::abs(r.predictedTtft - 0.063) < 1e-12, qPrintable(QString::number(r.predictedTtft, 'g', 12)));
+        in.recomputeFloorSeconds = 0.020;
+        r = planChunks(in);
+        QCOMPARE(r.textChunks, 5);
+        QVERIFY2(std::abs(r.predictedTtft - 0.120) < 1e-12, qPrintable(QString::number(r.predictedTtft, 'g', 12)));
+    }
+
     void distortionFallback()
     {
         std::string src;

@@ -89,7 +89,7 @@ QJsonObject configJson(const StreamConfig& c)
     static const char* const links[] = {"constant", "steps", "trace"};
     return {{"link", QLatin1String(links[int(c.link)])},
             {"mode", QLatin1String(kModes[int(c.mode)])},
-            {"target_first_token_s", c.firstTokenSeconds},
+            {"target_weight_pass_s", c.weightPassSeconds},
             {"rate", c.rate},
             {"trace", c.tracePath},
             {"trace_scale", c.traceScale},
@@ -248,9 +248,13 @@ bool raceFromJson(const QByteArray& json, const QString& file, RaceRecord* out, 
         if (mode == QLatin1String(kModes[m])) race.config.mode = StreamConfig::Mode(m);
     if (!mode.isEmpty() && race.config.mode == StreamConfig::BackToBack && mode != QLatin1String(kModes[0]))
         rd.fail(QStringLiteral("config.mode"), QStringLiteral("'%1' is not back_to_back, at_once or shared_link").arg(mode));
-    race.config.firstTokenSeconds = c.contains(QLatin1String("target_first_token_s"))
-                                        ? rd.number(c, "target_first_token_s", QStringLiteral("config"), -1, 1e6)
-                                        : -1.0;
+    // Older races named the same figure (one read of the weights) "target_first_token_s".
+    race.config.weightPassSeconds = -1.0;
+    for (const char* key : {"target_weight_pass_s", "target_first_token_s"})
+        if (c.contains(QLatin1String(key))) {
+            race.config.weightPassSeconds = rd.number(c, key, QStringLiteral("config"), -1, 1e6);
+            break;
+        }
     race.config.rate = rd.string(c, "rate", QStringLiteral("config"));
     race.config.tracePath = rd.string(c, "trace", QStringLiteral("config"));
     race.config.traceScale = rd.number(c, "trace_scale", QStringLiteral("config"), 0, 1e6);
@@ -809,7 +813,7 @@ StreamConfig StreamLabView::config() const
         c.prefillTokensPerSecond = m_prefillRate->value();
         c.decodeGBps = m_decodeRate->value();
         for (const HardwarePreset& p : m_presets)
-            if (p.id == c.hardware) c.firstTokenSeconds = p.firstTokenSeconds;
+            if (p.id == c.hardware) c.weightPassSeconds = p.weightPassSeconds;
     }
     c.store = m_store->text().trimmed();
     return c;

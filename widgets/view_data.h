@@ -126,7 +126,7 @@ struct HardwarePreset {
     QString id, label;
     double prefillTokensPerSecond = 0;
     double decodeGBps = 0;
-    double firstTokenSeconds = -1;  // one decode step; < 0: measured
+    double weightPassSeconds = -1;  // the least a forward pass takes (one read of the weights); < 0: none
     QString citation;               // where the figures come from
     bool modelled() const { return prefillTokensPerSecond > 0 || decodeGBps > 0; }
 };
@@ -150,7 +150,7 @@ struct StreamConfig {
     QStringList policies{QStringLiteral("adaptive")};
     QString hardware = QStringLiteral("measured");  // a HardwarePreset id, or "custom"
     double prefillTokensPerSecond = 0, decodeGBps = 0;  // the preset's rates (0 = measured)
-    double firstTokenSeconds = -1;                       // the preset's first token (< 0 = measured)
+    double weightPassSeconds = -1;                       // the preset's weight pass (< 0 = none)
     QString store;  // "" = encode the cache now; else .kvc files "a,b", a folder or redis://HOST:PORT/PREFIX
 };
 

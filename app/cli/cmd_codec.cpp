@@ -10,6 +10,7 @@
 #include "kv/kv_compare.h"
 #include "kv/kv_h5.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -383,6 +384,7 @@ void addBenchCommand(CLI::App& app, Output& out)
         BenchOptions bench;
         bool gpuOnly = false;
         int gpuDevice = 0;
+        int rounds = 1;
         std::string simd = "auto";
     };
     auto o = std::make_shared<Opts>();
@@ -390,6 +392,10 @@ void addBenchCommand(CLI::App& app, Output& out)
     o->profile.add(sub);
     sub->add_option("--level", o->level, "level to time (default: the profile's default)");
     sub->add_option("--repeats", o->bench.repeats, "timed passes, best taken")->capture_default_str();
+    sub->add_option("--rounds", o->rounds,
+                    "rounds that time every row in turn (ours, entropy stage, int8, zstd), each row's best kept")
+        ->check(CLI::Range(1, 100))
+        ->capture_default_str();
     sub->add_option("--threads", o->bench.threads, "threads (0 = all cores)")->capture_default_str();
     sub->add_option("--zstd-level", o->bench.zstdLevel, "zstd compression level")->capture_default_str();
     sub->add_option("--gpu-device", o->gpuDevice, "CUDA device for the GPU decode figures")->capture_default_str();
@@ -428,13 +434,32 @@ void addBenchCommand(CLI::App& app, Output& out)
         SimdPath simd;
         if (!parseSimdPath(o->simd, &simd)) throw Error("--simd " + o->simd + ": expected auto, scalar, avx2 or avx512");
         if (o->simd != "auto" || std::getenv("KVSCOPE_SIMD") == nullptr) setSimdPath(simd);
-        const CodecBenchResult ours = benchCodec(kv, p, level, o->bench);
+        // Every row is timed once per round, the rows in turn, and keeps its fastest round: a burst
+        // of load on a shared machine then costs one round of every row, not every repeat of one
+        // row, and the ratios compare each side's quietest time.
         const bool cachegen = p.codec == CodecId::CacheGen;
-        const EntropyBenchResult ent = cachegen ? benchEntropy(kv, p, level, o->bench) : EntropyBenchResult{};
         CodecParams p8 = p;
         p8.codec = CodecId::Int8;
-        const CodecBenchResult int8 = benchCodec(kv, p8, 1, o->bench);
-        const CodecBenchResult z = benchZstd(kv, p, o->bench);
+        CodecBenchResult ours, int8, z;
+        EntropyBenchResult ent;
+        auto keep = [](CodecBenchResult& best, const CodecBenchResult& r) {
+            if (best.codec.empty()) best = r;
+            best.encodeMBps = std::max(best.encodeMBps, r.encodeMBps);
+            best.decodeMBps = std::max(best.decodeMBps, r.decodeMBps);
+        };
+        for (int round = 0; round < o->rounds; ++round) {
+            keep(ours, benchCodec(kv, p, level, o->bench));
+            if (cachegen) {
+                const EntropyBenchResult e = benchEntropy(kv, p, level, o->bench);
+                if (round == 0) ent = e;
+                ent.encodeMBps = std::max(ent.encodeMBps, e.encodeMBps);
+                ent.decodeMBps = std::max(ent.decodeMBps, e.decodeMBps);
+                ent.htsEncodeMBps = std::max(ent.htsEncodeMBps, e.htsEncodeMBps);
+                ent.htsDecodeMBps = std::max(ent.htsDecodeMBps, e.htsDecodeMBps);
+            }
+            keep(int8, benchCodec(kv, p8, 1, o->bench));
+            keep(z, benchZstd(kv, p, o->bench));
+        }
         auto row = [&](const CodecBenchResult& r) {
             json j = sizeJson(r.bytes, kv.shape());
             j["codec"] = r.codec;
@@ -448,6 +473,8 @@ void addBenchCommand(CLI::App& app, Output& out)
                   {"level", level},
                   {"fp16_MB", 2.0 * double(kv.shape().totalValues()) / 1e6},
                   {"threads", benchThreads(o->bench)},
+                  {"rounds", o->rounds},
+                  {"repeats", o->bench.repeats},
                   {"simd", simdPathName(simdPath())},
                   {"entropy_encode_MBps", ent.encodeMBps},
                   {"entropy_decode_MBps", ent.decodeMBps},

@@ -507,7 +507,7 @@ void addStreamCommand(CLI::App& app, Output& out)
             j["target_hardware"] = {{"name", so.target.name},
                                     {"prefill_tokens_per_s", so.target.prefillTokensPerSecond},
                                     {"decode_GBps", so.target.decodeGBps},
-                                    {"first_token_s", so.target.firstTokenSeconds >= 0 ? number(so.target.firstTokenSeconds) : json(nullptr)},
+                                    {"weight_pass_s", so.target.weightPassSeconds >= 0 ? number(so.target.weightPassSeconds) : json(nullptr)},
                                     {"kv_bytes_per_token", so.target.kvBytesPerToken > 0 ? json(so.target.kvBytesPerToken) : json(nullptr)},
                                     {"citation", so.target.citation}};
         j["link_mode"] = linkMode;

@@ -125,7 +125,7 @@ void arrangeViewScreenshots(kvscope::MainWindow& window, const QString& dir)
             c.hardware = QStringLiteral("custom");
             c.prefillTokensPerSecond = 400;
             c.decodeGBps = 0.15;
-            c.firstTokenSeconds = -1;  // measured
+            c.weightPassSeconds = -1;  // no floor
             window.streamView()->setConfig(c);
             window.showPage(kvscope::MainWindow::Page::Stream);
             QObject::connect(s, &kvscope::StreamSession::raceFinished, &window, afterRace, Qt::SingleShotConnection);

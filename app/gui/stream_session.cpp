@@ -143,13 +143,13 @@ std::vector<HardwarePreset> StreamSession::hardwarePresets()
         p.id = QString::fromStdString(name);
         p.prefillTokensPerSecond = t.prefillTokensPerSecond;
         p.decodeGBps = t.decodeGBps;
-        p.firstTokenSeconds = t.firstTokenSeconds;
+        p.weightPassSeconds = t.weightPassSeconds;
         p.citation = QString::fromStdString(t.citation);
-        p.label = tr("%1 (modelled: prefill %2k tok/s, decode %3 GB/s, first token %4 ms)")
+        p.label = tr("%1 (modelled: prefill %2k tok/s, decode %3 GB/s, weight pass %4 ms)")
                       .arg(p.id)
                       .arg(t.prefillTokensPerSecond / 1000.0, 0, 'f', 1)
                       .arg(t.decodeGBps, 0, 'f', 0)
-                      .arg(t.firstTokenSeconds * 1e3, 0, 'f', 1);
+                      .arg(t.weightPassSeconds * 1e3, 0, 'f', 1);
         out.push_back(p);
     }
     return out;
@@ -186,7 +186,7 @@ TargetHardware targetFor(const StreamConfig& c)
         t.name = "custom";
         t.prefillTokensPerSecond = c.prefillTokensPerSecond;
         t.decodeGBps = c.decodeGBps;
-        t.firstTokenSeconds = c.firstTokenSeconds;
+        t.weightPassSeconds = c.weightPassSeconds;
     }
     return t;
 }

@@ -129,7 +129,7 @@ PlanResult planChunks(const PlanInput& in)
         // The k text chunks first (released now), then the decodes owed for the replies in flight.
         double worker = worker0, textDist = 0;
         for (int j = m; j < n; ++j) {
-            worker += double(in.chunks[size_t(j)].tokens) * in.recomputeSecondsPerToken;
+            worker += std::max(in.recomputeFloorSeconds, double(in.chunks[size_t(j)].tokens) * in.recomputeSecondsPerToken);
             textDist += double(in.chunks[size_t(j)].tokens) * in.distortion[0];
             plan[size_t(j)] = 0;
         }

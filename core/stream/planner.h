@@ -29,7 +29,7 @@
 //    after another at the estimated throughput; a reply cannot start before its request reached the
 //    server and came back (now + RTT) nor before the link finished what is already in flight. One
 //    worker runs the jobs (decode per fp16 byte, recompute per token at the prefill rate, measured
-//    or modelled) in order of release: after the work already handed to it (workerBusyUntil), the k
+//    or modelled, at least recomputeFloorSeconds a chunk) in order of release: after the work already handed to it (workerBusyUntil), the k
 //    text chunks (released now: their tokens are the client's own), then the decodes of the replies
 //    in flight (PlanInput::owed: predicted arrival, duration), then those of the planned fetches at
 //    their predicted arrivals. TTFT = the worker's end + the tail (cache load, question prefill and
@@ -107,6 +107,7 @@ struct PlanInput {
     double rtt = 0;
     double decodeSecondsPerToken = 0;
     double recomputeSecondsPerToken = 0;
+    double recomputeFloorSeconds = 0;  // the least one chunk's recompute takes (a pass reads the weights once)
     double tailSeconds = 0;          // cache load + question prefill + first token
     double slo = 0;                  // in the same clock as now
     int horizon = 5;

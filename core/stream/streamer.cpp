@@ -60,9 +60,12 @@ Policy parsePolicy(const std::string& text)
 // Derived: prefill costs ~2 FLOPs per parameter per token (Kaplan et al., 2020, "Scaling laws",
 // section 2.1; attention adds under 10% at these context lengths), at an assumed 50% model FLOPs
 // utilisation for a compute-bound prefill: A100 + 7B: 312e12 * 0.5 / (2 * 6.74e9) = 11,570
-// tokens/s; H100 + 8B: 989e12 * 0.5 / (2 * 8.03e9) = 30,790 tokens/s. The first token is one
-// memory-bound decode step, reading the fp16 weights once: 13.5 GB / 2,039 GB/s = 6.6 ms (A100),
-// 16.1 GB / 3,350 GB/s = 4.8 ms (H100). KV decode (entropy decoding into fp16) is assumed to run at
+// tokens/s; H100 + 8B: 989e12 * 0.5 / (2 * 8.03e9) = 30,790 tokens/s. No forward pass is faster
+// than one read of the fp16 weights: 13.5 GB / 2,039 GB/s = 6.6 ms (A100), 16.1 GB / 3,350 GB/s =
+// 4.8 ms (H100), so a modelled pass takes max(tokens / prefill rate, weight pass) (a roofline): the
+// question's few tokens are memory-bound (6.6 ms, not the 1.6 ms its FLOPs would take), a
+// 256-token chunk's recompute compute-bound (22.1 ms). The first token is the argmax of the
+// question pass's last logits (no further pass), as in the measured path. KV decode (entropy decoding into fp16) is assumed to run at
 // a quarter of HBM bandwidth (510 and 840 GB/s of fp16 output); at these cache sizes it is well
 // under a millisecond either way, so the assumption hardly moves a TTFT.
 // KV size per token (fp16, K and V): Llama 2 7B has 32 layers of 32 KV heads x 128 (its
@@ -76,13 +79,13 @@ TargetHardware targetPreset(const std::string& name)
     if (name == "a100-7b") {
         t.prefillTokensPerSecond = 312e12 * 0.5 / (2 * 6.74e9);
         t.decodeGBps = 2039 * 0.25;
-        t.firstTokenSeconds = 2 * 6.74e9 / 2039e9;
+        t.weightPassSeconds = 2 * 6.74e9 / 2039e9;
         t.kvBytesPerToken = 2.0 * 32 * 4096 * 2;
         t.citation = "NVIDIA A100 datasheet (312 TFLOPS BF16, 2039 GB/s), Llama 2 7B (6.74e9 params), 50% MFU";
     } else if (name == "h100-8b") {
         t.prefillTokensPerSecond = 989e12 * 0.5 / (2 * 8.03e9);
         t.decodeGBps = 3350 * 0.25;
-        t.firstTokenSeconds = 2 * 8.03e9 / 3350e9;
+        t.weightPassSeconds = 2 * 8.03e9 / 3350e9;
         t.kvBytesPerToken = 2.0 * 32 * 1024 * 2;
         t.citation = "NVIDIA H100 SXM datasheet (989 TFLOPS BF16, 3.35 TB/s), Llama 3 8B (8.03e9 params), 50% MFU";
     } else {
@@ -92,6 +95,11 @@ TargetHardware targetPreset(const std::string& name)
 }
 
 std::vector<std::string> targetPresetNames() { return {"a100-7b", "h100-8b"}; }
+
+double modelledPassSeconds(const TargetHardware& target, int tokens)
+{
+    return std::max(double(tokens) / target.prefillTokensPerSecond, std::max(0.0, target.weightPassSeconds));
+}
 
 double kvLinkScale(const TargetHardware& target, double servedBytesPerToken)
 {
@@ -396,12 +404,12 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
     bool provisional = false;  // the estimator holds only a new connection's first reply
     const double prior = m_priorThroughput * kPriorDiscount;
     const double recomputeRate = modelPrefill ? hw.prefillTokensPerSecond : m_prefillRate;
-    const double tailPrefill = modelPrefill ? double(m_question.size()) / hw.prefillTokensPerSecond : m_prefillSeconds;
-    const double tailFirst = hw.firstTokenSeconds >= 0 ? hw.firstTokenSeconds : m_firstTokenSeconds;
-    const double tailSeconds = tailPrefill + tailFirst + (modelDecode ? 0.0 : m_kvLoadSeconds);
+    const double tailPrefill = modelPrefill ? modelledPassSeconds(hw, int(m_question.size())) : m_prefillSeconds;
+    const double tailSeconds = tailPrefill + m_firstTokenSeconds + (modelDecode ? 0.0 : m_kvLoadSeconds);
     std::atomic<double> decodePerToken{modelDecode ? modelledDecodeBytesPerToken / (hw.decodeGBps * 1e9)
                                                    : m_decodeSecondsPerToken};
     const double recomputePerToken = 1.0 / std::max(1e-9, recomputeRate);
+    const double recomputeFloor = modelPrefill ? std::max(0.0, hw.weightPassSeconds) : 0.0;
     bool serverDown = false;
     uint64_t delivered = 0;
     double lastArrival = 0, firstByte = -1;
@@ -461,7 +469,8 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         return std::vector<int32_t>(m_tokens.begin() + start, m_tokens.begin() + start + n);
     };
     auto jobCost = [&](int i, int level) {
-        return double(params.chunkLength(i)) * (level == 0 ? recomputePerToken : decodePerToken.load());
+        return level == 0 ? std::max(recomputeFloor, double(params.chunkLength(i)) * recomputePerToken)
+                          : double(params.chunkLength(i)) * decodePerToken.load();
     };
     auto submitOne = [&](int i) {
         const double predicted = jobPredicted[size_t(i)];
@@ -633,6 +642,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         in.rtt = rtt;
         in.decodeSecondsPerToken = dpt;
         in.recomputeSecondsPerToken = recomputePerToken;
+        in.recomputeFloorSeconds = recomputeFloor;
         in.tailSeconds = tailSeconds;
         in.slo = opt.sloSeconds * (1.0 - kSloSafety);
         in.horizon = opt.horizon;
@@ -908,7 +918,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         const bool isText = ev.level == 0;
         const int n = params.chunkLength(ev.index);
         if ((isText && modelPrefill) || (!isText && modelDecode)) {
-            ev.jobSeconds = isText ? double(n) / hw.prefillTokensPerSecond
+            ev.jobSeconds = isText ? modelledPassSeconds(hw, n)
                                    : double(n) * modelledDecodeBytesPerToken / (hw.decodeGBps * 1e9);
             ev.jobStartS = std::max(ev.arrivedS, prevEnd);
             ev.decodedS = ev.jobStartS + ev.jobSeconds;
@@ -947,7 +957,7 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
     const double firstToken = monoSeconds() - s;
     res.kvLoad = {modelDecode ? 0.0 : kvLoad, modelDecode};
     res.prefill = {modelPrefill ? tailPrefill : prefill, modelPrefill};
-    res.firstToken = hw.firstTokenSeconds >= 0 ? TtftPart{hw.firstTokenSeconds, true} : TtftPart{firstToken, false};
+    res.firstToken = {firstToken, false};
     res.ttftSeconds = kvReady + res.kvLoad.seconds + res.prefill.seconds + res.firstToken.seconds;
     res.sloMet = res.ttftSeconds <= opt.sloSeconds;
     if (opt.keepCache) res.cache = std::make_shared<KvSet>(std::move(assembled));

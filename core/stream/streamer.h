@@ -67,7 +67,11 @@ struct TargetHardware {
     std::string name;                   // preset name, or "custom"; empty when measured here
     double prefillTokensPerSecond = 0;  // recompute and question prefill
     double decodeGBps = 0;              // KV decode, GB of fp16 KV per second
-    double firstTokenSeconds = -1;      // one decode step (the first token); < 0: measured
+    // The least any forward pass takes: reading the fp16 weights once at HBM bandwidth. A pass
+    // over a few tokens (the question) is memory-bound and takes this long; a long chunk's
+    // recompute is compute-bound (tokens / prefillTokensPerSecond). Modelled passes take the
+    // larger of the two (a roofline); < 0: no floor.
+    double weightPassSeconds = -1;
     // fp16 KV bytes per token of the target's model (layers x 2 x KV heads x head dim x 2 bytes);
     // 0: the served model's own. Modelled decode is charged for these bytes, and kvLinkScale()
     // tells a caller how to slow the link so that the served model's (smaller) chunks take as long
@@ -80,6 +84,9 @@ struct TargetHardware {
 // kvscope::Error "--target: ..." for other names.
 TargetHardware targetPreset(const std::string& name);
 std::vector<std::string> targetPresetNames();
+// A modelled forward pass over `tokens` tokens on the target (prefillTokensPerSecond > 0): the
+// larger of its compute (tokens / prefill rate) and one read of the weights (weightPassSeconds).
+double modelledPassSeconds(const TargetHardware& target, int tokens);
 // The factor to multiply a link's rates by so that a chunk of the served model (fp16 KV of
 // servedBytesPerToken per token) crosses it in the time the same chunk of the target's model
 // would take on the unscaled link: servedBytesPerToken / target.kvBytesPerToken, every codec
