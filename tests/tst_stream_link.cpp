@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "stream/link.h"
 #include "stream/planner.h"
+#include "stream/streamer.h"
 
 #include <QFile>
 #include <algorithm>
@@ -380,6 +381,21 @@ private slots:
         r = planChunks(in);
         QCOMPARE(r.textChunks, 5);
         QVERIFY2(std::abs(r.predictedTtft - 0.120) < 1e-12, qPrintable(QString::number(r.predictedTtft, 'g', 12)));
+    }
+
+    // A modelled pass on the A100 + Llama 2 7B preset: 18 question tokens are memory-bound (one
+    // read of 13.48 GB of weights at 2,039 GB/s = 6.611 ms, not the 1.56 ms of their FLOPs); a
+    // 256-token chunk is compute-bound (256 / 11,572.7 tokens/s = 22.12 ms).
+    void modelledPass()
+    {
+        const TargetHardware a100 = targetPreset("a100-7b");
+        QVERIFY(std::abs(a100.weightPassSeconds - 2 * 6.74e9 / 2039e9) < 1e-15);
+        QVERIFY(std::abs(modelledPassSeconds(a100, 18) - 0.0066110839) < 1e-9);
+        QVERIFY(std::abs(modelledPassSeconds(a100, 256) - 256 / (312e12 * 0.5 / (2 * 6.74e9))) < 1e-15);
+        QVERIFY(std::abs(modelledPassSeconds(a100, 256) - 0.0221210) < 1e-6);
+        TargetHardware custom;  // a user's rates without a weight pass: tokens / rate alone
+        custom.prefillTokensPerSecond = 400;
+        QVERIFY(std::abs(modelledPassSeconds(custom, 18) - 0.045) < 1e-15);
     }
 
     void distortionFallback()
