@@ -7,6 +7,7 @@
 #include "testmain.h"
 
 #include "codec/container.h"
+#include "codec/simd_path.h"
 #include "codec/symbol_stream.h"
 #include "codec/transform.h"
 #include "common/crc32.h"
@@ -440,6 +441,52 @@ private slots:
         // Sinks are stored as fp16: token 0 reproduces exactly up to fp16 rounding.
         QVERIFY(std::fabs(t.decoded.at(KvKind::Key, 0, 0, 0, 0) - kv.at(KvKind::Key, 0, 0, 0, 0)) <=
                 std::fabs(kv.at(KvKind::Key, 0, 0, 0, 0)) * 1e-3f);
+    }
+
+    // The inverse transform on every SIMD path this CPU has gives the scalar path's bytes, at a
+    // coarse and a fine step, with bases across heads (dense columns) and per head (block-diagonal
+    // columns, whose zero rows are skipped), RoPE undone, and token classes.
+    void simdPathsAgree_data()
+    {
+        QTest::addColumn<bool>("across");
+        QTest::addColumn<bool>("importance");
+        QTest::newRow("pca across heads") << true << false;
+        QTest::newRow("pca per head") << false << false;
+        QTest::newRow("pca per head, token classes") << false << true;
+    }
+    void simdPathsAgree()
+    {
+        QFETCH(bool, across);
+        QFETCH(bool, importance);
+        const KvSet calib = syntheticCache(11);
+        KvSet kv = syntheticCache(12);
+        if (importance) withAttentionMass(kv);
+        TransformSettings s;
+        s.acrossHeads = across;
+        s.ropeUndo = true;
+        s.sinkTokens = 2;
+        CodecParams p = transformParams(kv, s, {0.05, 1e-6});
+        calibrate(p, {&calib});
+        p.profile.transform.tokenImportance = importance;
+        const SimdPath saved = simdPath();
+        for (int level : {1, 2}) {
+            std::vector<std::vector<uint8_t>> out;
+            for (SimdPath path : {SimdPath::Scalar, SimdPath::Avx2, SimdPath::Avx512}) {
+                if (!simdPathSupported(path)) continue;
+                setSimdPath(path);
+                const KvSet d = runCodecTrial(kv, p, level).decoded;
+                std::vector<uint8_t> bytes;
+                for (int l = 0; l < d.shape().numLayers; ++l)
+                    for (KvKind k : {KvKind::Key, KvKind::Value}) {
+                        const auto* b = reinterpret_cast<const uint8_t*>(d.data(k, l));
+                        bytes.insert(bytes.end(), b, b + d.tensorBytes());
+                    }
+                out.push_back(std::move(bytes));
+                if (out.size() > 1) QVERIFY2(out.back() == out.front(), simdPathName(path));
+            }
+            qInfo("level %d: %zu paths agree", level, out.size());
+        }
+        setSimdPath(saved);
     }
 
     // Lower water levels: more bytes, less error, every step.

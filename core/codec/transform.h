@@ -245,5 +245,10 @@ std::vector<double> invertMatrix(const std::vector<double>& a, int n, const std:
 // Applies (inverse = true: undoes) RoPE to one (tokens, head_dim) row block of tokens at positions
 // position0 + t0 + t, in place.
 void applyRope(float* rows, int tokens, int headDim, const float* invFreq, int position0, int t0, bool inverse);
+// The same in two steps, for callers that rotate many blocks of the same tokens: ropeTable fills
+// cs with {cos a, sin a} of a = (position0 + t0 + t) * invFreq[i] (double, the C library) for
+// t < tokens, i < headDim / 2; applyRopeTable rotates with it. Same bytes as applyRope.
+void ropeTable(int tokens, int headDim, const float* invFreq, int position0, int t0, std::vector<double>& cs);
+void applyRopeTable(float* rows, int tokens, int headDim, const double* cs, bool inverse);
 
 }  // namespace kvscope

@@ -1,14 +1,26 @@
 // The transform codec's chunk payload (FORMAT.md "Chunk payloads", transform): per (kind, layer)
 // block, the sink/recent tokens as fp16, the coded tokens' components as one symbol stream, and
 // an escape list for values beyond a component's alphabet. The math is in transform.h.
+//
+// The inverse transform (decodeBlock) is the hot loop of decoding: v_t = mean + sum_k A[:, j_k] zq_tk
+// for every coded token t. It runs over tiles of kTileTokens tokens, component by component, so a
+// decode column is read once per tile, and each term is one vector multiply and one vector add
+// (scalar, AVX2 or AVX-512, simd_path.h). Every output sums the same terms in the same order with
+// the same roundings as the plain loop (this file is compiled with -ffp-contract=off, so no
+// multiply-add is fused), so every path gives the same bytes.
 #include "codec/codec_detail.h"
+#include "codec/simd_path.h"
 #include "codec/symbol_stream.h"
 #include "codec/transform.h"
 
 #include "common/half.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
+#include <cstring>
 
 namespace kvscope::detail {
 
@@ -57,6 +69,51 @@ void buildTables(const TransformLevelBlock& lb, bool forDecoding, std::vector<Co
 }
 
 constexpr int kImportanceClasses = 4;  // step multipliers 1, 2, 4, 8
+
+// ---- the inverse transform's inner step: v[c] += a[c] * z for c in [0, n) -------------------------
+
+void addScaledScalar(float* v, const float* a, float z, int n)
+{
+    for (int c = 0; c < n; ++c) v[c] += a[c] * z;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx2"))) void addScaledAvx2(float* v, const float* a, float z, int n)
+{
+    const __m256 zz = _mm256_set1_ps(z);
+    int c = 0;
+    for (; c + 8 <= n; c += 8)
+        _mm256_storeu_ps(v + c, _mm256_add_ps(_mm256_loadu_ps(v + c), _mm256_mul_ps(_mm256_loadu_ps(a + c), zz)));
+    for (; c < n; ++c) v[c] += a[c] * z;
+}
+
+__attribute__((target("avx512f"))) void addScaledAvx512(float* v, const float* a, float z, int n)
+{
+    const __m512 zz = _mm512_set1_ps(z);
+    int c = 0;
+    for (; c + 16 <= n; c += 16)
+        _mm512_storeu_ps(v + c, _mm512_add_ps(_mm512_loadu_ps(v + c), _mm512_mul_ps(_mm512_loadu_ps(a + c), zz)));
+    if (c < n) {
+        const __mmask16 m = __mmask16((1u << (n - c)) - 1);
+        const __m512 x = _mm512_maskz_loadu_ps(m, v + c), y = _mm512_maskz_loadu_ps(m, a + c);
+        _mm512_mask_storeu_ps(v + c, m, _mm512_add_ps(x, _mm512_mul_ps(y, zz)));
+    }
+}
+#endif
+
+using AddScaled = void (*)(float*, const float*, float, int);
+
+AddScaled addScaledFor(SimdPath path)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (path == SimdPath::Avx512) return addScaledAvx512;
+    if (path == SimdPath::Avx2) return addScaledAvx2;
+#endif
+    (void)path;
+    return addScaledScalar;
+}
+
+constexpr int kTileTokens = 8;  // tokens whose sums share one read of each decode column
 
 // Class of every token of the cache in `layer` (READ ME FIRST, 7): 0 for raw tokens.
 std::vector<uint8_t> importanceClasses(const TransformModel& m, const KvSet& kv, int layer)
@@ -252,9 +309,10 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
     return out;
 }
 
+// rope: ropeTable of the chunk's tokens when the model undoes RoPE (keys are rotated back), else null.
 void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0, int n, const uint8_t* raw,
-                 const uint8_t* esc, size_t escBytes, const uint8_t* stream, size_t streamBytes, KvSet& outKv,
-                 const std::string& where)
+                 const uint8_t* esc, size_t escBytes, const uint8_t* stream, size_t streamBytes, const double* rope,
+                 KvSet& outKv, const std::string& where)
 {
     const TransformModel& m = *p.transform;
     const int H = m.heads, D = m.headDim, C = H * D, T = p.shape.numTokens;
@@ -334,22 +392,39 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
             }
     }
 
-    // Decode matrix columns of the coded components, contiguous: acol[k * C + c] = A[c][j_k].
+    // Decode matrix columns of the coded components, contiguous: acol[k * C + c] = A[c][j_k], and
+    // the channels [lo_k, hi_k) outside which column k is all +-0.
     std::vector<float> acol(size_t(K) * C), step(static_cast<size_t>(K));
+    std::vector<int> lo(static_cast<size_t>(K), 0), hi(static_cast<size_t>(K), C);
+    bool finite = true;
     for (int k = 0; k < K; ++k) {
         const int j = coded[size_t(k)];
         step[size_t(k)] = lb.step[size_t(j)];
-        for (int c = 0; c < C; ++c) acol[size_t(k) * C + size_t(c)] = b.decode[size_t(c) * C + size_t(j)];
+        finite = finite && step[size_t(k)] < FLT_MAX / 17179869184.0f;  // 2^34: |q| < 2^31, class <= 3
+        int first = C, last = -1;
+        for (int c = 0; c < C; ++c) {
+            const float a = b.decode[size_t(c) * C + size_t(j)];
+            acol[size_t(k) * C + size_t(c)] = a;
+            if (a != 0.0f) first = std::min(first, c), last = c;
+        }
+        lo[size_t(k)] = first, hi[size_t(k)] = last + 1;
     }
-    std::vector<float> y(size_t(H) * n * D);  // (H, n, D)
-    std::vector<float> v(static_cast<size_t>(C));
+    // A term (+-0) * z leaves a sum unchanged unless the sum is -0 or z is not finite: the sum
+    // starts at mean[c] and round-to-nearest gives -0 only from -0 + -0, so with no mean -0 and
+    // every step below 2^-34 FLT_MAX (z = q step 2^class stays finite) the zero rows of a column
+    // can be skipped exactly. Otherwise every column spans all channels.
+    bool negZeroMean = false;
+    for (int c = 0; c < C; ++c) negZeroMean = negZeroMean || (std::signbit(b.mean[size_t(c)]) && b.mean[size_t(c)] == 0.0f);
+    if (!finite || negZeroMean) std::fill(lo.begin(), lo.end(), 0), std::fill(hi.begin(), hi.end(), C);
+
+    // Dequantised components, token-major: zq[r * K + k] = q step 2^class, 0 exactly when q = 0
+    // (step > 0 and |q| >= 1 otherwise), escapes read in the stream's order (token by token).
+    std::vector<float> zq(size_t(R) * K);
     const uint8_t* ep = esc;
     const uint8_t* const eend = esc + escBytes;
     for (int r = 0; r < R; ++r) {
-        const int t = codedTokens[size_t(r)];
         const int cls = rowClass[size_t(r)];
         const float mult = float(1 << cls);
-        for (int c = 0; c < C; ++c) v[size_t(c)] = b.mean[size_t(c)];
         for (int k = 0; k < K; ++k) {
             const int M = foldedMax(lb.maxQ[size_t(coded[size_t(k)])], cls);
             const int s = sym[size_t(r) * K + size_t(k)];
@@ -366,18 +441,37 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
                 if ((s == 0) != (q < 0) || (q > -M && q < M) || q > 2147483647 || q < -2147483647)
                     throw Error(where + ": escape value does not match its symbol");
             }
-            if (q == 0) continue;
-            const float zq = float(q) * step[size_t(k)] * mult;
-            const float* a = &acol[size_t(k) * C];
-            for (int c = 0; c < C; ++c) v[size_t(c)] += a[c] * zq;
+            zq[size_t(r) * K + size_t(k)] = q == 0 ? 0.0f : float(q) * step[size_t(k)] * mult;
         }
-        for (int h = 0; h < H; ++h)
-            for (int d = 0; d < D; ++d) y[(size_t(h) * n + t) * D + d] = v[size_t(h * D + d)];
+    }
+
+    // v_t = mean + sum over k ascending of acol_k zq_tk (terms with q = 0 skipped), a tile of
+    // tokens at a time; then scattered to y (H, n, D).
+    std::vector<float> y(size_t(H) * n * D);  // (H, n, D)
+    const AddScaled addScaled = addScaledFor(simdPath());
+    std::vector<float> v(size_t(kTileTokens) * C);
+    for (int r0 = 0; r0 < R; r0 += kTileTokens) {
+        const int nt = std::min(kTileTokens, R - r0);
+        for (int i = 0; i < nt; ++i) std::memcpy(&v[size_t(i) * C], b.mean.data(), sizeof(float) * size_t(C));
+        for (int k = 0; k < K; ++k) {
+            const float* a = &acol[size_t(k) * C];
+            const int c0 = lo[size_t(k)], w = hi[size_t(k)] - c0;
+            if (w <= 0) continue;
+            for (int i = 0; i < nt; ++i) {
+                const float z = zq[size_t(r0 + i) * K + size_t(k)];
+                if (z != 0.0f) addScaled(&v[size_t(i) * C + size_t(c0)], a + c0, z, w);
+            }
+        }
+        for (int i = 0; i < nt; ++i) {
+            const int t = codedTokens[size_t(r0 + i)];
+            for (int h = 0; h < H; ++h)
+                std::memcpy(&y[(size_t(h) * n + t) * D], &v[size_t(i) * C + size_t(h) * D], sizeof(float) * size_t(D));
+        }
     }
     if (ep != eend) throw Error(where + ": escape list has unused bytes");
     if (kind == KvKind::Key && m.settings.ropeUndo)  // re-apply RoPE (raw rows are overwritten below)
         for (int h = 0; h < H; ++h)
-            applyRope(y.data() + size_t(h) * n * D, n, D, m.ropeInvFreq.data(), m.ropePosition0, t0, false);
+            applyRopeTable(y.data() + size_t(h) * n * D, n, D, rope, false);
     size_t ri = 0;
     for (int t : rawTokens)
         for (int h = 0; h < H; ++h)
@@ -435,11 +529,15 @@ void decodeTransformChunk(const CodecParams& p, const uint8_t* data, size_t size
     }
     if (off != size)
         throw Error(where + ": block sizes add up to " + std::to_string(off) + " bytes, the payload has " + std::to_string(size));
+    // One RoPE table for the chunk's tokens, shared by every layer's keys.
+    const TransformModel& m = *p.transform;
+    std::vector<double> rope;
+    if (m.settings.ropeUndo) ropeTable(n, m.headDim, m.ropeInvFreq.data(), m.ropePosition0, t0, rope);
     parallelUnits(B, [&](int u) {
         const KvKind kind = kKinds[u / L];
         const std::string w = where + ": " + kindName(kind) + " layer " + std::to_string(u % L);
         decodeBlock(p, kind, u % L, level, t0, n, rawStart + raw * size_t(u), data + escOff[size_t(u)], escN[size_t(u)],
-                    data + strOff[size_t(u)], strN[size_t(u)], out, w);
+                    data + strOff[size_t(u)], strN[size_t(u)], rope.empty() ? nullptr : rope.data(), out, w);
     });
 }
 
