@@ -70,50 +70,89 @@ void buildTables(const TransformLevelBlock& lb, bool forDecoding, std::vector<Co
 
 constexpr int kImportanceClasses = 4;  // step multipliers 1, 2, 4, 8
 
-// ---- the inverse transform's inner step: v[c] += a[c] * z for c in [0, n) -------------------------
+// ---- the inverse transform over a tile of tokens ---------------------------------------------------
 
-void addScaledScalar(float* v, const float* a, float z, int n)
+constexpr int kTileTokens = 8;  // tokens whose sums share one read of each decode column
+
+// For each token i < nt of the tile and each component k < K in ascending order with
+// z = zq[i * K + k] != 0: v[i * C + c] += acol[k * C + c] * z for c in [lo[k], hi[k]), one rounded
+// multiply and one rounded add per term. The paths differ only in how many channels one
+// instruction takes.
+struct Tile {
+    float* v;
+    const float* acol;
+    const float* zq;
+    const int* lo;
+    const int* hi;
+    int nt, K, C;
+};
+
+void accumulateScalar(const Tile& t)
 {
-    for (int c = 0; c < n; ++c) v[c] += a[c] * z;
+    for (int k = 0; k < t.K; ++k) {
+        const float* a = t.acol + size_t(k) * t.C;
+        for (int i = 0; i < t.nt; ++i) {
+            const float z = t.zq[size_t(i) * t.K + k];
+            if (z == 0.0f) continue;
+            float* v = t.v + size_t(i) * t.C;
+            for (int c = t.lo[k]; c < t.hi[k]; ++c) v[c] += a[c] * z;
+        }
+    }
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("avx2"))) void addScaledAvx2(float* v, const float* a, float z, int n)
+__attribute__((target("avx2"))) void accumulateAvx2(const Tile& t)
 {
-    const __m256 zz = _mm256_set1_ps(z);
-    int c = 0;
-    for (; c + 8 <= n; c += 8)
-        _mm256_storeu_ps(v + c, _mm256_add_ps(_mm256_loadu_ps(v + c), _mm256_mul_ps(_mm256_loadu_ps(a + c), zz)));
-    for (; c < n; ++c) v[c] += a[c] * z;
+    for (int k = 0; k < t.K; ++k) {
+        const float* a = t.acol + size_t(k) * t.C;
+        const int lo = t.lo[k], hi = t.hi[k];
+        for (int i = 0; i < t.nt; ++i) {
+            const float z = t.zq[size_t(i) * t.K + k];
+            if (z == 0.0f) continue;
+            float* v = t.v + size_t(i) * t.C;
+            const __m256 zz = _mm256_set1_ps(z);
+            int c = lo;
+            for (; c + 8 <= hi; c += 8)
+                _mm256_storeu_ps(v + c, _mm256_add_ps(_mm256_loadu_ps(v + c), _mm256_mul_ps(_mm256_loadu_ps(a + c), zz)));
+            for (; c < hi; ++c) v[c] += a[c] * z;
+        }
+    }
 }
 
-__attribute__((target("avx512f"))) void addScaledAvx512(float* v, const float* a, float z, int n)
+__attribute__((target("avx512f"))) void accumulateAvx512(const Tile& t)
 {
-    const __m512 zz = _mm512_set1_ps(z);
-    int c = 0;
-    for (; c + 16 <= n; c += 16)
-        _mm512_storeu_ps(v + c, _mm512_add_ps(_mm512_loadu_ps(v + c), _mm512_mul_ps(_mm512_loadu_ps(a + c), zz)));
-    if (c < n) {
-        const __mmask16 m = __mmask16((1u << (n - c)) - 1);
-        const __m512 x = _mm512_maskz_loadu_ps(m, v + c), y = _mm512_maskz_loadu_ps(m, a + c);
-        _mm512_mask_storeu_ps(v + c, m, _mm512_add_ps(x, _mm512_mul_ps(y, zz)));
+    for (int k = 0; k < t.K; ++k) {
+        const float* a = t.acol + size_t(k) * t.C;
+        const int lo = t.lo[k], hi = t.hi[k];
+        const __mmask16 tail = __mmask16((1u << ((hi - lo) % 16)) - 1);
+        const int body = lo + (hi - lo) / 16 * 16;
+        for (int i = 0; i < t.nt; ++i) {
+            const float z = t.zq[size_t(i) * t.K + k];
+            if (z == 0.0f) continue;
+            float* v = t.v + size_t(i) * t.C;
+            const __m512 zz = _mm512_set1_ps(z);
+            for (int c = lo; c < body; c += 16)
+                _mm512_storeu_ps(v + c, _mm512_add_ps(_mm512_loadu_ps(v + c), _mm512_mul_ps(_mm512_loadu_ps(a + c), zz)));
+            if (tail) {
+                const __m512 x = _mm512_maskz_loadu_ps(tail, v + body), y = _mm512_maskz_loadu_ps(tail, a + body);
+                _mm512_mask_storeu_ps(v + body, tail, _mm512_add_ps(x, _mm512_mul_ps(y, zz)));
+            }
+        }
     }
 }
 #endif
 
-using AddScaled = void (*)(float*, const float*, float, int);
+using Accumulate = void (*)(const Tile&);
 
-AddScaled addScaledFor(SimdPath path)
+Accumulate accumulateFor(SimdPath path)
 {
 #if defined(__x86_64__) || defined(__i386__)
-    if (path == SimdPath::Avx512) return addScaledAvx512;
-    if (path == SimdPath::Avx2) return addScaledAvx2;
+    if (path == SimdPath::Avx512) return accumulateAvx512;
+    if (path == SimdPath::Avx2) return accumulateAvx2;
 #endif
     (void)path;
-    return addScaledScalar;
+    return accumulateScalar;
 }
-
-constexpr int kTileTokens = 8;  // tokens whose sums share one read of each decode column
 
 // Class of every token of the cache in `layer` (READ ME FIRST, 7): 0 for raw tokens.
 std::vector<uint8_t> importanceClasses(const TransformModel& m, const KvSet& kv, int layer)
@@ -398,17 +437,19 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
     std::vector<int> lo(static_cast<size_t>(K), 0), hi(static_cast<size_t>(K), C);
     bool finite = true;
     for (int k = 0; k < K; ++k) {
-        const int j = coded[size_t(k)];
-        step[size_t(k)] = lb.step[size_t(j)];
+        step[size_t(k)] = lb.step[size_t(coded[size_t(k)])];
         finite = finite && step[size_t(k)] < FLT_MAX / 17179869184.0f;  // 2^34: |q| < 2^31, class <= 3
-        int first = C, last = -1;
-        for (int c = 0; c < C; ++c) {
-            const float a = b.decode[size_t(c) * C + size_t(j)];
-            acol[size_t(k) * C + size_t(c)] = a;
-            if (a != 0.0f) first = std::min(first, c), last = c;
-        }
-        lo[size_t(k)] = first, hi[size_t(k)] = last + 1;
+        lo[size_t(k)] = C, hi[size_t(k)] = 0;
     }
+    for (int c = 0; c < C; ++c) {
+        const float* row = &b.decode[size_t(c) * C];
+        for (int k = 0; k < K; ++k) {
+            const float a = row[coded[size_t(k)]];
+            acol[size_t(k) * C + size_t(c)] = a;
+            if (a != 0.0f) lo[size_t(k)] = std::min(lo[size_t(k)], c), hi[size_t(k)] = c + 1;
+        }
+    }
+    for (int k = 0; k < K; ++k) lo[size_t(k)] = std::min(lo[size_t(k)], hi[size_t(k)]);
     // A term (+-0) * z leaves a sum unchanged unless the sum is -0 or z is not finite: the sum
     // starts at mean[c] and round-to-nearest gives -0 only from -0 + -0, so with no mean -0 and
     // every step below 2^-34 FLT_MAX (z = q step 2^class stays finite) the zero rows of a column
@@ -420,13 +461,17 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
     // Dequantised components, token-major: zq[r * K + k] = q step 2^class, 0 exactly when q = 0
     // (step > 0 and |q| >= 1 otherwise), escapes read in the stream's order (token by token).
     std::vector<float> zq(size_t(R) * K);
+    std::vector<int> folded(size_t(kImportanceClasses) * K);  // [class * K + k]: the folded max |q|
+    for (int c = 0; c < kImportanceClasses; ++c)
+        for (int k = 0; k < K; ++k) folded[size_t(c) * K + size_t(k)] = foldedMax(lb.maxQ[size_t(coded[size_t(k)])], c);
     const uint8_t* ep = esc;
     const uint8_t* const eend = esc + escBytes;
     for (int r = 0; r < R; ++r) {
         const int cls = rowClass[size_t(r)];
         const float mult = float(1 << cls);
+        const int* Mk = &folded[size_t(cls) * K];
         for (int k = 0; k < K; ++k) {
-            const int M = foldedMax(lb.maxQ[size_t(coded[size_t(k)])], cls);
+            const int M = Mk[k];
             const int s = sym[size_t(r) * K + size_t(k)];
             int64_t q = s - M;
             if (s == 0 || s == 2 * M) {
@@ -448,20 +493,12 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
     // v_t = mean + sum over k ascending of acol_k zq_tk (terms with q = 0 skipped), a tile of
     // tokens at a time; then scattered to y (H, n, D).
     std::vector<float> y(size_t(H) * n * D);  // (H, n, D)
-    const AddScaled addScaled = addScaledFor(simdPath());
+    const Accumulate accumulate = accumulateFor(simdPath());
     std::vector<float> v(size_t(kTileTokens) * C);
     for (int r0 = 0; r0 < R; r0 += kTileTokens) {
         const int nt = std::min(kTileTokens, R - r0);
         for (int i = 0; i < nt; ++i) std::memcpy(&v[size_t(i) * C], b.mean.data(), sizeof(float) * size_t(C));
-        for (int k = 0; k < K; ++k) {
-            const float* a = &acol[size_t(k) * C];
-            const int c0 = lo[size_t(k)], w = hi[size_t(k)] - c0;
-            if (w <= 0) continue;
-            for (int i = 0; i < nt; ++i) {
-                const float z = zq[size_t(r0 + i) * K + size_t(k)];
-                if (z != 0.0f) addScaled(&v[size_t(i) * C + size_t(c0)], a + c0, z, w);
-            }
-        }
+        accumulate(Tile{v.data(), acol.data(), &zq[size_t(r0) * K], lo.data(), hi.data(), nt, K, C});
         for (int i = 0; i < nt; ++i) {
             const int t = codedTokens[size_t(r0 + i)];
             for (int h = 0; h < H; ++h)
