@@ -94,8 +94,9 @@ void accumulateScalar(const Tile& t)
         for (int i = 0; i < t.nt; ++i) {
             const float z = t.zq[size_t(i) * t.K + k];
             if (z == 0.0f) continue;
-            float* v = t.v + size_t(i) * t.C;
-            for (int c = t.lo[k]; c < t.hi[k]; ++c) v[c] += a[c] * z;
+            float* __restrict v = t.v + size_t(i) * t.C;
+            const float* __restrict ak = a;
+            for (int c = t.lo[k]; c < t.hi[k]; ++c) v[c] += ak[c] * z;
         }
     }
 }
