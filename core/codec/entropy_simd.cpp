@@ -31,6 +31,7 @@
 #include "codec/rans.h"
 #include "common/error.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdlib>
@@ -647,6 +648,57 @@ W32RowFn rowAvx512For(RowOut k)
 }
 }  // namespace
 #endif
+
+#ifdef KVSCOPE_SIMD_X86
+namespace {
+// Per row and 64 symbols: one compare per symbol value, its popcount added to the role's count.
+// Bytes past the row are masked off (they would read as zeros and count as symbol 0).
+KVS_AVX512 void countAvx512(const uint8_t* sym, int tokens, int D, int deltaGroup, int roles, int stride, uint32_t* counts)
+{
+    for (int t = 0; t < tokens; ++t) {
+        const int role = (roles == 2 && deltaGroup >= 2 && t % deltaGroup == 0) ? 1 : 0;
+        uint32_t* c = counts + size_t(role) * stride;
+        const uint8_t* row = sym + size_t(t) * D;
+        for (int d = 0; d < D; d += 64) {
+            const int n = std::min(64, D - d);
+            const __mmask64 m = n == 64 ? ~__mmask64(0) : (__mmask64(1) << n) - 1;
+            const __m512i x = _mm512_maskz_loadu_epi8(m, row + d);
+            for (int s = 0; s < stride; ++s)
+                c[s] += uint32_t(_mm_popcnt_u64(_mm512_mask_cmpeq_epi8_mask(m, x, _mm512_set1_epi8(char(s)))));
+        }
+    }
+}
+
+// The same with 32 symbols per compare; a row's last D % 32 symbols are counted one by one.
+KVS_AVX2 void countAvx2(const uint8_t* sym, int tokens, int D, int deltaGroup, int roles, int stride, uint32_t* counts)
+{
+    for (int t = 0; t < tokens; ++t) {
+        const int role = (roles == 2 && deltaGroup >= 2 && t % deltaGroup == 0) ? 1 : 0;
+        uint32_t* c = counts + size_t(role) * stride;
+        const uint8_t* row = sym + size_t(t) * D;
+        int d = 0;
+        for (; d + 32 <= D; d += 32) {
+            const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + d));
+            for (int s = 0; s < stride; ++s)
+                c[s] += uint32_t(_mm_popcnt_u32(uint32_t(_mm256_movemask_epi8(_mm256_cmpeq_epi8(x, _mm256_set1_epi8(char(s)))))));
+        }
+        for (; d < D; ++d) c[row[d]]++;
+    }
+}
+}  // namespace
+#endif
+
+CountFn countKernel(SimdPath path, int stride)
+{
+#ifdef KVSCOPE_SIMD_X86
+    if (path == SimdPath::Avx512 && stride <= 32) return countAvx512;
+    if (path == SimdPath::Avx2 && stride <= 32) return countAvx2;
+#else
+    (void)path;
+    (void)stride;
+#endif
+    return nullptr;
+}
 
 W32EncFn w32EncodeKernel(SimdPath path, int D, bool small)
 {

@@ -6,6 +6,7 @@
 #include "codec/codec_detail.h"
 
 #include "codec/rans.h"
+#include "codec/simd_path.h"
 #include "common/half.h"
 
 #include <algorithm>
@@ -21,6 +22,17 @@ void countBlock(const quant::BlockSpec& b, const uint8_t* sym, int roles, bool p
 {
     const int D = b.headDim, C = b.channels();
     if (perHead) {
+        if (const CountFn count = countKernel(simdPath(), int(stride))) {
+            thread_local std::vector<uint32_t> acc;
+            for (int h = 0; h < b.heads; ++h) {
+                acc.assign(size_t(2) * stride, 0);
+                count(sym + size_t(h) * b.tokens * D, b.tokens, D, b.deltaGroup, roles, int(stride), acc.data());
+                for (int role = 0; role < roles; ++role)
+                    for (size_t s = 0; s < stride; ++s)
+                        flat[(size_t(role) * b.heads + size_t(h)) * stride + s] += acc[size_t(role) * stride + s];
+            }
+            return;
+        }
         // Eight sub-histograms per role, so that runs of one symbol do not wait on each other's
         // increments of a single counter; added to flat per head.
         constexpr int kSub = 8;
