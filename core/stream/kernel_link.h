@@ -86,6 +86,8 @@ public:
     void stopShaping();
     int rateChanges() const { return m_changes; }
     int kicks() const { return m_kicks; }  // rate rises after which the queue was woken
+    int correctedTicks() const { return m_corrected; }  // ticks the counters loop adjusted
+    bool countersLoop() const { return m_nlFd >= 0; }   // tbf's counters readable: closed loop
     // False when the kernel lacks the netem qdisc: then tbf alone is the root qdisc and the
     // caller must add the RTT itself (ChunkServer's rttSeconds); loss is unavailable.
     bool kernelDelay() const { return m_netem; }
@@ -96,7 +98,12 @@ public:
     static void cleanupOnSignal();
 
 private:
-    void setRate(double bytesPerSecond, bool add);
+    // bytesPerSecond: the schedule's payload rate for the coming tick; extraFrameBytes: what the
+    // tick should carry beyond it (the counters loop's correction, frame bytes).
+    void setRate(double bytesPerSecond, bool add, double extraFrameBytes = 0);
+    void openStats();
+    // tbf's counters through rtnetlink: frame bytes sent since it was created and bytes queued.
+    bool readStats(uint64_t* bytes, uint32_t* backlog);
     void openBatch();
     void closeBatch();
     void shaperLoop(double epoch);
@@ -120,6 +127,10 @@ private:
     sockaddr_in m_kickAddr{};
     std::atomic<int> m_kicks{0};
     int m_batchPid = -1;
+    int m_nlFd = -1;  // NETLINK_ROUTE socket inside the namespace (tbf's counters); -1: open loop
+    int m_nsIfindex = 0;
+    uint32_t m_nlSeq = 0;
+    std::atomic<int> m_corrected{0};  // ticks whose rate the counters loop adjusted
 };
 
 }  // namespace kvscope
