@@ -344,16 +344,17 @@ void KernelLink::destroy()
 std::string KernelLink::describe() const
 {
     char buf[320];
+    const char* loop = m_nlFd >= 0 ? ", rate corrected from tbf's counters" : ", open loop (tbf's counters unreadable)";
     if (m_netem)
-        std::snprintf(buf, sizeof buf, "kernel veth %s<->%s (netns %s, tcp %s), netem delay %.1f ms loss %g%%, tbf following %s",
+        std::snprintf(buf, sizeof buf, "kernel veth %s<->%s (netns %s, tcp %s), netem delay %.1f ms loss %g%%, tbf following %s%s",
                       m_hostDev.c_str(), m_nsDev.c_str(), m_netns.c_str(), m_congestion.c_str(), m_opt.rttSeconds * 1e3, m_opt.lossPercent,
-                      m_opt.schedule.describe().c_str());
+                      m_opt.schedule.describe().c_str(), loop);
     else
         std::snprintf(buf, sizeof buf,
-                      "kernel veth %s<->%s (netns %s, tcp %s), tbf following %s; no netem in this kernel: the "
+                      "kernel veth %s<->%s (netns %s, tcp %s), tbf following %s%s; no netem in this kernel: the "
                       "%.1f ms RTT is added by the server",
                       m_hostDev.c_str(), m_nsDev.c_str(), m_netns.c_str(), m_congestion.c_str(), m_opt.schedule.describe().c_str(),
-                      m_opt.rttSeconds * 1e3);
+                      loop, m_opt.rttSeconds * 1e3);
     return buf;
 }
 
