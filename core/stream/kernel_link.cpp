@@ -403,14 +403,16 @@ void KernelLink::setRate(double bytesPerSecond, bool add, double extraFrameBytes
     // dequeue is the timer armed for that frame, which had a frame's tokens by then) and the whole
     // burst (a packet enqueued right after the change makes it dequeue at once) free at every
     // tick, on top of rate x tick. Which one depends on how the sender's TCP feeds the queue
-    // (ACK-clocked enqueues or TSQ-throttled ones after each dequeue): the rate is lowered by the
-    // midpoint here, and the counters loop (shaperLoop) pays the rest. Queue: kQueueSeconds at
+    // (TSQ-throttled enqueues, right after each dequeue, or ACK-clocked ones in between): the
+    // rate is lowered by the first, which is what the senders measured here got (a chunk server
+    // and a bare sendAll, cubic, 4 Mbit/s: the whole bucket paid left them 0.8-1 frame short per
+    // tick), and the counters loop (shaperLoop) pays whatever else. Queue: kQueueSeconds at
     // the schedule's mean rate, the same at every tick: a rate drop drains the queue slower
     // instead of dropping what it holds.
     const double tick = m_opt.tickSeconds;
     bytesPerSecond *= m_opt.frameBytesPerPayloadByte;  // payload rate -> frame rate
     const uint64_t burst = uint64_t(std::max(2.0 * kFrameBytes, bytesPerSecond * 0.002));
-    const double gift = double(burst) - 0.5 * kFrameBytes;
+    const double gift = double(burst) - kFrameBytes;
     const double rate = std::max(1000.0, add ? bytesPerSecond : bytesPerSecond + (extraFrameBytes - gift) / tick);
     const uint64_t limit = uint64_t(std::max(double(kQueueMinBytes), m_opt.schedule.meanBytesPerSecond() * kQueueSeconds));
     if (!add && m_batchFd >= 0) {

@@ -25,7 +25,8 @@
 //    the head frame had accrued, which gives a backlogged tbf between bucket - 1 frame and the
 //    whole bucket free per tick, depending on when its next dequeue comes (the timer armed for
 //    the head frame, or an enqueue: how the sender's TCP feeds the queue). The rate is set lower
-//    by the midpoint, and a counters loop pays the rest: every tick reads tbf's sent bytes and
+//    by bucket - 1 frame (what TSQ-limited senders get, as measured), and a counters loop pays
+//    whatever else: every tick reads tbf's sent bytes and
 //    backlog through rtnetlink (a NETLINK_ROUTE socket made inside the namespace), and while the
 //    queue stayed non-empty the difference between what the schedule gave (x frame bytes per
 //    payload byte) and what tbf sent is carried, half per tick, by the next ticks (bounded by
