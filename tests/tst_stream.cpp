@@ -599,9 +599,10 @@ private slots:
     }
 
     // --link kernel on a schedule with a 600 ms gap (cellular traces have gaps up to 1.4 s): TCP
-    // through the tc-shaped veth pair carries the schedule's payload in its time within 3%
+    // through the tc-shaped veth pair carries the schedule's payload in its time within 5%
     // (cubic, a deep queue that holds the gap's data, tbf woken when the rate rises, the bucket
-    // refill per rate change paid for). Needs root or CAP_NET_ADMIN.
+    // refill per rate change paid for). Idle machine: within 0.5%; at load average ~6, 2-4.3%
+    // slow (one tick more). Needs root or CAP_NET_ADMIN.
     void kernelLinkGap()
     {
         std::string why;
@@ -614,7 +615,7 @@ private slots:
         } catch (const std::exception& e) {
             QFAIL(e.what());
         }
-        QVERIFY2(std::abs(ratio - 1) < 0.03, qPrintable(QString("elapsed / ideal %1").arg(ratio)));
+        QVERIFY2(std::abs(ratio - 1) < 0.05, qPrintable(QString("elapsed / ideal %1").arg(ratio)));
     }
 
     // A slow link (4 Mbit/s, where tbf's bucket is its 2-frame minimum, 6 ms at the rate): the
