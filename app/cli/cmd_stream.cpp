@@ -514,6 +514,9 @@ void addStreamCommand(CLI::App& app, Output& out)
         if (kernel) {
             j["kernel_link"] = kernel->describe();
             j["kernel_congestion"] = kernel->congestion();
+            j["kernel_counters_loop"] = kernel->countersLoop();
+            j["kernel_rate_changes"] = kernel->rateChanges();
+            j["kernel_corrected_ticks"] = kernel->correctedTicks();
         }
         j["measured_decode_ms_per_chunk"] = 1e3 * streamer.measuredDecodeSecondsPerToken() * streamer.cachegen().params().profile.chunkTokens;
         j["level_distortion"] = streamer.levelDistortion();

@@ -13,11 +13,17 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <linux/gen_stats.h>
+#include <linux/netlink.h>
+#include <linux/pkt_sched.h>
+#include <linux/rtnetlink.h>
+#include <net/if.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sched.h>
-#include <csignal>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -170,6 +176,8 @@ std::string linkAddress(const std::vector<std::string>& argv)
 // deep queue per user (the traces' gaps of up to ~1 s lose no data, they delay it); a shallow
 // queue turns every gap into a burst of losses and TCP into retransmission timeouts.
 constexpr double kQueueSeconds = 1.0;
+constexpr double kFrameBytes = 1514;  // a full-size frame on a 1500-byte MTU, as tbf charges it
+constexpr uint32_t kTbfHandle = 0x10u << 16;  // "handle 10:" (tc handles are hexadecimal)
 constexpr uint64_t kQueueMinBytes = 1u << 20;
 
 std::string bitRate(double bytesPerSecond)
@@ -177,6 +185,38 @@ std::string bitRate(double bytesPerSecond)
     char buf[48];
     std::snprintf(buf, sizeof buf, "%.0fbit", std::max(8000.0, bytesPerSecond * 8));
     return buf;
+}
+
+// The links' addresses: /30 blocks of 10.213.0.0/16 (16384 of them), "10.213.X.Y" for host 1
+// (this side) or 2 (the namespace's side) of block b.
+constexpr uint32_t kBlocks = 16384;
+
+std::string blockAddress(uint32_t block, int host)
+{
+    const uint32_t a = (block % kBlocks) * 4 + uint32_t(host);
+    return "10.213." + std::to_string(a >> 8) + "." + std::to_string(a & 255);
+}
+
+// A block no interface of this namespace has an address in, searched from `start`: another
+// process's live link, or a veth end that outlives its run (the kernel frees a dead namespace
+// only once its last socket is gone, which a connection still retransmitting into a stopped
+// shaper delays by minutes), would otherwise put two routes on one subnet and every connect would
+// go to the wrong one.
+uint32_t freeBlock(uint32_t start)
+{
+    std::vector<char> used(kBlocks, 0);
+    ifaddrs* list = nullptr;
+    if (::getifaddrs(&list) == 0) {
+        for (ifaddrs* i = list; i; i = i->ifa_next) {
+            if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+            const uint32_t a = ntohl(reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr);
+            if ((a >> 16) == ((10u << 8) | 213u)) used[(a & 0xFFFF) / 4] = 1;
+        }
+        ::freeifaddrs(list);
+    }
+    for (uint32_t k = 0; k < kBlocks; ++k)
+        if (!used[(start + k) % kBlocks]) return (start + k) % kBlocks;
+    throw Error("kernel link: every /30 block of 10.213.0.0/16 is in use on this host");
 }
 
 }  // namespace
@@ -204,12 +244,12 @@ KernelLink::KernelLink(const KernelLinkOptions& options) : m_opt(options)
     if (!(m_opt.lossPercent >= 0 && m_opt.lossPercent <= 100)) throw Error("--loss: must be within 0..100");
     sweepStale();
     const int n = g_serial++ % 250;
-    const int id = int(::getpid() % 200) * 0 + n;  // 10.213.N.0/30 per link of this process
     m_netns = "kvscope-" + std::to_string(::getpid()) + "-" + std::to_string(n);
     m_hostDev = "kvs" + std::to_string(::getpid() % 100000) + "a" + std::to_string(n);
     m_nsDev = "kvs" + std::to_string(::getpid() % 100000) + "b" + std::to_string(n);
-    m_clientAddr = "10.213." + std::to_string(id) + ".1";
-    m_serverAddr = "10.213." + std::to_string(id) + ".2";
+    const uint32_t block = freeBlock(uint32_t(::getpid()) * 7 + uint32_t(n));
+    m_clientAddr = blockAddress(block, 1);
+    m_serverAddr = blockAddress(block, 2);
     try {
         mustRun({"ip", "netns", "add", m_netns});
         m_created = true;
@@ -218,6 +258,12 @@ KernelLink::KernelLink(const KernelLinkOptions& options) : m_opt(options)
         mustRun({"ip", "addr", "add", m_clientAddr + "/30", "dev", m_hostDev});
         mustRun({"ip", "link", "set", m_hostDev, "up"});
         mustRun({"ip", "-n", m_netns, "addr", "add", m_serverAddr + "/30", "dev", m_nsDev});
+        // One segment per packet from the namespace's TCP: a GSO packet is queued whole when it
+        // fits tbf's bucket at enqueue, and a later tick's smaller bucket (the burst follows the
+        // rate) can never pay for it: tbf then stalls with a full queue until the rate rises
+        // enough again (a run started at a slow part of a trace, after a fast one: for ever).
+        // With single-frame packets the 2-frame minimum bucket always passes the head.
+        mustRun({"ip", "-n", m_netns, "link", "set", m_nsDev, "gso_max_segs", "1"});
         mustRun({"ip", "-n", m_netns, "link", "set", m_nsDev, "up"});
         mustRun({"ip", "-n", m_netns, "link", "set", "lo", "up"});
         // The kick socket (see shaperLoop): UDP from inside the namespace to the discard port of
@@ -258,6 +304,7 @@ KernelLink::KernelLink(const KernelLinkOptions& options) : m_opt(options)
             m_netem = false;
         }
         setRate(m_opt.schedule.capacityBytes(0, m_opt.tickSeconds) / m_opt.tickSeconds, true);
+        openStats();
         // The congestion control of the server's sockets: set on the listening socket, which
         // accepted connections inherit (a namespace's default can only name the "allowed" ones).
         m_congestion = m_opt.congestion;
@@ -284,6 +331,8 @@ void KernelLink::destroy()
     stopShaping();
     if (m_kickFd >= 0) ::close(m_kickFd);
     m_kickFd = -1;
+    if (m_nlFd >= 0) ::close(m_nlFd);
+    m_nlFd = -1;
     if (m_created) {
         runTool({"ip", "netns", "del", m_netns}, nullptr);  // deletes both veth ends
         runTool({"ip", "link", "del", m_hostDev}, nullptr);  // normally gone already
@@ -295,16 +344,17 @@ void KernelLink::destroy()
 std::string KernelLink::describe() const
 {
     char buf[320];
+    const char* loop = m_nlFd >= 0 ? ", rate corrected from tbf's counters" : ", open loop (tbf's counters unreadable)";
     if (m_netem)
-        std::snprintf(buf, sizeof buf, "kernel veth %s<->%s (netns %s, tcp %s), netem delay %.1f ms loss %g%%, tbf following %s",
+        std::snprintf(buf, sizeof buf, "kernel veth %s<->%s (netns %s, tcp %s), netem delay %.1f ms loss %g%%, tbf following %s%s",
                       m_hostDev.c_str(), m_nsDev.c_str(), m_netns.c_str(), m_congestion.c_str(), m_opt.rttSeconds * 1e3, m_opt.lossPercent,
-                      m_opt.schedule.describe().c_str());
+                      m_opt.schedule.describe().c_str(), loop);
     else
         std::snprintf(buf, sizeof buf,
-                      "kernel veth %s<->%s (netns %s, tcp %s), tbf following %s; no netem in this kernel: the "
+                      "kernel veth %s<->%s (netns %s, tcp %s), tbf following %s%s; no netem in this kernel: the "
                       "%.1f ms RTT is added by the server",
                       m_hostDev.c_str(), m_nsDev.c_str(), m_netns.c_str(), m_congestion.c_str(), m_opt.schedule.describe().c_str(),
-                      m_opt.rttSeconds * 1e3);
+                      loop, m_opt.rttSeconds * 1e3);
     return buf;
 }
 
@@ -345,18 +395,25 @@ void KernelLink::closeBatch()
     m_batchPid = -1;
 }
 
-void KernelLink::setRate(double bytesPerSecond, bool add)
+void KernelLink::setRate(double bytesPerSecond, bool add, double extraFrameBytes)
 {
     // Bucket: 2 ms at the rate, at least 2 full-size frames. Every `tc qdisc change` refills
-    // tbf's bucket (tbf_change sets tokens = buffer), so a backlogged sender gets the bucket free
-    // at every tick on top of rate x tick: the rate is lowered by that much, so that the tick
-    // carries its capacity (burst + rate x tick), not up to 10% more. Queue: kQueueSeconds at the
-    // schedule's mean rate, the same at every tick: a rate drop drains the queue slower instead of
-    // dropping what it holds.
+    // tbf's bucket (tbf_change sets tokens = buffer) and drops the tokens accrued towards the
+    // frame at the head of the queue: a backlogged tbf gets between burst - one frame (its next
+    // dequeue is the timer armed for that frame, which had a frame's tokens by then) and the whole
+    // burst (a packet enqueued right after the change makes it dequeue at once) free at every
+    // tick, on top of rate x tick. Which one depends on how the sender's TCP feeds the queue
+    // (TSQ-throttled enqueues, right after each dequeue, or ACK-clocked ones in between): the
+    // rate is lowered by the first, which is what the senders measured here got (a chunk server
+    // and a bare sendAll, cubic, 4 Mbit/s: the whole bucket paid left them 0.8-1 frame short per
+    // tick), and the counters loop (shaperLoop) pays whatever else. Queue: kQueueSeconds at
+    // the schedule's mean rate, the same at every tick: a rate drop drains the queue slower
+    // instead of dropping what it holds.
     const double tick = m_opt.tickSeconds;
     bytesPerSecond *= m_opt.frameBytesPerPayloadByte;  // payload rate -> frame rate
-    const uint64_t burst = uint64_t(std::max(2.0 * 1514, bytesPerSecond * 0.002));
-    const double rate = std::max(1000.0, add ? bytesPerSecond : bytesPerSecond - double(burst) / tick);
+    const uint64_t burst = uint64_t(std::max(2.0 * kFrameBytes, bytesPerSecond * 0.002));
+    const double gift = double(burst) - kFrameBytes;
+    const double rate = std::max(1000.0, add ? bytesPerSecond : bytesPerSecond + (extraFrameBytes - gift) / tick);
     const uint64_t limit = uint64_t(std::max(double(kQueueMinBytes), m_opt.schedule.meanBytesPerSecond() * kQueueSeconds));
     if (!add && m_batchFd >= 0) {
         char line[256];
@@ -375,6 +432,76 @@ void KernelLink::setRate(double bytesPerSecond, bool add)
                            std::to_string(limit)});
     mustRun(cmd);
     ++m_changes;
+}
+
+void KernelLink::openStats()
+{
+    int fd = -1, index = 0;
+    inNamespace([&] {
+        index = int(::if_nametoindex(m_nsDev.c_str()));
+        fd = ::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);  // bound to this namespace
+    });
+    m_nlFd = fd;
+    m_nsIfindex = index;
+    uint64_t bytes = 0;
+    uint32_t backlog = 0;
+    if (m_nlFd >= 0 && (index <= 0 || !readStats(&bytes, &backlog))) {
+        ::close(m_nlFd);  // no counters: the shaper runs open loop
+        m_nlFd = -1;
+    }
+}
+
+bool KernelLink::readStats(uint64_t* bytes, uint32_t* backlog)
+{
+    if (m_nlFd < 0) return false;
+    struct {
+        nlmsghdr nh;
+        tcmsg tc;
+    } req{};
+    req.nh.nlmsg_len = NLMSG_LENGTH(sizeof(tcmsg));
+    req.nh.nlmsg_type = RTM_GETQDISC;
+    req.nh.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+    req.nh.nlmsg_seq = ++m_nlSeq;
+    req.tc.tcm_family = AF_UNSPEC;
+    req.tc.tcm_ifindex = m_nsIfindex;
+    if (::send(m_nlFd, &req, req.nh.nlmsg_len, MSG_DONTWAIT) < 0) return false;
+    bool gotBytes = false, gotQueue = false;
+    const double until = monoSeconds() + 0.02;
+    alignas(nlmsghdr) char buf[16384];
+    for (;;) {
+        pollfd pfd{m_nlFd, POLLIN, 0};
+        const int ms = int(std::ceil((until - monoSeconds()) * 1e3));
+        if (ms <= 0 || ::poll(&pfd, 1, ms) <= 0) return false;
+        const ssize_t len = ::recv(m_nlFd, buf, sizeof buf, MSG_DONTWAIT);
+        if (len < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+        if (len <= 0) return false;
+        int left = int(len);
+        for (nlmsghdr* h = reinterpret_cast<nlmsghdr*>(buf); NLMSG_OK(h, left); h = NLMSG_NEXT(h, left)) {
+            if (h->nlmsg_seq != m_nlSeq) continue;  // the rest of a dump that timed out
+            if (h->nlmsg_type == NLMSG_DONE) return gotBytes && gotQueue;
+            if (h->nlmsg_type == NLMSG_ERROR) return false;
+            if (h->nlmsg_type != RTM_NEWQDISC || h->nlmsg_len < NLMSG_LENGTH(sizeof(tcmsg))) continue;
+            tcmsg* t = static_cast<tcmsg*>(NLMSG_DATA(h));
+            if (t->tcm_ifindex != m_nsIfindex || t->tcm_handle != kTbfHandle) continue;
+            int alen = int(h->nlmsg_len - NLMSG_LENGTH(sizeof(tcmsg)));
+            for (rtattr* a = reinterpret_cast<rtattr*>(reinterpret_cast<char*>(t) + NLMSG_ALIGN(sizeof(tcmsg))); RTA_OK(a, alen);
+                 a = RTA_NEXT(a, alen)) {
+                if (a->rta_type != TCA_STATS2) continue;
+                int nlen = int(RTA_PAYLOAD(a));
+                for (rtattr* b = static_cast<rtattr*>(RTA_DATA(a)); RTA_OK(b, nlen); b = RTA_NEXT(b, nlen)) {
+                    if (b->rta_type == TCA_STATS_BASIC && RTA_PAYLOAD(b) >= sizeof(uint64_t)) {
+                        std::memcpy(bytes, RTA_DATA(b), sizeof(uint64_t));  // gnet_stats_basic.bytes
+                        gotBytes = true;
+                    } else if (b->rta_type == TCA_STATS_QUEUE && RTA_PAYLOAD(b) >= sizeof(gnet_stats_queue)) {
+                        gnet_stats_queue q;
+                        std::memcpy(&q, RTA_DATA(b), sizeof q);
+                        *backlog = q.backlog;
+                        gotQueue = true;
+                    }
+                }
+            }
+        }
+    }
 }
 
 std::string KernelLink::inNamespace(const std::function<void()>& fn) const
@@ -452,15 +579,44 @@ void KernelLink::shaperLoop(double epoch)
     const double tick = m_opt.tickSeconds;
     double next = std::ceil((monoSeconds() - epoch) / tick + 1e-9) * tick;  // link time of the next tick
     double lastRate = 0;
+    // The counters loop: while tbf stays backlogged, `owed` is what the schedule gave it (in
+    // frame bytes) minus what it sent, since the backlog began; every tick carries half of it on
+    // top of the schedule, within +-(2 frames + 5% of the tick), so whatever the refill model in
+    // setRate gets wrong (and timer slack) is paid back within a few ticks instead of piling up.
+    // A reading with an empty queue resets it: an idle link loses its capacity, as the pacer's does.
+    uint64_t prevSent = 0;
+    uint32_t prevBacklog = 0;
+    double prevAt = -1;  // link time of the previous reading's tick (-1: none yet)
+    double owed = 0;
     std::unique_lock<std::mutex> lock(m_mutex);
     while (!m_stop) {
         const auto until = std::chrono::steady_clock::time_point(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
             std::chrono::duration<double>(epoch + next)));
         if (m_cv.wait_until(lock, until, [this] { return m_stop; })) break;
         lock.unlock();
-        const double rate = m_opt.schedule.capacityBytes(next, next + tick) / tick;
+        const double capacity = m_opt.schedule.capacityBytes(next, next + tick);
+        const double rate = capacity / tick;
+        double extra = 0;
+        uint64_t sent = 0;
+        uint32_t backlog = 0;
+        if (readStats(&sent, &backlog)) {
+            if (prevAt >= 0 && backlog > 0 && prevBacklog > 0)
+                owed += m_opt.schedule.capacityBytes(prevAt, next) * m_opt.frameBytesPerPayloadByte - double(sent - prevSent);
+            else
+                owed = 0;
+            const double bound = 2 * kFrameBytes + 0.05 * capacity * m_opt.frameBytesPerPayloadByte;
+            owed = std::clamp(owed, -2 * bound, 2 * bound);
+            // No extra in a tick without capacity (a trace's gap stays a gap).
+            if (capacity > 0) extra = std::clamp(0.5 * owed, -bound, bound);
+            if (extra != 0) ++m_corrected;
+            prevSent = sent;
+            prevBacklog = backlog;
+            prevAt = next;
+        } else {
+            prevAt = -1;
+        }
         try {
-            setRate(rate, false);
+            setRate(rate, false, extra);
         } catch (const std::exception& e) {
             std::fprintf(stderr, "%s\n", e.what());
         }

@@ -3,10 +3,14 @@
 // control, queueing, loss recovery) carries every byte.
 //
 // READ ME FIRST
-//  - Topology: namespace "kvscope-PID-N" holds veth end "kvsNb" (10.213.N.2/30); this namespace
-//    holds "kvsNa" (10.213.N.1/30). The chunk server listens inside the namespace (listen()
-//    creates the socket from a thread that entered it; the socket stays there), the client
-//    connects from here to 10.213.N.2, so replies leave through kvsNb.
+//  - Topology: namespace "kvscope-PID-N" holds veth end "kvsPIDbN" (host 2 of a /30 block of
+//    10.213.0.0/16); this namespace holds "kvsPIDaN" (host 1). The block is one no interface here
+//    has an address in (another process's link, or a veth end the kernel has not freed yet). The
+//    chunk server listens inside the namespace (listen() creates the socket from a thread that
+//    entered it; the socket stays there), the client connects from here to serverAddress(), so
+//    replies leave through kvsPIDbN. That end sends one TCP segment per packet (gso_max_segs 1):
+//    tbf cannot send a queued packet larger than its current bucket, and the bucket follows the
+//    rate, so a GSO packet queued at a fast tick would stall tbf at every slower one.
 //  - Shaping on kvsNb's egress (the reply direction): netem (delay = the RTT, optional random
 //    loss) as the root qdisc, tbf (rate, burst, 1 s of queue at the mean rate) as its child. Requests and ACKs
 //    travel back unshaped and undelayed, so the path's round trip is the netem delay. A kernel
@@ -17,8 +21,18 @@
 //    `tc qdisc change`, written to one long-lived `tc -batch` process (no fork per tick). The
 //    capacity of every tick is the schedule's; the shape within a tick is
 //    tbf's. A tick with no capacity (a trace's gap) gets a floor of 8 kbit/s (tbf needs a rate).
-//    Two tbf properties are compensated: every change refills the bucket (so the rate is set
-//    that much lower: bucket + rate x tick = the tick's capacity), and a change does not make tbf
+//    Two tbf properties are compensated: every change refills the bucket and drops the tokens
+//    the head frame had accrued, which gives a backlogged tbf between bucket - 1 frame and the
+//    whole bucket free per tick, depending on when its next dequeue comes (the timer armed for
+//    the head frame, or an enqueue: how the sender's TCP feeds the queue). The rate is set lower
+//    by bucket - 1 frame (what TSQ-limited senders get, as measured), and a counters loop pays
+//    whatever else: every tick reads tbf's sent bytes and
+//    backlog through rtnetlink (a NETLINK_ROUTE socket made inside the namespace), and while the
+//    queue stayed non-empty the difference between what the schedule gave (x frame bytes per
+//    payload byte) and what tbf sent is carried, half per tick, by the next ticks (bounded by
+//    2 frames + 5% of a tick; none in a tick without capacity). Paying the whole bucket, open
+//    loop, left a TSQ-limited sender at 4 Mbit/s 6% short (one frame per 50 ms tick). An empty
+//    queue resets it: capacity the sender left unused is lost. And a change does not make tbf
 //    look at its queue again (a frame that found no tokens at a gap's crawl waits for a timer
 //    armed at the crawl's rate, up to 1.5 s): after every rising tick a 1-byte UDP datagram
 //    ("kick") goes out through the same qdisc, whose enqueue makes it dequeue at the new rate.
@@ -86,6 +100,8 @@ public:
     void stopShaping();
     int rateChanges() const { return m_changes; }
     int kicks() const { return m_kicks; }  // rate rises after which the queue was woken
+    int correctedTicks() const { return m_corrected; }  // ticks the counters loop adjusted
+    bool countersLoop() const { return m_nlFd >= 0; }   // tbf's counters readable: closed loop
     // False when the kernel lacks the netem qdisc: then tbf alone is the root qdisc and the
     // caller must add the RTT itself (ChunkServer's rttSeconds); loss is unavailable.
     bool kernelDelay() const { return m_netem; }
@@ -96,7 +112,12 @@ public:
     static void cleanupOnSignal();
 
 private:
-    void setRate(double bytesPerSecond, bool add);
+    // bytesPerSecond: the schedule's payload rate for the coming tick; extraFrameBytes: what the
+    // tick should carry beyond it (the counters loop's correction, frame bytes).
+    void setRate(double bytesPerSecond, bool add, double extraFrameBytes = 0);
+    void openStats();
+    // tbf's counters through rtnetlink: frame bytes sent since it was created and bytes queued.
+    bool readStats(uint64_t* bytes, uint32_t* backlog);
     void openBatch();
     void closeBatch();
     void shaperLoop(double epoch);
@@ -120,6 +141,10 @@ private:
     sockaddr_in m_kickAddr{};
     std::atomic<int> m_kicks{0};
     int m_batchPid = -1;
+    int m_nlFd = -1;  // NETLINK_ROUTE socket inside the namespace (tbf's counters); -1: open loop
+    int m_nsIfindex = 0;
+    uint32_t m_nlSeq = 0;
+    std::atomic<int> m_corrected{0};  // ticks whose rate the counters loop adjusted
 };
 
 }  // namespace kvscope
