@@ -402,7 +402,6 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
     auto rttOrUpper = [&] { return rttEstimate >= 0 ? rttEstimate : rttUpper; };
     ThroughputEstimator estimator;
     bool provisional = false;  // the estimator holds only a new connection's first reply
-    double provisionalBytes = 0, provisionalTrip = 0;  // that reply's wire bytes and round trip
     const double prior = m_priorThroughput * kPriorDiscount;
     const double recomputeRate = modelPrefill ? hw.prefillTokensPerSecond : m_prefillRate;
     const double tailPrefill = modelPrefill ? modelledPassSeconds(hw, int(m_question.size())) : m_prefillSeconds;
@@ -856,25 +855,14 @@ StreamResult Streamer::run(const StreamOptions& opt, LinkPacer* pacer, double li
         // round trip (a lower bound on the rate): it ages out like any other, and until then holds
         // the next samples to the estimator's band (a second reply read late looked 4x too fast).
         // A reply requested on it alone counts a prediction error only when slower than predicted.
-        // When the first RTT is measured while the estimator holds only the provisional sample, that
-        // sample's round trip loses the RTT: still a lower bound (the setup and a late read stay
-        // in), but no longer one that a short RTT-dominated reply makes several times low (on a
-        // 4.4 Gbit/s link with a 2 ms RTT it read 141 MB/s, a quarter of the link). At most 4x.
         const double firstDelay = rep.firstByteAt - rep.sentAt;
-        const bool firstRtt = !f.fresh && rttEstimate < 0;
         if (!f.fresh) rttEstimate = rttEstimate < 0 ? firstDelay : std::min(rttEstimate, firstDelay);
         else rttUpper = rttUpper < 0 ? firstDelay : std::min(rttUpper, firstDelay);
-        if (firstRtt && provisional && provisionalTrip > 0) {
-            estimator = ThroughputEstimator{};
-            estimator.add(provisionalBytes / std::max(provisionalTrip - rttEstimate, 0.25 * provisionalTrip), 0);
-        }
         if (f.level > 0 && rep.payload.size() >= 1024) {
             if (f.fresh) {
                 if (!estimator.valid() && rep.arrivedAt > rep.sentAt) {
                     estimator.add(double(rep.wireBytes) / (rep.arrivedAt - rep.sentAt), 0);
                     provisional = true;
-                    provisionalBytes = double(rep.wireBytes);
-                    provisionalTrip = rep.arrivedAt - rep.sentAt;
                 }
             } else {
                 const double span = rep.arrivedAt - std::max(replyStart, rep.sentAt + std::max(0.0, rttEstimate));
