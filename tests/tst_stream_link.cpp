@@ -18,6 +18,26 @@
 
 using namespace kvscope;
 
+namespace {
+
+// 16 chunks of 100 tokens, 10 or 20 bytes at 1000 B/s, every one recomputable; RTT 2 ms,
+// tail 8 ms, SLO 50 ms (nothing meets it).
+PlanInput gpuLikeInput(double recomputeSecondsPerToken)
+{
+    PlanInput in;
+    in.distortion = {0.0, 0.03, 0.01};
+    for (int k = 0; k < 16; ++k) in.chunks.push_back(PlanChunk{100, {0, 10, 20}});
+    in.textable = 16;
+    in.throughput = 1000;
+    in.rtt = 0.002;
+    in.recomputeSecondsPerToken = recomputeSecondsPerToken;
+    in.tailSeconds = 0.008;
+    in.slo = 0.05;
+    return in;
+}
+
+}  // namespace
+
 class TestStreamLink : public QObject {
     Q_OBJECT
 private slots:
@@ -342,16 +362,7 @@ private slots:
     // 130 ms, six 128 ms; all text 328 ms.
     void plannerSplit()
     {
-        PlanInput in;
-        in.distortion = {0.0, 0.03, 0.01};
-        for (int k = 0; k < 16; ++k) in.chunks.push_back(PlanChunk{100, {0, 10, 20}});
-        in.textable = 16;
-        in.throughput = 1000;
-        in.rtt = 0.002;
-        in.recomputeSecondsPerToken = 0.0002;
-        in.tailSeconds = 0.008;
-        in.slo = 0.05;
-        const PlanResult r = planChunks(in);
+        const PlanResult r = planChunks(gpuLikeInput(0.0002));
         QVERIFY(!r.feasible);
         QCOMPARE(r.textChunks, 5);
         QVERIFY(std::abs(r.predictedTtft - 0.120) < 1e-12);
@@ -365,15 +376,7 @@ private slots:
     // the floor 11 text chunks (55 ms) meet 5 fetches (2 + 5 x 10 = 52 ms): 55 + 8 = 63 ms.
     void plannerFloor()
     {
-        PlanInput in;
-        in.distortion = {0.0, 0.03, 0.01};
-        for (int k = 0; k < 16; ++k) in.chunks.push_back(PlanChunk{100, {0, 10, 20}});
-        in.textable = 16;
-        in.throughput = 1000;
-        in.rtt = 0.002;
-        in.recomputeSecondsPerToken = 0.00005;
-        in.tailSeconds = 0.008;
-        in.slo = 0.05;
+        PlanInput in = gpuLikeInput(0.00005);
         PlanResult r = planChunks(in);
         QCOMPARE(r.textChunks, 11);
         QVERIFY2(std::abs(r.predictedTtft - 0.063) < 1e-12, qPrintable(QString::number(r.predictedTtft, 'g', 12)));

@@ -579,7 +579,7 @@ void TestViews::drawnScheduleRacesAtOnce()
     QCOMPARE(race.config.policies, (QStringList{"adaptive", "int8", "level:1"}));
     QVERIFY2(lane("level:1").kl > lane("int8").kl,
              qPrintable(QStringLiteral("%1 %2").arg(lane("level:1").kl).arg(lane("int8").kl)));
-    QVERIFY(lab->findChild<QLabel*>(QStringLiteral("streamModelledNote"))->text().contains(QLatin1String("first token")));
+    QVERIFY(lab->findChild<QLabel*>(QStringLiteral("streamModelledNote"))->text().contains(QLatin1String("prefill")));
     // The table lists runs as they finish (at once, in any order); int8's row shows its KL.
     int int8Row = -1;
     for (int row = 0; row < lab->runsModel()->rowCount(); ++row)
