@@ -473,7 +473,7 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
     for (int r = 0; r < R; ++r) {
         const int cls = rowClass[size_t(r)];
         const float mult = float(1 << cls);
-        const int* Mk = &folded[size_t(cls) * K];
+        const int* Mk = folded.data() + size_t(cls) * K;
         for (int k = 0; k < K; ++k) {
             const int M = Mk[k];
             const int s = sym[size_t(r) * K + size_t(k)];
@@ -502,7 +502,7 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
     for (int r0 = 0; r0 < R; r0 += kTileTokens) {
         const int nt = std::min(kTileTokens, R - r0);
         for (int i = 0; i < nt; ++i) std::memcpy(&v[size_t(i) * C], b.mean.data(), sizeof(float) * size_t(C));
-        accumulate(Tile{v.data(), acol.data(), &zq[size_t(r0) * K], lo.data(), hi.data(), nt, K, C});
+        accumulate(Tile{v.data(), acol.data(), zq.data() + size_t(r0) * K, lo.data(), hi.data(), nt, K, C});
         for (int i = 0; i < nt; ++i) {
             const int t = codedTokens[size_t(r0 + i)];
             for (int h = 0; h < H; ++h)
