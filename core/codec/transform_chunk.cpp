@@ -232,7 +232,18 @@ struct BlockPayload {
     std::vector<uint8_t> escapes, stream;
 };
 
-BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int layer, int level, int t0, int n)
+// One RoPE table (ropeTable) of the chunk's tokens, shared by every layer's keys; empty when the
+// model keeps RoPE in.
+std::vector<double> chunkRopeTable(const TransformModel& m, int t0, int n)
+{
+    std::vector<double> cs;
+    if (m.settings.ropeUndo) ropeTable(n, m.headDim, m.ropeInvFreq.data(), m.ropePosition0, t0, cs);
+    return cs;
+}
+
+// rope: chunkRopeTable of the chunk (keys are rotated back with it when the model undoes RoPE).
+BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int layer, int level, int t0, int n,
+                         const double* rope)
 {
     const TransformModel& m = *p.transform;
     const int H = m.heads, D = m.headDim, C = H * D, T = p.shape.numTokens;
@@ -255,7 +266,7 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
             throw Error(std::string(kindName(kind)) + " layer " + std::to_string(layer) + ": a value is not finite");
     if (kind == KvKind::Key && m.settings.ropeUndo)
         for (int h = 0; h < H; ++h)
-            applyRope(x.data() + size_t(h) * n * D, n, D, m.ropeInvFreq.data(), m.ropePosition0, t0, true);
+            applyRopeTable(x.data() + size_t(h) * n * D, n, D, rope, true);
 
     const std::vector<int> coded = codedList(lb);
     const int K = int(coded.size()), R = int(codedTokens.size());
@@ -352,7 +363,7 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
     return out;
 }
 
-// rope: ropeTable of the chunk's tokens when the model undoes RoPE (keys are rotated back), else null.
+// rope: chunkRopeTable of the chunk (keys are rotated with it when the model undoes RoPE).
 void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0, int n, const uint8_t* raw,
                  const uint8_t* esc, size_t escBytes, const uint8_t* stream, size_t streamBytes, const double* rope,
                  KvSet& outKv, const std::string& where)
@@ -536,7 +547,8 @@ std::vector<uint8_t> encodeTransformChunk(const CodecParams& p, const KvSet& kv,
     KVSCOPE_ASSERT(p.transform);
     const int L = p.shape.numLayers, B = 2 * L, t0 = p.chunkStart(chunk), n = p.chunkLength(chunk);
     std::vector<BlockPayload> blocks(static_cast<size_t>(B));
-    parallelUnits(B, [&](int u) { blocks[size_t(u)] = encodeBlock(p, kv, kKinds[u / L], u % L, level, t0, n); });
+    const std::vector<double> rope = chunkRopeTable(*p.transform, t0, n);
+    parallelUnits(B, [&](int u) { blocks[size_t(u)] = encodeBlock(p, kv, kKinds[u / L], u % L, level, t0, n, rope.data()); });
     std::vector<uint8_t> out;
     for (const BlockPayload& b : blocks) putU32(out, uint32_t(b.escapes.size()));
     for (const BlockPayload& b : blocks) putU32(out, uint32_t(b.stream.size()));
@@ -570,15 +582,12 @@ void decodeTransformChunk(const CodecParams& p, const uint8_t* data, size_t size
     }
     if (off != size)
         throw Error(where + ": block sizes add up to " + std::to_string(off) + " bytes, the payload has " + std::to_string(size));
-    // One RoPE table for the chunk's tokens, shared by every layer's keys.
-    const TransformModel& m = *p.transform;
-    std::vector<double> rope;
-    if (m.settings.ropeUndo) ropeTable(n, m.headDim, m.ropeInvFreq.data(), m.ropePosition0, t0, rope);
+    const std::vector<double> rope = chunkRopeTable(*p.transform, t0, n);
     parallelUnits(B, [&](int u) {
         const KvKind kind = kKinds[u / L];
         const std::string w = where + ": " + kindName(kind) + " layer " + std::to_string(u % L);
         decodeBlock(p, kind, u % L, level, t0, n, rawStart + raw * size_t(u), data + escOff[size_t(u)], escN[size_t(u)],
-                    data + strOff[size_t(u)], strN[size_t(u)], rope.empty() ? nullptr : rope.data(), out, w);
+                    data + strOff[size_t(u)], strN[size_t(u)], rope.data(), out, w);
     });
 }
 
