@@ -240,10 +240,11 @@ using W32EncFn = void (*)(const W32EncJob&, uint32_t* x, uint16_t*& words);
 W32EncFn w32EncodeKernel(SimdPath path, int D, bool small);  // small: W32EncJob::small is set. nullptr: scalar
 void w32RowScalar(W32Stream& s, const W32Row& r, RowOut k);
 
-// Symbol counts of one head's rows (tokens, D): counts[role * stride + s] += how often s occurs in
-// the rows of that role (role 1: anchor rows when deltaGroup >= 2, token t % deltaGroup == 0).
+// Symbol counts of one head's rows (tokens, D): counts[role * roleStride + s] += how often s occurs
+// in the rows of that role (role 1: anchor rows when deltaGroup >= 2, token t % deltaGroup == 0).
 // Every symbol must be < stride.
-using CountFn = void (*)(const uint8_t* sym, int tokens, int D, int deltaGroup, int roles, int stride, uint32_t* counts);
+using CountFn = void (*)(const uint8_t* sym, int tokens, int D, int deltaGroup, int roles, int stride,
+                         size_t roleStride, uint32_t* counts);
 // An AVX-512 or AVX2 counter (compare and popcount per symbol value) for alphabets of at most
 // 32 symbols, else nullptr (the scalar sub-histograms).
 CountFn countKernel(SimdPath path, int stride);

@@ -653,11 +653,12 @@ W32RowFn rowAvx512For(RowOut k)
 namespace {
 // Per row and 64 symbols: one compare per symbol value, its popcount added to the role's count.
 // Bytes past the row are masked off (they would read as zeros and count as symbol 0).
-KVS_AVX512 void countAvx512(const uint8_t* sym, int tokens, int D, int deltaGroup, int roles, int stride, uint32_t* counts)
+KVS_AVX512 void countAvx512(const uint8_t* sym, int tokens, int D, int deltaGroup, int roles, int stride, size_t roleStride,
+                            uint32_t* counts)
 {
     for (int t = 0; t < tokens; ++t) {
         const int role = (roles == 2 && deltaGroup >= 2 && t % deltaGroup == 0) ? 1 : 0;
-        uint32_t* c = counts + size_t(role) * stride;
+        uint32_t* c = counts + size_t(role) * roleStride;
         const uint8_t* row = sym + size_t(t) * D;
         for (int d = 0; d < D; d += 64) {
             const int n = std::min(64, D - d);
@@ -670,11 +671,12 @@ KVS_AVX512 void countAvx512(const uint8_t* sym, int tokens, int D, int deltaGrou
 }
 
 // The same with 32 symbols per compare; a row's last D % 32 symbols are counted one by one.
-KVS_AVX2 void countAvx2(const uint8_t* sym, int tokens, int D, int deltaGroup, int roles, int stride, uint32_t* counts)
+KVS_AVX2 void countAvx2(const uint8_t* sym, int tokens, int D, int deltaGroup, int roles, int stride, size_t roleStride,
+                            uint32_t* counts)
 {
     for (int t = 0; t < tokens; ++t) {
         const int role = (roles == 2 && deltaGroup >= 2 && t % deltaGroup == 0) ? 1 : 0;
-        uint32_t* c = counts + size_t(role) * stride;
+        uint32_t* c = counts + size_t(role) * roleStride;
         const uint8_t* row = sym + size_t(t) * D;
         int d = 0;
         for (; d + 32 <= D; d += 32) {

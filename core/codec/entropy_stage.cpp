@@ -23,14 +23,9 @@ void countBlock(const quant::BlockSpec& b, const uint8_t* sym, int roles, bool p
     const int D = b.headDim, C = b.channels();
     if (perHead) {
         if (const CountFn count = countKernel(simdPath(), int(stride))) {
-            thread_local std::vector<uint32_t> acc;
-            for (int h = 0; h < b.heads; ++h) {
-                acc.assign(size_t(2) * stride, 0);
-                count(sym + size_t(h) * b.tokens * D, b.tokens, D, b.deltaGroup, roles, int(stride), acc.data());
-                for (int role = 0; role < roles; ++role)
-                    for (size_t s = 0; s < stride; ++s)
-                        flat[(size_t(role) * b.heads + size_t(h)) * stride + s] += acc[size_t(role) * stride + s];
-            }
+            for (int h = 0; h < b.heads; ++h)
+                count(sym + size_t(h) * b.tokens * D, b.tokens, D, b.deltaGroup, roles, int(stride), size_t(b.heads) * stride,
+                      flat + size_t(h) * stride);
             return;
         }
         // Eight sub-histograms per role, so that runs of one symbol do not wait on each other's
