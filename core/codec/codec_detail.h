@@ -217,12 +217,21 @@ struct W32Row {
     // `scale`. The scalar reference takes one row.
     int rows = 1;
     const uint16_t* rowScales = nullptr;
+    // AVX2 kernels, uniform rows: the row's one table as a slot index (w32SlotIndex), or null.
+    const uint32_t* slots = nullptr;
 };
 // A SIMD row kernel needs D % width == 0 and at least w32RowSlack(D) bytes left in the stream.
 using W32RowFn = void (*)(W32Stream&, const W32Row&);
 inline size_t w32RowSlack(int D, int rows = 1) { return 2 * size_t(D) * size_t(rows) + 64; }
 // uniform: every row's channels share one table (W32Row::split is set). nullptr: use the scalar rows.
 W32RowFn w32RowKernel(SimdPath path, RowOut k, int D, bool uniform);
+// Whether the kernel w32RowKernel(path, k, D, true) reads W32Row::slots (AVX2 rows: 16
+// registers cannot hold a table, so a slot index turns two gathers and the bucket arithmetic
+// into one gather).
+bool w32RowUsesSlots(SimdPath path, int D);
+// The slot index of a decoding table of `alphabet` symbols: slots[s] for every slot s < 4096 is
+// symbol | (s - start(symbol)) << 8 | (freq(symbol) - 1) << 20.
+void w32SlotIndex(const CodingTable& t, int alphabet, uint32_t* slots);
 
 // A whole stream's symbols for a SIMD encoder: x (32 states, 64-byte aligned) and the word
 // pointer move exactly as in encodeHeadStreamV2's scalar loop.

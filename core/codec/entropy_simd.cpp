@@ -471,7 +471,9 @@ KVS_AVX2 inline Lookup8 lookup256(const int* T, __m256i idx, __m256i slot)
     return lk;
 }
 
-template <RowOut K>
+// Slots: the row's one table as a slot index (W32Row::slots): one gather of 8 words resolves
+// symbol, start and frequency.
+template <RowOut K, bool Slots>
 KVS_AVX2 void rowAvx2(W32Stream& s, const W32Row& r)
 {
     const int nv = r.D / 8, rows = r.rows;
@@ -490,12 +492,21 @@ KVS_AVX2 void rowAvx2(W32Stream& s, const W32Row& r)
         const __m256 tokenScale = _mm256_set1_ps(r.rowScales ? _cvtsh_ss(r.rowScales[row]) : r.scale);
         for (int v = 0; v < nv; ++v) {
             const int d0 = 8 * v;
-            const __m256i idx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.tableWord + d0));
             const __m256i slot = _mm256_and_si256(x0, m12);
-            const Lookup8 lk = lookup256(T, idx, slot);
-            const __m256i sym = lk.sym;
-            const __m256i k = _mm256_sub_epi32(slot, lk.start);
-            __m256i x = _mm256_add_epi32(_mm256_mullo_epi32(lk.freq, _mm256_srli_epi32(x0, 12)), k);
+            __m256i sym, x;
+            if constexpr (Slots) {
+                const __m256i e = _mm256_i32gather_epi32(reinterpret_cast<const int*>(r.slots), slot, 4);
+                sym = _mm256_and_si256(e, _mm256_set1_epi32(0xff));
+                const __m256i k = _mm256_and_si256(_mm256_srli_epi32(e, 8), m12);
+                const __m256i freq = _mm256_add_epi32(_mm256_srli_epi32(e, 20), one);
+                x = _mm256_add_epi32(_mm256_mullo_epi32(freq, _mm256_srli_epi32(x0, 12)), k);
+            } else {
+                const __m256i idx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.tableWord + d0));
+                const Lookup8 lk = lookup256(T, idx, slot);
+                sym = lk.sym;
+                const __m256i k = _mm256_sub_epi32(slot, lk.start);
+                x = _mm256_add_epi32(_mm256_mullo_epi32(lk.freq, _mm256_srli_epi32(x0, 12)), k);
+            }
             const __m256i needV = _mm256_cmpeq_epi32(_mm256_srli_epi32(x, 16), zero);
             const unsigned need = unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(needV)));
             const __m256i words = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -554,6 +565,29 @@ KVS_AVX2 void rowAvx2(W32Stream& s, const W32Row& r)
     _mm256_store_si256(reinterpret_cast<__m256i*>(s.x + ((next + 16) & 31)), x2);
     _mm256_store_si256(reinterpret_cast<__m256i*>(s.x + ((next + 24) & 31)), x3);
     s.p = p;
+}
+
+template <RowOut K>
+void rowAvx2Any(W32Stream& s, const W32Row& r)
+{
+    if (r.slots) rowAvx2<K, true>(s, r);
+    else rowAvx2<K, false>(s, r);
+}
+
+KVS_AVX2 void slotIndexAvx2(const CodingTable& t, int alphabet, uint32_t* slots)
+{
+    const __m256i step = _mm256_set1_epi32(8 << 8), ramp = _mm256_setr_epi32(0, 1 << 8, 2 << 8, 3 << 8, 4 << 8, 5 << 8,
+                                                                             6 << 8, 7 << 8);
+    for (int sy = 0; sy < alphabet; ++sy) {
+        const uint32_t start = t.start(sy), freq = t.freq(sy);
+        if (!freq) continue;
+        const uint32_t e = uint32_t(sy) | (freq - 1) << 20;
+        uint32_t k = 0;
+        __m256i v = _mm256_add_epi32(_mm256_set1_epi32(int(e)), ramp);
+        for (; k + 8 <= freq; k += 8, v = _mm256_add_epi32(v, step))
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(slots + start + k), v);
+        for (; k < freq; ++k) slots[start + k] = e | k << 8;
+    }
 }
 
 // compressHigh[m]: the byte shuffle that moves the 16-bit words of the lanes set in m, in lane
@@ -715,16 +749,36 @@ W32EncFn w32EncodeKernel(SimdPath path, int D, bool small)
     return nullptr;
 }
 
+bool w32RowUsesSlots(SimdPath path, int D)
+{
+#ifdef KVSCOPE_SIMD_X86
+    return (path == SimdPath::Avx2 || (path == SimdPath::Avx512 && D % 16 != 0)) && D % 8 == 0;
+#else
+    (void)path;
+    (void)D;
+    return false;
+#endif
+}
+
+void w32SlotIndex(const CodingTable& t, int alphabet, uint32_t* slots)
+{
+#ifdef KVSCOPE_SIMD_X86
+    if (simdPathSupported(SimdPath::Avx2)) return slotIndexAvx2(t, alphabet, slots);
+#endif
+    for (int sy = 0; sy < alphabet; ++sy)
+        for (uint32_t k = 0; k < t.freq(sy); ++k) slots[t.start(sy) + k] = uint32_t(sy) | k << 8 | (t.freq(sy) - 1) << 20;
+}
+
 W32RowFn w32RowKernel(SimdPath path, RowOut k, int D, bool uniform)
 {
 #ifdef KVSCOPE_SIMD_X86
     if (path == SimdPath::Avx512 && D % 16 == 0) return uniform ? rowAvx512For<true>(k) : rowAvx512For<false>(k);
     if ((path == SimdPath::Avx2 || path == SimdPath::Avx512) && D % 8 == 0) {
         switch (k) {
-        case RowOut::F16: return rowAvx2<RowOut::F16>;
-        case RowOut::BF16: return rowAvx2<RowOut::BF16>;
-        case RowOut::F32: return rowAvx2<RowOut::F32>;
-        case RowOut::Symbols: return rowAvx2<RowOut::Symbols>;
+        case RowOut::F16: return rowAvx2Any<RowOut::F16>;
+        case RowOut::BF16: return rowAvx2Any<RowOut::BF16>;
+        case RowOut::F32: return rowAvx2Any<RowOut::F32>;
+        case RowOut::Symbols: return rowAvx2Any<RowOut::Symbols>;
         }
     }
 #else

@@ -393,6 +393,7 @@ struct HeadDecoder {
     W32Stream st;
     std::vector<int32_t> tableWord;    // (2, D): role-major
     alignas(64) uint32_t split[2][176];  // per role, when uniform: the one table's bucket words (W32Row::split)
+    std::vector<uint32_t> slots;       // when the kernel takes them: per role, the slot index (W32Row::slots)
     bool uniform = false;
     std::vector<float> scaleVec;       // (2, D)
     std::vector<float> anchor;         // (D)
@@ -457,6 +458,16 @@ struct HeadDecoder {
             if (delta) halfToFloatN(sc + C + h * D, scaleVec.data() + D, size_t(D));
         }
         fast = w32RowKernel(simdPath(), kind, D, uniform);
+        // An index is 4096 words, written 8 at a time: cheap next to even an anchor role's rows.
+        slots.clear();
+        if (fast && uniform && w32RowUsesSlots(simdPath(), D)) {
+            slots.resize((delta ? 2 : 1) * size_t(rans::kProbScale));
+            for (int role = 0; role < (delta ? 2 : 1); ++role)
+                w32SlotIndex(*reinterpret_cast<const CodingTable*>(reinterpret_cast<const uint32_t*>(tab.tables.data()) +
+                                                                   tableWord[size_t(role) * D]),
+                             quant::alphabetSize(role == 1 ? spec.anchorBins : spec.bins),
+                             slots.data() + size_t(role) * rans::kProbScale);
+        }
         slack = w32RowSlack(D);
         elem = rowOutBytes(kind);
         realEnd = st.end;
@@ -475,6 +486,7 @@ struct HeadDecoder {
         uint8_t* out = r.out;
         r.tableWord = tableWord.data() + size_t(role) * D;
         r.split = uniform ? split[role] : nullptr;
+        r.slots = slots.empty() ? nullptr : slots.data() + size_t(role) * rans::kProbScale;
         r.lane0 = int((size_t(t) * D) % W);
         r.m = isAnchor ? maxA : maxL;
         r.scaleVec = perChannel ? scaleVec.data() + size_t(role) * D : nullptr;
@@ -511,6 +523,7 @@ struct HeadDecoder {
         uint8_t* out = r.out;
         r.tableWord = tableWord.data();
         r.split = uniform ? split[0] : nullptr;
+        r.slots = slots.empty() ? nullptr : slots.data();
         r.lane0 = int((size_t(t) * D) % rans::w32::kLanes);
         r.m = maxL;
         r.scaleVec = perChannel ? scaleVec.data() : nullptr;
