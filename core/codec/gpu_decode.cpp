@@ -41,7 +41,7 @@ std::unique_ptr<GpuCodec> gpuCodec(const CodecParams& p, const std::vector<Level
             for (const TransformLevelBlock& lb : level) {
                 g->tfStep.insert(g->tfStep.end(), lb.step.begin(), lb.step.end());
                 g->tfMaxQ.insert(g->tfMaxQ.end(), lb.maxQ.begin(), lb.maxQ.end());
-                if (m.settings.entropy == TransformEntropy::Rans)
+                if (entropyUsesTables(m.settings.entropy))
                     for (const auto& f : lb.freq) g->tfFreq.insert(g->tfFreq.end(), f.begin(), f.end());
             }
         t.mean = g->tfMean.data();

@@ -299,7 +299,7 @@ void parseTransformJson(const json& t, CodecProfile& p, const std::string& src)
     s.acrossHeads = getBool(t, "across_heads", true, src, "transform");
     s.weighting = TransformWeighting(choice("weighting", "attention", {"mse", "attention"}));
     s.allocation = TransformAllocation(choice("allocation", "waterfill", {"uniform", "waterfill"}));
-    s.entropy = TransformEntropy(choice("entropy", "rans", {"fixed", "rans"}));
+    s.entropy = TransformEntropy(choice("entropy", "rans", {"fixed", "rans", "rans32"}));
     s.sinkTokens = getInt(t, "sink_tokens", 4, src);
     s.recentTokens = getInt(t, "recent_tokens", 0, src);
     s.tokenImportance = getBool(t, "token_importance", false, src, "transform");

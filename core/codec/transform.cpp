@@ -21,7 +21,10 @@ const char* basisName(TransformBasis b)
 }
 const char* weightingName(TransformWeighting w) { return w == TransformWeighting::Attention ? "attention" : "mse"; }
 const char* allocationName(TransformAllocation a) { return a == TransformAllocation::Waterfill ? "waterfill" : "uniform"; }
-const char* entropyName(TransformEntropy e) { return e == TransformEntropy::Rans ? "rans" : "fixed"; }
+const char* entropyName(TransformEntropy e)
+{
+    return e == TransformEntropy::Rans32 ? "rans32" : e == TransformEntropy::Rans ? "rans" : "fixed";
+}
 
 bool TransformSettings::operator==(const TransformSettings& o) const
 {
@@ -527,7 +530,7 @@ std::vector<TransformLevelBlock> fitTransformLevel(const TransformFit& fit, cons
         const KvKind kind = u < L ? KvKind::Key : KvKind::Value;
         const int layer = u % L;
         TransformLevelBlock lb = levelSteps(m, lev, kind, layer, fit.meanVariance[u < L ? 0 : 1]);
-        if (s.entropy == TransformEntropy::Rans) {
+        if (entropyUsesTables(s.entropy)) {
             // Symbol counts on the calibration rows, one table per coded component.
             std::vector<int> coded;
             for (int j = 0; j < C; ++j)
@@ -660,7 +663,7 @@ void serializeTransformModel(const TransformModel& m, std::vector<uint8_t>& out)
                 w.f32(lb.step[j]);
                 w.u8(lb.maxQ[j]);
             }
-            if (s.entropy == TransformEntropy::Rans)
+            if (entropyUsesTables(s.entropy))
                 for (const std::vector<uint16_t>& f : lb.freq) {
                     ProbTable t;
                     t.alphabet = int(f.size());
@@ -710,7 +713,7 @@ TransformModel parseTransformModel(const uint8_t* data, size_t size, const KvSha
     TransformSettings& s = m.settings;
     const uint8_t rope = r.u8("settings"), basis = r.u8("settings"), across = r.u8("settings"),
                   weighting = r.u8("settings"), alloc = r.u8("settings"), entropy = r.u8("settings");
-    if (rope > 1 || basis > 2 || across > 1 || weighting > 1 || alloc > 1 || entropy > 1)
+    if (rope > 1 || basis > 2 || across > 1 || weighting > 1 || alloc > 1 || entropy > 2)
         throw Error(where + ": unknown transform setting id");
     s.ropeUndo = rope, s.basis = TransformBasis(basis), s.acrossHeads = across;
     s.weighting = TransformWeighting(weighting), s.allocation = TransformAllocation(alloc), s.entropy = TransformEntropy(entropy);
@@ -774,7 +777,7 @@ TransformModel parseTransformModel(const uint8_t* data, size_t size, const KvSha
                 if (lb.step[j] < 0 || (coded && (lb.maxQ[j] < 1 || lb.maxQ[j] > 127)) || (!coded && lb.maxQ[j] != 0))
                     throw Error(place + ": component " + std::to_string(j) + " has an invalid step or alphabet");
             }
-            if (s.entropy == TransformEntropy::Rans)
+            if (entropyUsesTables(s.entropy))
                 for (size_t j = 0; j < C; ++j) {
                     if (lb.maxQ[j] == 0) continue;
                     ProbTable t;
@@ -813,8 +816,12 @@ void prepareTransform(CodecParams& p, const KvSet& kv, const std::string& source
     TransformModel m;
     if (!pr.transformModel.empty()) {
         m = parseTransformModel(pr.transformModel.data(), pr.transformModel.size(), kv.shape(), source + ": transform.model");
-        if (!(m.settings == s))
+        // rans and rans32 code with the same tables: a model calibrated for one serves the other.
+        TransformSettings calibrated = m.settings;
+        if (entropyUsesTables(calibrated.entropy) && entropyUsesTables(s.entropy)) calibrated.entropy = s.entropy;
+        if (!(calibrated == s))
             throw inputError(source, "transform", "the switches differ from those the model was calibrated with: recalibrate");
+        m.settings.entropy = s.entropy;
         m.settings.tokenImportance = s.tokenImportance;  // encoder-side, independent of calibration
         m.settings.importanceQuantile = s.importanceQuantile;
         m.settings.importancePower = s.importancePower;
@@ -839,7 +846,7 @@ void prepareTransform(CodecParams& p, const KvSet& kv, const std::string& source
         own.entropy = TransformEntropy::Fixed;  // no counting pass
         m = fitTransform(own, pr.transformLevels, {&kv});
         m.settings.entropy = entropy;
-        if (entropy == TransformEntropy::Rans)
+        if (entropyUsesTables(entropy))
             for (auto& lbs : m.levels)
                 for (size_t u = 0; u < lbs.size(); ++u)
                     for (size_t j = 0; j < lbs[u].step.size(); ++j)

@@ -47,8 +47,8 @@
 // 5. Quantization and coding. q_j = rint(z_j / Delta_j), symbol = clamp(q_j, -M_j, M_j) + M_j with
 //    M_j = clamp(ceil(6 sigma_j / Delta_j), 1, 127) (alphabet <= 255). The edge symbols 0 and 2 M_j
 //    are escapes: their exact q travels as a zigzag LEB128 varint in the block's escape list, so no
-//    value is ever clipped. entropy "rans": one symbol_stream.h stream per block, component j coded
-//    with its calibrated table (counts on the calibration caches; parametric Laplace when the
+//    value is ever clipped. entropy "rans": one symbol_stream.h stream per block (4 states),
+//    component j coded with its calibrated table; "rans32": the same with the 32-state layout (counts on the calibration caches; parametric Laplace when the
 //    statistics come from the cache itself); entropy "fixed": ceil(log2(2 M_j + 1)) bits per
 //    symbol, packed LSB first (the TurboQuant-like baseline: hadamard + uniform + fixed).
 //
@@ -100,12 +100,16 @@ struct CodecParams;
 enum class TransformBasis : uint8_t { None = 0, Hadamard = 1, Pca = 2 };
 enum class TransformWeighting : uint8_t { Mse = 0, Attention = 1 };
 enum class TransformAllocation : uint8_t { Uniform = 0, Waterfill = 1 };
-enum class TransformEntropy : uint8_t { Fixed = 0, Rans = 1 };
+// rans: one 4-state stream per symbol matrix; rans32: the same tables, one 32-state stream
+// (16-bit renormalisation) that SIMD lanes or a GPU warp decode in lock step; fixed: no tables.
+enum class TransformEntropy : uint8_t { Fixed = 0, Rans = 1, Rans32 = 2 };
+// Whether the entropy choice codes with calibrated tables (rans, rans32: the same tables).
+inline bool entropyUsesTables(TransformEntropy e) { return e != TransformEntropy::Fixed; }
 
 const char* basisName(TransformBasis b);             // "none" | "hadamard" | "pca"
 const char* weightingName(TransformWeighting w);     // "mse" | "attention"
 const char* allocationName(TransformAllocation a);   // "uniform" | "waterfill"
-const char* entropyName(TransformEntropy e);         // "fixed" | "rans"
+const char* entropyName(TransformEntropy e);         // "fixed" | "rans" | "rans32"
 
 // The switches of the transform codec ("transform" object of a profile).
 struct TransformSettings {

@@ -279,7 +279,7 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
     std::vector<uint8_t> sym(size_t(R) * K);
     std::vector<float> v(static_cast<size_t>(C));
     // RD rounding (READ ME FIRST, 8): code lengths per (class, component) of the tables in use.
-    const bool rdo = m.settings.rdoLambda > 0 && m.settings.entropy == TransformEntropy::Rans;
+    const bool rdo = m.settings.rdoLambda > 0 && entropyUsesTables(m.settings.entropy);
     std::vector<std::vector<float>> bits;  // [class * K + k]
     if (rdo) {
         bits.resize(size_t(kImportanceClasses) * K);
@@ -321,7 +321,9 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
         for (int r = 0; r < R; ++r) packed[size_t(r) / 4] |= uint8_t(rowClass[size_t(r)] << (2 * (r % 4)));
         out.stream.insert(out.stream.end(), packed.begin(), packed.end());
     }
-    if (m.settings.entropy == TransformEntropy::Rans && imp) {
+    // The symbol-matrix coder of the entropy choice (symbol_stream.h): 4 or 32 states.
+    const auto encodeMatrix = m.settings.entropy == TransformEntropy::Rans32 ? encodeSymbolMatrixW32 : encodeSymbolMatrix;
+    if (entropyUsesTables(m.settings.entropy) && imp) {
         // One stream per class present, in class order, each prefixed by its u32 byte count.
         thread_local std::vector<CodingTable> tables;
         std::vector<uint8_t> rows, part;
@@ -336,14 +338,14 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
             if (nr == 0) continue;
             buildClassTables(lb, c, false, tables);
             part.clear();
-            encodeSymbolMatrix(rows.data(), nr, K, tables.data(), part);
+            encodeMatrix(rows.data(), nr, K, tables.data(), part);
             putU32(out.stream, uint32_t(part.size()));
             out.stream.insert(out.stream.end(), part.begin(), part.end());
         }
-    } else if (m.settings.entropy == TransformEntropy::Rans) {
+    } else if (entropyUsesTables(m.settings.entropy)) {
         thread_local std::vector<CodingTable> tables;
         buildTables(lb, false, tables);
-        encodeSymbolMatrix(sym.data(), R, K, tables.data(), out.stream);
+        encodeMatrix(sym.data(), R, K, tables.data(), out.stream);
     } else {
         uint64_t acc = 0;
         int bits = 0;
@@ -388,7 +390,8 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
     }
 
     std::vector<uint8_t> sym(size_t(R) * K);
-    if (m.settings.entropy == TransformEntropy::Rans && imp) {
+    const auto decodeMatrix = m.settings.entropy == TransformEntropy::Rans32 ? decodeSymbolMatrixW32 : decodeSymbolMatrix;
+    if (entropyUsesTables(m.settings.entropy) && imp) {
         thread_local std::vector<CodingTable> tables;
         std::vector<uint8_t> rows;
         size_t pos = 0;
@@ -402,7 +405,7 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
             if (len > streamBytes - pos) throw Error(where + ": class stream is truncated");
             buildClassTables(lb, c, true, tables);
             rows.assign(size_t(nr) * K, 0);
-            decodeSymbolMatrix(stream + pos, len, nr, K, tables.data(), rows.data(), where);
+            decodeMatrix(stream + pos, len, nr, K, tables.data(), rows.data(), where);
             pos += len;
             int i = 0;
             for (int r = 0; r < R; ++r)
@@ -413,10 +416,10 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
                 }
         }
         if (pos != streamBytes) throw Error(where + ": class streams leave unused bytes");
-    } else if (m.settings.entropy == TransformEntropy::Rans) {
+    } else if (entropyUsesTables(m.settings.entropy)) {
         thread_local std::vector<CodingTable> tables;
         buildTables(lb, true, tables);
-        decodeSymbolMatrix(stream, streamBytes, R, K, tables.data(), sym.data(), where);
+        decodeMatrix(stream, streamBytes, R, K, tables.data(), sym.data(), where);
     } else {
         uint64_t totalBits = 0;
         std::vector<int> width(size_t(kImportanceClasses) * K);  // [class * K + k]
