@@ -31,6 +31,8 @@ namespace {
 
 const QString kGolden = QStringLiteral(KVSCOPE_TEST_DATA "/golden-transform/transform_synthetic.kvc");
 const QString kGoldenCrc = QStringLiteral(KVSCOPE_TEST_DATA "/golden-transform/transform_synthetic.decoded_crc");
+const QString kGolden32 = QStringLiteral(KVSCOPE_TEST_DATA "/golden-transform/transform_synthetic_rans32.kvc");
+const QString kGolden32Crc = QStringLiteral(KVSCOPE_TEST_DATA "/golden-transform/transform_synthetic_rans32.decoded_crc");
 
 // A float32 synthetic cache with the side data the transform codec uses: a RoPE table, query
 // second moments and o_proj matrices (random, deterministic).
@@ -229,25 +231,29 @@ private slots:
     // round-trip; a cache without attention mass is refused with one line.
     void tokenImportance_data()
     {
-        QTest::addColumn<bool>("fixed");
-        QTest::newRow("rans") << false;
-        QTest::newRow("fixed") << true;
+        QTest::addColumn<int>("entropy");
+        QTest::newRow("rans") << int(TransformEntropy::Rans);
+        QTest::newRow("rans32") << int(TransformEntropy::Rans32);
+        QTest::newRow("fixed") << int(TransformEntropy::Fixed);
     }
     void tokenImportance()
     {
-        QFETCH(bool, fixed);
+        QFETCH(int, entropy);
         const KvSet calib = syntheticCache(71);
         KvSet kv = syntheticCache(72, 300, DType::F16);
         withAttentionMass(kv);
         TransformSettings s;
-        if (fixed) s.entropy = TransformEntropy::Fixed;
+        s.entropy = TransformEntropy(entropy);
         CodecParams off = transformParams(kv, s, {0.03, 0.003});
         calibrate(off, {&calib});
         CodecParams on = off;
         on.profile.transform.tokenImportance = true;  // the same calibrated model serves both
         for (int level = 1; level <= 2; ++level) {
             const CodecTrial a = runCodecTrial(kv, off, level), b = runCodecTrial(kv, on, level);
-            QVERIFY2(double(b.bytes) < 0.92 * double(a.bytes), (std::to_string(b.bytes) + " vs " + std::to_string(a.bytes)).c_str());
+            // rans32: up to 4 class streams per block of 128 bytes of states each, which on this
+            // small cache (C = 32, 128-token chunks) costs about what the classes save.
+            if (TransformEntropy(entropy) != TransformEntropy::Rans32)
+                QVERIFY2(double(b.bytes) < 0.92 * double(a.bytes), (std::to_string(b.bytes) + " vs " + std::to_string(a.bytes)).c_str());
             // Token 297 has the most mass in every layer (class 0), token 100 the least (class 3).
             for (int l = 0; l < 3; ++l)
                 for (int h = 0; h < 2; ++h)
@@ -411,6 +417,199 @@ private slots:
                                   "corrupt");
     }
 
+    // rans32 matrices (symbol_stream.h): every SIMD path writes the scalar encoder's bytes and
+    // decodes the scalar decoder's symbols, for column counts that are and are not multiples of
+    // the kernels' widths (the flat rows of lcm(cols, 16)), short matrices with no full row, wide
+    // alphabets with rare symbols (the kernels' slow lookup) and tiny ones; a stream cut short, one
+    // with a word too many and one with a corrupt word give the same one-line error on every path.
+    void symbolStreamW32_data()
+    {
+        QTest::addColumn<int>("rows");
+        QTest::addColumn<int>("cols");
+        QTest::addColumn<int>("maxAlphabet");
+        QTest::newRow("37 x 5") << 37 << 5 << 15;
+        QTest::newRow("1 x 5 (no full row)") << 1 << 5 << 15;
+        QTest::newRow("200 x 1") << 200 << 1 << 3;
+        QTest::newRow("50 x 8") << 50 << 8 << 255;
+        QTest::newRow("64 x 16") << 64 << 16 << 31;
+        QTest::newRow("33 x 24") << 33 << 24 << 101;
+        QTest::newRow("40 x 33") << 40 << 33 << 255;
+        QTest::newRow("300 x 100") << 300 << 100 << 61;
+        QTest::newRow("3 x 192") << 3 << 192 << 255;
+    }
+    void symbolStreamW32()
+    {
+        QFETCH(int, rows);
+        QFETCH(int, cols);
+        QFETCH(int, maxAlphabet);
+        std::mt19937 rng(uint32_t(rows * 1000 + cols));
+        std::vector<CodingTable> enc(static_cast<size_t>(cols)), dec(static_cast<size_t>(cols));
+        std::vector<int> alphabet(static_cast<size_t>(cols));
+        for (int c = 0; c < cols; ++c) {
+            const int A = 3 + 2 * int(rng() % uint32_t((maxAlphabet - 1) / 2));
+            alphabet[size_t(c)] = A;
+            std::vector<uint32_t> counts(static_cast<size_t>(A));
+            for (int a = 0; a < A; ++a) {  // Laplace-like around the middle, rare edges
+                const int q = std::abs(a - A / 2);
+                counts[size_t(a)] = uint32_t(100000.0 * std::exp(-0.4 * q)) + rng() % 3;
+            }
+            buildCodingTable(counts.data(), A, &enc[size_t(c)], false);
+            buildCodingTable(counts.data(), A, &dec[size_t(c)], true);
+        }
+        std::vector<uint8_t> sym(size_t(rows) * cols);
+        std::geometric_distribution<int> g(0.3);
+        for (int r = 0; r < rows; ++r)
+            for (int c = 0; c < cols; ++c) {
+                const int A = alphabet[size_t(c)];
+                const int q = std::min(g(rng), A / 2) * (rng() % 2 ? 1 : -1);
+                sym[size_t(r) * cols + c] = uint8_t(A / 2 + q);
+            }
+        const SimdPath saved = simdPath();
+        std::vector<uint8_t> ref;
+        for (SimdPath path : {SimdPath::Scalar, SimdPath::Avx2, SimdPath::Avx512}) {
+            if (!simdPathSupported(path)) continue;
+            setSimdPath(path);
+            std::vector<uint8_t> stream{0xee};  // appends after what is there
+            encodeSymbolMatrixW32(sym.data(), rows, cols, enc.data(), stream);
+            stream.erase(stream.begin());
+            if (path == SimdPath::Scalar) {
+                ref = stream;
+                QVERIFY(ref.size() >= 128 && ref.size() % 2 == 0);
+            }
+            QVERIFY2(stream == ref, simdPathName(path));
+            // Decoded from the end of a buffer (the kernels' read-ahead must not need more).
+            std::vector<uint8_t> back(sym.size());
+            decodeSymbolMatrixW32(ref.data(), ref.size(), rows, cols, dec.data(), back.data(), "s");
+            QVERIFY2(back == sym, simdPathName(path));
+            std::vector<uint8_t> cut(ref.begin(), ref.end() - 2), more = ref, flipped = ref;
+            more.push_back(0), more.push_back(0);
+            flipped[128 + (flipped.size() - 128) / 2] ^= 0x5a;
+            flipped[flipped.size() - 1] ^= 0x21;
+            for (const std::vector<uint8_t>* bad : {&cut, &more, &flipped})
+                kvscope_test::expectError(
+                    "s", [&] { decodeSymbolMatrixW32(bad->data(), bad->size(), rows, cols, dec.data(), back.data(), "s"); },
+                    "s: entropy-coded stream is corrupt");
+            std::vector<uint8_t> tiny(ref.begin(), ref.begin() + 100);
+            kvscope_test::expectError("s", [&] { decodeSymbolMatrixW32(tiny.data(), tiny.size(), rows, cols, dec.data(), back.data(), "s"); },
+                                      "s: entropy-coded stream is corrupt");
+        }
+        setSimdPath(saved);
+        kvscope_test::expectError("s", [&] { decodeSymbolMatrixW32(ref.data(), ref.size(), 0, cols, dec.data(), nullptr, "s"); },
+                                  "bytes for an empty matrix");
+        std::vector<uint8_t> empty;
+        encodeSymbolMatrixW32(sym.data(), 0, cols, enc.data(), empty);
+        QVERIFY(empty.empty());
+    }
+
+    // Transform chunks with entropy rans32: every SIMD path encodes the scalar path's payload
+    // bytes; the size exceeds rans by less than the 32 flushed states of every stream; a model
+    // calibrated for rans serves rans32 with the same tables, and both decode to the same values.
+    void rans32Chunks_data()
+    {
+        QTest::addColumn<bool>("importance");
+        QTest::newRow("plain") << false;
+        QTest::newRow("token classes") << true;
+    }
+    void rans32Chunks()
+    {
+        QFETCH(bool, importance);
+        const KvSet calib = syntheticCache(91);
+        KvSet kv = syntheticCache(92, 300, DType::F16);
+        if (importance) withAttentionMass(kv);
+        TransformSettings s;
+        CodecParams p4 = transformParams(kv, s, {0.03, 0.003});
+        calibrate(p4, {&calib});
+        p4.profile.transform.tokenImportance = importance;
+        CodecParams p32 = p4;
+        p32.profile.transform.entropy = TransformEntropy::Rans32;  // the rans-calibrated model
+        prepareTransform(p4, kv, "profile");
+        prepareTransform(p32, kv, "profile");
+        QCOMPARE(int(p32.transform->settings.entropy), int(TransformEntropy::Rans32));
+        const SimdPath saved = simdPath();
+        for (int level = 1; level <= 2; ++level) {
+            size_t bytes4 = 0, bytes32 = 0;
+            for (int ch = 0; ch < p32.numChunks(); ++ch) {
+                setSimdPath(SimdPath::Scalar);
+                const std::vector<uint8_t> ref = encodeChunk(p32, kv, ch, level, nullptr);
+                bytes32 += ref.size();
+                bytes4 += encodeChunk(p4, kv, ch, level, nullptr).size();
+                for (SimdPath path : {SimdPath::Avx2, SimdPath::Avx512}) {
+                    if (!simdPathSupported(path)) continue;
+                    setSimdPath(path);
+                    QVERIFY2(encodeChunk(p32, kv, ch, level, nullptr) == ref, simdPathName(path));
+                }
+            }
+            qInfo("level %d: rans %zu bytes, rans32 %zu bytes (%+.2f%%)", level, bytes4, bytes32,
+                  100.0 * (double(bytes32) / double(bytes4) - 1.0));
+            // Beyond the 112 more bytes of states per stream (up to 4 streams per block with
+            // classes), 16-bit words cost at most a few bytes per stream.
+            const size_t streams = size_t(p32.numChunks()) * size_t(2 * kv.shape().numLayers) * (importance ? 4 : 1);
+            QVERIFY(bytes32 > bytes4);
+            QVERIFY2(bytes32 - bytes4 < streams * 128, (std::to_string(bytes32) + " vs " + std::to_string(bytes4)).c_str());
+            // The same symbols: both decode to the same values.
+            QCOMPARE(decodedCrc(runCodecTrial(kv, p32, level).decoded), decodedCrc(runCodecTrial(kv, p4, level).decoded));
+        }
+        setSimdPath(saved);
+    }
+
+    // A rans32 block stream cut short or with garbage (sizes kept consistent, past the chunk CRC)
+    // gives the rans path's one-line error on every SIMD path.
+    void rans32BadStreams()
+    {
+        const KvSet calib = syntheticCache(61), kv = syntheticCache(62, 200, DType::F16);
+        TransformSettings s;
+        s.entropy = TransformEntropy::Rans32;
+        CodecParams p = transformParams(kv, s, {0.1});
+        calibrate(p, {&calib});
+        prepareTransform(p, kv, "profile");
+        const std::vector<uint8_t> good = encodeChunk(p, kv, 1, 1, nullptr);
+        const int B = 2 * kv.shape().numLayers;
+        auto u32At = [](const std::vector<uint8_t>& b, size_t at) {
+            return uint32_t(b[at]) | uint32_t(b[at + 1]) << 8 | uint32_t(b[at + 2]) << 16 | uint32_t(b[at + 3]) << 24;
+        };
+        // Block 0's stream: after the size arrays, every block's raw tokens and block 0's escapes.
+        size_t rawAll = good.size() - 8 * size_t(B);
+        for (int b = 0; b < B; ++b) rawAll -= u32At(good, 4 * size_t(b)) + u32At(good, 4 * size_t(B + b));
+        const size_t streamAt = 8 * size_t(B) + rawAll + u32At(good, 0), streamLen = u32At(good, 4 * size_t(B));
+        QVERIFY(streamLen >= 128);
+        std::vector<uint8_t> cut = good;  // the stream's last word dropped, its size 2 smaller
+        cut.erase(cut.begin() + std::ptrdiff_t(streamAt + streamLen - 2), cut.begin() + std::ptrdiff_t(streamAt + streamLen));
+        const uint32_t shorter = uint32_t(streamLen - 2);
+        for (int i = 0; i < 4; ++i) cut[4 * size_t(B) + size_t(i)] = uint8_t(shorter >> (8 * i));
+        std::vector<uint8_t> garbage = good;
+        for (size_t i = streamAt + 128; i < streamAt + streamLen; i += 7) garbage[i] ^= 0x5a;
+        std::vector<uint8_t> states = good;  // the initial states too short for a stream
+        for (int i = 0; i < 4; ++i) states[4 * size_t(B) + size_t(i)] = 0;
+        states.erase(states.begin() + std::ptrdiff_t(streamAt), states.begin() + std::ptrdiff_t(streamAt + streamLen));
+        const SimdPath saved = simdPath();
+        KvSet out(kv.shape(), kv.dtype());
+        for (SimdPath path : {SimdPath::Scalar, SimdPath::Avx2, SimdPath::Avx512}) {
+            if (!simdPathSupported(path)) continue;
+            setSimdPath(path);
+            decodeChunk(p, good.data(), good.size(), 1, 1, nullptr, out, "c");
+            for (const std::vector<uint8_t>* bad : {&cut, &garbage, &states})
+                kvscope_test::expectError("c", [&] { decodeChunk(p, bad->data(), bad->size(), 1, 1, nullptr, out, "c"); },
+                                          "c: key layer 0: entropy-coded stream is corrupt");
+        }
+        setSimdPath(saved);
+        // An entropy id past rans32 in the transform section.
+        std::vector<uint8_t> model;
+        serializeTransformModel(*p.transform, model);
+        QCOMPARE(int(model[11]), 2);  // magic, version, 5 settings bytes, then entropy
+        model[11] = 3;
+        kvscope_test::expectError("m", [&] { parseTransformModel(model.data(), model.size(), kv.shape(), "m"); },
+                                  "unknown transform setting id");
+        // The profile names it; an unknown name lists the three.
+        const std::string head = R"({"format":"kvscope-profile","version":2,"levels":[{"key_bins":[16],"value_bins":[16]}],)";
+        QCOMPARE(int(profileFromJson(head + R"("transform":{"entropy":"rans32","levels":[{"key_theta":1,"value_theta":1}]}})", "p")
+                         .transform.entropy),
+                 int(TransformEntropy::Rans32));
+        kvscope_test::expectError("p", [&] { profileFromJson(head + R"("transform":{"entropy":"rans64","levels":[{"key_theta":1,"value_theta":1}]}})", "p"); },
+                                  "unknown value 'rans64' (fixed, rans, rans32)");
+        CodecProfile pr = p.profile;
+        QCOMPARE(int(profileFromJson(profileToJson(pr), "rt").transform.entropy), int(TransformEntropy::Rans32));
+    }
+
     // Every component coded at a fine step: reconstruction within float32/fp16 rounding of the basis.
     void fineStepReconstructs_data()
     {
@@ -450,18 +649,23 @@ private slots:
     {
         QTest::addColumn<bool>("across");
         QTest::addColumn<bool>("importance");
-        QTest::newRow("pca across heads") << true << false;
-        QTest::newRow("pca per head") << false << false;
-        QTest::newRow("pca per head, token classes") << false << true;
+        QTest::addColumn<bool>("rans32");
+        QTest::newRow("pca across heads") << true << false << false;
+        QTest::newRow("pca per head") << false << false << false;
+        QTest::newRow("pca per head, token classes") << false << true << false;
+        QTest::newRow("rans32 pca across heads") << true << false << true;
+        QTest::newRow("rans32 pca per head, token classes") << false << true << true;
     }
     void simdPathsAgree()
     {
         QFETCH(bool, across);
         QFETCH(bool, importance);
+        QFETCH(bool, rans32);
         const KvSet calib = syntheticCache(11);
         KvSet kv = syntheticCache(12);
         if (importance) withAttentionMass(kv);
         TransformSettings s;
+        if (rans32) s.entropy = TransformEntropy::Rans32;
         s.acrossHeads = across;
         s.ropeUndo = true;
         s.sinkTokens = 2;
@@ -512,7 +716,8 @@ private slots:
     void ablationsDecode_data()
     {
         QTest::addColumn<QString>("change");
-        for (const char* c : {"rope_off", "mse", "uniform", "fixed", "turboquant", "recent", "uncalibrated"})
+        for (const char* c : {"rope_off", "mse", "uniform", "fixed", "rans32", "turboquant", "recent", "uncalibrated",
+                              "uncalibrated_rans32"})
             QTest::newRow(c) << QString(c);
     }
     void ablationsDecode()
@@ -524,6 +729,7 @@ private slots:
         if (change == "mse") s.weighting = TransformWeighting::Mse;
         if (change == "uniform") s.allocation = TransformAllocation::Uniform;
         if (change == "fixed") s.entropy = TransformEntropy::Fixed;
+        if (change == "rans32" || change == "uncalibrated_rans32") s.entropy = TransformEntropy::Rans32;
         if (change == "recent") s.recentTokens = 20;
         if (change == "turboquant") {
             s.basis = TransformBasis::Hadamard;
@@ -534,12 +740,13 @@ private slots:
             s.ropeUndo = false;
         }
         CodecParams p = transformParams(kv, s, {0.1, 1e-7});
-        if (change != "uncalibrated") calibrate(p, {&calib});
+        const bool uncalibrated = change.startsWith("uncalibrated");
+        if (!uncalibrated) calibrate(p, {&calib});
         const CodecTrial coarse = runCodecTrial(kv, p, 1), fine = runCodecTrial(kv, p, 2);
         QVERIFY(coarse.bytes < fine.bytes);
         const double e = maxAbsDiff(kv, fine.decoded);
         QVERIFY2(e < 1e-3 * maxAbs(kv), (std::to_string(e) + " of " + std::to_string(maxAbs(kv))).c_str());
-        if (change == "uncalibrated") QVERIFY(coarse.tableBytes > 0);  // its statistics travel with the cache
+        if (uncalibrated) QVERIFY(coarse.tableBytes > 0);  // its statistics travel with the cache
         else QCOMPARE(coarse.tableBytes, uint64_t(0));
         if (change == "recent") {  // the last tokens are fp16 copies
             const int T = kv.shape().numTokens;
@@ -600,6 +807,43 @@ private slots:
         QCOMPARE(decodedCrc(d), want);
         const KvError e = compareKv(kv, d);  // a coarse level: close, not exact
         QVERIFY2(e.rms < 0.1 * maxAbs(kv), std::to_string(e.rms).c_str());
+    }
+
+    // The rans32 golden file: the same synthetic input and level as the rans one. It must decode
+    // to its recorded CRC, and today's encoder must write it byte for byte (a change to the
+    // rans32 layout, or to anything it codes, fails here until the file is regenerated on purpose).
+    void goldenDecodeRans32()
+    {
+        const KvSet kv = syntheticCache(52, 200, DType::F16);
+        TransformSettings s;
+        s.entropy = TransformEntropy::Rans32;
+        CodecParams p = transformParams(kv, s, {0.05});
+        calibrate(p, {&kv});
+        prepareTransform(p, kv, "profile");
+        if (std::getenv("KVSCOPE_REGEN_GOLDEN")) {
+            writeKvc(kv, p, kGolden32.toStdString());
+            const KvSet d = KvcReader::openFile(kGolden32.toStdString())->decodeAll({1});
+            QFile f(kGolden32Crc);
+            QVERIFY(f.open(QIODevice::WriteOnly));
+            f.write(QByteArray::number(decodedCrc(d)) + "\n");
+        }
+        if (!QFile::exists(kGolden32)) QSKIP("no golden file (run with KVSCOPE_REGEN_GOLDEN=1)");
+        QFile f(kGolden32Crc);
+        QVERIFY(f.open(QIODevice::ReadOnly));
+        const uint32_t want = f.readAll().trimmed().toUInt();
+        const auto r = KvcReader::openFile(kGolden32.toStdString());
+        QCOMPARE(int(r->params().transform->settings.entropy), int(TransformEntropy::Rans32));
+        const KvSet d = r->decodeAll({1});
+        QCOMPARE(decodedCrc(d), want);
+        // The rans golden's input and level: the same symbols, so the same values.
+        QCOMPARE(want, QFile::exists(kGoldenCrc) ? [] {
+            QFile g(kGoldenCrc);
+            return g.open(QIODevice::ReadOnly) ? g.readAll().trimmed().toUInt() : 0u;
+        }() : want);
+        QTemporaryDir dir;
+        const std::string again = (dir.path() + "/g.kvc").toStdString();
+        writeKvc(kv, p, again);
+        QVERIFY2(readAll(QString::fromStdString(again)) == readAll(kGolden32), "the rans32 encoder no longer writes the golden bytes");
     }
 
     void badInput()
