@@ -59,7 +59,8 @@ enum {
  * flattened. B = 2 * num_layers blocks, kind-major (keys first); C = num_kv_heads * head_dim. */
 typedef struct kvscope_cuda_transform {
     int rope_undo;          /* keys were coded with RoPE undone: the decoder re-applies it */
-    int entropy;            /* 0 fixed-width symbols, 1 rANS with per-component tables */
+    int entropy;            /* 0 fixed-width symbols, 1 rANS with per-component tables (4 states),
+                               2 rans32 (the same tables, 32 states x 16-bit words) */
     int token_importance;   /* 2-bit token classes at the head of every block's stream */
     int sink_tokens, recent_tokens;  /* the cache's first / last tokens stored as fp16 */
     int rope_position0;

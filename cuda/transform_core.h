@@ -10,11 +10,15 @@
 //   is token a + r, and R = b - a.
 // - Kernels, in launch order:
 //     tfDecodeBlockSymbols  one thread per (chunk, block): the token classes, the entropy-coded
-//                           symbols of every class stream (4 interleaved rANS states, byte
-//                           renormalisation: symbol_stream.h) or the fixed-width symbols, then
-//                           the escape list, into zq[r * K + k] = q * step_k * 2^class_r (float32).
-//                           The stream format is sequential per block: this stage has 2L threads
-//                           per chunk and is the slow one on a GPU (see gpu_check.sh).
+//                           symbols of every class stream (entropy rans: 4 interleaved rANS states,
+//                           byte renormalisation; rans32: 32 states, 16-bit words; symbol_stream.h)
+//                           or the fixed-width symbols, then the escape list, into
+//                           zq[r * K + k] = q * step_k * 2^class_r (float32). A 4-state stream is
+//                           sequential per block: this stage has 2L threads per chunk and is the
+//                           slow one on a GPU (see gpu_check.sh). A rans32 stream is decoded by a
+//                           warp per block instead (tfSymbolsWarpKernel in decode.cu): lane j owns
+//                           state j and the 32 lanes step 32 consecutive symbols in lock step
+//                           (tfDecodeMatrixW32 is the same decomposition lane by lane).
 //     tfGemm*               a tiled GEMM per block: y[r][c] = mean[c] + sum_k At[j_k][c] zq[r][k]
 //                           (tokens x components times components x channels), a 32 x 64 output
 //                           tile per 256 threads, each thread owning 4 rows x one column pair
@@ -73,7 +77,7 @@ struct TfGeom {
     int32_t n, t0;       // tokens of the chunk, its first token
     int32_t a, R;        // coded tokens: chunk rows [a, a + R)
     int32_t dtype;       // output: 0 float16, 1 bfloat16, 2 float32
-    int32_t entropy;     // 0 fixed-width, 1 rANS
+    int32_t entropy;     // 0 fixed-width, 1 rANS (4 states), 2 rans32 (32 states)
     int32_t importance;  // token classes present
     int32_t ropeUndo;    // keys: re-apply RoPE
 };
@@ -146,9 +150,132 @@ KVS_HD int32_t tfDecodeMatrix(const uint8_t* p, uint32_t size, int rows, int K, 
     return kOk;
 }
 
-// Stage 1 of a block (one thread): classes, symbols, escapes -> zq (R x K floats).
-KVS_HD int32_t tfDecodeBlockSymbols(const uint8_t* payload, const TfGeom& g, const TfBlockPlan& bp, const TfComp* comps,
-                                    const uint16_t* tables, float* zq)
+// ---- rans32 matrices (entropy 2) ---------------------------------------------------------------
+// One stream per matrix in the layout of symbol_stream.h encodeSymbolMatrixW32: u32 state[32],
+// then u16 words; symbol i = row * K + k by state i % 32 with the class-c table of component k.
+// Decoded 32 symbols at a time, lane j of a group holding state j: every lane steps its state,
+// then the lanes whose state fell below 2^16 take the next words in lane order (lane order is
+// symbol order within a group, and groups come in symbol order: the stream's word order).
+
+constexpr uint32_t kTfW32L = 1u << 16;
+
+// The scratch row of matrix row `row` of class `cls`, scanning on from matrix row fromRow (at
+// scratch row fromScratch, fromRow <= row); without classes, row itself. Every lane computes it
+// the same way from the group's cursor.
+KVS_HD int tfScratchRow(const uint8_t* classes, int cls, int R, int fromRow, int fromScratch, int row)
+{
+    if (!classes) return row;
+    int r = fromScratch;
+    for (int m = fromRow; m < row; ++m) {
+        ++r;
+        while (r < R && tfClassOf(classes, r) != cls) ++r;
+    }
+    return r;
+}
+
+// The scratch row of matrix row 0: the first row of class cls.
+KVS_HD int tfFirstScratchRow(const uint8_t* classes, int cls, int R)
+{
+    int r = 0;
+    if (classes)
+        while (r < R && tfClassOf(classes, r) != cls) ++r;
+    return r;
+}
+
+// A lane's state update for symbol i of the matrix (before renormalisation): the decoded symbol
+// and its zq element.
+struct TfW32Lane {
+    uint32_t x;
+    int32_t sym;
+    uint64_t at;  // zq element
+    bool active, need;
+};
+
+KVS_HD void tfW32Phase1(uint64_t i, uint64_t n, int K, const TfComp* comps, const uint16_t* tables, int cls,
+                        const uint8_t* classes, int R, int curRow, int curScratch, uint32_t x, TfW32Lane* w)
+{
+    w->active = i < n;
+    w->x = x;
+    w->need = false;
+    w->sym = 0;
+    w->at = 0;
+    if (!w->active) return;
+    const int row = int(i / uint64_t(K)), k = int(i % uint64_t(K));
+    const TfComp& cp = comps[k];
+    const int A = 2 * tfFoldedMax(cp.M, cls) + 1;
+    const uint16_t* st = tables + cp.tab[cls];
+    const uint32_t slot = x & (kProbScale - 1);
+    const int s = findSymbol(st, A, slot);
+    w->x = freqOf(st, s) * (x >> kProbBits) + slot - uint32_t(st[s]);
+    w->need = w->x < kTfW32L;
+    w->sym = s;
+    w->at = uint64_t(tfScratchRow(classes, cls, R, curRow, curScratch, row)) * uint64_t(K) + uint64_t(k);
+}
+
+// After a group that started at symbol `base`: the cursor moves to the row of its last symbol.
+KVS_HD void tfW32Advance(uint64_t base, uint64_t n, int K, const uint8_t* classes, int cls, int R, int* curRow,
+                         int* curScratch)
+{
+    const uint64_t last = base + 32 <= n ? base + 31 : n - 1;
+    const int row = int(last / uint64_t(K));
+    *curScratch = tfScratchRow(classes, cls, R, *curRow, *curScratch, row);
+    *curRow = row;
+}
+
+// The host's warp over one rans32 matrix: both phases lane by lane, words handed out in lane
+// order. Same arguments and results as tfDecodeMatrix: kOk or kErrStream, exactly when
+// decodeSymbolMatrixW32 throws.
+KVS_HD int32_t tfDecodeMatrixW32(const uint8_t* p, uint32_t size, int rows, int K, const TfComp* comps,
+                                 const uint16_t* tables, int cls, const uint8_t* classes, int R, float* zq)
+{
+    const uint64_t n = uint64_t(rows) * uint64_t(K);
+    if (n == 0) return size == 0 ? kOk : kErrStream;
+    if (size < 128) return kErrStream;
+    uint32_t x[32];
+    for (int j = 0; j < 32; ++j) x[j] = tfU32(p + 4 * j);
+    uint32_t pos = 128;
+    int curRow = 0, curScratch = tfFirstScratchRow(classes, cls, R);
+    TfW32Lane w[32];
+    for (uint64_t base = 0; base < n; base += 32) {
+        uint32_t words = 0;
+        for (int j = 0; j < 32; ++j) {
+            tfW32Phase1(base + uint64_t(j), n, K, comps, tables, cls, classes, R, curRow, curScratch, x[j], &w[j]);
+            words += w[j].need ? 1u : 0u;
+        }
+        if (size - pos < 2 * words) return kErrStream;
+        for (int j = 0; j < 32; ++j) {
+            if (!w[j].active) continue;
+            uint32_t v = w[j].x;
+            if (w[j].need) {
+                v = (v << 16) | uint32_t(p[pos]) | uint32_t(p[pos + 1]) << 8;
+                pos += 2;
+            }
+            x[j] = v;
+            zq[w[j].at] = float(w[j].sym);
+        }
+        tfW32Advance(base, n, K, classes, cls, R, &curRow, &curScratch);
+    }
+    if (pos != size) return kErrStream;
+    for (int j = 0; j < 32; ++j)
+        if (x[j] != kTfW32L) return kErrStream;
+    return kOk;
+}
+
+// The one-thread rans32 matrix decoder for tfBlockMatrices.
+struct TfW32Host {
+    KVS_HD int32_t operator()(const uint8_t* p, uint32_t size, int rows, int K, const TfComp* comps, const uint16_t* tables,
+                              int cls, const uint8_t* classes, int R, float* zq) const
+    {
+        return tfDecodeMatrixW32(p, size, rows, K, comps, tables, cls, classes, R, zq);
+    }
+};
+
+// Stage 1a of a block: classes and symbols -> zq holds float(symbol) (R x K). *classesOut: the
+// token classes (null without token importance). W32 decodes one rans32 matrix (the host's
+// lanes, or a warp's).
+template <typename W32>
+KVS_HD int32_t tfBlockMatrices(const uint8_t* payload, const TfGeom& g, const TfBlockPlan& bp, const TfComp* comps,
+                               const uint16_t* tables, float* zq, const uint8_t** classesOut, const W32& w32)
 {
     const int R = g.R, K = bp.K;
     const uint8_t* stream = payload + bp.strOffset;
@@ -161,7 +288,8 @@ KVS_HD int32_t tfDecodeBlockSymbols(const uint8_t* payload, const TfGeom& g, con
         stream += nb;
         streamBytes -= nb;
     }
-    if (g.entropy == 1 && classes) {
+    *classesOut = classes;
+    if (g.entropy != 0 && classes) {
         uint32_t pos = 0;
         for (int c = 0; c < kTfClasses; ++c) {
             int nr = 0;
@@ -171,13 +299,15 @@ KVS_HD int32_t tfDecodeBlockSymbols(const uint8_t* payload, const TfGeom& g, con
             const uint32_t len = tfU32(stream + pos);
             pos += 4;
             if (len > streamBytes - pos) return kErrTfClassSize;
-            const int32_t code = tfDecodeMatrix(stream + pos, len, nr, K, comps, tables, c, classes, R, zq);
+            const int32_t code = g.entropy == 2 ? w32(stream + pos, len, nr, K, comps, tables, c, classes, R, zq)
+                                                : tfDecodeMatrix(stream + pos, len, nr, K, comps, tables, c, classes, R, zq);
             if (code != kOk) return code;
             pos += len;
         }
         if (pos != streamBytes) return kErrTfClassUnused;
-    } else if (g.entropy == 1) {
-        const int32_t code = tfDecodeMatrix(stream, streamBytes, R, K, comps, tables, 0, nullptr, R, zq);
+    } else if (g.entropy != 0) {
+        const int32_t code = g.entropy == 2 ? w32(stream, streamBytes, R, K, comps, tables, 0, nullptr, R, zq)
+                                            : tfDecodeMatrix(stream, streamBytes, R, K, comps, tables, 0, nullptr, R, zq);
         if (code != kOk) return code;
     } else {
         uint64_t totalBits = 0;
@@ -206,7 +336,15 @@ KVS_HD int32_t tfDecodeBlockSymbols(const uint8_t* payload, const TfGeom& g, con
             }
         }
     }
-    // Escapes, in row order over every class, then dequantization.
+    return kOk;
+}
+
+// Stage 1b of a block (one thread): the escapes, in row order over every class, then
+// dequantization of zq in place.
+KVS_HD int32_t tfResolveSymbols(const uint8_t* payload, const TfGeom& g, const TfBlockPlan& bp, const TfComp* comps,
+                                const uint8_t* classes, float* zq)
+{
+    const int R = g.R, K = bp.K;
     const uint8_t* ep = payload + bp.escOffset;
     const uint8_t* const eend = ep + bp.escSize;
     for (int r = 0; r < R; ++r) {
@@ -233,6 +371,16 @@ KVS_HD int32_t tfDecodeBlockSymbols(const uint8_t* payload, const TfGeom& g, con
     }
     if (ep != eend) return kErrTfEscape;
     return kOk;
+}
+
+// Stage 1 of a block (one thread): classes, symbols, escapes -> zq (R x K floats).
+KVS_HD int32_t tfDecodeBlockSymbols(const uint8_t* payload, const TfGeom& g, const TfBlockPlan& bp, const TfComp* comps,
+                                    const uint16_t* tables, float* zq)
+{
+    const uint8_t* classes = nullptr;
+    const int32_t code = tfBlockMatrices(payload, g, bp, comps, tables, zq, &classes, TfW32Host{});
+    if (code != kOk) return code;
+    return tfResolveSymbols(payload, g, bp, comps, classes, zq);
 }
 
 // One term of the reconstruction sum, skipped for q = 0 as the CPU does (see READ ME FIRST).

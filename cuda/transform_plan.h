@@ -68,7 +68,7 @@ inline bool makeTfModel(const kvscope_cuda_transform* in, int L, int H, int D, i
     const int C = H * D, B = 2 * L;
     if (uint64_t(B) * C * C > (uint64_t(1) << 32)) return bad("decode matrices too large for the GPU decoder");
     TfModel m;
-    if (in->entropy != 0 && in->entropy != 1) return bad("entropy " + std::to_string(in->entropy) + " unknown");
+    if (in->entropy < 0 || in->entropy > 2) return bad("entropy " + std::to_string(in->entropy) + " unknown");
     m.entropy = in->entropy;
     m.importance = in->token_importance ? 1 : 0;
     m.ropeUndo = in->rope_undo ? 1 : 0;
@@ -109,7 +109,7 @@ inline bool makeTfModel(const kvscope_cuda_transform* in, int L, int H, int D, i
                 if (M < 1 || M > 127) return bad("alphabet " + std::to_string(M) + " outside 1..127");
                 TfComp cp{};
                 cp.j = j, cp.M = M, cp.step = step;
-                if (m.entropy == 1) {
+                if (m.entropy != 0) {  // rans and rans32: the same tables
                     const int A = 2 * M + 1;
                     if (!in->freq || fpos + uint64_t(A) > in->freq_count) return bad("frequency tables truncated");
                     const uint16_t* f = in->freq + fpos;
@@ -136,7 +136,7 @@ inline bool makeTfModel(const kvscope_cuda_transform* in, int L, int H, int D, i
         }
         m.levels.push_back(std::move(lv));
     }
-    if (m.entropy == 1 && fpos != in->freq_count) return bad("frequency tables have unused entries");
+    if (m.entropy != 0 && fpos != in->freq_count) return bad("frequency tables have unused entries");
     tileRanges(m, L, H, D);
     *out = std::move(m);
     return true;

@@ -190,7 +190,7 @@ class TestCudaCore : public QObject {
                 decodeChunk(p, pl.data(), pl.size(), ch, level, nullptr, cpu, "cpu");
                 QVERIFY2(gpu::emulateDecodeChunk(emu.codec, ch, level, pl.data(), pl.size(), emu.shared, out.data(), &why),
                          why.c_str());
-                if (m.settings.entropy == TransformEntropy::Rans && !m.settings.tokenImportance) checkEntropyStage(p, emu, ch, level, pl);
+                if (entropyUsesTables(m.settings.entropy) && !m.settings.tokenImportance) checkEntropyStage(p, emu, ch, level, pl);
             }
             const std::vector<uint8_t> ref = flatten(cpu);
             QCOMPARE(out.size(), ref.size());
@@ -224,10 +224,13 @@ class TestCudaCore : public QObject {
             QCOMPARE(int(tables.size()), bp.K);
             const int R = plan.geom.R;
             std::vector<uint8_t> sym(size_t(R) * bp.K);
-            decodeSymbolMatrix(pl.data() + bp.strOffset, bp.strSize, R, bp.K, tables.data(), sym.data(), "cpu");
+            const bool w32 = m.settings.entropy == TransformEntropy::Rans32;
+            (w32 ? decodeSymbolMatrixW32 : decodeSymbolMatrix)(pl.data() + bp.strOffset, bp.strSize, R, bp.K, tables.data(),
+                                                              sym.data(), "cpu");
             std::vector<float> z(sym.size(), -1.0f);
-            QCOMPARE(gpu::tfDecodeMatrix(pl.data() + bp.strOffset, bp.strSize, R, bp.K, lv.comps.data() + bp.comps,
-                                         lv.tables.data(), 0, nullptr, R, z.data()),
+            QCOMPARE((w32 ? gpu::tfDecodeMatrixW32 : gpu::tfDecodeMatrix)(pl.data() + bp.strOffset, bp.strSize, R, bp.K,
+                                                                          lv.comps.data() + bp.comps, lv.tables.data(), 0,
+                                                                          nullptr, R, z.data()),
                      int32_t(gpu::kOk));
             for (size_t i = 0; i < sym.size(); ++i)
                 if (z[i] != float(sym[i])) QFAIL(qPrintable(QString("block %1: symbol %2 differs").arg(b).arg(i)));
@@ -538,7 +541,8 @@ private slots:
     {
         QTest::addColumn<QString>("variant");
         for (const char* v : {"default", "importance", "importance-fixed", "fixed", "rope-off", "per-head", "mse-uniform",
-                              "recent", "hadamard-uncalibrated", "f16-output", "bf16-output", "no-sinks", "rdo"})
+                              "recent", "hadamard-uncalibrated", "f16-output", "bf16-output", "no-sinks", "rdo", "rans32",
+                              "rans32-importance", "rans32-per-head", "rans32-uncalibrated"})
             QTest::newRow(v) << QString(v);
     }
 
@@ -548,12 +552,14 @@ private slots:
         const std::string v = variant.toStdString();
         const DType dt = v == "f16-output" ? DType::F16 : v == "bf16-output" ? DType::BF16 : DType::F32;
         // per-head bases on 4 heads x 32: two unit tiles, each of two heads, can skip the others
-        const bool blocky = v == "per-head" || v == "hadamard-uncalibrated";
+        const bool blocky = v == "per-head" || v == "hadamard-uncalibrated" || v == "rans32-per-head";
         const KvShape shape = blocky ? KvShape{2, 4, 32, 200} : KvShape{3, 2, 16, 300};
         const KvSet calib = transformCache(shape, 21, dt), kv = transformCache(shape, 22, dt);
         TransformSettings s;
-        if (v == "importance" || v == "importance-fixed") s.tokenImportance = true;
+        if (v == "importance" || v == "importance-fixed" || v == "rans32-importance") s.tokenImportance = true;
         if (v == "fixed" || v == "importance-fixed") s.entropy = TransformEntropy::Fixed;
+        if (v.rfind("rans32", 0) == 0) s.entropy = TransformEntropy::Rans32;
+        if (v == "rans32-per-head") s.acrossHeads = false;
         if (v == "rope-off") s.ropeUndo = false;
         if (v == "per-head") s.acrossHeads = false;
         if (v == "mse-uniform") s.weighting = TransformWeighting::Mse, s.allocation = TransformAllocation::Uniform;
@@ -562,7 +568,7 @@ private slots:
         if (v == "rdo") s.rdoLambda = 1.0;  // encoder-side rounding: the payload format is unchanged
         if (v == "hadamard-uncalibrated") s.basis = TransformBasis::Hadamard;
         CodecParams p = transformParams(kv, s, v == "recent" ? 128 : 64);
-        if (v == "hadamard-uncalibrated") prepareTransform(p, kv, "test cache");
+        if (v == "hadamard-uncalibrated" || v == "rans32-uncalibrated") prepareTransform(p, kv, "test cache");
         else calibrateTransform(p, {&calib}, kv);
         double visited = 1;
         checkTransform(p, kv, &visited);
@@ -598,10 +604,17 @@ private slots:
         QVERIFY(full(3, 1) && !full(2, 1));
     }
 
-    // The committed transform golden file decodes to the CPU decoder's bytes through the kernels.
+    // The committed transform golden files (rans, rans32) decode to the CPU decoder's bytes through the kernels.
+    void transformGolden_data()
+    {
+        QTest::addColumn<QString>("file");
+        QTest::newRow("rans") << QString("transform_synthetic.kvc");
+        QTest::newRow("rans32") << QString("transform_synthetic_rans32.kvc");
+    }
     void transformGolden()
     {
-        const auto reader = KvcReader::openFile(std::string(KVSCOPE_TEST_DATA) + "/golden-transform/transform_synthetic.kvc");
+        QFETCH(QString, file);
+        const auto reader = KvcReader::openFile(std::string(KVSCOPE_TEST_DATA) + "/golden-transform/" + file.toStdString());
         const CodecParams& p = reader->params();
         QCOMPARE(int(p.codec), int(CodecId::Transform));
         Emu emu;
@@ -626,6 +639,8 @@ private slots:
         QTest::newRow("rans") << 0;
         QTest::newRow("rans, token importance") << 1;
         QTest::newRow("fixed, token importance") << 2;
+        QTest::newRow("rans32") << 3;
+        QTest::newRow("rans32, token importance") << 4;
     }
 
     void transformCorrupt()
@@ -634,8 +649,9 @@ private slots:
         const KvShape shape{2, 2, 16, 100};
         const KvSet calib = transformCache(shape, 31), kv = transformCache(shape, 32);
         TransformSettings s;
-        s.tokenImportance = mode >= 1;
+        s.tokenImportance = mode == 1 || mode == 2 || mode == 4;
         if (mode == 2) s.entropy = TransformEntropy::Fixed;
+        if (mode >= 3) s.entropy = TransformEntropy::Rans32;
         CodecParams p = transformParams(kv, s, 64);
         calibrateTransform(p, {&calib}, kv);
         Emu emu;
