@@ -194,6 +194,64 @@ __global__ void tfSymbolsKernel(const uint8_t* batch, const TfComp* comps, const
     if (code != kOk) setError(&errs[blockIdx.y], code, b, 0);
 }
 
+// rans32 (entropy 2) matrices decoded by a warp in lock step: lane `lane` owns state `lane`, the
+// 32 lanes step symbols 32 g .. 32 g + 31 together and the lanes that need a word take the next
+// words in lane order (a ballot and a popcount): tfDecodeMatrixW32's decomposition, ballots in
+// place of its lane loop. Every branch that returns is taken by all lanes alike.
+struct TfW32Warp {
+    int lane;
+    __device__ int32_t operator()(const uint8_t* p, uint32_t size, int rows, int K, const TfComp* comps,
+                                  const uint16_t* tables, int cls, const uint8_t* classes, int R, float* zq) const
+    {
+        const uint64_t n = uint64_t(rows) * uint64_t(K);
+        if (n == 0) return size == 0 ? kOk : kErrStream;
+        if (size < 128) return kErrStream;
+        uint32_t x = tfU32(p + 4 * lane);
+        uint32_t pos = 128;
+        int curRow = 0, curScratch = tfFirstScratchRow(classes, cls, R);
+        const unsigned below = (1u << lane) - 1u;
+        for (uint64_t base = 0; base < n; base += 32) {
+            TfW32Lane w;
+            tfW32Phase1(base + uint64_t(lane), n, K, comps, tables, cls, classes, R, curRow, curScratch, x, &w);
+            const unsigned need = __ballot_sync(0xffffffffu, w.need);
+            const uint32_t words = uint32_t(__popc(need));
+            if (size - pos < 2 * words) return kErrStream;
+            if (w.active) {
+                uint32_t v = w.x;
+                if (w.need) {
+                    const uint32_t at = pos + 2u * uint32_t(__popc(need & below));
+                    v = (v << 16) | uint32_t(p[at]) | uint32_t(p[at + 1]) << 8;
+                }
+                x = v;
+                zq[w.at] = float(w.sym);
+            }
+            pos += 2 * words;
+            tfW32Advance(base, n, K, classes, cls, R, &curRow, &curScratch);
+        }
+        const bool statesOk = __all_sync(0xffffffffu, x == kTfW32L);
+        return statesOk && pos == size ? kOk : kErrStream;
+    }
+};
+
+// One warp per (chunk, block) of a rans32 model: classes and class stream sizes on every lane
+// (the same reads), each matrix in lock step, then lane 0 resolves the escapes in row order.
+__global__ void tfSymbolsWarpKernel(const uint8_t* batch, const TfComp* comps, const uint16_t* tables, float* zq,
+                                    ErrorInfo* errs)
+{
+    const TfChunkDesc cd = reinterpret_cast<const TfChunkDesc*>(batch)[blockIdx.y];
+    const int b = int(blockIdx.x), lane = int(threadIdx.x);
+    if (b >= 2 * cd.g.L) return;  // the whole warp
+    const TfBlockPlan bp = reinterpret_cast<const TfBlockPlan*>(batch + cd.plan)[b];
+    const TfComp* cp = comps + cd.comps + bp.comps;
+    float* z = zq + cd.zq + bp.zq;
+    const uint8_t* classes = nullptr;
+    int32_t code = tfBlockMatrices(batch + cd.payload, cd.g, bp, cp, tables + cd.tables, z, &classes, TfW32Warp{lane});
+    __syncwarp();  // every lane's symbols are in z before lane 0 reads them
+    if (lane != 0) return;
+    if (code == kOk) code = tfResolveSymbols(batch + cd.payload, cd.g, bp, cp, classes, z);
+    if (code != kOk) setError(&errs[blockIdx.y], code, b, 0);
+}
+
 // One 256-thread tile per (unit tile, row tile, chunk * 2L + block): the exact-order GEMM with the
 // RoPE and store epilogue. A failed chunk's tiles return before any barrier (uniformly).
 __global__ void __launch_bounds__(kTfThreads) tfGemmKernel(const uint8_t* batch, int blocksPerChunk, const uint16_t* At,
@@ -539,8 +597,11 @@ int launchTransformBatch(kvscope_cuda_decoder* d, Slot& s, const kvscope_cuda_ch
     d->timing.h2d_bytes += h2d;
     KVS_CUDA_TRY(cudaMemsetAsync(s.errs, 0, size_t(count) * sizeof(ErrorInfo), s.stream), "cudaMemsetAsync");
     KVS_CUDA_TRY(cudaEventRecord(s.ev[1], s.stream), "cudaEventRecord");
-    tfSymbolsKernel<<<dim3((B + kTfSymbolThreads - 1) / kTfSymbolThreads, count), kTfSymbolThreads, 0, s.stream>>>(
-        s.batch, d->tfComps, d->tfTables, s.zq, s.errs);
+    if (d->codec.tf.entropy == 2)  // rans32: a warp per block
+        tfSymbolsWarpKernel<<<dim3(unsigned(B), count), 32, 0, s.stream>>>(s.batch, d->tfComps, d->tfTables, s.zq, s.errs);
+    else
+        tfSymbolsKernel<<<dim3((B + kTfSymbolThreads - 1) / kTfSymbolThreads, count), kTfSymbolThreads, 0, s.stream>>>(
+            s.batch, d->tfComps, d->tfTables, s.zq, s.errs);
     KVS_CUDA_TRY(cudaGetLastError(), "transform symbol kernel");
     KVS_CUDA_TRY(cudaEventRecord(s.ev[2], s.stream), "cudaEventRecord");
     const int units = c.H * ((c.D + 1) / 2);
