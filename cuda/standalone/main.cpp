@@ -71,8 +71,9 @@ std::string transformParityCase(const std::string& v)
     const KvShape shape{3, 2, 64, 700};
     const KvSet calib = transformCache(shape, 41, DType::F16), kv = transformCache(shape, 42, DType::F16);
     TransformSettings s;
-    s.tokenImportance = v == "importance";
+    s.tokenImportance = v == "importance" || v == "rans32-importance";
     if (v == "fixed") s.entropy = TransformEntropy::Fixed;
+    if (v == "rans32" || v == "rans32-importance") s.entropy = TransformEntropy::Rans32;  // the warp symbol kernel
     if (v == "rope-off") s.ropeUndo = false;
     if (v == "recent") s.recentTokens = 100;
     CodecParams p = transformParams(kv, s, 128);
@@ -142,7 +143,7 @@ int main(int argc, char** argv)
         parity += std::string(parity.size() > 1 ? ", " : "") + "{\"case\": \"" + name + "\", \"ok\": " + (err.empty() ? "true" : "false") + "}";
     };
     if (doTransform)
-        for (const char* v : {"default", "importance", "fixed", "rope-off", "recent"}) {
+        for (const char* v : {"default", "importance", "fixed", "rope-off", "recent", "rans32", "rans32-importance"}) {
             std::string err;
             try {
                 err = transformParityCase(v);
