@@ -163,16 +163,19 @@ void decodeSymbolMatrixW32(const uint8_t* data, size_t size, int rows, int cols,
     thread_local std::vector<uint8_t> tail;
     size_t row = 0;
     if (fast) {
-        // The rows the stream has the kernel's read-ahead for, straight from it; the rest from a
-        // zero-padded copy of its end (a valid stream never takes a padding word).
-        const size_t left = size_t(st.end - st.p);
-        const size_t direct = left >= 64 ? std::min(full, (left - 64) / (2 * size_t(P))) : 0;
-        if (direct > 0) {
+        // The rows the stream has the kernel's read-ahead for (2 bytes a symbol at most), straight
+        // from it, in calls that each take as many rows as the bytes left allow (a stream uses far
+        // fewer, so the calls shrink geometrically); the last few rows from a zero-padded copy of
+        // the stream's end (a valid stream never takes a padding word).
+        while (row < full) {
+            const size_t left = size_t(st.end - st.p);
+            const size_t direct = left >= 64 ? std::min(full - row, (left - 64) / (2 * size_t(P))) : 0;
+            if (direct == 0 || (direct < 4 && direct < full - row)) break;
             r.rows = int(direct);
-            r.lane0 = 0;
-            r.out = sym;
+            r.lane0 = int((row * size_t(P)) % kW32);
+            r.out = sym + row * size_t(P);
             fast(st, r);
-            row = direct;
+            row += direct;
         }
         if (row < full) {
             const size_t rest = size_t(st.end - st.p);
