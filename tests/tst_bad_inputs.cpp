@@ -3,6 +3,7 @@
 // "{path}" standing for the file's path. Each file is given to its reader exactly as the fuzz
 // target does (tests/fuzz/fuzz_<reader>.cpp); a crash, a sanitizer report, another exception or
 // another message fails the test. Adding a row is adding two files; the reader is the folder.
+#include "codec/container.h"
 #include "codec/profile.h"
 #include "common/error.h"
 #include "common/file_io.h"
@@ -65,6 +66,11 @@ const std::map<std::string, std::function<void(const std::string&)>>& readers()
         {"trace", [](const std::string& p) { LinkSchedule::loadTrace(p, 1.0); }},
         {"bandwidth", [](const std::string& p) { LinkSchedule::parse(slurp(p), p); }},
         {"kv_h5", [](const std::string& p) { readKvH5(p); }},
+        // As fuzz_container: open, then decode every chunk at the default level.
+        {"container", [](const std::string& p) {
+             const auto r = KvcReader::openFile(p);
+             r->decodeAll({r->params().profile.defaultLevel});
+         }},
     };
     return r;
 }
