@@ -64,9 +64,9 @@ void decodeSymbolMatrix(const uint8_t* data, size_t size, int rows, int cols, co
 // P = lcm(cols, 16) symbols: position d of every such row has table d % cols (a row starts at a
 // multiple of cols) and state (row * P + d) % 32. The last n % P symbols are a shorter scalar
 // row. How the sequence is cut changes neither the stream nor the symbols, only who decodes them.
-// Measured on SmolLM2-135M (K_u arbitrary: 352 of 1920 blocks have K_u % 16 == 0): the entropy
-// stage decodes 235-242 M symbols/s this way against 120 M/s row by row with SIMD only for
-// K_u % 8 == 0 (16 for AVX-512) and 75-96 M/s for the 4-state stream (one core, AVX2 and AVX-512).
+// Measured on SmolLM2-135M (K_u arbitrary: 352 of 1920 blocks have K_u % 16 == 0), one core: the
+// entropy stage decodes 200-285 M symbols/s this way (AVX2 or AVX-512) against 120 M/s row by row
+// with SIMD only for K_u % 8 == 0 (16 for AVX-512), and 72-96 M/s for the 4-state stream.
 
 namespace {
 
