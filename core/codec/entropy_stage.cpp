@@ -276,8 +276,8 @@ void encodeHeadStreamV2(const quant::BlockSpec& b, int h, const uint8_t* sym, co
     alignas(64) uint32_t x[W];
     for (uint32_t& v : x) v = rans::w32::kL;
     const bool delta = b.deltaGroup >= 2;
-    // One table per row of at most 32 symbols (per-head tables at <= 32 bins): sf and 1 / freq in
-    // registers (W32EncJob::small).
+    // One table per row of at most 32 symbols (per-head tables at <= 32 bins): sf and 1 / freq
+    // looked up by permutes, without a gather or a division (W32EncJob::small).
     const bool small = tab.channelsPerTable == D && quant::alphabetSize(std::max(b.bins, b.anchorBins)) <= 32;
     if (const W32EncFn fast = w32EncodeKernel(simdPath(), D, small)) {
         thread_local std::vector<int32_t> tableWord;
