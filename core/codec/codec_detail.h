@@ -225,11 +225,6 @@ using W32RowFn = void (*)(W32Stream&, const W32Row&);
 inline size_t w32RowSlack(int D, int rows = 1) { return 2 * size_t(D) * size_t(rows) + 64; }
 // uniform: every row's channels share one table (W32Row::split is set). nullptr: use the scalar rows.
 W32RowFn w32RowKernel(SimdPath path, RowOut k, int D, bool uniform);
-// Two streams' runs of rows in one call (same D, rows and table scope), each stream's bytes and
-// output exactly as two W32RowFn calls; nullptr where the path has no such kernel (only AVX2,
-// whose four state vectors per stream are too few to hide its loads).
-using W32RowPairFn = void (*)(W32Stream&, const W32Row&, W32Stream&, const W32Row&);
-W32RowPairFn w32RowPairKernel(SimdPath path, RowOut k, int D);
 // Whether the kernel w32RowKernel(path, k, D, true) reads W32Row::slots (AVX2 rows: 16
 // registers cannot hold a table, so a slot index turns two gathers and the bucket arithmetic
 // into one gather).

@@ -492,139 +492,101 @@ KVS_AVX2 inline Lookup8 lookup256(const int* T, __m256i idx, __m256i slot)
     return lk;
 }
 
-// One stream's four state vectors, read pointer and output row, as a row kernel carries them.
-struct Lanes8 {
-    __m256i x0, x1, x2, x3;  // x0: the states of the next 8 symbols
-    const uint8_t* p;
-    uint8_t* o;
-};
-
-KVS_AVX2 inline __attribute__((always_inline)) Lanes8 loadLanes8(const W32Stream& s, const W32Row& r)
-{
-    const int l0 = r.lane0;
-    return {_mm256_load_si256(reinterpret_cast<const __m256i*>(s.x + l0)),
-            _mm256_load_si256(reinterpret_cast<const __m256i*>(s.x + ((l0 + 8) & 31))),
-            _mm256_load_si256(reinterpret_cast<const __m256i*>(s.x + ((l0 + 16) & 31))),
-            _mm256_load_si256(reinterpret_cast<const __m256i*>(s.x + ((l0 + 24) & 31))), s.p, r.out};
-}
-
-KVS_AVX2 inline __attribute__((always_inline)) void storeLanes8(const Lanes8& L, W32Stream& s, const W32Row& r)
-{
-    const int next = (r.lane0 + r.D * r.rows) & 31;  // x0 holds lanes next..next+7
-    _mm256_store_si256(reinterpret_cast<__m256i*>(s.x + next), L.x0);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(s.x + ((next + 8) & 31)), L.x1);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(s.x + ((next + 16) & 31)), L.x2);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(s.x + ((next + 24) & 31)), L.x3);
-    s.p = L.p;
-}
-
-// Symbols d0..d0+7 of the current row. Slots: the row's one table as a slot index
-// (W32Row::slots): one load per lane resolves symbol, start and frequency.
-template <RowOut K, bool Slots>
-KVS_AVX2 inline __attribute__((always_inline)) void stepAvx2(Lanes8& L, const W32Row& r, int d0, __m256 tokenScale)
-{
-    const int* T = reinterpret_cast<const int*>(r.tables);
-    const __m256i m12 = _mm256_set1_epi32(4095), one = _mm256_set1_epi32(1);
-    const __m256i zero = _mm256_setzero_si256();
-    const __m256 mq = _mm256_set1_ps(float(r.m));
-    const __m256i slot = _mm256_and_si256(L.x0, m12);
-    __m256i sym, x;
-    if constexpr (Slots) {
-        const __m256i e = gather8x32(reinterpret_cast<const int*>(r.slots), slot);
-        sym = _mm256_and_si256(e, _mm256_set1_epi32(0xff));
-        const __m256i k = _mm256_and_si256(_mm256_srli_epi32(e, 8), m12);
-        const __m256i freq = _mm256_add_epi32(_mm256_srli_epi32(e, 20), one);
-        x = _mm256_add_epi32(_mm256_mullo_epi32(freq, _mm256_srli_epi32(L.x0, 12)), k);
-    } else {
-        const __m256i idx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.tableWord + d0));
-        const Lookup8 lk = lookup256(T, idx, slot);
-        sym = lk.sym;
-        const __m256i k = _mm256_sub_epi32(slot, lk.start);
-        x = _mm256_add_epi32(_mm256_mullo_epi32(lk.freq, _mm256_srli_epi32(L.x0, 12)), k);
-    }
-    const __m256i needV = _mm256_cmpeq_epi32(_mm256_srli_epi32(x, 16), zero);
-    const unsigned need = unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(needV)));
-    const __m256i words = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(L.p)));
-    const __m256i take = _mm256_permutevar8x32_epi32(
-        words, _mm256_load_si256(reinterpret_cast<const __m256i*>(kExpand.idx[need])));
-    x = _mm256_blendv_epi8(x, _mm256_or_si256(_mm256_slli_epi32(x, 16), take), needV);
-    L.p += 2 * _mm_popcnt_u32(need);
-    L.x0 = L.x1;
-    L.x1 = L.x2;
-    L.x2 = L.x3;
-    L.x3 = x;
-    if constexpr (K == RowOut::Symbols) {
-        const __m128i w16 = _mm_packus_epi32(_mm256_castsi256_si128(sym), _mm256_extracti128_si256(sym, 1));
-        _mm_storel_epi64(reinterpret_cast<__m128i*>(L.o + d0), _mm_packus_epi16(w16, w16));
-    } else {
-        const __m256 sc = r.scaleVec ? _mm256_loadu_ps(r.scaleVec + d0) : tokenScale;
-        const __m256 q = _mm256_sub_ps(_mm256_cvtepi32_ps(sym), mq);
-        __m256 val = _mm256_mul_ps(q, sc);
-        if (r.base) val = _mm256_add_ps(val, _mm256_loadu_ps(r.base + d0));
-        else val = _mm256_add_ps(val, _mm256_setzero_ps());
-        if (r.anchorOut) _mm256_storeu_ps(r.anchorOut + d0, val);
-        if constexpr (K == RowOut::F32) {
-            _mm256_storeu_ps(reinterpret_cast<float*>(L.o) + d0, val);
-        } else if constexpr (K == RowOut::F16) {
-            __m128i hv = _mm256_cvtps_ph(val, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            const __m256 nanV = _mm256_cmp_ps(val, val, _CMP_UNORD_Q);
-            if (_mm256_movemask_ps(nanV)) {
-                const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(val), 16),
-                                                      _mm256_set1_epi32(0x8000));
-                const __m256i canon = _mm256_or_si256(sign, _mm256_set1_epi32(0x7e00));
-                const __m256i n32 = _mm256_castps_si256(nanV);
-                const __m128i canon16 =
-                    _mm_packus_epi32(_mm256_castsi256_si128(canon), _mm256_extracti128_si256(canon, 1));
-                const __m128i nan16 = _mm_packs_epi32(_mm256_castsi256_si128(n32), _mm256_extracti128_si256(n32, 1));
-                hv = _mm_blendv_epi8(hv, canon16, nan16);
-            }
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(L.o + 2 * size_t(d0)), hv);
-        } else {
-            const __m256i xb16 = _mm256_castps_si256(val);
-            const __m256i rounded = _mm256_srli_epi32(
-                _mm256_add_epi32(xb16, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
-                                                        _mm256_and_si256(_mm256_srli_epi32(xb16, 16), one))), 16);
-            const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(xb16, _mm256_set1_epi32(0x7fffffff)),
-                                                   _mm256_set1_epi32(0x7f800000));
-            const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(xb16, 16), _mm256_set1_epi32(0x40));
-            const __m256i b = _mm256_blendv_epi8(rounded, quiet, nan);
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(L.o + 2 * size_t(d0)),
-                             _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
-        }
-    }
-}
-
+// Slots: the row's one table as a slot index (W32Row::slots): one gather of 8 words resolves
+// symbol, start and frequency.
 template <RowOut K, bool Slots>
 KVS_AVX2 void rowAvx2(W32Stream& s, const W32Row& row_)
 {
     const W32Row r = row_;  // a local copy: the output stores cannot alias its fields, so they stay in registers
-    Lanes8 L = loadLanes8(s, r);
-    for (int row = 0; row < r.rows; ++row, L.o += size_t(r.D) * rowOutBytes(K)) {
+    const int nv = r.D / 8, rows = r.rows;
+    const int l0 = r.lane0;
+    __m256i x0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(s.x + l0));
+    __m256i x1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(s.x + ((l0 + 8) & 31)));
+    __m256i x2 = _mm256_load_si256(reinterpret_cast<const __m256i*>(s.x + ((l0 + 16) & 31)));
+    __m256i x3 = _mm256_load_si256(reinterpret_cast<const __m256i*>(s.x + ((l0 + 24) & 31)));
+    const uint8_t* p = s.p;
+    const int* T = reinterpret_cast<const int*>(r.tables);
+    const __m256i m12 = _mm256_set1_epi32(4095), one = _mm256_set1_epi32(1);
+    const __m256i zero = _mm256_setzero_si256();
+    const __m256 mq = _mm256_set1_ps(float(r.m));
+    uint8_t* o = r.out;
+    for (int row = 0; row < rows; ++row, o += size_t(r.D) * rowOutBytes(K)) {
         const __m256 tokenScale = _mm256_set1_ps(r.rowScales ? _cvtsh_ss(r.rowScales[row]) : r.scale);
-        for (int d0 = 0; d0 < r.D; d0 += 8) stepAvx2<K, Slots>(L, r, d0, tokenScale);
-    }
-    storeLanes8(L, s, r);
-}
-
-// Two streams (two heads' runs of rows, same D and row count) in lock step: eight state
-// vectors in flight instead of four, so one stream's loads and renormalisation overlap the
-// other's. Each stream's bytes and output are exactly those of rowAvx2 on it alone.
-template <RowOut K, bool Slots>
-KVS_AVX2 void rowPairAvx2(W32Stream& sa, const W32Row& rowA, W32Stream& sb, const W32Row& rowB)
-{
-    const W32Row ra = rowA, rb = rowB;
-    Lanes8 A = loadLanes8(sa, ra), B = loadLanes8(sb, rb);
-    const size_t rowBytes = size_t(ra.D) * rowOutBytes(K);
-    for (int row = 0; row < ra.rows; ++row, A.o += rowBytes, B.o += rowBytes) {
-        const __m256 scaleA = _mm256_set1_ps(ra.rowScales ? _cvtsh_ss(ra.rowScales[row]) : ra.scale);
-        const __m256 scaleB = _mm256_set1_ps(rb.rowScales ? _cvtsh_ss(rb.rowScales[row]) : rb.scale);
-        for (int d0 = 0; d0 < ra.D; d0 += 8) {
-            stepAvx2<K, Slots>(A, ra, d0, scaleA);
-            stepAvx2<K, Slots>(B, rb, d0, scaleB);
+        for (int v = 0; v < nv; ++v) {
+            const int d0 = 8 * v;
+            const __m256i slot = _mm256_and_si256(x0, m12);
+            __m256i sym, x;
+            if constexpr (Slots) {
+                const __m256i e = gather8x32(reinterpret_cast<const int*>(r.slots), slot);
+                sym = _mm256_and_si256(e, _mm256_set1_epi32(0xff));
+                const __m256i k = _mm256_and_si256(_mm256_srli_epi32(e, 8), m12);
+                const __m256i freq = _mm256_add_epi32(_mm256_srli_epi32(e, 20), one);
+                x = _mm256_add_epi32(_mm256_mullo_epi32(freq, _mm256_srli_epi32(x0, 12)), k);
+            } else {
+                const __m256i idx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.tableWord + d0));
+                const Lookup8 lk = lookup256(T, idx, slot);
+                sym = lk.sym;
+                const __m256i k = _mm256_sub_epi32(slot, lk.start);
+                x = _mm256_add_epi32(_mm256_mullo_epi32(lk.freq, _mm256_srli_epi32(x0, 12)), k);
+            }
+            const __m256i needV = _mm256_cmpeq_epi32(_mm256_srli_epi32(x, 16), zero);
+            const unsigned need = unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(needV)));
+            const __m256i words = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+            const __m256i take = _mm256_permutevar8x32_epi32(
+                words, _mm256_load_si256(reinterpret_cast<const __m256i*>(kExpand.idx[need])));
+            x = _mm256_blendv_epi8(x, _mm256_or_si256(_mm256_slli_epi32(x, 16), take), needV);
+            p += 2 * _mm_popcnt_u32(need);
+            x0 = x1;
+            x1 = x2;
+            x2 = x3;
+            x3 = x;
+            if constexpr (K == RowOut::Symbols) {
+                const __m128i w16 = _mm_packus_epi32(_mm256_castsi256_si128(sym), _mm256_extracti128_si256(sym, 1));
+                _mm_storel_epi64(reinterpret_cast<__m128i*>(o + d0), _mm_packus_epi16(w16, w16));
+            } else {
+                const __m256 sc = r.scaleVec ? _mm256_loadu_ps(r.scaleVec + d0) : tokenScale;
+                const __m256 q = _mm256_sub_ps(_mm256_cvtepi32_ps(sym), mq);
+                __m256 val = _mm256_mul_ps(q, sc);
+                if (r.base) val = _mm256_add_ps(val, _mm256_loadu_ps(r.base + d0));
+                else val = _mm256_add_ps(val, _mm256_setzero_ps());
+                if (r.anchorOut) _mm256_storeu_ps(r.anchorOut + d0, val);
+                if constexpr (K == RowOut::F32) {
+                    _mm256_storeu_ps(reinterpret_cast<float*>(o) + d0, val);
+                } else if constexpr (K == RowOut::F16) {
+                    __m128i hv = _mm256_cvtps_ph(val, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                    const __m256 nanV = _mm256_cmp_ps(val, val, _CMP_UNORD_Q);
+                    if (_mm256_movemask_ps(nanV)) {
+                        const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(val), 16),
+                                                              _mm256_set1_epi32(0x8000));
+                        const __m256i canon = _mm256_or_si256(sign, _mm256_set1_epi32(0x7e00));
+                        const __m256i n32 = _mm256_castps_si256(nanV);
+                        const __m128i canon16 =
+                            _mm_packus_epi32(_mm256_castsi256_si128(canon), _mm256_extracti128_si256(canon, 1));
+                        const __m128i nan16 = _mm_packs_epi32(_mm256_castsi256_si128(n32), _mm256_extracti128_si256(n32, 1));
+                        hv = _mm_blendv_epi8(hv, canon16, nan16);
+                    }
+                    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 2 * size_t(d0)), hv);
+                } else {
+                    const __m256i xb16 = _mm256_castps_si256(val);
+                    const __m256i rounded = _mm256_srli_epi32(
+                        _mm256_add_epi32(xb16, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                                                _mm256_and_si256(_mm256_srli_epi32(xb16, 16), one))), 16);
+                    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(xb16, _mm256_set1_epi32(0x7fffffff)),
+                                                           _mm256_set1_epi32(0x7f800000));
+                    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(xb16, 16), _mm256_set1_epi32(0x40));
+                    const __m256i b = _mm256_blendv_epi8(rounded, quiet, nan);
+                    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 2 * size_t(d0)),
+                                     _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+                }
+            }
         }
     }
-    storeLanes8(A, sa, ra);
-    storeLanes8(B, sb, rb);
+    const int next = (l0 + 8 * nv * rows) & 31;  // x0 holds lanes next..next+7
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s.x + next), x0);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s.x + ((next + 8) & 31)), x1);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s.x + ((next + 16) & 31)), x2);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s.x + ((next + 24) & 31)), x3);
+    s.p = p;
 }
 
 template <RowOut K>
@@ -632,17 +594,6 @@ void rowAvx2Any(W32Stream& s, const W32Row& r)
 {
     if (r.slots) rowAvx2<K, true>(s, r);
     else rowAvx2<K, false>(s, r);
-}
-
-template <RowOut K>
-void rowPairAvx2Any(W32Stream& sa, const W32Row& ra, W32Stream& sb, const W32Row& rb)
-{
-    if (ra.slots && rb.slots) rowPairAvx2<K, true>(sa, ra, sb, rb);
-    else if (!ra.slots && !rb.slots) rowPairAvx2<K, false>(sa, ra, sb, rb);
-    else {
-        rowAvx2Any<K>(sa, ra);
-        rowAvx2Any<K>(sb, rb);
-    }
 }
 
 KVS_AVX2 void slotIndexAvx2(const CodingTable& t, int alphabet, uint32_t* slots)
@@ -840,25 +791,6 @@ W32EncFn w32EncodeKernel(SimdPath path, int D, bool small)
     (void)path;
     (void)D;
     (void)small;
-#endif
-    return nullptr;
-}
-
-W32RowPairFn w32RowPairKernel(SimdPath path, RowOut k, int D)
-{
-#ifdef KVSCOPE_SIMD_X86
-    if ((path == SimdPath::Avx2 || (path == SimdPath::Avx512 && D % 16 != 0)) && D % 8 == 0) {
-        switch (k) {
-        case RowOut::F16: return rowPairAvx2Any<RowOut::F16>;
-        case RowOut::BF16: return rowPairAvx2Any<RowOut::BF16>;
-        case RowOut::F32: return rowPairAvx2Any<RowOut::F32>;
-        case RowOut::Symbols: return rowPairAvx2Any<RowOut::Symbols>;
-        }
-    }
-#else
-    (void)path;
-    (void)k;
-    (void)D;
 #endif
     return nullptr;
 }

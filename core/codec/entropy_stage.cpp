@@ -511,30 +511,16 @@ struct HeadDecoder {
         r.out = out;
     }
 
-    // Whether rows t..t+n-1 (no anchor among them) can go to the kernel in one call: the stream
-    // has the bytes for all of them ahead.
-    bool runnable(int n) const { return fast && n >= 2 && size_t(st.end - st.p) >= w32RowSlack(b->headDim, n); }
-
-    // Rows t..t+n-1, none of them an anchor: one kernel call when runnable, else row by row
-    // (which handles a stream's end).
+    // Rows t..t+n-1, none of them an anchor: one kernel call when the stream has the bytes for
+    // all of them ahead, else row by row (which handles a stream's end).
     void rows(int t, int n)
     {
-        if (!runnable(n)) {
+        const int D = b->headDim;
+        if (!fast || n < 2 || size_t(st.end - st.p) < w32RowSlack(D, n)) {
             for (int j = 0; j < n; ++j) row(t + j);
             return;
         }
-        setRows(t, n);
-        fast(st, r);
-        endRows();
-    }
-
-    // r for one kernel call over rows t..t+n-1; endRows() puts r back.
-    uint8_t* outBase = nullptr;
-    void setRows(int t, int n)
-    {
-        const int D = b->headDim;
         uint8_t* out = r.out;
-        outBase = out;
         r.tableWord = tableWord.data();
         r.split = uniform ? split[0] : nullptr;
         r.slots = slots.empty() ? nullptr : slots.data();
@@ -547,12 +533,10 @@ struct HeadDecoder {
         r.anchorOut = nullptr;
         r.out = out + size_t(t) * D * elem;
         r.rows = n;
-    }
-    void endRows()
-    {
+        fast(st, r);
         r.rows = 1;
         r.rowScales = nullptr;
-        r.out = outBase;
+        r.out = out;
     }
 
     // Tokens from one anchor to the next (the whole block without delta coding).
@@ -567,29 +551,6 @@ struct HeadDecoder {
             rows(t + 1, n - 1);
         } else {
             rows(t, n);
-        }
-    }
-
-    // The same group of this head and of head o, the runs of rows in one paired call when both
-    // can take it (the same bytes as two group() calls).
-    void groupPair(HeadDecoder& o, int t, W32RowPairFn pair)
-    {
-        int n = std::min(groupTokens(*b), b->tokens - t);
-        if (b->isAnchor(t)) {
-            row(t);
-            o.row(t);
-            ++t;
-            --n;
-        }
-        if (runnable(n) && o.runnable(n)) {
-            setRows(t, n);
-            o.setRows(t, n);
-            pair(st, r, o.st, o.r);
-            endRows();
-            o.endRows();
-        } else {
-            rows(t, n);
-            o.rows(t, n);
         }
     }
 
@@ -626,15 +587,9 @@ void decodeHeadStreamsV2(const quant::BlockSpec& b, const uint8_t* const* data, 
     if (dec.size() < size_t(b.heads)) dec.resize(size_t(b.heads));
     for (int h = 0; h < b.heads; ++h) dec[size_t(h)].start(b, h, data[h], size[h], tab, scales, k, out[h]);
     // Delta group by delta group, every head in turn: the heads' state chains are independent, so
-    // the CPU overlaps the end of one head's rows with the start of the next head's. Where the
-    // path has a paired kernel (AVX2), two heads' runs of rows go through it in lock step.
-    const W32RowPairFn pair = b.heads >= 2 && dec[0].fast ? w32RowPairKernel(simdPath(), k, b.headDim) : nullptr;
-    for (int t = 0; t < b.tokens; t += HeadDecoder::groupTokens(b)) {
-        int h = 0;
-        if (pair)
-            for (; h + 1 < b.heads; h += 2) dec[size_t(h)].groupPair(dec[size_t(h + 1)], t, pair);
-        for (; h < b.heads; ++h) dec[size_t(h)].group(t);
-    }
+    // the CPU overlaps the end of one head's rows with the start of the next head's.
+    for (int t = 0; t < b.tokens; t += HeadDecoder::groupTokens(b))
+        for (int h = 0; h < b.heads; ++h) dec[size_t(h)].group(t);
     for (int h = 0; h < b.heads; ++h)  // the lowest corrupt head, as when they are decoded one by one
         if (!dec[size_t(h)].finish())
             throw Error(where + ": head " + std::to_string(h) + ": entropy-coded stream is corrupt");
