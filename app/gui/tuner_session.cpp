@@ -98,7 +98,7 @@ std::vector<CodecStage> TunerSession::transformStages(const CodecProfile& profil
          tr("Reverse water-filling: components under the water level take 0 bits (allocation waterfill); off: uniform"),
          true, t.allocation == TransformAllocation::Waterfill},
         {QStringLiteral("rans"), tr("rANS entropy"), tr("Entropy-code the symbols (entropy rans); off: fixed-width bits"),
-         true, t.entropy == TransformEntropy::Rans},
+         true, entropyUsesTables(t.entropy)},
         {QStringLiteral("sinks"), tr("Sinks in fp16"), tr("Keep the first 4 tokens (attention sinks) in fp16 (sink_tokens 4)"),
          true, t.sinkTokens > 0},
         {QStringLiteral("token_importance"), tr("Token importance"),
@@ -121,7 +121,8 @@ bool TunerSession::applyStages(const std::vector<CodecStage>& stages, CodecProfi
         else if (s.id == QLatin1String("across_heads")) t.acrossHeads = s.on;
         else if (s.id == QLatin1String("weighting")) t.weighting = v ? TransformWeighting::Attention : TransformWeighting::Mse;
         else if (s.id == QLatin1String("waterfill")) t.allocation = v ? TransformAllocation::Waterfill : TransformAllocation::Uniform;
-        else if (s.id == QLatin1String("rans")) t.entropy = v ? TransformEntropy::Rans : TransformEntropy::Fixed;
+        else if (s.id == QLatin1String("rans"))  // on keeps the profile's layout (rans or rans32)
+            t.entropy = !v ? TransformEntropy::Fixed : entropyUsesTables(t.entropy) ? t.entropy : TransformEntropy::Rans;
         else if (s.id == QLatin1String("sinks")) t.sinkTokens = v ? sinks : 0;
         else if (s.id == QLatin1String("token_importance")) t.tokenImportance = v;
     }
