@@ -17,6 +17,7 @@
 
 #include "codec/chunk_codec.h"
 #include "codec/quantize.h"
+#include "codec/rans.h"
 #include "codec/simd_path.h"
 #include "common/error.h"
 
@@ -197,6 +198,22 @@ struct W32Stream {
     const uint8_t* end;
     bool overrun;
 };
+// Whether st ended exactly at its last word with every state back at its initial value. When
+// its end was decoded from a zero-padded copy (tail, holding the bytes from tailBase on; null
+// if not), st is first mapped back to stream addresses, reads into the padding counting as an
+// overrun.
+inline bool w32StreamEnded(W32Stream& st, const uint8_t* tail, const uint8_t* tailBase, const uint8_t* realEnd)
+{
+    if (tailBase) {
+        const size_t used = size_t(st.p - tail), left = size_t(realEnd - tailBase);
+        st.p = used <= left ? tailBase + used : realEnd;
+        st.overrun = st.overrun || used > left;
+        st.end = realEnd;
+    }
+    bool statesOk = true;
+    for (uint32_t v : st.x) statesOk = statesOk && v == rans::w32::kL;
+    return !st.overrun && st.p == st.end && statesOk;
+}
 struct W32Row {
     const uint32_t* tables;    // the unit's CodingTables, as 32-bit words
     const int32_t* tableWord;  // (D) word offset of the table of channel d for this row's role

@@ -555,18 +555,7 @@ struct HeadDecoder {
     }
 
     // Whether the stream ended exactly at its last word with every state back at its initial value.
-    bool finish()
-    {
-        if (tailBase) {  // back to stream addresses; reads into the padding count as an overrun
-            const size_t used = size_t(st.p - tail.data()), left = size_t(realEnd - tailBase);
-            st.p = used <= left ? tailBase + used : realEnd;
-            st.overrun = st.overrun || used > left;
-            st.end = realEnd;
-        }
-        bool statesOk = true;
-        for (uint32_t v : st.x) statesOk = statesOk && v == rans::w32::kL;
-        return !st.overrun && st.p == st.end && statesOk;
-    }
+    bool finish() { return w32StreamEnded(st, tail.data(), tailBase, realEnd); }
 };
 
 }  // namespace

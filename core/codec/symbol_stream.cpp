@@ -203,15 +203,7 @@ void decodeSymbolMatrixW32(const uint8_t* data, size_t size, int rows, int cols,
         r.out = sym + full * size_t(P);
         detail::w32RowScalar(st, r, detail::RowOut::Symbols);
     }
-    if (tailBase) {  // back to stream addresses; reads into the padding count as an overrun
-        const size_t used = size_t(st.p - tail.data()), left = size_t(realEnd - tailBase);
-        st.p = used <= left ? tailBase + used : realEnd;
-        st.overrun = st.overrun || used > left;
-        st.end = realEnd;
-    }
-    bool statesOk = true;
-    for (uint32_t v : st.x) statesOk = statesOk && v == rans::w32::kL;
-    if (st.overrun || st.p != st.end || !statesOk) throw Error(where + kCorrupt);
+    if (!detail::w32StreamEnded(st, tail.data(), tailBase, realEnd)) throw Error(where + kCorrupt);
 }
 
 }  // namespace kvscope
