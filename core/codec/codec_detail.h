@@ -198,6 +198,11 @@ struct W32Stream {
     const uint8_t* end;
     bool overrun;
 };
+// The end of a v2 encode: the words of a stream were pushed down from wordsEnd to w inside buf
+// (the last symbol first); pushes the 32 final states (state 0 last, so the decoder reads it
+// first) and appends the stream's bytes, little-endian words, to out.
+void finishStreamV2(const uint32_t* x, uint16_t* w, const std::vector<uint16_t>& buf, uint16_t* wordsEnd,
+                    std::vector<uint8_t>& out);
 // Whether st ended exactly at its last word with every state back at its initial value. When
 // its end was decoded from a zero-padded copy (tail, holding the bytes from tailBase on; null
 // if not), st is first mapped back to stream addresses, reads into the padding counting as an

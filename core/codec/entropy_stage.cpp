@@ -237,8 +237,7 @@ const FreqDivider32& freqDivider32()
 
 }  // namespace
 
-// Flushes the 32 states in front of the words and appends the stream to out.
-static void finishStreamV2(const uint32_t* x, uint16_t* w, const std::vector<uint16_t>& buf, uint16_t* wordsEnd,
+void finishStreamV2(const uint32_t* x, uint16_t* w, const std::vector<uint16_t>& buf, uint16_t* wordsEnd,
                     std::vector<uint8_t>& out)
 {
     for (int k = rans::w32::kLanes - 1; k >= 0; --k) {  // state 0 last, so the decoder reads it first

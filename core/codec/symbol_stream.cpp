@@ -118,18 +118,7 @@ void encodeSymbolMatrixW32(const uint8_t* sym, int rows, int cols, const CodingT
         detail::W32EncJob job{reinterpret_cast<const uint32_t*>(tables), periodTableWords(cols, P), sym, int(full), P, 0};
         fast(job, x, w);
     }
-    for (int k = kW32 - 1; k >= 0; --k) {  // state 0 last, so the decoder reads it first
-        *--w = uint16_t(x[k] >> 16);
-        *--w = uint16_t(x[k]);
-    }
-    KVSCOPE_ASSERT(w >= buf.data());
-    const size_t words = size_t(wordsEnd - w), at = out.size();
-    out.resize(at + 2 * words);
-    uint8_t* o = out.data() + at;
-    for (size_t j = 0; j < words; ++j) {  // little-endian words on any host
-        o[2 * j] = uint8_t(w[j]);
-        o[2 * j + 1] = uint8_t(w[j] >> 8);
-    }
+    detail::finishStreamV2(x, w, buf, wordsEnd, out);
 }
 
 void decodeSymbolMatrixW32(const uint8_t* data, size_t size, int rows, int cols, const CodingTable* tables, uint8_t* sym,
