@@ -426,18 +426,27 @@ const ExpandTable kExpand;
 // Gathers by scalar loads, one per lane from L1: on Zen 4 (and on Intel cores with the
 // gather-data-sampling mitigation) vpgather* is microcoded, and in the decode and encode loops
 // here the loads were faster (bench codec --simd avx2, per-head tables: decode 1232-1574 MB/s
-// against 1046-1316 for vpgatherdd, alternating in one script).
+// against 1046-1316 for vpgatherdd, alternating in one script). The indices reach general
+// registers two at a time (vmovq / vpextrq, then a shift), not through a store to the stack and
+// eight reloads: 0.82 against 0.89-1.01 ns per symbol of AVX2 row decoding, the two forms
+// alternating in one process (tests/bench/entropy_parts).
+KVS_AVX2 inline __m128i load4x32(const int* t, __m128i idx)
+{
+    const uint64_t a = uint64_t(_mm_cvtsi128_si64(idx)), b = uint64_t(_mm_extract_epi64(idx, 1));
+    __m128i v = _mm_cvtsi32_si128(t[uint32_t(a)]);
+    v = _mm_insert_epi32(v, t[a >> 32], 1);
+    v = _mm_insert_epi32(v, t[uint32_t(b)], 2);
+    return _mm_insert_epi32(v, t[b >> 32], 3);
+}
 KVS_AVX2 inline __m256i gather8x32(const int* t, __m256i idx)
 {
-    alignas(32) int32_t i[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(i), idx);
-    return _mm256_setr_epi32(t[i[0]], t[i[1]], t[i[2]], t[i[3]], t[i[4]], t[i[5]], t[i[6]], t[i[7]]);
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(load4x32(t, _mm256_castsi256_si128(idx))),
+                                   load4x32(t, _mm256_extracti128_si256(idx, 1)), 1);
 }
 KVS_AVX2 inline __m256i gather4x64(const long long* t, __m128i idx)
 {
-    alignas(16) int32_t i[4];
-    _mm_store_si128(reinterpret_cast<__m128i*>(i), idx);
-    return _mm256_setr_epi64x(t[i[0]], t[i[1]], t[i[2]], t[i[3]]);
+    const uint64_t a = uint64_t(_mm_cvtsi128_si64(idx)), b = uint64_t(_mm_extract_epi64(idx, 1));
+    return _mm256_setr_epi64x(t[uint32_t(a)], t[a >> 32], t[uint32_t(b)], t[b >> 32]);
 }
 
 // The AVX2 form of lookup512: 8 lanes, two gathers of 4 bucket entries.
