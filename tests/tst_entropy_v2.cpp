@@ -151,6 +151,43 @@ private slots:
         QTest::newRow("per-head d5 f16 (scalar rows)") << 5 << int(DType::F16) << 10 << false << false << true << true;
     }
 
+    // Long blocks: the AVX2 symbol counter keeps byte counters and must flush them before one
+    // passes 255 (every 127 rows of 64 symbols per role), in both roles, for rows of 64, 32 and
+    // leftover symbols. The tables, and so the bytes, must be the scalar encoder's.
+    void encodersAgreeOnLongBlocks_data()
+    {
+        QTest::addColumn<int>("headDim");
+        QTest::addColumn<int>("delta");
+        QTest::newRow("d64, delta 2 (both roles flush)") << 64 << 2;
+        QTest::newRow("d96 (a 64 and a 32 piece), delta 10") << 96 << 10;
+        QTest::newRow("d40 (a 32 piece and 8 left), delta 3") << 40 << 3;
+    }
+
+    void encodersAgreeOnLongBlocks()
+    {
+        QFETCH(int, headDim);
+        QFETCH(int, delta);
+        Case c;
+        c.scope = TableScope::Head;
+        c.shape = KvShape{1, 2, headDim, 1100};
+        c.chunkTokens = 1024;
+        c.deltaGroup = delta;
+        c.random = true;
+        c.seed = uint64_t(headDim + delta);
+        const KvSet kv = makeKv(c);
+        const CodecParams p = makeParams(c, kv);
+        for (int level = 1; level <= p.numLevels(); ++level)
+            for (int ch = 0; ch < p.numChunks(); ++ch) {
+                setSimdPath(SimdPath::Scalar);
+                const std::vector<uint8_t> ref = encodeChunk(p, kv, ch, level, nullptr);
+                for (SimdPath sp : supportedPaths()) {
+                    setSimdPath(sp);
+                    QVERIFY2(encodeChunk(p, kv, ch, level, nullptr) == ref,
+                             qPrintable(QString("%1 encoder differs at level %2 chunk %3").arg(simdPathName(sp)).arg(level).arg(ch)));
+                }
+            }
+    }
+
     // Every level (the extreme one: 256-bin keys, 4-bin values), every chunk (the last one short).
     void pathsAgree()
     {

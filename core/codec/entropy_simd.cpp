@@ -776,22 +776,68 @@ KVS_AVX512 void countAvx512(const uint8_t* sym, int tokens, int D, int deltaGrou
     }
 }
 
-// The same with 32 symbols per compare; a row's last D % 32 symbols are counted one by one.
-KVS_AVX2 void countAvx2(const uint8_t* sym, int tokens, int D, int deltaGroup, int roles, int stride, size_t roleStride,
-                            uint32_t* counts)
+// Adds each symbol value's 32 byte counters to counts[s] (vpsadbw: four 64-bit sums) and clears them.
+KVS_AVX2 void flushByteCounters(uint8_t (*acc)[32], int stride, uint32_t* counts)
 {
+    const __m256i zero = _mm256_setzero_si256();
+    for (int s = 0; s < stride; ++s) {
+        __m256i* a = reinterpret_cast<__m256i*>(acc[s]);
+        const __m256i sums = _mm256_sad_epu8(_mm256_load_si256(a), zero);
+        const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+        counts[s] += uint32_t(_mm_cvtsi128_si32(_mm_add_epi64(h, _mm_unpackhi_epi64(h, h))));
+        _mm256_store_si256(a, zero);
+    }
+}
+
+// Per role and symbol value, 32 byte counters (acc[role][s]): a compare gives -1 in the bytes
+// that hold s and is subtracted, two 32-symbol pieces of a row at a time, so a symbol value costs
+// two compares, two subtracts and one load and store per 64 symbols (the compare, movemask,
+// popcount and add per 32 symbols that this replaced: 0.418 against 0.243 ns per symbol for
+// count + build + serialise, tests/bench/entropy_parts with both in one process). Before any
+// byte could pass 255 the counters are summed into counts. A row's last D % 64 symbols go
+// through the one-piece step, then one by one.
+KVS_AVX2 void countAvx2(const uint8_t* sym, int tokens, int D, int deltaGroup, int roles, int stride, size_t roleStride,
+                        uint32_t* counts)
+{
+    alignas(32) uint8_t acc[2][32][32];
+    std::memset(acc, 0, sizeof acc);
+    int added[2] = {0, 0};  // the most any byte of a role's counters may hold now
+    const __m256i zero = _mm256_setzero_si256();
+    auto flush = [&](int role) {
+        flushByteCounters(acc[role], stride, counts + size_t(role) * roleStride);
+        added[role] = 0;
+    };
     for (int t = 0; t < tokens; ++t) {
         const int role = (roles == 2 && deltaGroup >= 2 && t % deltaGroup == 0) ? 1 : 0;
-        uint32_t* c = counts + size_t(role) * roleStride;
         const uint8_t* row = sym + size_t(t) * D;
         int d = 0;
-        for (; d + 32 <= D; d += 32) {
-            const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + d));
-            for (int s = 0; s < stride; ++s)
-                c[s] += uint32_t(_mm_popcnt_u32(uint32_t(_mm256_movemask_epi8(_mm256_cmpeq_epi8(x, _mm256_set1_epi8(char(s)))))));
+        for (; d + 64 <= D; d += 64) {
+            if (added[role] > 253) flush(role);
+            added[role] += 2;
+            const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + d));
+            const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + d + 32));
+            __m256i sv = zero;
+            for (int s = 0; s < stride; ++s, sv = _mm256_add_epi8(sv, _mm256_set1_epi8(1))) {
+                __m256i* a = reinterpret_cast<__m256i*>(acc[role][s]);
+                _mm256_store_si256(a, _mm256_sub_epi8(_mm256_sub_epi8(_mm256_load_si256(a), _mm256_cmpeq_epi8(x0, sv)),
+                                                      _mm256_cmpeq_epi8(x1, sv)));
+            }
         }
+        for (; d + 32 <= D; d += 32) {
+            if (added[role] > 254) flush(role);
+            added[role] += 1;
+            const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + d));
+            __m256i sv = zero;
+            for (int s = 0; s < stride; ++s, sv = _mm256_add_epi8(sv, _mm256_set1_epi8(1))) {
+                __m256i* a = reinterpret_cast<__m256i*>(acc[role][s]);
+                _mm256_store_si256(a, _mm256_sub_epi8(_mm256_load_si256(a), _mm256_cmpeq_epi8(x, sv)));
+            }
+        }
+        uint32_t* c = counts + size_t(role) * roleStride;
         for (; d < D; ++d) c[row[d]]++;
     }
+    flush(0);
+    if (roles == 2) flush(1);
 }
 }  // namespace
 #endif
