@@ -7,14 +7,15 @@
 // - Symbols 16k..16k+15 (8k..8k+7 for AVX2) of a row use states (lane0 + 16k) % 32 onwards: one
 //   state vector per step, the vectors rotating (2 for AVX-512, 4 for AVX2). A row needs
 //   D % width == 0 so that a vector never spans two rows (two roles or two scales).
-// - Slot -> symbol: the 64-bit bucket entries of the lanes (CodingTable::bucket: the first
-//   symbol of the bucket, its start and the last slots of it and the next two), gathered in two
-//   independent halves, resolve every lane without a second, dependent gather; a lane whose slot
-//   lies beyond those three symbols (a bucket crossed by 3+ boundaries) takes the scalar walk.
+// - Slot -> symbol: the 64-bit bucket entries of the lanes (CodingTable::bucket: three
+//   consecutive symbols of the bucket, the first one's start and the last slots of all three),
+//   gathered in two independent halves, resolve every lane without a second, dependent gather;
+//   a lane whose slot lies outside those three symbols (a bucket crossed by 3+ boundaries)
+//   takes the scalar walk.
 // - Uniform rows (one table for all channels of a row, TableScope::Head), AVX-512: the
 //   table's buckets sit in registers (W32Row::split) and are looked up with two-register
-//   permutes instead of gathers; with <= 32 symbols a lane past its bucket's third symbol finds
-//   its symbol by a binary search over the starts, also in registers. AVX2 (16 registers
+//   permutes instead of gathers; with <= 32 symbols a lane outside its entry's three symbols
+//   finds its symbol by a binary search over the starts, also in registers. AVX2 (16 registers
 //   cannot hold a table): a slot index of the role's table (W32Row::slots, 16 KiB, L1
 //   resident) gives symbol, offset in the symbol and frequency in one load per lane.
 // - The AVX2 kernels load per lane instead of using vpgather (gather8x32: faster on Zen 4).
@@ -147,11 +148,11 @@ static_assert(offsetof(CodingTable, sf) % 4 == 0 && offsetof(CodingTable, bucket
 // dependency between them), then s0 + (slot > last0) + (slot > last1) (prob_table.h).
 struct Lookup16 {
     __m512i sym, start, freq;
-    __mmask16 rare;  // lanes past their bucket's third symbol (resolve512 with T: already walked)
+    __mmask16 rare;  // lanes outside their entry's three symbols (resolve512 with T: already walked)
 };
 
-// Lanes whose slot lies past the third symbol of their bucket: the scalar walk (rare). Takes and
-// returns the lookup by value, so that the hot path keeps it in registers.
+// Lanes whose slot lies outside their bucket entry's three symbols: the scalar walk (rare).
+// Takes and returns the lookup by value, so that the hot path keeps it in registers.
 KVS_AVX512 __attribute__((noinline)) Lookup16 lookupRare512(const int* T, __m512i idx, __m512i slot, __mmask16 rare,
                                                             Lookup16 lk)
 {
@@ -176,7 +177,7 @@ KVS_AVX512 __attribute__((noinline)) Lookup16 lookupRare512(const int* T, __m512
 }
 
 // Resolves 16 lanes from their bucket entries' low words a (s0 | start0 | last0) and high words
-// c (last1 | last2); the lanes past the bucket's third symbol take the scalar walk.
+// c (last1 | last2); the lanes outside [start0, last2] take the scalar walk.
 KVS_AVX512 inline Lookup16 resolve512(__m512i a, __m512i c, __m512i slot, const int* T, __m512i idx)
 {
     const __m512i m12 = _mm512_set1_epi32(4095), one = _mm512_set1_epi32(1);
@@ -192,7 +193,7 @@ KVS_AVX512 inline Lookup16 resolve512(__m512i a, __m512i c, __m512i slot, const 
     const __m512i end = _mm512_mask_mov_epi32(_mm512_mask_mov_epi32(e0, g0, e1), g1, e2);
     lk.start = start;
     lk.freq = _mm512_sub_epi32(_mm512_add_epi32(end, one), start);
-    lk.rare = _mm512_cmpgt_epu32_mask(slot, e2);
+    lk.rare = _mm512_cmpgt_epu32_mask(slot, e2) | _mm512_cmplt_epu32_mask(slot, _mm512_and_si512(_mm512_srli_epi32(a, 8), m12));
     if (__builtin_expect(lk.rare != 0, 0) && T) lk = lookupRare512(T, idx, slot, lk.rare, lk);
     return lk;
 }
@@ -213,7 +214,7 @@ KVS_AVX512 inline Lookup16 lookup512(const int* T, __m512i idx, __m512i slot)
 // words in a[0..3] and the high words in c[0..3], looked up with two-register permutes instead
 // of gathers: no memory access on the decoding chain.
 // With an alphabet of at most 32 symbols st[0..1] also hold start(s) for s < 32 (4096 past the
-// alphabet), and lanes past their bucket's third symbol find theirs by a binary search over them.
+// alphabet), and lanes outside the entry's three symbols find theirs by a binary search over them.
 struct Regs16 {
     __m512i a[4], c[4], st[2];
 };
@@ -513,7 +514,8 @@ KVS_AVX2 inline Lookup8 lookup256(const int* T, __m256i idx, __m256i slot)
     const __m256i end = _mm256_blendv_epi8(_mm256_blendv_epi8(e0, e1, g0), e2, g1);
     lk.start = start;
     lk.freq = _mm256_sub_epi32(_mm256_add_epi32(end, one), start);
-    const unsigned rare = unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(slot, e2))));
+    const unsigned rare = unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(
+        _mm256_or_si256(_mm256_cmpgt_epi32(slot, e2), _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_srli_epi32(a, 8), m12), slot)))));
     if (__builtin_expect(rare != 0, 0)) lookupRare256(T, idx, slot, rare, lk);
     return lk;
 }

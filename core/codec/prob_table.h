@@ -30,14 +30,18 @@ struct ProbTable {
 struct CodingTable {
     static constexpr int kBucketShift = 6;
     static constexpr int kBuckets = rans::kProbScale >> kBucketShift;  // 64 buckets of 64 slots
-    // bucket[b] describes the (up to) three symbols that own slots from b << kBucketShift on:
-    //   bits  0..7   s0, the symbol owning the bucket's first slot
+    // bucket[b] describes three consecutive symbols s0, s0 + 1, s0 + 2 that own slots of the
+    // bucket (slots 64 b .. 64 b + 63):
+    //   bits  0..7   s0
     //   bits  8..19  start(s0)
     //   bits 20..31  last(s0), bits 32..43 last(s0 + 1), bits 44..55 last(s0 + 2)
     // where last(s) = start(s + 1) - 1 is the last slot of s (4095 past the alphabet). A slot's
-    // symbol is s0 + (slot > last(s0)) + (slot > last(s0 + 1)) unless slot > last(s0 + 2), which
-    // only happens in a bucket crossed by 3 or more symbol boundaries (rare symbols of frequency
-    // < 64): then the decoder steps on through sf[].
+    // symbol is s0 + (slot > last(s0)) + (slot > last(s0 + 1)) when start(s0) <= slot <=
+    // last(s0 + 2); the decoder walks sf[] for the other slots. s0 is the symbol owning the
+    // bucket's first slot, unless the bucket holds more than three symbols (it is crossed by 3
+    // or more boundaries: the tails of an alphabet, symbols of frequency < 64). Then s0 starts
+    // the three consecutive symbols that own the most slots of the bucket (the first such), so
+    // that the slow walk is left to the least probable ones.
     uint64_t bucket[kBuckets];
     // start | freq << 16 per symbol, and start = kProbScale after the last one: one load per step.
     uint32_t sf[kMaxAlphabet + 1];
@@ -49,6 +53,7 @@ struct CodingTable {
     {
         const uint64_t e = bucket[slot >> kBucketShift];
         int s = int(e & 0xffu) + int(slot > ((e >> 20) & 0xfffu)) + int(slot > ((e >> 32) & 0xfffu));
+        while (slot < (sf[s] & 0xffffu)) --s;
         while (slot >= (sf[s + 1] & 0xffffu)) ++s;
         return s;
     }
