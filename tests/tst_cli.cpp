@@ -197,10 +197,12 @@ private slots:
             // same quantization, so the same reconstruction
             QCOMPARE(c["max_abs_error"].toDouble(), i["max_abs_error"].toDouble());
         }
-        // recalibrating the profile may change what its tables describe: one table per head
+        // recalibrating the profile may change what its tables describe: one table per head, here
+        // on two caches (the text line names both the scope and the count)
         const QString perHeadProfile = path("calibrated_head.json");
-        r = cli({"calibrate", other, "--profile", profile, "--table-scope", "head", "--out", perHeadProfile, "--json"});
+        r = cli({"calibrate", other, m_kv, "--profile", profile, "--table-scope", "head", "--out", perHeadProfile});
         QCOMPARE(r.exitCode, 0);
+        QVERIFY2(r.out.contains("one table per head, 64 channels per layer, from 2 caches"), qPrintable(r.out));
         r = cli({"encode", m_kv, "--out", path("cal_head.kvc"), "--profile", perHeadProfile, "--verify", "--json"});
         QCOMPARE(r.exitCode, 0);
         QCOMPARE(r.json()["table_scope"].toString(), QString("head"));

@@ -320,10 +320,12 @@ void addCalibrateCommand(CLI::App& app, Output& out)
         for (int l = 1; l <= p.numLevels(); ++l)
             levels.push_back({{"level", l}, {"table_bytes", p.profile.levelTables[size_t(l - 1)].size()}});
         out.emit({{"file", o->out}, {"caches", caches.size()}, {"channels", p.profile.tableChannels},
-                  {"levels", levels}, {"seconds", nowSeconds() - t0}},
+                  {"table_scope", tableScopeName(p.profile.tableScope)}, {"levels", levels},
+                  {"seconds", nowSeconds() - t0}},
                  [](const json& r) {
-                     std::printf("wrote %s: tables for %d channels per layer from %zu caches\n",
-                                 r["file"].get<std::string>().c_str(), r["channels"].get<int>(), r["caches"].size());
+                     std::printf("wrote %s: one table per %s, %d channels per layer, from %zu caches\n",
+                                 r["file"].get<std::string>().c_str(), r["table_scope"].get<std::string>().c_str(),
+                                 r["channels"].get<int>(), r["caches"].get<size_t>());
                  });
     });
 }
