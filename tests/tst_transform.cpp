@@ -36,14 +36,14 @@ const QString kGolden32Crc = QStringLiteral(KVSCOPE_TEST_DATA "/golden-transform
 
 // A float32 synthetic cache with the side data the transform codec uses: a RoPE table, query
 // second moments and o_proj matrices (random, deterministic).
-KvSet syntheticCache(uint64_t seed, int tokens = 300, DType dtype = DType::F32)
+KvSet syntheticCache(uint64_t seed, int tokens = 300, DType dtype = DType::F32, int H = 2, int D = 16)
 {
     SyntheticSpec spec;
-    spec.shape = KvShape{3, 2, 16, tokens};
+    spec.shape = KvShape{3, H, D, tokens};
     spec.dtype = dtype;
     spec.seed = seed;
     KvSet kv = makeSyntheticKv(spec);
-    const int L = 3, H = 2, D = 16;
+    const int L = 3;
     for (int i = 0; i < D / 2; ++i) kv.ropeInvFreq.push_back(float(1.0 / std::pow(10000.0, 2.0 * i / D)));
     std::mt19937 rng(7);  // the same model statistics for every seed, as for one model
     std::uniform_real_distribution<float> u(0.1f, 2.0f);
@@ -651,19 +651,32 @@ private slots:
         QTest::addColumn<bool>("across");
         QTest::addColumn<bool>("importance");
         QTest::addColumn<bool>("rans32");
-        QTest::newRow("pca across heads") << true << false << false;
-        QTest::newRow("pca per head") << false << false << false;
-        QTest::newRow("pca per head, token classes") << false << true << false;
-        QTest::newRow("rans32 pca across heads") << true << false << true;
-        QTest::newRow("rans32 pca per head, token classes") << false << true << true;
+        QTest::addColumn<int>("heads");
+        QTest::addColumn<int>("headDim");
+        QTest::newRow("pca across heads") << true << false << false << 2 << 16;
+        QTest::newRow("pca per head") << false << false << false << 2 << 16;
+        QTest::newRow("pca per head, token classes") << false << true << false << 2 << 16;
+        QTest::newRow("rans32 pca across heads") << true << false << true << 2 << 16;
+        QTest::newRow("rans32 pca per head, token classes") << false << true << true << 2 << 16;
+        // 72 channels: the register sums' groups (32 for AVX2, 64 for AVX-512) end mid-head and
+        // leave a tail of 8 channels
+        QTest::newRow("pca across heads, 3 x 24 channels") << true << false << false << 3 << 24;
+        QTest::newRow("pca per head, 3 x 24 channels") << false << false << false << 3 << 24;
+        // headDim -24: the same, with one block's first mean set to -0, which rules out adding the
+        // zero terms (Tile::plain) and skipping the zero rows of a column in that block
+        QTest::newRow("pca per head, 3 x 24 channels, a mean of -0") << false << false << false << 3 << -24;
     }
     void simdPathsAgree()
     {
         QFETCH(bool, across);
         QFETCH(bool, importance);
         QFETCH(bool, rans32);
-        const KvSet calib = syntheticCache(11);
-        KvSet kv = syntheticCache(12);
+        QFETCH(int, heads);
+        QFETCH(int, headDim);
+        const bool negZero = headDim < 0;
+        headDim = std::abs(headDim);
+        const KvSet calib = syntheticCache(11, 300, DType::F32, heads, headDim);
+        KvSet kv = syntheticCache(12, 300, DType::F32, heads, headDim);
         if (importance) withAttentionMass(kv);
         TransformSettings s;
         if (rans32) s.entropy = TransformEntropy::Rans32;
@@ -671,7 +684,9 @@ private slots:
         s.ropeUndo = true;
         s.sinkTokens = 2;
         CodecParams p = transformParams(kv, s, {0.05, 1e-6});
-        calibrate(p, {&calib});
+        TransformModel m = fitTransform(p.profile.transform, p.profile.transformLevels, {&calib});
+        if (negZero) m.blocks[1].mean[0] = -0.0f;
+        serializeTransformModel(m, p.profile.transformModel);
         p.profile.transform.tokenImportance = importance;
         const SimdPath saved = simdPath();
         for (int level : {1, 2}) {

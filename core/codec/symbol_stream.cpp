@@ -42,8 +42,35 @@ void decodeSymbolMatrix(const uint8_t* data, size_t size, int rows, int cols, co
     rans::RansReader r{data, data + size, false};
     uint32_t x[rans::kRansWays];
     for (uint32_t& v : x) v = rans::decInit(r);
-    size_t c = 0;
-    for (size_t i = 0; i < n; ++i) {
+    size_t c = 0, i = 0;
+    // Four symbols (one per state) at a time while the stream has the bytes for them, with the
+    // renormalisation of entropy_stage.cpp's fast rows: a state takes k = (x < 2^23) + (x < 2^15)
+    // bytes after its update, known before any is read, so there is no loop or branch on them;
+    // reads look up to 2 bytes past what they take. The same bytes and symbols as the loop below,
+    // which finishes the matrix and checks the stream's end.
+    static_assert(rans::kRansWays == 4, "the fast loop takes one symbol per state");
+    const uint8_t* p = r.p;
+    auto step = [&](uint32_t& st) {
+        const CodingTable& t = tables[c];
+        const uint32_t slot = rans::decSlot(st);
+        const int s = t.symbolOf(slot);
+        const uint32_t sf = t.sf[s];
+        uint32_t v = (sf >> 16) * (st >> rans::kProbBits) + slot - (sf & 0xffffu);
+        const uint32_t k = uint32_t(v < rans::kRansL) + uint32_t(v < (rans::kRansL >> 8));
+        const uint32_t two = uint32_t(p[0]) << 8 | p[1], bits = 8 * k;
+        st = (v << bits) | (two >> (16 - bits));
+        p += k;
+        sym[i++] = uint8_t(s);
+        if (++c == size_t(cols)) c = 0;
+    };
+    while (n - i >= 4 && r.end - p >= 10) {
+        step(x[0]);
+        step(x[1]);
+        step(x[2]);
+        step(x[3]);
+    }
+    r.p = p;
+    for (; i < n; ++i) {
         const CodingTable& t = tables[c];
         uint32_t& st = x[i % rans::kRansWays];
         const int s = t.symbolOf(rans::decSlot(st));

@@ -5,9 +5,11 @@
 // The inverse transform (decodeBlock) is the hot loop of decoding: v_t = mean + sum_k A[:, j_k] zq_tk
 // for every coded token t. It runs over tiles of kTileTokens tokens, component by component, so a
 // decode column is read once per tile, and each term is one vector multiply and one vector add
-// (scalar, AVX2 or AVX-512, simd_path.h). Every output sums the same terms in the same order with
-// the same roundings as the plain loop (this file is compiled with -ffp-contract=off, so no
-// multiply-add is fused), so every path gives the same bytes.
+// (scalar, AVX2 or AVX-512, simd_path.h). The AVX2 and AVX-512 paths keep the sums of a few
+// tokens in registers across all components (Tile::plain says when adding the zero terms is
+// exact). Every output sums the same terms in the same order with the same roundings as the
+// plain loop (this file is compiled with -ffp-contract=off, so no multiply-add is fused), so
+// every path gives the same bytes.
 #include "codec/codec_detail.h"
 #include "codec/simd_path.h"
 #include "codec/symbol_stream.h"
@@ -85,6 +87,9 @@ struct Tile {
     const int* lo;
     const int* hi;
     int nt, K, C;
+    // Every acol and zq value finite and no mean -0: a term with z = 0 leaves a sum unchanged,
+    // so a path may add it instead of skipping it (the AVX-512 sums do).
+    bool plain;
 };
 
 void accumulateScalar(const Tile& t)
@@ -105,11 +110,14 @@ void accumulateScalar(const Tile& t)
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("avx2"))) void accumulateAvx2(const Tile& t)
+// The store-based loop over channels [from, C): per component, per token with z != 0, the
+// channels of [lo, hi) one vector at a time.
+__attribute__((target("avx2"))) void accumulateAvx2From(const Tile& t, int from)
 {
     for (int k = 0; k < t.K; ++k) {
         const float* a = t.acol + size_t(k) * t.C;
-        const int lo = t.lo[k], hi = t.hi[k];
+        const int lo = std::max(t.lo[k], from), hi = t.hi[k];
+        if (lo >= hi) continue;
         for (int i = 0; i < t.nt; ++i) {
             const float z = t.zq[size_t(i) * t.K + k];
             if (z == 0.0f) continue;
@@ -123,26 +131,117 @@ __attribute__((target("avx2"))) void accumulateAvx2(const Tile& t)
     }
 }
 
-__attribute__((target("avx512f"))) void accumulateAvx512(const Tile& t)
+// AVX2 with Tile::plain (see the AVX-512 sums below for why adding the zero terms is exact): the
+// sums of 2 tokens x 32 channels in 8 registers while every component goes by; the channels past
+// the last whole group of 32 take the store-based loop.
+__attribute__((target("avx2"))) void accumulateAvx2(const Tile& t)
 {
-    for (int k = 0; k < t.K; ++k) {
-        const float* a = t.acol + size_t(k) * t.C;
-        const int lo = t.lo[k], hi = t.hi[k];
-        const __mmask16 tail = __mmask16((1u << ((hi - lo) % 16)) - 1);
-        const int body = lo + (hi - lo) / 16 * 16;
-        for (int i = 0; i < t.nt; ++i) {
-            const float z = t.zq[size_t(i) * t.K + k];
-            if (z == 0.0f) continue;
-            float* v = t.v + size_t(i) * t.C;
-            const __m512 zz = _mm512_set1_ps(z);
-            for (int c = lo; c < body; c += 16)
-                _mm512_storeu_ps(v + c, _mm512_add_ps(_mm512_loadu_ps(v + c), _mm512_mul_ps(_mm512_loadu_ps(a + c), zz)));
-            if (tail) {
-                const __m512 x = _mm512_maskz_loadu_ps(tail, v + body), y = _mm512_maskz_loadu_ps(tail, a + body);
-                _mm512_mask_storeu_ps(v + body, tail, _mm512_add_ps(x, _mm512_mul_ps(y, zz)));
+    if (!t.plain) return accumulateAvx2From(t, 0);
+    constexpr int G = 32, I = 2;
+    const int whole = t.C / G * G;
+    for (int g0 = 0; g0 < whole; g0 += G)
+        for (int i0 = 0; i0 < t.nt; i0 += I) {
+            const int ni = std::min(I, t.nt - i0);
+            __m256 acc[I][4];
+#pragma GCC unroll 2
+            for (int i = 0; i < I; ++i)
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; ++j)
+                    acc[i][j] = i < ni ? _mm256_loadu_ps(t.v + size_t(i0 + i) * t.C + g0 + 8 * j) : _mm256_setzero_ps();
+            for (int k = 0; k < t.K; ++k) {
+                if (t.hi[k] <= g0 || t.lo[k] >= g0 + G) continue;  // the column is +-0 over the group
+                const float* a = t.acol + size_t(k) * t.C + g0;
+                const __m256 a0 = _mm256_loadu_ps(a), a1 = _mm256_loadu_ps(a + 8), a2 = _mm256_loadu_ps(a + 16),
+                             a3 = _mm256_loadu_ps(a + 24);
+#pragma GCC unroll 2
+                for (int i = 0; i < I; ++i) {
+                    const __m256 zz = _mm256_set1_ps(i < ni ? t.zq[size_t(i0 + i) * t.K + k] : 0.0f);
+                    acc[i][0] = _mm256_add_ps(acc[i][0], _mm256_mul_ps(a0, zz));
+                    acc[i][1] = _mm256_add_ps(acc[i][1], _mm256_mul_ps(a1, zz));
+                    acc[i][2] = _mm256_add_ps(acc[i][2], _mm256_mul_ps(a2, zz));
+                    acc[i][3] = _mm256_add_ps(acc[i][3], _mm256_mul_ps(a3, zz));
+                }
             }
+#pragma GCC unroll 2
+            for (int i = 0; i < I; ++i)
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; ++j)
+                    if (i < ni) _mm256_storeu_ps(t.v + size_t(i0 + i) * t.C + g0 + 8 * j, acc[i][j]);
+        }
+    if (whole < t.C) accumulateAvx2From(t, whole);
+}
+
+// AVX-512: the sums of 4 tokens x 64 channels stay in 16 registers while every component goes
+// by, so no sum goes through memory between terms, and no term is a branch (zq is 40% zeros in
+// no order; the store-based loop's branches on them were mispredicted). Each sum still takes its
+// terms in ascending k with the same rounded multiply and add, so the bytes are the other paths'.
+// Plain (Tile::plain): the zero terms are added too. That is exact there: a sum that starts at a
+// mean other than -0 is never -0 (round to nearest gives -0 only from -0 + -0), and a term a * 0
+// with a finite is +-0, which leaves any other sum unchanged. Otherwise a term whose z is 0, or a
+// channel outside [lo, hi), is a masked-off lane of the add.
+template <bool Plain>
+__attribute__((target("avx512f"))) void accumulateAvx512Sums(const Tile& t)
+{
+    constexpr int G = 64, I = 4;  // channels of a group (4 vectors), tokens of a pass
+    for (int g0 = 0; g0 < t.C; g0 += G) {
+        __mmask16 inC[4];  // lanes of the group's vectors that are channels (< C)
+        for (int j = 0; j < 4; ++j) {
+            const int n = std::max(0, std::min(16, t.C - g0 - 16 * j));
+            inC[j] = __mmask16((1u << n) - 1);
+        }
+        for (int i0 = 0; i0 < t.nt; i0 += I) {
+            const int ni = std::min(I, t.nt - i0);
+            __m512 acc[I][4];  // fully unrolled below, so that it lives in registers
+#pragma GCC unroll 4
+            for (int i = 0; i < I; ++i)
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; ++j)
+                    acc[i][j] = i < ni ? _mm512_maskz_loadu_ps(inC[j], t.v + size_t(i0 + i) * t.C + g0 + 16 * j)
+                                       : _mm512_setzero_ps();
+            for (int k = 0; k < t.K; ++k) {
+                const int lo = std::max(t.lo[k] - g0, 0), hi = std::min(t.hi[k] - g0, G);
+                if (lo >= hi) continue;  // the column is +-0 over the whole group
+                __mmask16 cm[4];
+                __m512 a[4];
+                if constexpr (Plain) {
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; ++j) a[j] = _mm512_maskz_loadu_ps(inC[j], t.acol + size_t(k) * t.C + g0 + 16 * j);
+                } else {
+                    const uint64_t range = (hi - lo == 64 ? ~uint64_t(0) : ((uint64_t(1) << (hi - lo)) - 1)) << lo;
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; ++j) {
+                        cm[j] = __mmask16(range >> (16 * j)) & inC[j];
+                        a[j] = _mm512_maskz_loadu_ps(cm[j], t.acol + size_t(k) * t.C + g0 + 16 * j);
+                    }
+                }
+#pragma GCC unroll 4
+                for (int i = 0; i < I; ++i) {
+                    const float z = i < ni ? t.zq[size_t(i0 + i) * t.K + k] : 0.0f;
+                    const __m512 zz = _mm512_set1_ps(z);
+                    if constexpr (Plain) {
+#pragma GCC unroll 4
+                        for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_add_ps(acc[i][j], _mm512_mul_ps(a[j], zz));
+                    } else {
+                        const __mmask16 zm = z != 0.0f ? __mmask16(0xffff) : __mmask16(0);
+#pragma GCC unroll 4
+                        for (int j = 0; j < 4; ++j)
+                            acc[i][j] = _mm512_mask_add_ps(acc[i][j], __mmask16(cm[j] & zm), acc[i][j], _mm512_mul_ps(a[j], zz));
+                    }
+                }
+            }
+#pragma GCC unroll 4
+            for (int i = 0; i < I; ++i)
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; ++j)
+                    if (i < ni) _mm512_mask_storeu_ps(t.v + size_t(i0 + i) * t.C + g0 + 16 * j, inC[j], acc[i][j]);
         }
     }
+}
+
+void accumulateAvx512(const Tile& t)
+{
+    if (t.plain) accumulateAvx512Sums<true>(t);
+    else accumulateAvx512Sums<false>(t);
 }
 #endif
 
@@ -475,6 +574,8 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
     bool negZeroMean = false;
     for (int c = 0; c < C; ++c) negZeroMean = negZeroMean || (std::signbit(b.mean[size_t(c)]) && b.mean[size_t(c)] == 0.0f);
     if (!finite || negZeroMean) std::fill(lo.begin(), lo.end(), 0), std::fill(hi.begin(), hi.end(), C);
+    bool acolFinite = true;
+    for (float a : acol) acolFinite = acolFinite && std::isfinite(a);
 
     // Dequantised components, token-major: zq[r * K + k] = q step 2^class, 0 exactly when q = 0
     // (step > 0 and |q| >= 1 otherwise), escapes read in the stream's order (token by token).
@@ -504,7 +605,12 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
                 if ((s == 0) != (q < 0) || (q > -M && q < M) || q > 2147483647 || q < -2147483647)
                     throw Error(where + ": escape value does not match its symbol");
             }
-            zq[size_t(r) * K + size_t(k)] = q == 0 ? 0.0f : float(q) * step[size_t(k)] * mult;
+            // q = 0 gives 0 whatever the step (no branch: zeros come in no order).
+            const float z = float(q) * step[size_t(k)] * mult;
+            uint32_t bits;
+            std::memcpy(&bits, &z, 4);
+            bits &= 0u - uint32_t(q != 0);
+            std::memcpy(&zq[size_t(r) * K + size_t(k)], &bits, 4);
         }
     }
 
@@ -516,7 +622,8 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
     for (int r0 = 0; r0 < R; r0 += kTileTokens) {
         const int nt = std::min(kTileTokens, R - r0);
         for (int i = 0; i < nt; ++i) std::memcpy(&v[size_t(i) * C], b.mean.data(), sizeof(float) * size_t(C));
-        accumulate(Tile{v.data(), acol.data(), zq.data() + size_t(r0) * K, lo.data(), hi.data(), nt, K, C});
+        accumulate(Tile{v.data(), acol.data(), zq.data() + size_t(r0) * K, lo.data(), hi.data(), nt, K, C,
+                        finite && !negZeroMean && acolFinite});
         for (int i = 0; i < nt; ++i) {
             const int t = codedTokens[size_t(r0 + i)];
             for (int h = 0; h < H; ++h)
