@@ -4,7 +4,8 @@
 Usage: python3 tests/fuzz/make_seeds.py [KVSCOPE_CLI]
 Every seed is a small valid input (or one that reaches deep into a reader before it fails); the
 fuzzers mutate from there. With KVSCOPE_CLI (a built kvscope-cli) the HDF5 seeds are written by
-`kvscope-cli synth`; without it they are left as they are.
+`kvscope-cli synth` and the transform-codec containers by `kvscope-cli encode`; without it they
+are left as they are.
 """
 import json
 import os
@@ -247,6 +248,31 @@ def seeds_kv_h5(cli):
                     "--head-dim", "2", "--tokens", "2", "--dtype", "bfloat16"], check=True, stdout=subprocess.DEVNULL)
 
 
+# ---- containers: transform-codec files (the CacheGen and baseline seeds are the golden files) -----
+def seeds_container(cli):
+    """Two small transform-codec files, the model fitted on the cache and stored in the file: 4-state
+    and 32-state symbol streams. 48 channels, so the inverse transform's register groups (32 and
+    64 channels) end inside the block."""
+    if not cli:
+        return
+    import tempfile
+    d = os.path.join(CORPUS, "fuzz_container")
+    os.makedirs(d, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        kv = os.path.join(tmp, "kv.h5")
+        subprocess.run([cli, "synth", "--out", kv, "--layers", "1", "--kv-heads", "2", "--head-dim", "24",
+                        "--tokens", "64", "--seed", "5"], check=True, stdout=subprocess.DEVNULL)
+        for entropy in ("rans", "rans32"):
+            profile = os.path.join(tmp, entropy + ".json")
+            with open(profile, "w") as f:
+                json.dump({"format": "kvscope-profile", "version": 2, "chunk_tokens": 32,
+                           "levels": [{"key_bins": [16], "value_bins": [16]}],
+                           "transform": {"rope_undo": False, "entropy": entropy,
+                                         "levels": [{"key_theta": 0.1, "value_theta": 0.01}]}}, f)
+            subprocess.run([cli, "encode", kv, "--codec", "transform", "--profile", profile, "--out",
+                            os.path.join(d, "transform-%s.kvc" % entropy)], check=True, stdout=subprocess.DEVNULL)
+
+
 if __name__ == "__main__":
     seeds_gguf()
     seeds_safetensors()
@@ -256,3 +282,4 @@ if __name__ == "__main__":
     seeds_link()
     seeds_protocol()
     seeds_kv_h5(sys.argv[1] if len(sys.argv) > 1 else None)
+    seeds_container(sys.argv[1] if len(sys.argv) > 1 else None)
