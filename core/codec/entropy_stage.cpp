@@ -159,13 +159,7 @@ void decodeHeadStream(const quant::BlockSpec& b, int h, const uint8_t* data, siz
             // the four states independent: the shared read pointer only adds each k. Reads may
             // look 2 bytes ahead of what they take, hence the "+ 2" above.
             auto advance = [&p](uint32_t& x, const CodingTable& ct, int sy) {
-                const uint32_t sf = ct.sf[sy];
-                x = (sf >> 16) * (x >> rans::kProbBits) + (x & (rans::kProbScale - 1)) - (sf & 0xffffu);
-                const uint32_t k = uint32_t(x < rans::kRansL) + uint32_t(x < (rans::kRansL >> 8));
-                const uint32_t two = uint32_t(p[0]) << 8 | p[1];  // the next two bytes, first one high
-                const uint32_t bits = 8 * k;                       // 0, 8 or 16: shifts, no branches
-                x = (x << bits) | (two >> (16 - bits));
-                p += k;
+                rans::decAdvanceAhead(&x, &p, ct.start(sy), ct.freq(sy));
             };
             // Symbol i = t * D + d uses state d % 4: four independent chains, kept in registers.
             for (int d = 0; d < D; d += 4) {

@@ -131,6 +131,20 @@ inline void decAdvance(uint32_t* x, RansReader& r, uint32_t start, uint32_t freq
     *x = s;
 }
 
+// The same with no loop and no branch, for callers that know the stream has at least 2 bytes past
+// what this symbol takes (*p advances by the k bytes taken; the two bytes at *p are read either
+// way). k is known before any byte is read, so interleaved states share the read pointer only by
+// adding their k. Same bytes and states as decAdvance.
+inline void decAdvanceAhead(uint32_t* x, const uint8_t** p, uint32_t start, uint32_t freq)
+{
+    const uint32_t s = freq * (*x >> kProbBits) + (*x & (kProbScale - 1)) - start;
+    const uint32_t k = uint32_t(s < kRansL) + uint32_t(s < (kRansL >> 8));
+    const uint32_t two = uint32_t((*p)[0]) << 8 | (*p)[1];  // the next two bytes, first one high
+    const uint32_t bits = 8 * k;                             // 0, 8 or 16: shifts, no branches
+    *x = (s << bits) | (two >> (16 - bits));
+    *p += k;
+}
+
 // ---------------------------------------------------------------------------------------------
 // v2: 32 states x 16-bit words. Symbol i of a stream uses state i % 32. A state lives in
 // [2^16, 2^32); after a symbol's update a state below 2^16 takes exactly one 16-bit word (a

@@ -43,23 +43,16 @@ void decodeSymbolMatrix(const uint8_t* data, size_t size, int rows, int cols, co
     uint32_t x[rans::kRansWays];
     for (uint32_t& v : x) v = rans::decInit(r);
     size_t c = 0, i = 0;
-    // Four symbols (one per state) at a time while the stream has the bytes for them, with the
-    // renormalisation of entropy_stage.cpp's fast rows: a state takes k = (x < 2^23) + (x < 2^15)
-    // bytes after its update, known before any is read, so there is no loop or branch on them;
-    // reads look up to 2 bytes past what they take. The same bytes and symbols as the loop below,
-    // which finishes the matrix and checks the stream's end.
+    // Four symbols (one per state) at a time while the stream has the bytes for them (at most 2
+    // per symbol, and rans::decAdvanceAhead reads 2 past what it takes), with no loop or branch
+    // on the renormalisation, as entropy_stage.cpp's fast rows. The same bytes and symbols as the
+    // loop below, which finishes the matrix and checks the stream's end.
     static_assert(rans::kRansWays == 4, "the fast loop takes one symbol per state");
     const uint8_t* p = r.p;
     auto step = [&](uint32_t& st) {
         const CodingTable& t = tables[c];
-        const uint32_t slot = rans::decSlot(st);
-        const int s = t.symbolOf(slot);
-        const uint32_t sf = t.sf[s];
-        uint32_t v = (sf >> 16) * (st >> rans::kProbBits) + slot - (sf & 0xffffu);
-        const uint32_t k = uint32_t(v < rans::kRansL) + uint32_t(v < (rans::kRansL >> 8));
-        const uint32_t two = uint32_t(p[0]) << 8 | p[1], bits = 8 * k;
-        st = (v << bits) | (two >> (16 - bits));
-        p += k;
+        const int s = t.symbolOf(rans::decSlot(st));
+        rans::decAdvanceAhead(&st, &p, t.start(s), t.freq(s));
         sym[i++] = uint8_t(s);
         if (++c == size_t(cols)) c = 0;
     };
