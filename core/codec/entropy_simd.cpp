@@ -187,13 +187,13 @@ KVS_AVX512 inline Lookup16 resolve512(__m512i a, __m512i c, __m512i slot, const 
     lk.sym = _mm512_and_si512(a, _mm512_set1_epi32(0xff));
     lk.sym = _mm512_mask_add_epi32(lk.sym, g0, lk.sym, one);
     lk.sym = _mm512_mask_add_epi32(lk.sym, g1, lk.sym, one);
-    __m512i start = _mm512_and_si512(_mm512_srli_epi32(a, 8), m12);
-    start = _mm512_mask_add_epi32(start, g0, e0, one);
+    const __m512i start0 = _mm512_and_si512(_mm512_srli_epi32(a, 8), m12);
+    __m512i start = _mm512_mask_add_epi32(start0, g0, e0, one);
     start = _mm512_mask_add_epi32(start, g1, e1, one);
     const __m512i end = _mm512_mask_mov_epi32(_mm512_mask_mov_epi32(e0, g0, e1), g1, e2);
     lk.start = start;
     lk.freq = _mm512_sub_epi32(_mm512_add_epi32(end, one), start);
-    lk.rare = _mm512_cmpgt_epu32_mask(slot, e2) | _mm512_cmplt_epu32_mask(slot, _mm512_and_si512(_mm512_srli_epi32(a, 8), m12));
+    lk.rare = _mm512_cmpgt_epu32_mask(slot, e2) | _mm512_cmplt_epu32_mask(slot, start0);
     if (__builtin_expect(lk.rare != 0, 0) && T) lk = lookupRare512(T, idx, slot, lk.rare, lk);
     return lk;
 }
@@ -508,14 +508,14 @@ KVS_AVX2 inline Lookup8 lookup256(const int* T, __m256i idx, __m256i slot)
     const __m256i g0 = _mm256_cmpgt_epi32(slot, e0), g1 = _mm256_cmpgt_epi32(slot, e1);
     Lookup8 lk;
     lk.sym = _mm256_sub_epi32(_mm256_sub_epi32(_mm256_and_si256(a, _mm256_set1_epi32(0xff)), g0), g1);
-    __m256i start = _mm256_and_si256(_mm256_srli_epi32(a, 8), m12);
-    start = _mm256_blendv_epi8(start, _mm256_add_epi32(e0, one), g0);
+    const __m256i start0 = _mm256_and_si256(_mm256_srli_epi32(a, 8), m12);
+    __m256i start = _mm256_blendv_epi8(start0, _mm256_add_epi32(e0, one), g0);
     start = _mm256_blendv_epi8(start, _mm256_add_epi32(e1, one), g1);
     const __m256i end = _mm256_blendv_epi8(_mm256_blendv_epi8(e0, e1, g0), e2, g1);
     lk.start = start;
     lk.freq = _mm256_sub_epi32(_mm256_add_epi32(end, one), start);
     const unsigned rare = unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(
-        _mm256_or_si256(_mm256_cmpgt_epi32(slot, e2), _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_srli_epi32(a, 8), m12), slot)))));
+        _mm256_or_si256(_mm256_cmpgt_epi32(slot, e2), _mm256_cmpgt_epi32(start0, slot)))));
     if (__builtin_expect(rare != 0, 0)) lookupRare256(T, idx, slot, rare, lk);
     return lk;
 }

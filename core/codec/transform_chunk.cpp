@@ -558,11 +558,13 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
         finite = finite && step[size_t(k)] < FLT_MAX / 17179869184.0f;  // 2^34: |q| < 2^31, class <= 3
         lo[size_t(k)] = C, hi[size_t(k)] = 0;
     }
+    bool acolFinite = true;
     for (int c = 0; c < C; ++c) {
         const float* row = &b.decode[size_t(c) * C];
         for (int k = 0; k < K; ++k) {
             const float a = row[coded[size_t(k)]];
             acol[size_t(k) * C + size_t(c)] = a;
+            acolFinite = acolFinite && std::isfinite(a);
             if (a != 0.0f) lo[size_t(k)] = std::min(lo[size_t(k)], c), hi[size_t(k)] = c + 1;
         }
     }
@@ -574,8 +576,6 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
     bool negZeroMean = false;
     for (int c = 0; c < C; ++c) negZeroMean = negZeroMean || (std::signbit(b.mean[size_t(c)]) && b.mean[size_t(c)] == 0.0f);
     if (!finite || negZeroMean) std::fill(lo.begin(), lo.end(), 0), std::fill(hi.begin(), hi.end(), C);
-    bool acolFinite = true;
-    for (float a : acol) acolFinite = acolFinite && std::isfinite(a);
 
     // Dequantised components, token-major: zq[r * K + k] = q step 2^class, 0 exactly when q = 0
     // (step > 0 and |q| >= 1 otherwise), escapes read in the stream's order (token by token).
