@@ -368,6 +368,7 @@ TransformBlock fitBlock(const TransformSettings& s, const std::vector<const KvSe
             for (int k = 0; k < C; ++k) a += invRoot[size_t(i) * C + k] * basis[size_t(j) * C + k];
             b.decode[size_t(i) * C + j] = halfToFloat(floatToHalf(float(a)));
         }
+    prepareDecodeColumns(b);
     return b;
 }
 
@@ -702,6 +703,26 @@ std::vector<TransformLevel> defaultTransformLevels()
     return out;
 }
 
+void prepareDecodeColumns(TransformBlock& b)
+{
+    const size_t C = b.mean.size();
+    KVSCOPE_ASSERT(b.decode.size() == C * C);
+    b.columns.resize(C * C);
+    b.colLo.assign(C, int(C));
+    b.colHi.assign(C, 0);
+    b.decodeFinite = true;
+    for (size_t c = 0; c < C; ++c)
+        for (size_t j = 0; j < C; ++j) {
+            const float a = b.decode[c * C + j];
+            b.columns[j * C + c] = a;
+            b.decodeFinite = b.decodeFinite && std::isfinite(a);
+            if (a != 0.0f) b.colLo[j] = std::min(b.colLo[j], int(c)), b.colHi[j] = int(c) + 1;
+        }
+    for (size_t j = 0; j < C; ++j) b.colLo[j] = std::min(b.colLo[j], b.colHi[j]);
+    b.meanNegZero = false;
+    for (float m : b.mean) b.meanNegZero = b.meanNegZero || (std::signbit(m) && m == 0.0f);
+}
+
 TransformModel parseTransformModel(const uint8_t* data, size_t size, const KvShape& shape, const std::string& where)
 {
     Reader r{data, data + size, where};
@@ -759,6 +780,7 @@ TransformModel parseTransformModel(const uint8_t* data, size_t size, const KvSha
             b.decode[i] = halfToFloat(uint16_t(a[2 * i] | a[2 * i + 1] << 8));
             if (!std::isfinite(b.decode[i])) throw Error(where + ": decode matrix entry is not finite");
         }
+        prepareDecodeColumns(b);
     }
     for (uint32_t l = 0; l < levels; ++l) {
         m.keyTheta.push_back(r.f64("key theta"));

@@ -150,7 +150,18 @@ struct TransformBlock {
     std::vector<float> decode;    // A: (C, C) row-major, x_c = mean_c + sum_j A[c][j] z_j
     std::vector<float> variance;  // lambda_j (C), in the weighted domain
     std::vector<float> encode;    // A^{-1} (C, C), computed by prepareTransform (not serialised)
+    // What the decoder reads of A, derived once by prepareDecodeColumns (not serialised): column j
+    // of A as row j of `columns` (C, C), the channels [colLo[j], colHi[j]) outside which column j
+    // is +-0 (empty range 0, 0 for a zero column), whether every entry of A is finite, and
+    // whether some mean is -0.
+    std::vector<float> columns;
+    std::vector<int> colLo, colHi;
+    bool decodeFinite = true, meanNegZero = false;
 };
+
+// Fills the derived decode fields of b from b.mean and b.decode (every block a model holds has
+// them: fitTransform and parseTransformModel call this).
+void prepareDecodeColumns(TransformBlock& b);
 
 // Per (level, kind, layer): the quantizer of each component and its coding tables.
 struct TransformLevelBlock {

@@ -17,6 +17,10 @@
 
 #include "common/half.h"
 
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12's AVX-512 headers build vectors from deliberately undefined ones (false positives).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <algorithm>
@@ -77,17 +81,17 @@ constexpr int kImportanceClasses = 4;  // step multipliers 1, 2, 4, 8
 constexpr int kTileTokens = 8;  // tokens whose sums share one read of each decode column
 
 // For each token i < nt of the tile and each component k < K in ascending order with
-// z = zq[i * K + k] != 0: v[i * C + c] += acol[k * C + c] * z for c in [lo[k], hi[k]), one rounded
+// z = zq[i * K + k] != 0: v[i * C + c] += col[k][c] * z for c in [lo[k], hi[k]), one rounded
 // multiply and one rounded add per term. The paths differ only in how many channels one
 // instruction takes.
 struct Tile {
     float* v;
-    const float* acol;
+    const float* const* col;  // K decode columns (TransformBlock::columns rows), C channels each
     const float* zq;
     const int* lo;
     const int* hi;
     int nt, K, C;
-    // Every acol and zq value finite and no mean -0: a term with z = 0 leaves a sum unchanged,
+    // Every column and zq value finite and no mean -0: a term with z = 0 leaves a sum unchanged,
     // so a path may add it instead of skipping it (the AVX-512 sums do).
     bool plain;
 };
@@ -95,7 +99,7 @@ struct Tile {
 void accumulateScalar(const Tile& t)
 {
     for (int k = 0; k < t.K; ++k) {
-        const float* a = t.acol + size_t(k) * t.C;
+        const float* a = t.col[k];
         for (int i = 0; i < t.nt; ++i) {
             const float z = t.zq[size_t(i) * t.K + k];
             if (z == 0.0f) continue;
@@ -115,7 +119,7 @@ void accumulateScalar(const Tile& t)
 __attribute__((target("avx2"))) void accumulateAvx2From(const Tile& t, int from)
 {
     for (int k = 0; k < t.K; ++k) {
-        const float* a = t.acol + size_t(k) * t.C;
+        const float* a = t.col[k];
         const int lo = std::max(t.lo[k], from), hi = t.hi[k];
         if (lo >= hi) continue;
         for (int i = 0; i < t.nt; ++i) {
@@ -150,7 +154,7 @@ __attribute__((target("avx2"))) void accumulateAvx2(const Tile& t)
                     acc[i][j] = i < ni ? _mm256_loadu_ps(t.v + size_t(i0 + i) * t.C + g0 + 8 * j) : _mm256_setzero_ps();
             for (int k = 0; k < t.K; ++k) {
                 if (t.hi[k] <= g0 || t.lo[k] >= g0 + G) continue;  // the column is +-0 over the group
-                const float* a = t.acol + size_t(k) * t.C + g0;
+                const float* a = t.col[k] + g0;
                 const __m256 a0 = _mm256_loadu_ps(a), a1 = _mm256_loadu_ps(a + 8), a2 = _mm256_loadu_ps(a + 16),
                              a3 = _mm256_loadu_ps(a + 24);
 #pragma GCC unroll 2
@@ -205,13 +209,13 @@ __attribute__((target("avx512f"))) void accumulateAvx512Sums(const Tile& t)
                 __m512 a[4];
                 if constexpr (Plain) {
 #pragma GCC unroll 4
-                    for (int j = 0; j < 4; ++j) a[j] = _mm512_maskz_loadu_ps(inC[j], t.acol + size_t(k) * t.C + g0 + 16 * j);
+                    for (int j = 0; j < 4; ++j) a[j] = _mm512_maskz_loadu_ps(inC[j], t.col[k] + g0 + 16 * j);
                 } else {
                     const uint64_t range = (hi - lo == 64 ? ~uint64_t(0) : ((uint64_t(1) << (hi - lo)) - 1)) << lo;
 #pragma GCC unroll 4
                     for (int j = 0; j < 4; ++j) {
                         cm[j] = __mmask16(range >> (16 * j)) & inC[j];
-                        a[j] = _mm512_maskz_loadu_ps(cm[j], t.acol + size_t(k) * t.C + g0 + 16 * j);
+                        a[j] = _mm512_maskz_loadu_ps(cm[j], t.col[k] + g0 + 16 * j);
                     }
                 }
 #pragma GCC unroll 4
@@ -255,6 +259,109 @@ Accumulate accumulateFor(SimdPath path)
 #endif
     (void)path;
     return accumulateScalar;
+}
+
+// ---- dequantisation of one row of symbols ----------------------------------------------------------
+
+// The block's escape list, read in the stream's order (token by token, k ascending).
+struct EscapeReader {
+    const uint8_t* p;
+    const uint8_t* end;
+    const std::string* where;
+
+    // q of an escaped symbol s (0 or 2M) of a component with folded max M.
+    int64_t next(int s, int M)
+    {
+        uint64_t z = 0;
+        for (int shift = 0;; shift += 7) {
+            if (p == end || shift > 28) throw Error(*where + ": escape list is truncated or malformed");
+            const uint8_t byte = *p++;
+            z |= uint64_t(byte & 0x7f) << shift;
+            if (!(byte & 0x80)) break;
+        }
+        const int64_t q = (z & 1) ? -int64_t((z + 1) >> 1) : int64_t(z >> 1);
+        if ((s == 0) != (q < 0) || (q > -M && q < M) || q > 2147483647 || q < -2147483647)
+            throw Error(*where + ": escape value does not match its symbol");
+        return q;
+    }
+};
+
+// z[k] = q step[k] mult for k in [from, K), q = sym[k] - M[k] or the escape's value; exactly 0
+// when q = 0 whatever the step (no branch: zeros come in no order).
+void dequantScalarFrom(const uint8_t* sym, const int* M, const float* step, float mult, int from, int K, float* z,
+                       EscapeReader& esc)
+{
+    for (int k = from; k < K; ++k) {
+        const int s = sym[k];
+        const int64_t q = (s == 0 || s == 2 * M[k]) ? esc.next(s, M[k]) : int64_t(s - M[k]);
+        const float f = float(q) * step[k] * mult;
+        uint32_t bits;
+        std::memcpy(&bits, &f, 4);
+        bits &= 0u - uint32_t(q != 0);
+        std::memcpy(&z[k], &bits, 4);
+    }
+}
+
+void dequantScalar(const uint8_t* sym, const int* M, const float* step, float mult, int K, float* z, EscapeReader& esc)
+{
+    dequantScalarFrom(sym, M, step, mult, 0, K, z, esc);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+// 8 (AVX2) or 16 (AVX-512) components at a time, the same two rounded multiplies as the scalar
+// loop; a vector holding an escape is done by the scalar loop, so escapes keep their order.
+__attribute__((target("avx2"))) void dequantAvx2(const uint8_t* sym, const int* M, const float* step, float mult, int K,
+                                                 float* z, EscapeReader& esc)
+{
+    const __m256 mv = _mm256_set1_ps(mult);
+    int k = 0;
+    for (; k + 8 <= K; k += 8) {
+        const __m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sym + k)));
+        const __m256i m = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(M + k));
+        const __m256i escV = _mm256_or_si256(_mm256_cmpeq_epi32(s, _mm256_setzero_si256()),
+                                             _mm256_cmpeq_epi32(s, _mm256_add_epi32(m, m)));
+        if (!_mm256_testz_si256(escV, escV)) {
+            dequantScalarFrom(sym, M, step, mult, k, k + 8, z, esc);
+            continue;
+        }
+        const __m256i q = _mm256_sub_epi32(s, m);
+        const __m256 f = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(step + k)), mv);
+        const __m256 nz = _mm256_castsi256_ps(_mm256_cmpeq_epi32(s, m));
+        _mm256_storeu_ps(z + k, _mm256_andnot_ps(nz, f));
+    }
+    dequantScalarFrom(sym, M, step, mult, k, K, z, esc);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void dequantAvx512(const uint8_t* sym, const int* M, const float* step,
+                                                                        float mult, int K, float* z, EscapeReader& esc)
+{
+    const __m512 mv = _mm512_set1_ps(mult);
+    for (int k = 0; k < K; k += 16) {
+        const __mmask16 in = __mmask16(K - k >= 16 ? 0xffffu : (1u << (K - k)) - 1);
+        const __m512i s = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(in, sym + k));
+        const __m512i m = _mm512_maskz_loadu_epi32(in, M + k);
+        const __mmask16 escM =
+            in & (_mm512_cmpeq_epi32_mask(s, _mm512_setzero_si512()) | _mm512_cmpeq_epi32_mask(s, _mm512_add_epi32(m, m)));
+        if (escM) {
+            dequantScalarFrom(sym, M, step, mult, k, std::min(K, k + 16), z, esc);
+            continue;
+        }
+        const __m512 f = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(s, m)), _mm512_maskz_loadu_ps(in, step + k)), mv);
+        _mm512_mask_storeu_ps(z + k, in, _mm512_maskz_mov_ps(_mm512_cmpneq_epi32_mask(s, m), f));
+    }
+}
+#endif
+
+using DequantRow = void (*)(const uint8_t* sym, const int* M, const float* step, float mult, int K, float* z, EscapeReader& esc);
+
+DequantRow dequantFor(SimdPath path)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (path == SimdPath::Avx512) return dequantAvx512;
+    if (path == SimdPath::Avx2) return dequantAvx2;
+#endif
+    (void)path;
+    return dequantScalar;
 }
 
 // Class of every token of the cache in `layer` (READ ME FIRST, 7): 0 for raw tokens.
@@ -548,89 +655,53 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
             }
     }
 
-    // Decode matrix columns of the coded components, contiguous: acol[k * C + c] = A[c][j_k], and
-    // the channels [lo_k, hi_k) outside which column k is all +-0.
-    std::vector<float> acol(size_t(K) * C), step(static_cast<size_t>(K));
-    std::vector<int> lo(static_cast<size_t>(K), 0), hi(static_cast<size_t>(K), C);
+    // The decode columns of the coded components (TransformBlock::columns) and the channels
+    // [lo_k, hi_k) outside which column k is all +-0.
+    std::vector<const float*> col(static_cast<size_t>(K));
+    std::vector<float> step(static_cast<size_t>(K));
+    std::vector<int> lo(static_cast<size_t>(K)), hi(static_cast<size_t>(K));
     bool finite = true;
     for (int k = 0; k < K; ++k) {
-        step[size_t(k)] = lb.step[size_t(coded[size_t(k)])];
+        const int j = coded[size_t(k)];
+        col[size_t(k)] = b.columns.data() + size_t(j) * C;
+        step[size_t(k)] = lb.step[size_t(j)];
         finite = finite && step[size_t(k)] < FLT_MAX / 17179869184.0f;  // 2^34: |q| < 2^31, class <= 3
-        lo[size_t(k)] = C, hi[size_t(k)] = 0;
+        lo[size_t(k)] = b.colLo[size_t(j)];
+        hi[size_t(k)] = b.colHi[size_t(j)];
     }
-    bool acolFinite = true;
-    for (int c = 0; c < C; ++c) {
-        const float* row = &b.decode[size_t(c) * C];
-        for (int k = 0; k < K; ++k) {
-            const float a = row[coded[size_t(k)]];
-            acol[size_t(k) * C + size_t(c)] = a;
-            acolFinite = acolFinite && std::isfinite(a);
-            if (a != 0.0f) lo[size_t(k)] = std::min(lo[size_t(k)], c), hi[size_t(k)] = c + 1;
-        }
-    }
-    for (int k = 0; k < K; ++k) lo[size_t(k)] = std::min(lo[size_t(k)], hi[size_t(k)]);
     // A term (+-0) * z leaves a sum unchanged unless the sum is -0 or z is not finite: the sum
     // starts at mean[c] and round-to-nearest gives -0 only from -0 + -0, so with no mean -0 and
     // every step below 2^-34 FLT_MAX (z = q step 2^class stays finite) the zero rows of a column
     // can be skipped exactly. Otherwise every column spans all channels.
-    bool negZeroMean = false;
-    for (int c = 0; c < C; ++c) negZeroMean = negZeroMean || (std::signbit(b.mean[size_t(c)]) && b.mean[size_t(c)] == 0.0f);
-    if (!finite || negZeroMean) std::fill(lo.begin(), lo.end(), 0), std::fill(hi.begin(), hi.end(), C);
+    if (!finite || b.meanNegZero) std::fill(lo.begin(), lo.end(), 0), std::fill(hi.begin(), hi.end(), C);
 
-    // Dequantised components, token-major: zq[r * K + k] = q step 2^class, 0 exactly when q = 0
-    // (step > 0 and |q| >= 1 otherwise), escapes read in the stream's order (token by token).
-    std::vector<float> zq(size_t(R) * K);
+    // Per tile of tokens: the dequantised components (token-major, zq[i * K + k] = q step 2^class,
+    // 0 exactly when q = 0, escapes read in the stream's order), then v_t = mean + sum over k
+    // ascending of col_k zq_tk (terms with q = 0 skipped), then scattered to y (H, n, D).
     std::vector<int> folded(size_t(kImportanceClasses) * K);  // [class * K + k]: the folded max |q|
     for (int c = 0; c < kImportanceClasses; ++c)
         for (int k = 0; k < K; ++k) folded[size_t(c) * K + size_t(k)] = foldedMax(lb.maxQ[size_t(coded[size_t(k)])], c);
-    const uint8_t* ep = esc;
-    const uint8_t* const eend = esc + escBytes;
-    for (int r = 0; r < R; ++r) {
-        const int cls = rowClass[size_t(r)];
-        const float mult = float(1 << cls);
-        const int* Mk = folded.data() + size_t(cls) * K;
-        for (int k = 0; k < K; ++k) {
-            const int M = Mk[k];
-            const int s = sym[size_t(r) * K + size_t(k)];
-            int64_t q = s - M;
-            if (s == 0 || s == 2 * M) {
-                uint64_t z = 0;
-                for (int shift = 0;; shift += 7) {
-                    if (ep == eend || shift > 28) throw Error(where + ": escape list is truncated or malformed");
-                    const uint8_t byte = *ep++;
-                    z |= uint64_t(byte & 0x7f) << shift;
-                    if (!(byte & 0x80)) break;
-                }
-                q = (z & 1) ? -int64_t((z + 1) >> 1) : int64_t(z >> 1);
-                if ((s == 0) != (q < 0) || (q > -M && q < M) || q > 2147483647 || q < -2147483647)
-                    throw Error(where + ": escape value does not match its symbol");
-            }
-            // q = 0 gives 0 whatever the step (no branch: zeros come in no order).
-            const float z = float(q) * step[size_t(k)] * mult;
-            uint32_t bits;
-            std::memcpy(&bits, &z, 4);
-            bits &= 0u - uint32_t(q != 0);
-            std::memcpy(&zq[size_t(r) * K + size_t(k)], &bits, 4);
-        }
-    }
-
-    // v_t = mean + sum over k ascending of acol_k zq_tk (terms with q = 0 skipped), a tile of
-    // tokens at a time; then scattered to y (H, n, D).
+    EscapeReader escapes{esc, esc + escBytes, &where};
+    const DequantRow dequant = dequantFor(simdPath());
     std::vector<float> y(size_t(H) * n * D);  // (H, n, D)
     const Accumulate accumulate = accumulateFor(simdPath());
-    std::vector<float> v(size_t(kTileTokens) * C);
+    std::vector<float> v(size_t(kTileTokens) * C), zq(size_t(kTileTokens) * K);
     for (int r0 = 0; r0 < R; r0 += kTileTokens) {
         const int nt = std::min(kTileTokens, R - r0);
-        for (int i = 0; i < nt; ++i) std::memcpy(&v[size_t(i) * C], b.mean.data(), sizeof(float) * size_t(C));
-        accumulate(Tile{v.data(), acol.data(), zq.data() + size_t(r0) * K, lo.data(), hi.data(), nt, K, C,
-                        finite && !negZeroMean && acolFinite});
+        for (int i = 0; i < nt; ++i) {
+            const int cls = rowClass[size_t(r0 + i)];
+            dequant(sym.data() + size_t(r0 + i) * K, folded.data() + size_t(cls) * K, step.data(), float(1 << cls), K,
+                    zq.data() + size_t(i) * K, escapes);
+            std::memcpy(&v[size_t(i) * C], b.mean.data(), sizeof(float) * size_t(C));
+        }
+        accumulate(Tile{v.data(), col.data(), zq.data(), lo.data(), hi.data(), nt, K, C, finite && !b.meanNegZero && b.decodeFinite});
         for (int i = 0; i < nt; ++i) {
             const int t = codedTokens[size_t(r0 + i)];
             for (int h = 0; h < H; ++h)
                 std::memcpy(&y[(size_t(h) * n + t) * D], &v[size_t(i) * C + size_t(h) * D], sizeof(float) * size_t(D));
         }
     }
-    if (ep != eend) throw Error(where + ": escape list has unused bytes");
+    if (escapes.p != escapes.end) throw Error(where + ": escape list has unused bytes");
     if (kind == KvKind::Key && m.settings.ropeUndo)  // re-apply RoPE (raw rows are overwritten below)
         for (int h = 0; h < H; ++h)
             applyRopeTable(y.data() + size_t(h) * n * D, n, D, rope, false);
