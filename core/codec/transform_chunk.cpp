@@ -677,14 +677,15 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
 
     // Per tile of tokens: the dequantised components (token-major, zq[i * K + k] = q step 2^class,
     // 0 exactly when q = 0, escapes read in the stream's order), then v_t = mean + sum over k
-    // ascending of col_k zq_tk (terms with q = 0 skipped), then scattered to y (H, n, D).
+    // ascending of col_k zq_tk (terms with q = 0 skipped), then each head's row, keys rotated
+    // back by RoPE when the model undoes it, straight into the output's dtype.
     std::vector<int> folded(size_t(kImportanceClasses) * K);  // [class * K + k]: the folded max |q|
     for (int c = 0; c < kImportanceClasses; ++c)
         for (int k = 0; k < K; ++k) folded[size_t(c) * K + size_t(k)] = foldedMax(lb.maxQ[size_t(coded[size_t(k)])], c);
     EscapeReader escapes{esc, esc + escBytes, &where};
     const DequantRow dequant = dequantFor(simdPath());
-    std::vector<float> y(size_t(H) * n * D);  // (H, n, D)
     const Accumulate accumulate = accumulateFor(simdPath());
+    const bool ropeKeys = kind == KvKind::Key && m.settings.ropeUndo;
     std::vector<float> v(size_t(kTileTokens) * C), zq(size_t(kTileTokens) * K);
     for (int r0 = 0; r0 < R; r0 += kTileTokens) {
         const int nt = std::min(kTileTokens, R - r0);
@@ -697,20 +698,20 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
         accumulate(Tile{v.data(), col.data(), zq.data(), lo.data(), hi.data(), nt, K, C, finite && !b.meanNegZero && b.decodeFinite});
         for (int i = 0; i < nt; ++i) {
             const int t = codedTokens[size_t(r0 + i)];
-            for (int h = 0; h < H; ++h)
-                std::memcpy(&y[(size_t(h) * n + t) * D], &v[size_t(i) * C + size_t(h) * D], sizeof(float) * size_t(D));
+            for (int h = 0; h < H; ++h) {
+                float* row = &v[size_t(i) * C + size_t(h) * D];
+                if (ropeKeys) applyRopeTable(row, 1, D, rope + size_t(t) * D, false);
+                outKv.writeRows(kind, layer, h, t0 + t, 1, row);
+            }
         }
     }
     if (escapes.p != escapes.end) throw Error(where + ": escape list has unused bytes");
-    if (kind == KvKind::Key && m.settings.ropeUndo)  // re-apply RoPE (raw rows are overwritten below)
-        for (int h = 0; h < H; ++h)
-            applyRopeTable(y.data() + size_t(h) * n * D, n, D, rope, false);
-    size_t ri = 0;
+    size_t ri = 0;  // raw tokens: their fp16 values as stored
     for (int t : rawTokens)
-        for (int h = 0; h < H; ++h)
-            for (int d = 0; d < D; ++d, ++ri)
-                y[(size_t(h) * n + t) * D + d] = halfToFloat(uint16_t(raw[2 * ri] | raw[2 * ri + 1] << 8));
-    writeBlock(outKv, kind, layer, t0, n, y.data());
+        for (int h = 0; h < H; ++h) {
+            for (int d = 0; d < D; ++d, ++ri) v[size_t(d)] = halfToFloat(uint16_t(raw[2 * ri] | raw[2 * ri + 1] << 8));
+            outKv.writeRows(kind, layer, h, t0 + t, 1, v.data());
+        }
 }
 
 size_t rawBytesPerBlock(const CodecParams& p, int t0, int n)
