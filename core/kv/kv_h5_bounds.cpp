@@ -525,6 +525,9 @@ void Walker::layout(Bytes& b, uint64_t points, uint64_t elemSize, bool filtered)
 {
     const std::string& place = b.place();
     const unsigned version = b.u8();
+    if (version == 5)  // HDF5 2.0 writes it for libver 'latest' (h5py >= 3.15 from PyPI bundles 2.0)
+        fail(place, "data layout version 5 (HDF5 2.0's newest format) is not 1 to 4: write the file with HDF5 1.x, or "
+                    "with h5py's libver=('earliest', 'v114')");
     if (version < 1 || version > 4)
         fail(place, "data layout version " + std::to_string(version) + " is not 1 to 4");
     unsigned cls = 0, ndims = 0;
