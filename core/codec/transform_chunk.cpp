@@ -249,17 +249,6 @@ void accumulateAvx512(const Tile& t)
 }
 #endif
 
-using Accumulate = void (*)(const Tile&);
-
-Accumulate accumulateFor(SimdPath path)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    if (path == SimdPath::Avx512) return accumulateAvx512;
-    if (path == SimdPath::Avx2) return accumulateAvx2;
-#endif
-    (void)path;
-    return accumulateScalar;
-}
 
 // ---- dequantisation of one row of symbols ----------------------------------------------------------
 
@@ -352,16 +341,21 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void dequantAvx512(const ui
 }
 #endif
 
-using DequantRow = void (*)(const uint8_t* sym, const int* M, const float* step, float mult, int K, float* z, EscapeReader& esc);
+// The decoder's kernels on a SIMD path (simd_path.h): a row's dequantisation and a tile's
+// inverse transform.
+struct TileKernels {
+    void (*dequant)(const uint8_t* sym, const int* M, const float* step, float mult, int K, float* z, EscapeReader& esc);
+    void (*accumulate)(const Tile&);
+};
 
-DequantRow dequantFor(SimdPath path)
+TileKernels kernelsFor(SimdPath path)
 {
 #if defined(__x86_64__) || defined(__i386__)
-    if (path == SimdPath::Avx512) return dequantAvx512;
-    if (path == SimdPath::Avx2) return dequantAvx2;
+    if (path == SimdPath::Avx512) return {dequantAvx512, accumulateAvx512};
+    if (path == SimdPath::Avx2) return {dequantAvx2, accumulateAvx2};
 #endif
     (void)path;
-    return dequantScalar;
+    return {dequantScalar, accumulateScalar};
 }
 
 // Class of every token of the cache in `layer` (READ ME FIRST, 7): 0 for raw tokens.
@@ -683,19 +677,18 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
     for (int c = 0; c < kImportanceClasses; ++c)
         for (int k = 0; k < K; ++k) folded[size_t(c) * K + size_t(k)] = foldedMax(lb.maxQ[size_t(coded[size_t(k)])], c);
     EscapeReader escapes{esc, esc + escBytes, &where};
-    const DequantRow dequant = dequantFor(simdPath());
-    const Accumulate accumulate = accumulateFor(simdPath());
+    const TileKernels kernels = kernelsFor(simdPath());
     const bool ropeKeys = kind == KvKind::Key && m.settings.ropeUndo;
     std::vector<float> v(size_t(kTileTokens) * C), zq(size_t(kTileTokens) * K);
     for (int r0 = 0; r0 < R; r0 += kTileTokens) {
         const int nt = std::min(kTileTokens, R - r0);
         for (int i = 0; i < nt; ++i) {
             const int cls = rowClass[size_t(r0 + i)];
-            dequant(sym.data() + size_t(r0 + i) * K, folded.data() + size_t(cls) * K, step.data(), float(1 << cls), K,
+            kernels.dequant(sym.data() + size_t(r0 + i) * K, folded.data() + size_t(cls) * K, step.data(), float(1 << cls), K,
                     zq.data() + size_t(i) * K, escapes);
             std::memcpy(&v[size_t(i) * C], b.mean.data(), sizeof(float) * size_t(C));
         }
-        accumulate(Tile{v.data(), col.data(), zq.data(), lo.data(), hi.data(), nt, K, C, finite && !b.meanNegZero && b.decodeFinite});
+        kernels.accumulate(Tile{v.data(), col.data(), zq.data(), lo.data(), hi.data(), nt, K, C, finite && !b.meanNegZero && b.decodeFinite});
         for (int i = 0; i < nt; ++i) {
             const int t = codedTokens[size_t(r0 + i)];
             for (int h = 0; h < H; ++h) {
