@@ -719,8 +719,6 @@ void prepareDecodeColumns(TransformBlock& b)
             if (a != 0.0f) b.colLo[j] = std::min(b.colLo[j], int(c)), b.colHi[j] = int(c) + 1;
         }
     for (size_t j = 0; j < C; ++j) b.colLo[j] = std::min(b.colLo[j], b.colHi[j]);
-    b.meanNegZero = false;
-    for (float m : b.mean) b.meanNegZero = b.meanNegZero || (std::signbit(m) && m == 0.0f);
 }
 
 TransformModel parseTransformModel(const uint8_t* data, size_t size, const KvShape& shape, const std::string& where)

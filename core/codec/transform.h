@@ -152,14 +152,13 @@ struct TransformBlock {
     std::vector<float> encode;    // A^{-1} (C, C), computed by prepareTransform (not serialised)
     // What the decoder reads of A, derived once by prepareDecodeColumns (not serialised): column j
     // of A as row j of `columns` (C, C), the channels [colLo[j], colHi[j]) outside which column j
-    // is +-0 (empty range 0, 0 for a zero column), whether every entry of A is finite, and
-    // whether some mean is -0.
+    // is +-0 (empty range 0, 0 for a zero column), and whether every entry of A is finite.
     std::vector<float> columns;
     std::vector<int> colLo, colHi;
-    bool decodeFinite = true, meanNegZero = false;
+    bool decodeFinite = true;
 };
 
-// Fills the derived decode fields of b from b.mean and b.decode (every block a model holds has
+// Fills the derived decode fields of b from b.decode (every block a model holds has
 // them: fitTransform and parseTransformModel call this).
 void prepareDecodeColumns(TransformBlock& b);
 

@@ -667,7 +667,10 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
     // starts at mean[c] and round-to-nearest gives -0 only from -0 + -0, so with no mean -0 and
     // every step below 2^-34 FLT_MAX (z = q step 2^class stays finite) the zero rows of a column
     // can be skipped exactly. Otherwise every column spans all channels.
-    if (!finite || b.meanNegZero) std::fill(lo.begin(), lo.end(), 0), std::fill(hi.begin(), hi.end(), C);
+    bool negZeroMean = false;
+    for (int c = 0; c < C; ++c) negZeroMean = negZeroMean || (std::signbit(b.mean[size_t(c)]) && b.mean[size_t(c)] == 0.0f);
+    if (!finite || negZeroMean) std::fill(lo.begin(), lo.end(), 0), std::fill(hi.begin(), hi.end(), C);
+    const bool plain = finite && !negZeroMean && b.decodeFinite;  // Tile::plain
 
     // Per tile of tokens: the dequantised components (token-major, zq[i * K + k] = q step 2^class,
     // 0 exactly when q = 0, escapes read in the stream's order), then v_t = mean + sum over k
@@ -684,11 +687,11 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
         const int nt = std::min(kTileTokens, R - r0);
         for (int i = 0; i < nt; ++i) {
             const int cls = rowClass[size_t(r0 + i)];
-            kernels.dequant(sym.data() + size_t(r0 + i) * K, folded.data() + size_t(cls) * K, step.data(), float(1 << cls), K,
-                    zq.data() + size_t(i) * K, escapes);
+            kernels.dequant(sym.data() + size_t(r0 + i) * K, folded.data() + size_t(cls) * K, step.data(), float(1 << cls),
+                            K, zq.data() + size_t(i) * K, escapes);
             std::memcpy(&v[size_t(i) * C], b.mean.data(), sizeof(float) * size_t(C));
         }
-        kernels.accumulate(Tile{v.data(), col.data(), zq.data(), lo.data(), hi.data(), nt, K, C, finite && !b.meanNegZero && b.decodeFinite});
+        kernels.accumulate(Tile{v.data(), col.data(), zq.data(), lo.data(), hi.data(), nt, K, C, plain});
         for (int i = 0; i < nt; ++i) {
             const int t = codedTokens[size_t(r0 + i)];
             for (int h = 0; h < H; ++h) {
