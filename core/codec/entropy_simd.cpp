@@ -19,9 +19,10 @@
 //   cannot hold a table): a slot index of the role's table (W32Row::slots, 16 KiB, L1
 //   resident) gives symbol, offset in the symbol and frequency in one load per lane.
 // - The AVX2 kernels load per lane instead of using vpgather (gather8x32: faster on Zen 4).
-//   With a slot index, the entries of the next step's lanes are loaded one step ahead (that
-//   state vector is final a step early): 8-12% faster AVX2 rows on Zen 4. The same look-ahead
-//   of the AVX-512 register lookups was slower (0.83 against 0.81 ns per symbol).
+//   The next step's lookup (slot index entries, or bucket entries with per-channel tables) is
+//   done one step ahead, since that state vector is final a step early: AVX2 decode 7-12%
+//   faster on Zen 4. The same look-ahead in the AVX-512 kernels was slower with register
+//   lookups (0.83 against 0.81 ns per symbol) and no faster with per-channel gathers.
 // - A call decodes W32Row::rows consecutive rows of one role (a delta group after its anchor),
 //   the states and the table staying in registers across them.
 // - Renormalisation reads words in symbol order: the lanes that need a word take the next words
@@ -544,6 +545,9 @@ KVS_AVX2 void rowAvx2(W32Stream& s, const W32Row& row_)
     const int* slots = reinterpret_cast<const int*>(r.slots);
     // Slots: the entries of the next step's lanes, loaded one step ahead (x1 is final by then).
     __m256i eNext = Slots ? gather8x32(slots, _mm256_and_si256(x0, m12)) : zero;
+    Lookup8 lkNext{};
+    if constexpr (!Slots)
+        lkNext = lookup256(T, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.tableWord)), _mm256_and_si256(x0, m12));
     for (int row = 0; row < rows; ++row, o += size_t(r.D) * rowOutBytes(K)) {
         const __m256 tokenScale = _mm256_set1_ps(r.rowScales ? _cvtsh_ss(r.rowScales[row]) : r.scale);
         for (int v = 0; v < nv; ++v) {
@@ -558,8 +562,10 @@ KVS_AVX2 void rowAvx2(W32Stream& s, const W32Row& row_)
                 const __m256i freq = _mm256_add_epi32(_mm256_srli_epi32(e, 20), one);
                 x = _mm256_add_epi32(_mm256_mullo_epi32(freq, _mm256_srli_epi32(x0, 12)), k);
             } else {
-                const __m256i idx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.tableWord + d0));
-                const Lookup8 lk = lookup256(T, idx, slot);
+                const Lookup8 lk = lkNext;
+                const int dn = v + 1 == nv ? 0 : d0 + 8;
+                lkNext = lookup256(T, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.tableWord + dn)),
+                                   _mm256_and_si256(x1, m12));
                 sym = lk.sym;
                 const __m256i k = _mm256_sub_epi32(slot, lk.start);
                 x = _mm256_add_epi32(_mm256_mullo_epi32(lk.freq, _mm256_srli_epi32(x0, 12)), k);
