@@ -18,7 +18,7 @@
 //   finds its symbol by a binary search over the starts, also in registers. AVX2 (16 registers
 //   cannot hold a table): a slot index of the role's table (W32Row::slots, 16 KiB, L1
 //   resident) gives symbol, offset in the symbol and frequency in one load per lane.
-// - The AVX2 kernels load per lane instead of using vpgather (gather8x32: faster on Zen 4).
+// - The kernels load per lane instead of using vpgather (gather8x32, gather8x64: faster on Zen 4).
 //   The next step's lookup (slot index entries, or bucket entries with per-channel tables) is
 //   done one step ahead, since that state vector is final a step early: AVX2 decode 7-12%
 //   faster on Zen 4. The same look-ahead in the AVX-512 kernels was slower with register
@@ -144,12 +144,67 @@ namespace {
 constexpr uint32_t kSfWords = offsetof(CodingTable, sf) / 4;  // sf[] as a word offset into a CodingTable
 static_assert(offsetof(CodingTable, sf) % 4 == 0 && offsetof(CodingTable, bucket) == 0, "the kernels address bucket[] at a table's start and sf[] in words");
 
+// ----- Gathers by scalar loads (AVX2 and AVX-512 kernels) ----------------------------------------
+
+#define KVS_AVX2 __attribute__((target("avx2,bmi2,popcnt,f16c,fma")))
+
+// Gathers by scalar loads, one per lane from L1: on Zen 4 (and on Intel cores with the
+// gather-data-sampling mitigation) vpgather* is microcoded, and in the decode and encode loops
+// here the loads were faster (bench codec, alternating in one script: AVX2 rows, per-head
+// tables, 1232-1574 MB/s against 1046-1316 for vpgatherdd; AVX-512 rows, per-channel tables,
+// 1198-1328 MB/s against 925-1008 for two vpgatherqq of 8 bucket entries). The indices reach
+// general registers two at a time (vmovq / vpextrq, then a shift), not through a store to the
+// stack and eight reloads: 0.82 against 0.89-1.01 ns per symbol of AVX2 row decoding, the two
+// forms alternating in one process (tests/bench/entropy_parts).
+#if defined(__x86_64__)
+KVS_AVX2 inline void lanePairs(__m128i idx, uint64_t* a, uint64_t* b)
+{
+    *a = uint64_t(_mm_cvtsi128_si64(idx));
+    *b = uint64_t(_mm_extract_epi64(idx, 1));
+}
+#else  // 32-bit x86: no 64-bit moves out of a vector register
+KVS_AVX2 inline void lanePairs(__m128i idx, uint64_t* a, uint64_t* b)
+{
+    alignas(16) uint32_t i[4];
+    _mm_store_si128(reinterpret_cast<__m128i*>(i), idx);
+    *a = i[0] | uint64_t(i[1]) << 32;
+    *b = i[2] | uint64_t(i[3]) << 32;
+}
+#endif
+KVS_AVX2 inline __m128i load4x32(const int* t, __m128i idx)
+{
+    uint64_t a, b;
+    lanePairs(idx, &a, &b);
+    __m128i v = _mm_cvtsi32_si128(t[uint32_t(a)]);
+    v = _mm_insert_epi32(v, t[a >> 32], 1);
+    v = _mm_insert_epi32(v, t[uint32_t(b)], 2);
+    return _mm_insert_epi32(v, t[b >> 32], 3);
+}
+KVS_AVX2 inline __m256i gather8x32(const int* t, __m256i idx)
+{
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(load4x32(t, _mm256_castsi256_si128(idx))),
+                                   load4x32(t, _mm256_extracti128_si256(idx, 1)), 1);
+}
+KVS_AVX2 inline __m256i gather4x64(const long long* t, __m128i idx)
+{
+    uint64_t a, b;
+    lanePairs(idx, &a, &b);
+    return _mm256_setr_epi64x(t[uint32_t(a)], t[a >> 32], t[uint32_t(b)], t[b >> 32]);
+}
+
 // ----- AVX-512: 16 lanes, 2 state vectors ----------------------------------------------------
 
 #define KVS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,bmi2,popcnt,f16c,fma")))
 
+KVS_AVX512 inline __m512i gather8x64(const long long* t, __m256i idx)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(gather4x64(t, _mm256_castsi256_si128(idx))),
+                              gather4x64(t, _mm256_extracti128_si256(idx, 1)), 1);
+}
+
 // The slot -> (symbol, start, freq) lookup of 16 lanes: two gathers of 8 bucket entries (no
-// dependency between them), then s0 + (slot > last0) + (slot > last1) (prob_table.h).
+// dependency between them; scalar loads, see gather8x64), then s0 + (slot > last0) +
+// (slot > last1) (prob_table.h).
 struct Lookup16 {
     __m512i sym, start, freq;
     __mmask16 rare;  // lanes outside their entry's three symbols (resolve512 with T: already walked)
@@ -206,8 +261,9 @@ KVS_AVX512 inline Lookup16 lookup512(const int* T, __m512i idx, __m512i slot)
 {
     const __m512i one = _mm512_set1_epi32(1);
     const __m512i b = _mm512_add_epi32(_mm512_srli_epi32(idx, 1), _mm512_srli_epi32(slot, CodingTable::kBucketShift));
-    const __m512i lo = _mm512_i32gather_epi64(_mm512_castsi512_si256(b), T, 8);
-    const __m512i hi = _mm512_i32gather_epi64(_mm512_extracti64x4_epi64(b, 1), T, 8);
+    const long long* T64 = reinterpret_cast<const long long*>(T);
+    const __m512i lo = gather8x64(T64, _mm512_castsi512_si256(b));
+    const __m512i hi = gather8x64(T64, _mm512_extracti64x4_epi64(b, 1));
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i a = _mm512_permutex2var_epi32(lo, even, hi);                                // s0 | start0 | last0
     const __m512i c = _mm512_permutex2var_epi32(lo, _mm512_add_epi32(even, one), hi);         // last1 | last2
@@ -410,8 +466,6 @@ KVS_AVX512 void encodeAvx512(const W32EncJob& j, uint32_t* x, uint16_t*& words)
 
 // ----- AVX2: 8 lanes, 4 state vectors --------------------------------------------------------
 
-#define KVS_AVX2 __attribute__((target("avx2,bmi2,popcnt,f16c,fma")))
-
 // expandIndex[m][j]: the word lane j takes when the lanes in mask m need one (lane order).
 struct ExpandTable {
     alignas(32) int32_t idx[256][8];
@@ -427,49 +481,6 @@ struct ExpandTable {
     }
 };
 const ExpandTable kExpand;
-
-// Gathers by scalar loads, one per lane from L1: on Zen 4 (and on Intel cores with the
-// gather-data-sampling mitigation) vpgather* is microcoded, and in the decode and encode loops
-// here the loads were faster (bench codec --simd avx2, per-head tables: decode 1232-1574 MB/s
-// against 1046-1316 for vpgatherdd, alternating in one script). The indices reach general
-// registers two at a time (vmovq / vpextrq, then a shift), not through a store to the stack and
-// eight reloads: 0.82 against 0.89-1.01 ns per symbol of AVX2 row decoding, the two forms
-// alternating in one process (tests/bench/entropy_parts).
-#if defined(__x86_64__)
-KVS_AVX2 inline void lanePairs(__m128i idx, uint64_t* a, uint64_t* b)
-{
-    *a = uint64_t(_mm_cvtsi128_si64(idx));
-    *b = uint64_t(_mm_extract_epi64(idx, 1));
-}
-#else  // 32-bit x86: no 64-bit moves out of a vector register
-KVS_AVX2 inline void lanePairs(__m128i idx, uint64_t* a, uint64_t* b)
-{
-    alignas(16) uint32_t i[4];
-    _mm_store_si128(reinterpret_cast<__m128i*>(i), idx);
-    *a = i[0] | uint64_t(i[1]) << 32;
-    *b = i[2] | uint64_t(i[3]) << 32;
-}
-#endif
-KVS_AVX2 inline __m128i load4x32(const int* t, __m128i idx)
-{
-    uint64_t a, b;
-    lanePairs(idx, &a, &b);
-    __m128i v = _mm_cvtsi32_si128(t[uint32_t(a)]);
-    v = _mm_insert_epi32(v, t[a >> 32], 1);
-    v = _mm_insert_epi32(v, t[uint32_t(b)], 2);
-    return _mm_insert_epi32(v, t[b >> 32], 3);
-}
-KVS_AVX2 inline __m256i gather8x32(const int* t, __m256i idx)
-{
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(load4x32(t, _mm256_castsi256_si128(idx))),
-                                   load4x32(t, _mm256_extracti128_si256(idx, 1)), 1);
-}
-KVS_AVX2 inline __m256i gather4x64(const long long* t, __m128i idx)
-{
-    uint64_t a, b;
-    lanePairs(idx, &a, &b);
-    return _mm256_setr_epi64x(t[uint32_t(a)], t[a >> 32], t[uint32_t(b)], t[b >> 32]);
-}
 
 // The AVX2 form of lookup512: 8 lanes, two gathers of 4 bucket entries.
 struct Lookup8 {
