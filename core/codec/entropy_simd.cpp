@@ -436,7 +436,8 @@ KVS_AVX512 void encodeAvx512(const W32EncJob& j, uint32_t* x, uint16_t*& words)
                 rcp = _mm512_castsi512_ps(_mm512_permutex2var_epi32(rcpR[role][0], sym, rcpR[role][1]));
             } else {
                 const __m512i idx = _mm512_add_epi32(_mm512_loadu_si512(tw + d0), _mm512_add_epi32(sym, sfOff));
-                sf = _mm512_i32gather_epi32(idx, T, 4);
+                sf = _mm512_inserti64x4(_mm512_castsi256_si512(gather8x32(T, _mm512_castsi512_si256(idx))),
+                                        gather8x32(T, _mm512_extracti64x4_epi64(idx, 1)), 1);
             }
             const __m512i freq = _mm512_srli_epi32(sf, 16);
             if constexpr (!Small) rcp = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_cvtepi32_ps(freq));
