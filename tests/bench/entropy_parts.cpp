@@ -1,7 +1,7 @@
 // Where the CacheGen codec's time goes, stage by stage, on one KV file at the default level, one
 // thread (CPU time of the thread, best of N): quantise, count + build + serialise in-band tables, encode streams, parse tables,
 // decode streams (symbols and fp16). A developer's tool for the entropy stage (not a test):
-//   entropy_parts KV.h5 [repeats] [scalar|avx2|avx512 ...]
+//   entropy_parts KV.h5 [repeats] [channel] [scalar|avx2|avx512 ...]   (channel: one table per channel)
 // With several SIMD paths named, the decode passes alternate between them in one process (the
 // fairest comparison on a machine whose speed drifts between runs) and each path's best is printed.
 #include "codec/codec_detail.h"
@@ -42,7 +42,12 @@ int main(int argc, char** argv)
     if (argc < 2) return 2;
     const int reps = argc > 2 ? std::atoi(argv[2]) : 3;
     std::vector<SimdPath> paths;
+    bool perChannel = false;
     for (int i = 3; i < argc; ++i) {
+        if (std::strcmp(argv[i], "channel") == 0) {
+            perChannel = true;
+            continue;
+        }
         SimdPath sp;
         if (!parseSimdPath(argv[i], &sp) || !simdPathSupported(sp)) {
             std::fprintf(stderr, "error: SIMD path %s: unknown or not supported here\n", argv[i]);
@@ -57,6 +62,7 @@ int main(int argc, char** argv)
     p.shape = kv.shape();
     p.dtype = kv.dtype();
     p.profile = defaultProfile(p.shape.numLayers);
+    if (perChannel) p.profile.tableScope = TableScope::Channel;  // CacheGen's one table per channel
     const int level = p.defaultLevel();
     const int L = p.shape.numLayers, H = p.shape.numKvHeads, C = p.shape.channels(), roles = numRoles(p);
     const int nt = tablesPerRole(p);  // tables per role: one per KV head with the default profile
