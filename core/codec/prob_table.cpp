@@ -49,9 +49,21 @@ void finishCoding(CodingTable* c, const uint16_t* freq, int alphabet, bool forDe
     };
     constexpr int width = 1 << CodingTable::kBucketShift;
     constexpr uint32_t round = width - 1;
+    // A bucket whose entry's three symbols do not reach its last slot ("crowded") is one with 3+
+    // symbols starting inside it (after its first slot): starts[b] counts them, and `crowded`
+    // lists each such bucket once, so the fix-up below visits only those (the tails of the
+    // alphabet) instead of testing all 64 (in-band tables are rebuilt for every chunk).
+    uint16_t starts[CodingTable::kBuckets] = {};  // up to kMaxAlphabet: symbols of frequency 0 share a start
+    uint8_t crowded[CodingTable::kBuckets];
+    int nCrowded = 0;
     int b = 0;
     for (int s = 0; s < alphabet; ++s) {
         const uint64_t e = entry(s);
+        const uint32_t st = c->start(s);
+        if (st & round) {
+            const int sb = int(st >> CodingTable::kBucketShift);
+            if (++starts[sb] == 3) crowded[nCrowded++] = uint8_t(sb);
+        }
         const int end = int((c->start(s + 1) + round) >> CodingTable::kBucketShift);  // start(alphabet) = 4096: 64
         for (; b < end; ++b) c->bucket[b] = e;
     }
@@ -60,10 +72,11 @@ void finishCoding(CodingTable* c, const uint16_t* freq, int alphabet, bool forDe
     // in an alphabet's tail, symbols of a few slots each come before ones of tens of slots, and
     // a slot's chance of being visited is about its symbol's frequency, so fewer lanes take the
     // slow walk (SmolLM2 KV, AVX-512 rows: 3.2% of 16-lane steps against 6.7%).
-    for (b = 0; b < CodingTable::kBuckets; ++b) {
+    for (int k = 0; k < nCrowded; ++k) {
+        b = crowded[k];
         const uint32_t lo = uint32_t(b) * width, hi = lo + round;
         const int first = int(c->bucket[b] & 0xffu);
-        if (last(first + 2) >= hi) continue;
+        KVSCOPE_ASSERT(last(first + 2) < hi);  // what starts[b] >= 3 means
         int best = first;
         uint32_t bestCover = 0;
         for (int s = first; s < alphabet && c->start(s) <= hi; ++s) {
