@@ -1,8 +1,9 @@
 // Golden bad inputs: every file under tests/data/bad/<reader>/ is an input a fuzzer found (or one
-// kept next to such a finding, or a real file the reader refuses), and <file>.error is the one line the reader must throw for it, with
-// "{path}" standing for the file's path. Each file is given to its reader exactly as the fuzz
-// target does (tests/fuzz/fuzz_<reader>.cpp); a crash, a sanitizer report, another exception or
-// another message fails the test. Adding a row is adding two files; the reader is the folder.
+// kept next to such a finding, or a real file the reader refuses), and <file>.error is the one
+// line the reader must throw for it, with "{path}" standing for the file's path. Each file is
+// given to its reader exactly as the fuzz target does (tests/fuzz/fuzz_<reader>.cpp); a crash, a
+// sanitizer report, another exception or another message fails the test. Adding a row is adding
+// two files; the reader is the folder.
 #include "codec/container.h"
 #include "codec/profile.h"
 #include "common/error.h"

@@ -18,11 +18,12 @@
 //   finds its symbol by a binary search over the starts, also in registers. AVX2 (16 registers
 //   cannot hold a table): a slot index of the role's table (W32Row::slots, 16 KiB, L1
 //   resident) gives symbol, offset in the symbol and frequency in one load per lane.
-// - The kernels load per lane instead of using vpgather (gather8x32, gather8x64: faster on Zen 4).
-//   The next step's lookup (slot index entries, or bucket entries with per-channel tables) is
-//   done one step ahead, since that state vector is final a step early: AVX2 decode 7-12%
-//   faster on Zen 4. The same look-ahead in the AVX-512 kernels was slower with register
-//   lookups (0.83 against 0.81 ns per symbol) and no faster with per-channel gathers.
+// - The kernels load per lane instead of using vpgather (gather8x32, gather8x64, gather16x32:
+//   faster on Zen 4). The AVX2 rows do the next step's lookup (slot index entries, or bucket
+//   entries with per-channel tables) one step ahead, since that state vector is final a step
+//   early: AVX2 decode 7-12% faster on Zen 4. The same look-ahead in the AVX-512 rows was
+//   slower, both with register lookups (0.83 against 0.81 ns per symbol) and with per-channel
+//   per-lane loads (960-1,069 against 1,161-1,328 MB/s).
 // - A call decodes W32Row::rows consecutive rows of one role (a delta group after its anchor),
 //   the states and the table staying in registers across them.
 // - Renormalisation reads words in symbol order: the lanes that need a word take the next words
@@ -200,6 +201,11 @@ KVS_AVX512 inline __m512i gather8x64(const long long* t, __m256i idx)
 {
     return _mm512_inserti64x4(_mm512_castsi256_si512(gather4x64(t, _mm256_castsi256_si128(idx))),
                               gather4x64(t, _mm256_extracti128_si256(idx, 1)), 1);
+}
+KVS_AVX512 inline __m512i gather16x32(const int* t, __m512i idx)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(gather8x32(t, _mm512_castsi512_si256(idx))),
+                              gather8x32(t, _mm512_extracti64x4_epi64(idx, 1)), 1);
 }
 
 // The slot -> (symbol, start, freq) lookup of 16 lanes: two gathers of 8 bucket entries (no
@@ -436,8 +442,7 @@ KVS_AVX512 void encodeAvx512(const W32EncJob& j, uint32_t* x, uint16_t*& words)
                 rcp = _mm512_castsi512_ps(_mm512_permutex2var_epi32(rcpR[role][0], sym, rcpR[role][1]));
             } else {
                 const __m512i idx = _mm512_add_epi32(_mm512_loadu_si512(tw + d0), _mm512_add_epi32(sym, sfOff));
-                sf = _mm512_inserti64x4(_mm512_castsi256_si512(gather8x32(T, _mm512_castsi512_si256(idx))),
-                                        gather8x32(T, _mm512_extracti64x4_epi64(idx, 1)), 1);
+                sf = gather16x32(T, idx);
             }
             const __m512i freq = _mm512_srli_epi32(sf, 16);
             if constexpr (!Small) rcp = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_cvtepi32_ps(freq));
@@ -555,16 +560,16 @@ KVS_AVX2 void rowAvx2(W32Stream& s, const W32Row& row_)
     const __m256 mq = _mm256_set1_ps(float(r.m));
     uint8_t* o = r.out;
     const int* slots = reinterpret_cast<const int*>(r.slots);
-    // Slots: the entries of the next step's lanes, loaded one step ahead (x1 is final by then).
-    __m256i eNext = Slots ? gather8x32(slots, _mm256_and_si256(x0, m12)) : zero;
+    // The lookup of the next step's lanes, done one step ahead (x1 is final by then): slot-index
+    // entries (Slots) or bucket lookups.
+    __m256i eNext = zero;
     Lookup8 lkNext{};
-    if constexpr (!Slots)
-        lkNext = lookup256(T, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.tableWord)), _mm256_and_si256(x0, m12));
+    if constexpr (Slots) eNext = gather8x32(slots, _mm256_and_si256(x0, m12));
+    else lkNext = lookup256(T, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.tableWord)), _mm256_and_si256(x0, m12));
     for (int row = 0; row < rows; ++row, o += size_t(r.D) * rowOutBytes(K)) {
         const __m256 tokenScale = _mm256_set1_ps(r.rowScales ? _cvtsh_ss(r.rowScales[row]) : r.scale);
         for (int v = 0; v < nv; ++v) {
             const int d0 = 8 * v;
-            const __m256i slot = _mm256_and_si256(x0, m12);
             __m256i sym, x;
             if constexpr (Slots) {
                 const __m256i e = eNext;
@@ -579,7 +584,7 @@ KVS_AVX2 void rowAvx2(W32Stream& s, const W32Row& row_)
                 lkNext = lookup256(T, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.tableWord + dn)),
                                    _mm256_and_si256(x1, m12));
                 sym = lk.sym;
-                const __m256i k = _mm256_sub_epi32(slot, lk.start);
+                const __m256i k = _mm256_sub_epi32(_mm256_and_si256(x0, m12), lk.start);
                 x = _mm256_add_epi32(_mm256_mullo_epi32(lk.freq, _mm256_srli_epi32(x0, 12)), k);
             }
             const __m256i needV = _mm256_cmpeq_epi32(_mm256_srli_epi32(x, 16), zero);

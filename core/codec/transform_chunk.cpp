@@ -249,7 +249,6 @@ void accumulateAvx512(const Tile& t)
 }
 #endif
 
-
 // ---- dequantisation of one row of symbols ----------------------------------------------------------
 
 // The block's escape list, read in the stream's order (token by token, k ascending).
