@@ -3,7 +3,7 @@
 // The independent reference that the libtorch runtime and the RoPE permutation are checked against.
 #pragma once
 
-#include "model/llama2c.h"
+#include "modelio/llama2c.h"
 
 #include <algorithm>
 #include <cmath>

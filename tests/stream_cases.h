@@ -5,8 +5,8 @@
 #include "codec/container.h"
 #include "codec/profile.h"
 #include "kv/kv_set.h"
-#include "stream/net.h"
-#include "stream/protocol.h"
+#include "transport/net.h"
+#include "transport/protocol.h"
 
 #include <string>
 

@@ -1,10 +1,10 @@
-// Byte-level BPE tokenizer (core/model/bpe_tokenizer.h) against Hugging Face `tokenizers` on the
+// Byte-level BPE tokenizer (core/modelio/bpe_tokenizer.h) against Hugging Face `tokenizers` on the
 // real llama3-byte-bpe tokenizer.json (skipped with a reason when ../shared is absent), plus small
 // malformed / unsupported files that must be refused with a message naming the file.
 #include "testmain.h"
 
 #include "common/error.h"
-#include "model/bpe_tokenizer.h"
+#include "modelio/bpe_tokenizer.h"
 
 #include <QTemporaryDir>
 

@@ -9,7 +9,7 @@
 #include "codec/quantize.h"
 #include "codec_cases.h"
 #include "common/half.h"
-#include "kv/kv_h5.h"
+#include "kvio/kv_h5.h"
 #include "kvscope_cuda.h"
 
 #include <algorithm>

@@ -15,7 +15,7 @@
 #include "codec/transform.h"
 #include "common/half.h"
 #include "decode_plan.h"
-#include "kv/kv_h5.h"
+#include "kvio/kv_h5.h"
 #include "codec_cases.h"
 
 #include <cmath>

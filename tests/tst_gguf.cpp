@@ -1,10 +1,10 @@
-// GGUF reader (core/model/gguf.h): small files written here byte by byte with known values for
+// GGUF reader (core/modelio/gguf.h): small files written here byte by byte with known values for
 // every supported tensor type and every metadata value type, corrupt files that must be refused
 // with a "path: ..." message, and (when present) the real SmolLM2-135M checkpoint.
 #include "testmain.h"
 
 #include "common/error.h"
-#include "model/gguf.h"
+#include "modelio/gguf.h"
 
 #include <cmath>
 #include <cstdint>

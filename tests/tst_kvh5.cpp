@@ -1,8 +1,8 @@
-// KV files (core/kv/kv_h5.h): exact round trips, what plain h5py sees, and refusal of bad files.
+// KV files (core/kvio/kv_h5.h): exact round trips, what plain h5py sees, and refusal of bad files.
 #include "testmain.h"
 
 #include "common/error.h"
-#include "kv/kv_h5.h"
+#include "kvio/kv_h5.h"
 
 #include <QDir>
 #include <QFile>

@@ -1,12 +1,12 @@
-// llama2.c checkpoints and tokenizer (core/model/llama2c.h, core/model/llama2c_tokenizer.h):
+// llama2.c checkpoints and tokenizer (core/modelio/llama2c.h, core/modelio/llama2c_tokenizer.h):
 // the RoPE row permutation, a v0 and a converted v1 file of a real trained model checked by
 // greedy generation with two reference forwards written here (llama2.c's interleaved RoPE on
 // unpermuted weights, rotate_half RoPE on permuted weights), tokenizer rules, and bad files.
 #include "testmain.h"
 
 #include "common/error.h"
-#include "model/llama2c.h"
-#include "model/llama2c_tokenizer.h"
+#include "modelio/llama2c.h"
+#include "modelio/llama2c_tokenizer.h"
 #include "ref_llama2c.h"
 
 #include <QTemporaryDir>

@@ -7,7 +7,7 @@
 #include "main_window.h"
 #include "plot_style.h"
 
-#include "kv/kv_h5.h"
+#include "kvio/kv_h5.h"
 #include "kv/kv_stats.h"
 #include "kvscope/config.h"
 

@@ -12,12 +12,12 @@
 #include "testmain.h"
 
 #include "common/error.h"
-#include "kv/kv_h5.h"
+#include "kvio/kv_h5.h"
 #include "model/generate.h"
-#include "model/llama2c.h"
-#include "model/llama2c_tokenizer.h"
+#include "modelio/llama2c.h"
+#include "modelio/llama2c_tokenizer.h"
 #include "model/llama_runtime.h"
-#include "model/llama_weights.h"
+#include "modelio/llama_weights.h"
 #include "ref_llama2c.h"
 
 #include <QTemporaryDir>

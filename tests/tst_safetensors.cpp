@@ -1,4 +1,4 @@
-// Safetensors reader and Hugging Face config parser (core/model/safetensors.h, hf_config.h):
+// Safetensors reader and Hugging Face config parser (core/modelio/safetensors.h, hf_config.h):
 // small files written here byte by byte with known values, corrupt files that must be refused
 // with a "path: ..." message, sharded index folders, pickle refusal, and config.json variants of
 // the supported architectures. With KVSCOPE_PYTHON_SAFETENSORS naming a python that has the
@@ -7,8 +7,8 @@
 
 #include "common/error.h"
 #include "common/half.h"
-#include "model/hf_config.h"
-#include "model/safetensors.h"
+#include "modelio/hf_config.h"
+#include "modelio/safetensors.h"
 
 #include <cmath>
 #include <cstdint>

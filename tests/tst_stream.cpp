@@ -15,12 +15,12 @@
 #include "common/file_io.h"
 #include "kv/kv_set.h"
 #include "model/model.h"
-#include "stream/client.h"
-#include "stream/kernel_link.h"
-#include "stream/link.h"
-#include "stream/protocol.h"
-#include "stream/server.h"
-#include "stream/store.h"
+#include "transport/client.h"
+#include "transport/kernel_link.h"
+#include "transport/link.h"
+#include "transport/protocol.h"
+#include "transport/server.h"
+#include "transport/store.h"
 #include "stream/streamer.h"
 
 #include <QFile>

@@ -1,12 +1,12 @@
-// Link shaping math (core/stream/link.h): rate parsing, step schedules, Mahimahi trace semantics
+// Link shaping math (core/transport/link.h): rate parsing, step schedules, Mahimahi trace semantics
 // (1500 bytes per opportunity, looping with the last timestamp as period), the inverse
 // timeForBytes, and the pacer's exactness on the real clock without sockets.
 #include "testmain.h"
 
 #include "common/error.h"
-#include "stream/link.h"
-#include "stream/planner.h"
-#include "stream/streamer.h"
+#include "transport/link.h"
+#include "transport/planner.h"
+#include "transport/target.h"
 
 #include <QFile>
 #include <algorithm>

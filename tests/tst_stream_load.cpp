@@ -9,11 +9,11 @@
 #include "codec/profile.h"
 #include "common/error.h"
 #include "kv/kv_set.h"
-#include "stream/client.h"
-#include "stream/link.h"
-#include "stream/protocol.h"
-#include "stream/server.h"
-#include "stream/store.h"
+#include "transport/client.h"
+#include "transport/link.h"
+#include "transport/protocol.h"
+#include "transport/server.h"
+#include "transport/store.h"
 
 #include <QFile>
 #include <QProcess>

@@ -1,4 +1,4 @@
-// Every tokenizer family behind core/model/tokenizer.h against its reference implementation, on
+// Every tokenizer family behind core/modelio/tokenizer.h against its reference implementation, on
 // multilingual text, emoji, whitespace runs, digits, code and text that looks like special tokens.
 // Expected ids live in tests/data/tokenizers/*.json, written by make_expected.py there (Hugging
 // Face `tokenizers` for tokenizer.json and the GGUF vocabulary, python `sentencepiece` for
@@ -8,9 +8,9 @@
 #include <dlfcn.h>
 
 #include "common/error.h"
-#include "model/gguf.h"
-#include "model/gguf_tokenizer.h"
-#include "model/tokenizer.h"
+#include "modelio/gguf.h"
+#include "modelio/gguf_tokenizer.h"
+#include "modelio/tokenizer.h"
 
 #include <QDir>
 #include <QFile>

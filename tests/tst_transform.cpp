@@ -15,7 +15,7 @@
 #include "common/half.h"
 #include "eval/codec_trial.h"
 #include "kv/kv_compare.h"
-#include "kv/kv_h5.h"
+#include "kvio/kv_h5.h"
 #include "model/model.h"
 
 #include <QFile>

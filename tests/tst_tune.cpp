@@ -13,9 +13,9 @@
 #include "eval/sweep.h"
 #include "eval/tune.h"
 #include "model/generate.h"
-#include "model/llama2c.h"
+#include "modelio/llama2c.h"
 #include "model/llama_runtime.h"
-#include "model/llama_weights.h"
+#include "modelio/llama_weights.h"
 
 #include <nlohmann/json.hpp>
 

@@ -2,13 +2,13 @@
 #include "cli_common.h"
 #include "cli_codec.h"
 
-#include "codec/bench.h"
+#include "bench/bench.h"
 #include "codec/container.h"
 #include "codec/gpu_decode.h"
 #include "codec/simd_path.h"
 #include "eval/codec_trial.h"
 #include "kv/kv_compare.h"
-#include "kv/kv_h5.h"
+#include "kvio/kv_h5.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -5,10 +5,10 @@
 #include "eval/evaluate.h"
 #include "eval/sensitivity.h"
 #include "eval/samples.h"
-#include "kv/kv_h5.h"
+#include "kvio/kv_h5.h"
 #include "model/generate.h"
 #include "model/model.h"
-#include "stream/link.h"
+#include "transport/link.h"
 
 #include <cstdio>
 #include <memory>

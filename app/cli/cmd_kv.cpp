@@ -1,7 +1,7 @@
 // `stats` and `synth`: look at a KV file, or make a synthetic one.
 #include "cli_common.h"
 
-#include "kv/kv_h5.h"
+#include "kvio/kv_h5.h"
 #include "kv/kv_stats.h"
 
 #include <cstdio>

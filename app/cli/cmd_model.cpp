@@ -2,9 +2,9 @@
 #include "cli_common.h"
 
 #include "common/file_io.h"
-#include "kv/kv_h5.h"
+#include "kvio/kv_h5.h"
 #include "model/generate.h"
-#include "model/gguf.h"
+#include "modelio/gguf.h"
 #include "model/model.h"
 
 #include <sys/resource.h>

@@ -11,13 +11,13 @@
 #include "codec/container.h"
 #include "codec/profile.h"
 #include "common/file_io.h"
-#include "kv/kv_h5.h"
+#include "kvio/kv_h5.h"
 #include "model/model.h"
 #include "eval/quality.h"
 #include "eval/samples.h"
-#include "stream/kernel_link.h"
-#include "stream/server.h"
-#include "stream/store.h"
+#include "transport/kernel_link.h"
+#include "transport/server.h"
+#include "transport/store.h"
 #include "stream/streamer.h"
 
 #include <algorithm>

@@ -1,7 +1,7 @@
 #include "kv_loader.h"
 
 #include "background_job.h"
-#include "kv/kv_h5.h"
+#include "kvio/kv_h5.h"
 
 #include <QFile>
 #include <QFileInfo>

@@ -15,7 +15,7 @@
 
 #include "codec/profile.h"
 #include "eval/samples.h"
-#include "kv/kv_h5.h"
+#include "kvio/kv_h5.h"
 #include "kvscope/config.h"
 #include "model/model.h"
 

@@ -6,9 +6,9 @@
 #include "codec/container.h"
 #include "eval/quality.h"
 #include "model/model.h"
-#include "stream/link.h"
-#include "stream/server.h"
-#include "stream/store.h"
+#include "transport/link.h"
+#include "transport/server.h"
+#include "transport/store.h"
 #include "stream/streamer.h"
 
 #include <QDir>

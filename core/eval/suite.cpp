@@ -3,7 +3,7 @@
 #include "common/error.h"
 #include "common/file_io.h"
 #include "eval/codec_trial.h"
-#include "kv/kv_h5.h"
+#include "kvio/kv_h5.h"
 #include "model/generate.h"
 #include "model/model.h"
 

@@ -21,7 +21,7 @@
 #pragma once
 
 #include "kv/kv_set.h"
-#include "model/llama_weights.h"
+#include "modelio/llama_weights.h"
 
 #include <atomic>
 #include <cstdint>

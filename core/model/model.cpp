@@ -1,7 +1,7 @@
 #include "model/model.h"
 
 #include "common/error.h"
-#include "model/gguf.h"
+#include "modelio/gguf.h"
 
 #include <sys/stat.h>
 

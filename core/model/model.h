@@ -12,7 +12,7 @@
 #pragma once
 
 #include "model/llama_runtime.h"
-#include "model/tokenizer.h"
+#include "modelio/tokenizer.h"
 
 #include <memory>
 #include <string>

@@ -45,8 +45,10 @@
 
 #include "codec/container.h"
 #include "model/model.h"
-#include "stream/client.h"
-#include "stream/link.h"
+#include "transport/client.h"
+#include "transport/link.h"
+#include "transport/target.h"
+#include "stream/policy.h"
 
 #include <functional>
 #include <memory>
@@ -54,46 +56,6 @@
 #include <vector>
 
 namespace kvscope {
-
-struct Policy {
-    enum Kind { Adaptive, Text, Int8, Level } kind = Adaptive;
-    int level = 0;  // Level only, 1-based
-    std::string name() const;  // "adaptive", "text", "int8", "level:2"
-};
-// "adaptive", "text", "int8", "level:N"; throws kvscope::Error "--policy: ..." otherwise.
-Policy parsePolicy(const std::string& text);
-
-struct TargetHardware {
-    std::string name;                   // preset name, or "custom"; empty when measured here
-    double prefillTokensPerSecond = 0;  // recompute and question prefill
-    double decodeGBps = 0;              // KV decode, GB of fp16 KV per second
-    // The least any forward pass takes: reading the fp16 weights once at HBM bandwidth. A pass
-    // over a few tokens (the question) is memory-bound and takes this long; a long chunk's
-    // recompute is compute-bound (tokens / prefillTokensPerSecond). Modelled passes take the
-    // larger of the two (a roofline); < 0: no floor.
-    double weightPassSeconds = -1;
-    // fp16 KV bytes per token of the target's model (layers x 2 x KV heads x head dim x 2 bytes);
-    // 0: the served model's own. Modelled decode is charged for these bytes, and kvLinkScale()
-    // tells a caller how to slow the link so that the served model's (smaller) chunks take as long
-    // as the target model's would.
-    double kvBytesPerToken = 0;
-    std::string citation;               // where the preset's figures come from
-    bool enabled() const { return prefillTokensPerSecond > 0 || decodeGBps > 0; }
-};
-// "a100-7b", "h100-8b" (see streamer.cpp for the figures and their sources); throws
-// kvscope::Error "--target: ..." for other names.
-TargetHardware targetPreset(const std::string& name);
-std::vector<std::string> targetPresetNames();
-// A modelled forward pass over `tokens` tokens on the target (prefillTokensPerSecond > 0): the
-// larger of its compute (tokens / prefill rate) and one read of the weights (weightPassSeconds).
-double modelledPassSeconds(const TargetHardware& target, int tokens);
-// The factor to multiply a link's rates by so that a chunk of the served model (fp16 KV of
-// servedBytesPerToken per token) crosses it in the time the same chunk of the target's model
-// would take on the unscaled link: servedBytesPerToken / target.kvBytesPerToken, every codec
-// being assumed to shrink both models' KV by the same ratio. 1 when the target names no KV size.
-double kvLinkScale(const TargetHardware& target, double servedBytesPerToken);
-// Bytes of fp16 KV one token takes in a cache of this shape: K and V of every layer, 2 bytes a value.
-double fp16KvBytesPerToken(const KvShape& shape);
 
 struct ChunkEvent;
 
@@ -207,8 +169,6 @@ public:
     StreamResult run(const StreamOptions& options, LinkPacer* pacer = nullptr, double linkOffset = 0);
 
 private:
-    struct Impl;
-    std::unique_ptr<Impl> d_;
     const Model& m_model;
     std::string m_host;
     int m_port;

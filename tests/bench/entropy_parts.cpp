@@ -7,7 +7,7 @@
 #include "codec/codec_detail.h"
 #include "codec/rans.h"
 #include "codec/simd_path.h"
-#include "kv/kv_h5.h"
+#include "kvio/kv_h5.h"
 
 #include <ctime>
 #include <cstdio>

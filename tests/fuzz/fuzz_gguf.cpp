@@ -1,12 +1,12 @@
-// libFuzzer target for the GGUF reader (core/model/gguf.h): header, metadata, tensor infos, the
+// libFuzzer target for the GGUF reader (core/modelio/gguf.h): header, metadata, tensor infos, the
 // dequantizers of the supported types, and the tokenizer built from tokenizer.ggml.* metadata.
 //
 // Contract: GgufFile::open either opens the bytes or throws kvscope::Error; every accessor and
 // readTensorF32 either answers or throws kvscope::Error. Only kvscope::Error is caught.
 #include "common/error.h"
 #include "fuzz_util.h"
-#include "model/gguf.h"
-#include "model/tokenizer.h"
+#include "modelio/gguf.h"
+#include "modelio/tokenizer.h"
 
 #include <cstddef>
 #include <cstdint>

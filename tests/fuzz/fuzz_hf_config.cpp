@@ -1,9 +1,9 @@
-// libFuzzer target for config.json (core/model/hf_config.h parseHfConfig, from memory).
+// libFuzzer target for config.json (core/modelio/hf_config.h parseHfConfig, from memory).
 //
 // Contract: parseHfConfig either returns a ModelConfig or throws kvscope::Error. Only
 // kvscope::Error is caught.
 #include "common/error.h"
-#include "model/hf_config.h"
+#include "modelio/hf_config.h"
 
 #include <cstddef>
 #include <cstdint>

@@ -1,4 +1,4 @@
-// libFuzzer target for the HDF5 KV reader's validation (core/kv/kv_h5.h): the input is written to
+// libFuzzer target for the HDF5 KV reader's validation (core/kvio/kv_h5.h): the input is written to
 // an in-memory file and read with readKvH5Info (root attributes) and readKvH5 (attributes, shapes,
 // dtypes, then the tensors). HDF5 itself is not instrumented: what this covers is kvscope's checks
 // of what the library returns, and that a malformed file gives a kvscope::Error, not a crash.
@@ -6,7 +6,7 @@
 // Contract: both readers either succeed or throw kvscope::Error. Only kvscope::Error is caught.
 #include "common/error.h"
 #include "fuzz_util.h"
-#include "kv/kv_h5.h"
+#include "kvio/kv_h5.h"
 
 #include <cstddef>
 #include <cstdint>

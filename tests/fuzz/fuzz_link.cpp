@@ -1,4 +1,4 @@
-// libFuzzer target for link schedules (core/stream/link.h): Mahimahi traces (LinkSchedule::
+// libFuzzer target for link schedules (core/transport/link.h): Mahimahi traces (LinkSchedule::
 // loadTrace) and --bandwidth texts (LinkSchedule::parse), then the schedule's arithmetic that the
 // pacer relies on: capacity over intervals, the time to carry a number of bytes, the mean rate.
 //
@@ -9,7 +9,7 @@
 // a broken property aborts.
 #include "common/error.h"
 #include "fuzz_util.h"
-#include "stream/link.h"
+#include "transport/link.h"
 
 #include <cmath>
 #include <cstddef>

@@ -1,5 +1,5 @@
-// libFuzzer target for the chunk protocol as the chunk server reads it (core/stream/protocol.h,
-// the request loop of core/stream/server.cpp): the input is the byte stream a client sends on one
+// libFuzzer target for the chunk protocol as the chunk server reads it (core/transport/protocol.h,
+// the request loop of core/transport/server.cpp): the input is the byte stream a client sends on one
 // connection. Frames are taken one after another exactly as the server does (header check, request
 // type, length limit, parseRequest), and every parsed request is answered from a FileStore over the
 // golden .kvc files, so the store's lookups see fuzzed contexts, codecs, chunks and levels. A
@@ -11,8 +11,8 @@
 // decodeTokens either answer or throw kvscope::Error. Only kvscope::Error is caught.
 #include "codec/container.h"
 #include "common/error.h"
-#include "stream/protocol.h"
-#include "stream/store.h"
+#include "transport/protocol.h"
+#include "transport/store.h"
 
 #include <algorithm>
 #include <cstddef>

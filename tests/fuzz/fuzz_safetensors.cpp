@@ -1,4 +1,4 @@
-// libFuzzer target for the safetensors reader (core/model/safetensors.h): the 8-byte header
+// libFuzzer target for the safetensors reader (core/modelio/safetensors.h): the 8-byte header
 // length, the JSON header (dtypes, shapes, offsets, __metadata__) and the F32/F16/BF16 reads; and
 // the same bytes as model.safetensors.index.json for safetensorsShards().
 //
@@ -6,7 +6,7 @@
 // every tensor either answer or throw kvscope::Error. Only kvscope::Error is caught.
 #include "common/error.h"
 #include "fuzz_util.h"
-#include "model/safetensors.h"
+#include "modelio/safetensors.h"
 
 #include <cstddef>
 #include <cstdint>

@@ -1,4 +1,4 @@
-// libFuzzer target for tokenizer.json (core/model/bpe_tokenizer.h): the model (BPE vocab and
+// libFuzzer target for tokenizer.json (core/modelio/bpe_tokenizer.h): the model (BPE vocab and
 // merges), added tokens, normalizer, pre-tokenizer, decoder and post-processor sections, then an
 // encode and decode round with the tokenizer built from them.
 //
@@ -6,7 +6,7 @@
 // either answer or throw kvscope::Error. Only kvscope::Error is caught.
 #include "common/error.h"
 #include "fuzz_util.h"
-#include "model/bpe_tokenizer.h"
+#include "modelio/bpe_tokenizer.h"
 
 #include <cstddef>
 #include <cstdint>

@@ -4,7 +4,7 @@
 #include "gui_testmain.h"
 #include "event_loop_ticks.h"
 
-#include "kv/kv_h5.h"
+#include "kvio/kv_h5.h"
 #include "layer_stats_view.h"
 #include "main_window.h"
 #include "model/model.h"

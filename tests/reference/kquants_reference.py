@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference figures for kvscope's ggml dequantisers (core/model/ggml_quants.cpp), from the `gguf`
+"""Reference figures for kvscope's ggml dequantisers (core/modelio/ggml_quants.cpp), from the `gguf`
 package's numpy dequantiser (gguf.quants.dequantize), which follows llama.cpp's block layouts.
 
 Two modes, both offline generators (not run by ctest):
