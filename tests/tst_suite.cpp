@@ -145,6 +145,43 @@ private slots:
         QCOMPARE(again.high, m.high);
     }
 
+    // The iso-quality bar is two-sided: a codec that lowers perplexity by more than 1 % fails as
+    // one that raises it does; accuracy may drop 2 points at most; a McNemar p below 0.05 fails
+    // even when accuracy went up (the figures of issue 36: -1.68 % with accuracy 5 points up).
+    void isoQualityIsTwoSided()
+    {
+        SuiteResult fp16;
+        fp16.questions = 200;
+        fp16.accuracy = 0.49;
+        auto row = [](double dppl, double acc, int b, int c) {
+            SuiteResult r;
+            r.questions = 200;
+            r.deltaPplPct = dppl;
+            r.accuracy = acc;
+            r.mcnemarB = b;
+            r.mcnemarC = c;
+            r.mcnemarP = mcnemarExactP(uint64_t(b), uint64_t(c));
+            return r;
+        };
+        QVERIFY(meetsIsoQuality(row(0.9, 0.49, 3, 3), fp16));
+        QVERIFY(meetsIsoQuality(row(-0.9, 0.49, 3, 3), fp16));
+        const IsoQualityVerdict up = isoQuality(row(1.44, 0.49, 3, 3), fp16);
+        QVERIFY(!up.meets && !up.ppl && up.accuracy && up.mcnemar);
+        const IsoQualityVerdict down = isoQuality(row(-1.68, 0.54, 3, 3), fp16);
+        QVERIFY(!down.meets && !down.ppl);
+        QCOMPARE(QString::fromStdString(down.reason), QString("|delta PPL| 1.68% > 1%"));
+        QVERIFY(meetsIsoQuality(row(std::nan(""), 0.49, 0, 0), fp16));  // no continuation: PPL not judged
+        const IsoQualityVerdict acc = isoQuality(row(0.2, 0.465, 8, 3), fp16);  // 2.5 points down
+        QVERIFY(!acc.meets && acc.ppl && !acc.accuracy);
+        QVERIFY(meetsIsoQuality(row(0.2, 0.475, 8, 5), fp16));  // 1.5 points down, p 0.58
+        // Accuracy up 5 points with 13 discordant pairs all one way: p = 2^-12, significant.
+        const IsoQualityVerdict moved = isoQuality(row(0.3, 0.54, 0, 13), fp16);
+        QVERIFY(!moved.meets && moved.ppl && moved.accuracy && !moved.mcnemar);
+        QVERIFY(QString::fromStdString(moved.reason).startsWith("McNemar p 0.000"));
+        QVERIFY(withinDeltaPplBar(-1.0) && withinDeltaPplBar(1.0) && !withinDeltaPplBar(-1.01) && !withinDeltaPplBar(1.01));
+        QVERIFY(QString::fromStdString(isoQualityRule()).contains("either sign"));
+    }
+
     void referenceFromTheModel()
     {
         if (!modelPresent()) QSKIP("the default model is not in the cache (installer/setup.sh fetches it)");

@@ -11,6 +11,10 @@
 #include <memory>
 #include <string>
 
+namespace kvscope {
+class Model;
+}
+
 namespace kvscope::cli {
 
 // Profile settings a user can override on the command line, on top of --profile or the default.
@@ -92,6 +96,13 @@ struct ProfileOptions {
         return p;
     }
 };
+
+// --codec transform without --profile: the calibrated default profile of the cache's model
+// (eval/transform_default.h). With a model it is calibrated now when the cache lacks it; without
+// one (encode, bench: a KV file only) the cached profile is used when it exists, otherwise po is
+// returned unchanged (the transform fitted on the cache itself) with a note on stderr. Other
+// codecs and an explicit --profile pass through.
+ProfileOptions withDefaultTransform(ProfileOptions po, const Model* model, const std::string& fingerprint);
 
 // bytes, bits_per_value, ratio_vs_fp16, ratio_vs_int8 of `bytes` for a cache of shape s.
 json sizeJson(uint64_t bytes, const KvShape& s);

@@ -89,6 +89,8 @@ SuiteProgress suiteProgress();
 // A suite row's JSON: the eval row keys plus accuracy, accuracy_ci, exact_match,
 // answer_logprob_delta, mcnemar_p, intervals and meets_iso_quality (against fp16).
 json suiteResultJson(const SuiteResult& q, const SuiteResult& fp16);
+// The iso-quality bar's parameters and its one-line rule (core/eval/suite.h isoQuality).
+json isoQualityJson();
 json suiteRowJson(const SuiteCodecRow& r, const SuiteResult& fp16);
 void printSuiteRows(const json& rows);
 // `eval --suite`: fp16, the baselines and the levels of --codec on the suite.

@@ -7,6 +7,7 @@
 #include "codec/gpu_decode.h"
 #include "codec/simd_path.h"
 #include "eval/codec_trial.h"
+#include "eval/transform_default.h"
 #include "kv/kv_compare.h"
 #include "kvio/kv_h5.h"
 
@@ -17,6 +18,28 @@
 #include <sstream>
 
 namespace kvscope::cli {
+
+ProfileOptions withDefaultTransform(ProfileOptions po, const Model* model, const std::string& fingerprint)
+{
+    if (po.codec != "transform" || !po.profilePath.empty()) return po;
+    auto log = [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); };
+    if (model) {
+        po.profilePath = ensureDefaultTransform(*model, log);
+        return po;
+    }
+    std::string cached;
+    try {
+        cached = cachedDefaultTransform(fingerprint);
+    } catch (const Error& e) {
+        std::fprintf(stderr, "note: %s\n", e.what());
+    }
+    if (cached.empty())
+        std::fprintf(stderr, "note: no calibrated transform profile for model %s yet (eval or stream with the model "
+                             "calibrates it once); the transform is fitted on this cache alone\n",
+                     fingerprint.empty() ? "(unknown)" : fingerprint.c_str());
+    po.profilePath = cached;
+    return po;
+}
 
 json sizeJson(uint64_t bytes, const KvShape& s)
 {
@@ -191,8 +214,9 @@ void addEncodeCommand(CLI::App& app, Output& out)
     sub->add_flag("--json", out.asJson, "print one JSON object");
     sub->callback([o, &out] {
         const KvSet kv = readKvH5(o->in);
-        const CodecParams p = o->profile.params(kv);
-        out.emit(encodeReport(kv, p, o->out, o->verify, o->perLayer, o->profile.source()), printEncode);
+        const ProfileOptions po = withDefaultTransform(o->profile, nullptr, kv.modelFingerprint);
+        const CodecParams p = po.params(kv);
+        out.emit(encodeReport(kv, p, o->out, o->verify, o->perLayer, po.source()), printEncode);
     });
 }
 
@@ -407,7 +431,7 @@ void addBenchCommand(CLI::App& app, Output& out)
     sub->add_flag("--json", out.asJson, "print one JSON object");
     sub->callback([o, &out] {
         const KvSet kv = readKvH5(o->kv);
-        const CodecParams p = o->profile.params(kv);
+        const CodecParams p = withDefaultTransform(o->profile, nullptr, kv.modelFingerprint).params(kv);
         const int level = o->level ? o->level : p.defaultLevel();
         if (level < 1 || level > p.numLevels()) throw Error("--level " + std::to_string(level) + " does not exist");
         // GPU decode: chunks in pinned memory -> KV in device memory, checked against the CPU decoder.

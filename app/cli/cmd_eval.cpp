@@ -84,7 +84,7 @@ json runEval(const EvalOpts& o, const SampleContext& sample, json* timings)
     {
         const std::unique_ptr<CodecProfile> pr = o.profile.loadedProfile(original);
         if (pr->hasTransform() || o.profile.codec == "transform") {
-            ProfileOptions po = o.profile;
+            ProfileOptions po = withDefaultTransform(o.profile, m, original.modelFingerprint);
             po.codec = "transform";
             plan.transforms.push_back(po.params(original));
             plan.transformNames.push_back("");

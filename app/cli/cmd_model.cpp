@@ -1,6 +1,8 @@
 // `info`, `tokenize`, `generate` and `capture`: the model runtime from the command line.
 #include "cli_common.h"
 
+#include "eval/samples.h"
+
 #include "common/file_io.h"
 #include "kvio/kv_h5.h"
 #include "model/generate.h"
@@ -207,13 +209,13 @@ void addCaptureCommand(CLI::App& app, Output& out)
     };
     auto o = std::make_shared<Opts>();
     o->add(sub);
-    sub->add_option("--context", o->context, "UTF-8 text file")->required();
+    sub->add_option("--context", o->context, "a sample id (long_1k, long_4k, story, ...) or a UTF-8 text file")->required();
     sub->add_option("--out", o->outPath, "KV file to write (HDF5)")->required();
     sub->add_option("--gzip", o->gzip, "HDF5 shuffle+gzip level (0 = none)")->capture_default_str();
     sub->add_flag("--json", out.asJson, "print one JSON object");
     sub->callback([o, &out] {
         if (o->gzip < 0 || o->gzip > 9) throw Error("--gzip must be in 0..9");
-        const std::string text = readSmallFile(o->context, 64u << 20);
+        const std::string text = loadSampleContext(o->context).text;  // a sample id or a file
         const std::unique_ptr<Model> m = o->open();
         const std::vector<int32_t> tokens = m->contextTokens(text);
         std::fprintf(stderr, "prefill of %zu tokens\n", tokens.size());

@@ -10,6 +10,7 @@
 
 #include "codec/container.h"
 #include "codec/profile.h"
+#include "eval/transform_default.h"
 #include "common/file_io.h"
 #include "kvio/kv_h5.h"
 #include "model/model.h"
@@ -216,7 +217,7 @@ void addStreamCommand(CLI::App& app, Output& out)
     };
     auto o = std::make_shared<Opts>();
     sub->add_option("--model", o->model, "model folder, GGUF or llama2.c file (default: the embedded SmolLM2-135M)");
-    sub->add_option("--context", o->context, "UTF-8 text file")->required();
+    sub->add_option("--context", o->context, "a sample id (long_1k, long_4k, story, ...) or a UTF-8 text file")->required();
     sub->add_option("--question", o->question, "asked after the context (default: the sidecar .json's, or a summary)");
     sub->add_option("--profile", o->profile,
                     "codec profile: the cachegen encoding when --store is absent, and the levels' measured KL for the "
@@ -277,13 +278,15 @@ void addStreamCommand(CLI::App& app, Output& out)
         std::vector<Policy> policies;
         for (const std::string& p : splitList(o->policies == "all" ? "adaptive,text,int8,level:1,level:2,level:3" : o->policies))
             policies.push_back(parsePolicy(p));
-        const std::string text = readSmallFile(o->context, 64u << 20);
+        // A sample id (long_4k, story, ...) or a UTF-8 text file.
+        const SampleContext sample = loadSampleContext(o->context);
+        const std::string& text = sample.text;
         RuntimeOptions ro;
         ro.threads = o->threads;
         std::fprintf(stderr, "stream: loading %s\n", resolveModelPath(o->model).c_str());
         const std::unique_ptr<Model> m = Model::open(o->model, "", ro);
         const std::vector<int32_t> tokens = m->contextTokens(text);
-        const std::string question = questionFor(o->context, o->question);
+        const std::string question = questionFor(sample.path, o->question);
         const std::vector<int32_t> qTokens = m->questionTokens(question);
 
         // A target whose model has a larger KV than the served one: the link runs slower by the
@@ -344,6 +347,10 @@ void addStreamCommand(CLI::App& app, Output& out)
             original.context = text;
         }
 
+        // --codec transform without --profile: the model's calibrated default ladder.
+        std::string profilePath = o->profile;
+        if (codec == CodecId::Transform && profilePath.empty())
+            profilePath = ensureDefaultTransform(*m, [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); });
         std::string store = o->store, tmpdir;
         if (store.empty()) {
             std::string dir = o->workdir;
@@ -354,7 +361,7 @@ void addStreamCommand(CLI::App& app, Output& out)
                 if (!::mkdtemp(tmpl)) throw Error("cannot create a temporary folder");
                 dir = tmpdir = tmpl;
             }
-            store = encodeStore(original, o->profile, dir, codec);
+            store = encodeStore(original, profilePath, dir, codec);
         }
         auto server = std::make_unique<ChunkServer>(std::shared_ptr<ChunkStore>(openStore(store)), srv);
         server->start();
@@ -363,10 +370,10 @@ void addStreamCommand(CLI::App& app, Output& out)
 
         Streamer streamer(*m, host, server->port(), tokens, qTokens, original);
         streamer.setCodec(codec);
-        if (!o->profile.empty()) {
+        if (!profilePath.empty()) {
             // The levels' measured KL (kvscope-cli tune writes levels[*].measured.mean_kl; for the
             // transform codec, transform.levels[*].measured).
-            const CodecProfile prof = loadProfile(o->profile);
+            const CodecProfile prof = loadProfile(profilePath);
             std::vector<std::string> measured;
             if (codec == CodecId::Transform)
                 for (const TransformLevel& l : prof.transformLevels) measured.push_back(l.measuredJson);

@@ -90,6 +90,14 @@ SuiteProgress suiteProgress()
     };
 }
 
+json isoQualityJson()
+{
+    return {{"rule", isoQualityRule()},
+            {"max_abs_delta_ppl_pct", kIsoMaxDeltaPplPct},
+            {"max_accuracy_drop", kIsoMaxAccuracyDrop},
+            {"mcnemar_alpha", kIsoMcnemarAlpha}};
+}
+
 json suiteResultJson(const SuiteResult& q, const SuiteResult& fp16)
 {
     json kinds = json::object();
@@ -117,6 +125,7 @@ json suiteResultJson(const SuiteResult& q, const SuiteResult& fp16)
             {"mcnemar_c", q.mcnemarC},
             {"continuation_tokens", q.continuationTokens},
             {"meets_iso_quality", meetsIsoQuality(q, fp16)},
+            {"iso_quality_fails", isoQuality(q, fp16).reason},
             {"kinds", kinds},
             {"exact", q.exact},
             {"score_s", q.seconds}};
@@ -167,8 +176,7 @@ void printSuiteTable(const json& j)
         std::printf("  %-16s %4d questions, accuracy %.3f, exact match %.3f\n", kind.c_str(), k["questions"].get<int>(),
                     k["accuracy"].get<double>(), k["exact_match"].get<double>());
     printSuiteRows(j["results"]);
-    std::printf("iso-quality: delta PPL <= %.0f%% and accuracy >= fp16 - %.0f points\n", kIsoMaxDeltaPplPct,
-                100 * kIsoMaxAccuracyDrop);
+    std::printf("%s\n", isoQualityRule().c_str());
 }
 
 }  // namespace
@@ -181,7 +189,8 @@ json runSuiteEval(const EvalOpts& o, const SuiteCliOpts& so)
     const SuiteProgress progress = suiteProgress();
     const SuiteReference ref(*model, suite, so.options(o), progress);
     const KvSet& first = ref.items().front().original;
-    const CodecParams base = o.profile.params(first);
+    const ProfileOptions profile = withDefaultTransform(o.profile, model.get(), first.modelFingerprint);
+    const CodecParams base = profile.params(first);
 
     std::vector<CodecId> baselines = {CodecId::Fp16};
     for (const std::string& b : commaList(so.baselines)) {
@@ -230,9 +239,9 @@ json runSuiteEval(const EvalOpts& o, const SuiteCliOpts& so)
             {"items", ids},
             {"questions", int(suite.questionCount())},
             {"continuation_tokens", fp16.continuationTokens},
-            {"profile", o.profile.source()},
+            {"profile", profile.source()},
             {"default_level", base.profile.defaultLevel},
-            {"iso_quality", {{"max_delta_ppl_pct", kIsoMaxDeltaPplPct}, {"max_accuracy_drop", kIsoMaxAccuracyDrop}}},
+            {"iso_quality", isoQualityJson()},
             {"fp16", fp16Json},
             {"results", results},
             {"reference_cache", {{"key", ref.key()}, {"prefills", ref.prefills()}, {"reference_passes", ref.referencePasses()}}},
@@ -293,7 +302,7 @@ json judgeTunedOnSuite(const Model& model, const EvalOpts& o, const SuiteCliOpts
     results.push_back(d);
     CodecParams t = base;
     t.profile = tuned;
-    json goal = {{"criterion", "pooled delta_ppl_pct <= 1 and accuracy >= fp16 accuracy - 0.02 on the held-out items"},
+    json goal = {{"criterion", isoQualityRule() + " on the held-out items"},
                  {"met", false}};
     for (int l = 1; l <= t.numLevels(); ++l) {
         std::fprintf(stderr, "tuned profile, level %d\n", l);

@@ -277,7 +277,7 @@ json evaluateHeldOut(const Model& model, const EvalOpts& o, const std::vector<st
         addRows(tunedRows, "tuned");
         for (size_t l = 0; l < levels; ++l) {
             const Quality& q = tunedRows[l].quality;
-            meets[l] = meets[l] && q.deltaPplPct <= 1.0 && q.tokenAgreement >= 0.98;
+            meets[l] = meets[l] && withinDeltaPplBar(q.deltaPplPct) && q.tokenAgreement >= 0.98;
             levelBytes[l] += tunedRows[l].bytes;
         }
         int8Total += int8Bytes(p.original.shape());
@@ -287,7 +287,7 @@ json evaluateHeldOut(const Model& model, const EvalOpts& o, const std::vector<st
                             {"original_answer", model.tokenizer().decode(p.ref->original().answer, true)},
                             {"rows", rows}});
     }
-    json goal = {{"criterion", "delta_ppl_pct <= 1 and token_agreement >= 0.98 on every held-out context"}, {"met", false}};
+    json goal = {{"criterion", "|delta_ppl_pct| <= 1 and token_agreement >= 0.98 on every held-out context"}, {"met", false}};
     for (size_t l = 0; l < levels; ++l)
         if (meets[l]) {
             goal = {{"criterion", goal["criterion"]},
@@ -427,7 +427,7 @@ json tuneTransformCommand(const Model& model, const EvalOpts& o, const SuiteCliO
     t.shape = ref.items().front().original.shape();
     t.dtype = ref.items().front().original.dtype();
     prepareTransform(t, ref.items().front().original, "tuned profile");
-    json goal = {{"criterion", "pooled delta_ppl_pct <= 1 and accuracy >= fp16 accuracy - 0.02 on the held-out items"},
+    json goal = {{"criterion", isoQualityRule() + " on the held-out items"},
                  {"met", false}};
     for (int l = 1; l <= int(r.profile.transformLevels.size()); ++l) {
         std::fprintf(stderr, "tuned transform level %d (%s)\n", l, r.profile.transformLevels[size_t(l - 1)].name.c_str());

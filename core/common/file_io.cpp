@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <utility>
@@ -98,6 +99,38 @@ int jsonNestingDepth(const char* s, size_t n, int limit)
         }
     }
     return maxDepth;
+}
+
+std::string userCacheDir(const std::string& sub)
+{
+    const char* xdg = std::getenv("XDG_CACHE_HOME");
+    std::string base = xdg && *xdg ? xdg : "";
+    if (base.empty()) {
+        const char* home = std::getenv("HOME");
+        base = std::string(home && *home ? home : ".") + "/.cache";
+    }
+    return base + "/kvscope/" + sub;
+}
+
+void makeDirs(const std::string& dir, const std::string& what)
+{
+    for (size_t i = 0; i <= dir.size(); ++i) {
+        if (i == dir.size() || (dir[i] == '/' && i > 0)) {
+            const std::string path = dir.substr(0, i);
+            struct stat st;
+            if (::stat(path.c_str(), &st) == 0) {
+                if (!S_ISDIR(st.st_mode)) throw inputError(path, "", "not a directory (" + what + ")");
+            } else if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+                throw inputError(path, "", "cannot create the " + what + " directory: " + std::strerror(errno));
+            }
+        }
+    }
+}
+
+bool isRegularFile(const std::string& path)
+{
+    struct stat st;
+    return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
 void writeFileAtomic(const std::string& path, const std::string& text)

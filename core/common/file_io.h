@@ -38,6 +38,14 @@ std::string readSmallFile(const std::string& path, uint64_t limit);
 // file where the user's was. Throws "path: reason".
 void writeFileAtomic(const std::string& path, const std::string& text);
 
+// $XDG_CACHE_HOME/kvscope/<sub> ($HOME/.cache when XDG_CACHE_HOME is unset, ./.cache without HOME).
+std::string userCacheDir(const std::string& sub);
+// Creates `dir` and its parents; throws "path: not a directory (what)" or "path: cannot create the
+// what directory: reason".
+void makeDirs(const std::string& dir, const std::string& what);
+// True when `path` names a regular file.
+bool isRegularFile(const std::string& path);
+
 // Deepest bracket nesting of JSON text `s` (brackets inside strings ignored); stops counting past
 // `limit`. Readers check it before parsing, so a hostile "[[[[..." cannot exhaust the stack of a
 // recursive JSON parser.

@@ -390,39 +390,6 @@ ItemScore scoreItem(const Model& model, const SuitePreparedItem& item, const KvS
     return sc;
 }
 
-std::string defaultCacheDir()
-{
-    const char* xdg = std::getenv("XDG_CACHE_HOME");
-    std::string base = xdg && *xdg ? xdg : "";
-    if (base.empty()) {
-        const char* home = std::getenv("HOME");
-        base = std::string(home && *home ? home : ".") + "/.cache";
-    }
-    return base + "/kvscope/suite-ref";
-}
-
-void makeDirs(const std::string& dir)
-{
-    std::string path;
-    for (size_t i = 0; i <= dir.size(); ++i) {
-        if (i == dir.size() || (dir[i] == '/' && i > 0)) {
-            path = dir.substr(0, i);
-            struct stat st;
-            if (::stat(path.c_str(), &st) == 0) {
-                if (!S_ISDIR(st.st_mode)) throw inputError(path, "", "not a directory (suite cache)");
-            } else if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
-                throw inputError(path, "", std::string("cannot create the suite cache directory: ") + std::strerror(errno));
-            }
-        }
-    }
-}
-
-bool fileExists(const std::string& p)
-{
-    struct stat st;
-    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
 json scoresJson(const ItemScore& sc)
 {
     json qs = json::array();
@@ -499,8 +466,8 @@ SuiteReference::SuiteReference(const Model& model, Suite suite, const SuiteOptio
     const LlamaRuntime& rt = model.runtime();
     const Tokenizer& tok = model.tokenizer();
     const size_t vocab = size_t(model.spec().config.vocabSize);
-    const std::string dir = options_.cacheDir.empty() ? defaultCacheDir() : options_.cacheDir;
-    if (options_.useCache) makeDirs(dir);
+    const std::string dir = options_.cacheDir.empty() ? userCacheDir("suite-ref") : options_.cacheDir;
+    if (options_.useCache) makeDirs(dir, "suite cache");
     const std::string runtimeKey = rt.fingerprint() + "|" + rt.describe() + "|block " + std::to_string(rt.options().prefillBlock);
 
     std::vector<std::string> itemKeys;
@@ -559,7 +526,7 @@ SuiteReference::SuiteReference(const Model& model, Suite suite, const SuiteOptio
         const std::string refJson = dir + "/" + itemKeys[size_t(i)] + ".ref.json";
         const std::string refBin = dir + "/" + itemKeys[size_t(i)] + ".ref.bin";
         bool haveKv = false;
-        if (options_.useCache && fileExists(kvPath)) {
+        if (options_.useCache && isRegularFile(kvPath)) {
             try {
                 it.original = readKvH5(kvPath);
                 haveKv = it.original.shape() == rt.kvShape(int(it.context.size())) && it.original.tokens == it.context &&
@@ -599,7 +566,7 @@ SuiteReference::SuiteReference(const Model& model, Suite suite, const SuiteOptio
         it.original.context = suite_.items[size_t(i)].context;
 
         bool haveRef = false;
-        if (options_.useCache && haveKv && fileExists(refJson)) {
+        if (options_.useCache && haveKv && isRegularFile(refJson)) {
             try {
                 readReference(refJson, refBin, itemKeys[size_t(i)], it, vocab);
                 haveRef = true;
@@ -777,11 +744,39 @@ SuiteCodecRow evaluateSuiteCodec(const SuiteReference& ref, const CodecParams& p
     return row;
 }
 
-bool meetsIsoQuality(const SuiteResult& row, const SuiteResult& fp16Row)
+bool withinDeltaPplBar(double deltaPplPct, double maxPct) { return !(std::fabs(deltaPplPct) > maxPct); }
+
+IsoQualityVerdict isoQuality(const SuiteResult& row, const SuiteResult& fp16Row)
 {
-    const bool ppl = !(row.deltaPplPct > kIsoMaxDeltaPplPct);  // NaN (no continuation) does not fail it
-    const bool acc = fp16Row.questions == 0 || row.accuracy >= fp16Row.accuracy - kIsoMaxAccuracyDrop - 1e-12;
-    return ppl && acc;
+    IsoQualityVerdict v;
+    v.ppl = withinDeltaPplBar(row.deltaPplPct);
+    v.accuracy = fp16Row.questions == 0 || row.accuracy >= fp16Row.accuracy - kIsoMaxAccuracyDrop - 1e-12;
+    v.mcnemar = !(row.mcnemarP < kIsoMcnemarAlpha);
+    v.meets = v.ppl && v.accuracy && v.mcnemar;
+    char buf[160];
+    if (!v.ppl) {
+        std::snprintf(buf, sizeof buf, "|delta PPL| %.2f%% > %g%%", std::fabs(row.deltaPplPct), kIsoMaxDeltaPplPct);
+        v.reason = buf;
+    } else if (!v.accuracy) {
+        std::snprintf(buf, sizeof buf, "accuracy %.3f < fp16 %.3f - %g", row.accuracy, fp16Row.accuracy, kIsoMaxAccuracyDrop);
+        v.reason = buf;
+    } else if (!v.mcnemar) {
+        std::snprintf(buf, sizeof buf, "McNemar p %.3f < %g", row.mcnemarP, kIsoMcnemarAlpha);
+        v.reason = buf;
+    }
+    return v;
+}
+
+bool meetsIsoQuality(const SuiteResult& row, const SuiteResult& fp16Row) { return isoQuality(row, fp16Row).meets; }
+
+std::string isoQualityRule()
+{
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  "iso-quality: |pooled delta PPL| <= %g%% (either sign), accuracy >= fp16 - %g points, "
+                  "McNemar vs fp16 p >= %g (two-sided)",
+                  kIsoMaxDeltaPplPct, 100 * kIsoMaxAccuracyDrop, kIsoMcnemarAlpha);
+    return buf;
 }
 
 }  // namespace kvscope

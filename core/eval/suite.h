@@ -223,11 +223,27 @@ struct SuiteCodecRow {
 SuiteCodecRow evaluateSuiteCodec(const SuiteReference& ref, const CodecParams& params, int level,
                                  const SuiteEvalOptions& options = {}, const SuiteProgress& progress = {});
 
-// The iso-quality bar: pooled delta PPL <= 1% and multiple-choice accuracy not lower
-// than fp16's by more than 2 points.
+// The iso-quality bar, two-sided: a codec that moves perplexity either way has changed the model.
+//  - |pooled delta PPL| <= 1% (either sign; NaN, no continuation, does not fail it);
+//  - multiple-choice accuracy not lower than fp16's by more than 2 points;
+//  - McNemar against fp16 (paired per question, exact, two-sided) not significant at 5%.
+// Every caller (eval --suite, tune, the tables) takes its verdict from isoQuality(); the one
+// reason it fails is named so a table can say which test a row missed.
 constexpr double kIsoMaxDeltaPplPct = 1.0;
 constexpr double kIsoMaxAccuracyDrop = 0.02;
+constexpr double kIsoMcnemarAlpha = 0.05;
+struct IsoQualityVerdict {
+    bool meets = false;
+    bool ppl = false, accuracy = false, mcnemar = false;
+    std::string reason;  // "" when it meets the bar, else e.g. "|delta PPL| 1.68% > 1%"
+};
+IsoQualityVerdict isoQuality(const SuiteResult& row, const SuiteResult& fp16Row);
 bool meetsIsoQuality(const SuiteResult& row, const SuiteResult& fp16Row);
+// The perplexity half of the bar on its own, for quality measured without questions (tune on
+// contexts): |deltaPplPct| <= maxPct, NaN passing.
+bool withinDeltaPplBar(double deltaPplPct, double maxPct = kIsoMaxDeltaPplPct);
+// The one-line statement of the bar, for --help, tables and JSON.
+std::string isoQualityRule();
 
 // ASCII lower case, every ASCII punctuation or whitespace run -> one space, leading spaces
 // dropped; trailing ones kept when keepTrailing (generation needs to see a word boundary).

@@ -45,13 +45,15 @@ CodecParams trialParams(const CodecProfile& base, const KvSet& kv, const CodecLe
 // Size and quality of one configuration summed over the tuning contexts.
 struct Measured {
     uint64_t bytes = 0;
-    double meanDeltaPplPct = 0, maxDeltaPplPct = -INFINITY, meanKl = 0, maxKl = 0, meanAgreement = 0;
+    // maxAbsDeltaPplPct: the worst context's |delta PPL| (the bar is two-sided, suite.h).
+    double meanDeltaPplPct = 0, maxDeltaPplPct = -INFINITY, maxAbsDeltaPplPct = 0, meanKl = 0, maxKl = 0, meanAgreement = 0;
 
     void add(uint64_t trialBytes, const Quality& q, size_t contexts)
     {
         bytes += trialBytes;
         meanDeltaPplPct += q.deltaPplPct / double(contexts);
         maxDeltaPplPct = std::max(maxDeltaPplPct, q.deltaPplPct);
+        maxAbsDeltaPplPct = std::max(maxAbsDeltaPplPct, std::fabs(q.deltaPplPct));
         meanKl += q.kl / double(contexts);
         maxKl = std::max(maxKl, q.kl);
         meanAgreement += q.tokenAgreement / double(contexts);
@@ -223,7 +225,7 @@ TuneResult tuneProfile(const std::string& modelFingerprint, const std::vector<Tu
             ++result.measuredCandidates;
         }
         tick("search", ++searched, int(budgets.size()) * int(std::ceil(std::log2(double(chain.size()) + 1)) + 1));
-        const double worst = options.metric == TuneMetric::Kl ? it->second.maxKl : it->second.maxDeltaPplPct;
+        const double worst = options.metric == TuneMetric::Kl ? it->second.maxKl : it->second.maxAbsDeltaPplPct;
         return worst <= budget && (!checkAgreement || it->second.meanAgreement >= options.minAgreement);
     };
     struct Pick {
@@ -316,6 +318,7 @@ TuneResult tuneProfile(const std::string& modelFingerprint, const std::vector<Tu
         t.bytes = m.bytes;
         t.meanDeltaPplPct = m.meanDeltaPplPct;
         t.maxDeltaPplPct = m.maxDeltaPplPct;
+        t.maxAbsDeltaPplPct = m.maxAbsDeltaPplPct;
         t.meanKl = m.meanKl;
         t.maxKl = m.maxKl;
         t.meanAgreement = m.meanAgreement;
@@ -328,6 +331,7 @@ TuneResult tuneProfile(const std::string& modelFingerprint, const std::vector<Tu
                                          {"ratio_vs_int8", t.ratioVsInt8},
                                          {"mean_delta_ppl_pct", t.meanDeltaPplPct},
                                          {"max_delta_ppl_pct", t.maxDeltaPplPct},
+                                         {"max_abs_delta_ppl_pct", t.maxAbsDeltaPplPct},
                                          {"mean_kl", t.meanKl},
                                          {"max_kl", t.maxKl},
                                          {"mean_token_agreement", t.meanAgreement},

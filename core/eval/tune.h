@@ -64,7 +64,7 @@ struct TunedLevel {
     uint64_t bytes = 0;             // summed over the tuning contexts
     double bitsPerValue = 0.0;      // over all tuning contexts' values
     double ratioVsInt8 = 0.0;
-    double meanDeltaPplPct = 0.0, maxDeltaPplPct = 0.0, meanKl = 0.0, maxKl = 0.0, meanAgreement = 1.0;
+    double meanDeltaPplPct = 0.0, maxDeltaPplPct = 0.0, maxAbsDeltaPplPct = 0.0, meanKl = 0.0, maxKl = 0.0, meanAgreement = 1.0;
 };
 
 struct TuneResult {

@@ -201,7 +201,8 @@ TransformTuneResult tuneTransformProfile(const std::string& modelFingerprint, co
         values += kv->shape().totalValues();
     }
     const double tightest = *std::min_element(options.budgets.begin(), options.budgets.end());
-    auto metricOf = [&](const TransformTuneCandidate& c) { return options.metric == TuneMetric::Kl ? c.kl : c.deltaPplPct; };
+    // |delta PPL|: the bar is two-sided (suite.h); a level that lowers perplexity changed the model too.
+    auto metricOf = [&](const TransformTuneCandidate& c) { return options.metric == TuneMetric::Kl ? c.kl : std::fabs(c.deltaPplPct); };
     int measured = 0;
     const int planned = int(options.exponents.size() * (options.multipliers.size() + size_t(options.refine) * options.budgets.size()));
     auto measure = [&](double alpha, double mult) {

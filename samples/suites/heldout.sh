@@ -1,0 +1,51 @@
+#!/bin/sh
+# The held-out protocol: every codec row judged on quality suites of genres that neither the
+# transform's calibration (samples/contexts: technical_note, long_4k) nor the choice of its ladder
+# (facts.json) ever saw. One `eval --suite` per (genre, codec family); each process measures fp16
+# too (it is the bar). Then heldout_table.py pools them and writes docs/results/iso_quality.md.
+#
+#   sh samples/suites/heldout.sh [CLI] [GENRES]
+#     CLI     default build/dev/app/cli/kvscope-cli
+#     GENRES  default "meetings inventory code narrative" (samples/suites/<genre>.json)
+#   OUT=dir     where the per-run JSON goes (default samples/suites/results/heldout)
+#   ROWS=list   which families to run: transform cachegen tuned baselines (default all four)
+#   THREADS=n   --threads for every run (default 1: the machine is shared; see README)
+#
+# The transform rows use the shipped ladder with no --profile: the first run calibrates it on the
+# user's checkpoint once (eval/transform_default.h) and caches it.
+set -eu
+CLI=${1:-build/dev/app/cli/kvscope-cli}
+GENRES=${2:-"meetings inventory code narrative"}
+OUT=${OUT:-samples/suites/results/heldout}
+ROWS=${ROWS:-"transform cachegen tuned baselines"}
+THREADS=${THREADS:-1}
+mkdir -p "$OUT"
+# The machine and the code the rows are measured with (heldout_table.py prints it in the page).
+python3 - "$OUT/machine.json" "$CLI" <<'PY'
+import json, os, subprocess, sys, time
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown")
+commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
+json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit + ("+dirty" if dirty else ""),
+           "cpu": cpu, "cores": os.cpu_count(), "load_average": os.getloadavg()[0], "cli": sys.argv[2]},
+          open(sys.argv[1], "w"), indent=1)
+PY
+for g in $GENRES; do
+    S=samples/suites/$g.json
+    [ -f "$S" ] || { echo "heldout: $S is missing (python3 samples/suites/make_genre_suites.py writes it)" >&2; exit 2; }
+    E="eval --suite $S --threads $THREADS --json"
+    for r in $ROWS; do
+        f="$OUT/$g.$r.json"
+        [ -s "$f" ] && { echo "heldout: $f exists, kept (delete it to rerun)" >&2; continue; }
+        echo "heldout: $g $r" >&2
+        case $r in
+        transform) "$CLI" $E --codec transform --baselines none --levels all > "$f.tmp" ;;
+        cachegen)  "$CLI" $E --codec cachegen --baselines none --levels all > "$f.tmp" ;;
+        tuned)     "$CLI" $E --codec cachegen --profile samples/profiles/smollm2-135m-instruct.json --baselines none --levels all > "$f.tmp" ;;
+        baselines) "$CLI" $E --baselines int8,kivi2,kivi4 --levels none > "$f.tmp" ;;
+        *) echo "heldout: unknown row family '$r'" >&2; exit 2 ;;
+        esac
+        mv "$f.tmp" "$f"
+    done
+done
+python3 samples/suites/heldout_table.py "$OUT" $GENRES
