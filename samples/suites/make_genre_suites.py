@@ -555,7 +555,7 @@ def instructions_item(seed, procedures):
 
 # ---- questions and items ---------------------------------------------------------------------
 
-def build(gid, doc, told_blocks, questions, rng, cont_chars=(700, 1000)):
+def build(gid, doc, told_blocks, questions, rng, cont_chars=(550, 800)):
     """Context = the first told_blocks blocks; continuation = the next ones up to cont_chars."""
     told = doc.blocks[:told_blocks]
     rest = doc.blocks[told_blocks:]
@@ -568,7 +568,7 @@ def build(gid, doc, told_blocks, questions, rng, cont_chars=(700, 1000)):
     if len(cont) < cont_chars[0]:
         raise SystemExit(f"{gid}: continuation of {len(cont)} chars, too short")
     if len(cont) > cont_chars[1]:
-        cut = cont.rfind("\n", 0, cont_chars[1])
+        cut = max(cont.rfind("\n", 0, cont_chars[1]), cont.rfind(". ", 0, cont_chars[1]) + 1)
         cont = cont[:cut if cut > cont_chars[0] else cont_chars[1]]
     facts = [f for _, fs in told for f in fs]
     by_kind = {}
@@ -594,14 +594,14 @@ GENRES = {
     # name: (builder, [(seed, blocks told after the heading, questions)])
     "meetings": (meetings_item, [(401, 8, 26), (402, 8, 26), (403, 9, 28), (404, 10, 30),
                                  (405, 11, 30), (406, 13, 32), (407, 16, 34), (408, 18, 34)]),
-    "inventory": (inventory_item, [(501, 5, 26), (502, 5, 26), (503, 6, 28), (504, 6, 30),
-                                   (505, 7, 30), (506, 8, 32), (507, 10, 34), (508, 12, 34)]),
-    "code": (code_item, [(601, 6, 26), (602, 6, 26), (603, 7, 28), (604, 8, 30),
-                         (605, 9, 30), (606, 10, 32), (607, 12, 34), (608, 15, 34)]),
-    "narrative": (narrative_item, [(701, 6, 26), (702, 6, 26), (703, 7, 28), (704, 8, 30),
-                                   (705, 9, 30), (706, 10, 32), (707, 12, 34), (708, 15, 34)]),
-    "instructions": (instructions_item, [(801, 6, 26), (802, 6, 26), (803, 7, 28), (804, 8, 30),
-                                         (805, 9, 30), (806, 10, 32), (807, 12, 34), (808, 14, 34)]),
+    "inventory": (inventory_item, [(501, 8, 26), (502, 8, 26), (503, 9, 28), (504, 10, 30),
+                                   (505, 11, 30), (506, 12, 32), (507, 14, 34), (508, 16, 34)]),
+    "code": (code_item, [(601, 7, 26), (602, 7, 26), (603, 8, 28), (604, 9, 30),
+                         (605, 10, 30), (606, 11, 32), (607, 13, 34), (608, 16, 34)]),
+    "narrative": (narrative_item, [(701, 8, 26), (702, 8, 26), (703, 9, 28), (704, 10, 30),
+                                   (705, 11, 30), (706, 12, 32), (707, 14, 34), (708, 17, 34)]),
+    "instructions": (instructions_item, [(801, 8, 26), (802, 8, 26), (803, 9, 28), (804, 10, 30),
+                                         (805, 11, 30), (806, 12, 32), (807, 14, 34), (808, 16, 34)]),
 }
 
 
