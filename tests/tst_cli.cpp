@@ -104,6 +104,22 @@ private slots:
         QCOMPARE(j["layers"].toArray().size(), 6);
     }
 
+    // A KV file with no RoPE table (written by another stack; synth writes none) still encodes
+    // with the transform codec: its keys are coded as they are, and stderr says so in one line.
+    void transformWithoutRopeParameters()
+    {
+        const QString kvc = path("norope.kvc"), out = path("norope.out.h5");
+        Run r = cli({"encode", m_kv, "--out", kvc, "--codec", "transform", "--chunk-tokens", "64", "--json"});
+        QVERIFY2(r.exitCode == 0, r.err.constData());
+        QVERIFY(isSingleJsonObject(r.out));
+        QVERIFY2(r.err.contains("note: the KV cache carries no RoPE parameters: keys are coded as they are"), r.err.constData());
+        QVERIFY(r.json()["bits_per_value"].toDouble() > 0);
+        r = cli({"decode", kvc, "--out", out, "--source", m_kv, "--json"});
+        QVERIFY2(r.exitCode == 0, r.err.constData());
+        QCOMPARE(r.json()["layers"].toArray().size(), 6);
+        QVERIFY(r.json()["max_abs_error"].toDouble() < 1.0);
+    }
+
     void decodeAnyLevelMix()
     {
         const QString kvc = path("levels.kvc");

@@ -33,21 +33,18 @@ class TestTransformDefault : public QObject {
     QTemporaryDir m_cache;
     std::unique_ptr<Model> m_model;
 
-    bool modelPresent() const
-    {
-        std::ifstream f(defaultModelPath());
-        return f.good();
-    }
 
 private slots:
     void initTestCase()
     {
         QVERIFY(m_cache.isValid());
+        // The model stays where it is; only the profile cache moves to a temporary folder.
+        const std::string modelPath = defaultModelPath();
         ::setenv("XDG_CACHE_HOME", m_cache.path().toUtf8().constData(), 1);
-        if (modelPresent()) {
+        if (std::ifstream(modelPath).good()) {
             RuntimeOptions ro;
             ro.threads = 1;
-            m_model = Model::open("default", "", ro);
+            m_model = Model::open(modelPath, "", ro);
         }
     }
 

@@ -8,6 +8,7 @@
 #include "kv/kv_compare.h"
 #include "kv/kv_set.h"
 
+#include <cstdio>
 #include <memory>
 #include <string>
 
@@ -92,6 +93,14 @@ struct ProfileOptions {
         if (int(pr.levels.front().keyBins.size()) != kv.shape().numLayers)
             throw inputError(src, "levels", "bins cover " + std::to_string(pr.levels.front().keyBins.size()) +
                                                 " layers, the KV cache has " + std::to_string(kv.shape().numLayers));
+        if (p.codec == CodecId::Transform && pr.transform.ropeUndo && int(kv.ropeInvFreq.size()) != kv.shape().headDim / 2) {
+            // A KV file written by another stack (h5py) carries no RoPE table: its keys are coded
+            // as they are. A calibrated model expects keys with RoPE undone, so it is set aside.
+            std::fprintf(stderr, "note: the KV cache carries no RoPE parameters: keys are coded as they are (rope_undo off)%s\n",
+                         pr.transformModel.empty() ? "" : ", with the transform fitted on this cache");
+            pr.transform.ropeUndo = false;
+            pr.transformModel.clear();
+        }
         if (p.codec == CodecId::Transform) prepareTransform(p, kv, src);
         return p;
     }

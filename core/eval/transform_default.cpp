@@ -25,8 +25,8 @@ std::string hex64(uint64_t v)
     return b;
 }
 
-// FNV-1a of the ladder's canonical JSON: its switches and levels, without the calibrated model
-// and the measured figures (which do not change what is fitted).
+// FNV-1a of the ladder's canonical JSON: its switches and levels, without the calibrated model,
+// the measured figures and the default level (none of which changes what is fitted).
 std::string ladderDigest(const CodecProfile& p)
 {
     CodecProfile bare = p;
@@ -34,7 +34,7 @@ std::string ladderDigest(const CodecProfile& p)
     bare.modelFingerprint.clear();
     for (TransformLevel& l : bare.transformLevels) l.measuredJson.clear();
     json j = json::parse(profileToJson(bare));
-    j.erase("model_fingerprint");
+    j["transform"].erase("default_level");  // which level is the default does not change the fit
     const std::string text = j["transform"].dump() + j["chunk_tokens"].dump();
     uint64_t h = 1469598103934665603ull;
     for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
@@ -82,10 +82,22 @@ std::string cachedDefaultTransform(const std::string& fingerprint)
     const DefaultTransform d = findDefaultTransform(fingerprint);
     if (!isRegularFile(d.cachePath)) return "";
     try {
-        const CodecProfile p = loadProfile(d.cachePath);
+        CodecProfile p = loadProfile(d.cachePath);
         if (p.transformModel.empty() || p.modelFingerprint != fingerprint) return "";
-        const json j = json::parse(readSmallFile(d.cachePath, 256u << 20));
+        json j = json::parse(readSmallFile(d.cachePath, 256u << 20));
         if (j.value("/calibration/ladder_digest"_json_pointer, std::string()) != d.ladderDigest) return "";
+        // The same fit; the shipped ladder's default level and measured figures may be newer.
+        const CodecProfile ladder = loadProfile(d.ladderPath);
+        bool stale = p.transformDefaultLevel != ladder.transformDefaultLevel;
+        for (size_t l = 0; l < p.transformLevels.size(); ++l)
+            stale = stale || p.transformLevels[l].measuredJson != ladder.transformLevels[l].measuredJson;
+        if (stale) {
+            p.transformDefaultLevel = ladder.transformDefaultLevel;
+            for (size_t l = 0; l < p.transformLevels.size(); ++l) p.transformLevels[l].measuredJson = ladder.transformLevels[l].measuredJson;
+            json k = json::parse(profileToJson(p));
+            k["calibration"] = j["calibration"];
+            writeFileAtomic(d.cachePath, k.dump(1) + "\n");
+        }
     } catch (const std::exception&) {
         return "";  // a damaged cache entry is refitted, never trusted
     }

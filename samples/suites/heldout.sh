@@ -10,6 +10,10 @@
 #   OUT=dir     where the per-run JSON goes (default samples/suites/results/heldout)
 #   ROWS=list   which families to run: transform cachegen tuned baselines (default all four)
 #   THREADS=n   --threads for every run (default 1: the machine is shared; see README)
+#   TRANSFORM_LEVELS, CACHEGEN_LEVELS, TUNED_LEVELS  levels of the transform ladder and of the
+#               CacheGen default and tuned profiles (default all)
+# Runs can go side by side (two shells, different ROWS or GENRES): a row being measured is
+# locked (<row>.json.lock) and the other shell skips it.
 #
 # The transform rows use the shipped ladder with no --profile: the first run calibrates it on the
 # user's checkpoint once (eval/transform_default.h) and caches it.
@@ -37,15 +41,18 @@ for g in $GENRES; do
     for r in $ROWS; do
         f="$OUT/$g.$r.json"
         [ -s "$f" ] && { echo "heldout: $f exists, kept (delete it to rerun)" >&2; continue; }
+        mkdir "$f.lock" 2>/dev/null || { echo "heldout: $f is being measured by another run, skipped" >&2; continue; }
         echo "heldout: $g $r" >&2
         case $r in
-        transform) "$CLI" $E --codec transform --baselines none --levels all > "$f.tmp" ;;
-        cachegen)  "$CLI" $E --codec cachegen --baselines none --levels all > "$f.tmp" ;;
-        tuned)     "$CLI" $E --codec cachegen --profile samples/profiles/smollm2-135m-instruct.json --baselines none --levels all > "$f.tmp" ;;
+        transform) "$CLI" $E --codec transform --baselines none --levels "${TRANSFORM_LEVELS:-all}" > "$f.tmp" ;;
+        cachegen)  "$CLI" $E --codec cachegen --baselines none --levels "${CACHEGEN_LEVELS:-all}" > "$f.tmp" ;;
+        tuned)     "$CLI" $E --codec cachegen --profile samples/profiles/smollm2-135m-instruct.json --baselines none \
+                       --levels "${TUNED_LEVELS:-all}" > "$f.tmp" ;;
         baselines) "$CLI" $E --baselines int8,kivi2,kivi4 --levels none > "$f.tmp" ;;
         *) echo "heldout: unknown row family '$r'" >&2; exit 2 ;;
         esac
         mv "$f.tmp" "$f"
+        rmdir "$f.lock"
     done
 done
 python3 samples/suites/heldout_table.py "$OUT" $GENRES

@@ -14,6 +14,9 @@ Level choice, two ways:
     default_level);
   - leave one genre out: for each genre G, the smallest level passing on all the other genres,
     judged on G (what a user gets on a genre nobody measured).
+With --profile P (the shipped transform ladder), also writes into P what the rows measured: per
+transform level "measured" (bits/value, x int8, pooled KL, the genres it passes on; the streamer's
+planner reads mean_kl) and "default_level" = the smallest level that passes on every genre.
 Standard library only.
 """
 import json
@@ -62,10 +65,15 @@ def ci(v):
 def main():
     args = sys.argv[1:]
     page = "docs/results/iso_quality.md"
-    if "--page" in args:
-        i = args.index("--page")
-        page = args[i + 1]
-        del args[i:i + 2]
+    profile = None
+    for opt in ("--page", "--profile"):
+        if opt in args:
+            i = args.index(opt)
+            if opt == "--page":
+                page = args[i + 1]
+            else:
+                profile = args[i + 1]
+            del args[i:i + 2]
     out, genres = args[0], args[1:]
     runs = load(out, genres)
     machine = json.load(open(os.path.join(out, "machine.json"))) if os.path.exists(os.path.join(out, "machine.json")) else {}
@@ -182,6 +190,61 @@ def main():
                                 f"{'passes' if r['meets_iso_quality'] else 'fails (' + r.get('iso_quality_fails', '') + ')'}")
             lines.append("  - leave one genre out (chosen on the others, judged on the one named): " + "; ".join(logo) + ".")
         lines.append("")
+
+    # Where the accuracy goes: per question kind (the suites tag each question), pooled over the
+    # genres, accuracy of each transform level minus fp16's on the same questions.
+    kinds = {}
+    for k in keys:
+        if k[0] != "transform":
+            continue
+        for g, r in rows[k].items():
+            if g.startswith("_"):
+                continue
+            for name, s in r.get("kinds", {}).items():
+                e = kinds.setdefault(name, {}).setdefault(k[1], [0, 0, 0])
+                e[0] += s["questions"]
+                e[1] += round(s["accuracy"] * s["questions"])
+                e[2] += round(s["fp16_accuracy"] * s["questions"])
+    if kinds:
+        levels = sorted({l for v in kinds.values() for l in v})
+        lines += ["## Where accuracy is lost (transform, per question kind, pooled)", "",
+                  "Accuracy of each level minus fp16's on the same questions, in points; n = questions of that kind.", "",
+                  "| kind | n | fp16 | " + " | ".join(f"level {l}" for l in levels) + " |",
+                  "|---|---|---|" + "---|" * len(levels)]
+        for name in sorted(kinds):
+            v = kinds[name]
+            n = next(iter(v.values()))[0]
+            f0 = next(iter(v.values()))[2] / n if n else 0
+            cells = [f"{100 * (v[l][1] - v[l][2]) / v[l][0]:+.1f}" if l in v and v[l][0] else "-" for l in levels]
+            lines.append(f"| {name} | {n} | {f0:.3f} | " + " | ".join(cells) + " |")
+        lines.append("")
+
+    if profile and len(have) > 1:
+        p = json.load(open(profile))
+        levels = p["transform"]["levels"]
+        passing = []
+        for k in keys:
+            if k[0] != "transform" or "_every" not in rows[k] or not 1 <= k[1] <= len(levels):
+                continue
+            rs = [rows[k][g] for g in have]
+            T = sum(fp16[g][2] for g in have)
+            levels[k[1] - 1]["measured"] = {
+                "source": "samples/suites/heldout.sh on " + ", ".join(have),
+                "bits_per_value": round(rows[k]["_bits"], 4),
+                "ratio_vs_int8": round(rows[k]["_xint8"], 4),
+                "mean_kl": round(sum(r["kl"] * fp16[g][2] for r, g in zip(rs, have)) / T, 6),
+                "passes_on": [g for g, r in zip(have, rs) if r["meets_iso_quality"]],
+                "passes_pooled": rows[k]["_pooled"]}
+            if rows[k]["_every"]:
+                passing.append(k[1])
+        if passing:
+            p["transform"]["default_level"] = min(passing)
+        tmp = profile + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(p, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, profile)
+        print(f"wrote {profile}: default_level {p['transform']['default_level']}", file=sys.stderr)
 
     os.makedirs(os.path.dirname(page) or ".", exist_ok=True)
     tmp = page + ".tmp"
