@@ -1,0 +1,27 @@
+// Internal to codec/: the dense linear algebra of the transform fit (transform.h READ ME FIRST, 2
+// and 3) besides the public symmetricEigen and invertMatrix, on row-major n x n matrices of
+// doubles. All of it is defined in linalg.cpp.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+// symmetricEigen and invertMatrix are declared in transform.h (public, tests call them).
+
+namespace detail {
+
+// Sylvester-Hadamard matrix of order n (a power of two), scaled to be orthonormal, with the signs
+// of its columns flipped by a seeded generator: the randomized rotation H diag(s) / sqrt(n).
+std::vector<double> randomHadamard(int n, uint64_t seed);
+inline bool powerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
+// Symmetric square root and inverse square root of a symmetric positive semi-definite matrix,
+// eigenvalues floored at 1e-4 of the largest so that the inverse stays bounded.
+void sqrtPair(const std::vector<double>& m, int n, std::vector<double>& root, std::vector<double>& invRoot);
+// a b (n x n each).
+std::vector<double> matmul(const std::vector<double>& a, const std::vector<double>& b, int n);
+
+}  // namespace detail
+}  // namespace kvscope
