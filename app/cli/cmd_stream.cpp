@@ -235,7 +235,7 @@ void addStreamCommand(CLI::App& app, Output& out)
     sub->add_option("--kv", o->kv, "the context's original KV (HDF5) for quality; default: prefill it now");
     sub->add_option("--runs", o->runs, "runs per policy (trace replays start at evenly spread offsets)")
         ->capture_default_str()->check(CLI::Range(1, 1000));
-    sub->add_option("--target", o->target, "model target hardware: a100-7b or h100-8b (published figures, cited in core/stream/streamer.cpp)")
+    sub->add_option("--target", o->target, "model target hardware: a100-7b or h100-8b (published figures, cited in core/transport/target.cpp)")
         ->check(CLI::IsMember(targetPresetNames()));
     sub->add_option("--target-prefill", o->targetPrefill, "model a machine that prefills this many tokens/s (overrides --target's)");
     sub->add_option("--target-decode", o->targetDecode, "model a machine that decodes KV at this many GB/s of fp16 (overrides --target's)");

@@ -49,7 +49,7 @@
 //    less distortion and the order is the bits-per-value order. Text recompute has distortion 0
 //    (it reproduces the model's own cache). Measured and fallback figures are never mixed: when any
 //    level lacks a measured KL, every level uses the fallback.
-//  - Safety: the streamer plans against 90% of the SLO (kSloSafety in streamer.cpp): a request,
+//  - Safety: the streamer plans against 90% of the SLO (kSloSafety in stream/stream_run.cpp): a request,
 //    once sent, cannot be taken back.
 //  - Before any chunk has been measured there is no estimate: the first request goes at the
 //    file's default level and at most chunk 0 is recomputed meanwhile, unless a prior estimate (the

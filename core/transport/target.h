@@ -26,7 +26,7 @@ struct TargetHardware {
     std::string citation;               // where the preset's figures come from
     bool enabled() const { return prefillTokensPerSecond > 0 || decodeGBps > 0; }
 };
-// "a100-7b", "h100-8b" (see streamer.cpp for the figures and their sources); throws
+// "a100-7b", "h100-8b" (see target.cpp for the figures and their sources); throws
 // kvscope::Error "--target: ..." for other names.
 TargetHardware targetPreset(const std::string& name);
 std::vector<std::string> targetPresetNames();
