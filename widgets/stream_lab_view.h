@@ -14,9 +14,10 @@
 //               TTFT       one bar per lane stacked by part, against the SLO, with the answer's
 //                          token agreement and the cache's KL and ΔPPL on top;
 //   results     a table of every run and the answers (original vs the selected run's).
-// A race can be saved and reopened (JSON, saveRace/loadRace) and exported as one figure
-// (exportFigure: PNG, JPEG, SVG or PDF by suffix). It only draws and collects settings; the app's
-// StreamSession runs the race on a worker and feeds the value structs of view_data.h back.
+// A race can be exported as one figure (exportFigure: PNG, JPEG, SVG or PDF by suffix). It only
+// draws and collects settings: the app's StreamSession runs the race on a worker and feeds the
+// value structs of view_data.h back, and the app saves and opens races (app/gui/race_file.h) and
+// shows an opened one with showRace.
 #pragma once
 
 #include "view_data.h"
@@ -61,11 +62,6 @@ private:
     std::vector<StreamRunResult> m_runs;
 };
 
-// RaceRecord <-> JSON ({"format": "kvscope-stream-run", "version": 1, ...}). fromJson returns
-// false with *error "file: place: reason" for anything it cannot trust.
-QByteArray raceToJson(const RaceRecord& race);
-bool raceFromJson(const QByteArray& json, const QString& file, RaceRecord* race, QString* error);
-
 class StreamLabView : public QWidget {
     Q_OBJECT
 public:
@@ -93,12 +89,8 @@ public:
     const RaceRecord& race() const { return m_race; }
     int levels() const { return m_levels; }
 
-    bool saveRace(const QString& path, QString* error) const;
-    bool loadRace(const QString& path, QString* error);
     // The plots of the race as one figure; the format follows the suffix.
     bool exportFigure(const QString& path, QString* error);
-    // Whether a JSON file is a saved race (not a codec profile); reads its first bytes only.
-    static bool isRaceFile(const QString& path);
 
     // Seconds per cell of a schedule drawn with the mouse.
     static constexpr double kDrawStepSeconds = 0.05;

@@ -6,6 +6,7 @@
 #include "layer_stats_view.h"
 #include "library_versions.h"
 #include "model_context_view.h"
+#include "race_file.h"
 #include "stream_lab_view.h"
 #include "stream_session.h"
 #include "tuner_session.h"
@@ -622,7 +623,11 @@ void MainWindow::createStreamPage()
 void MainWindow::saveRace(const QString& path)
 {
     QString error;
-    if (!m_streamView->saveRace(path, &error)) {
+    if (m_streamView->race().results.empty())
+        error = tr("%1: nothing to save: race first").arg(path);
+    else
+        saveRaceFile(path, m_streamView->race(), &error);
+    if (!error.isEmpty()) {
         reportError(tr("Could not save the run"), error);
         return;
     }
@@ -632,10 +637,13 @@ void MainWindow::saveRace(const QString& path)
 void MainWindow::openRace(const QString& path)
 {
     QString error;
-    if (!m_streamView->loadRace(path, &error)) {
+    RaceRecord race;
+    if (!loadRaceFile(path, &race, &error)) {
         reportError(tr("Could not open the run"), error);
         return;
     }
+    m_streamView->showRace(race);
+    m_streamView->setStatus(tr("Opened %1 (%n run(s)).", nullptr, int(race.results.size())).arg(QFileInfo(path).fileName()));
     showPage(Page::Stream);
     m_phaseLabel->setText(tr("Opened the run %1.").arg(QFileInfo(path).fileName()));
 }
@@ -1295,7 +1303,7 @@ void MainWindow::dropEvent(QDropEvent* event)
     const QString suffix = info.suffix().toLower();
     if (info.isDir() || suffix == QLatin1String("gguf"))
         openModel(path);
-    else if (suffix == QLatin1String("json") && StreamLabView::isRaceFile(path))
+    else if (suffix == QLatin1String("json") && isRaceFile(path))
         openRace(path);
     else if (suffix == QLatin1String("json"))
         openProfile(path);

@@ -5,7 +5,7 @@
 // errors that name the file and the place.
 #include "gui_testmain.h"
 
-#include "stream_lab_view.h"
+#include "race_file.h"
 
 #include <QFile>
 #include <QTemporaryDir>
