@@ -1,70 +1,31 @@
 #include "stream_lab_view.h"
 
-#include "plot_export.h"
 #include "plot_style.h"
-#include "plot_widget.h"
-
-#include <qcustomplot.h>
+#include "stream_link_editor.h"
+#include "stream_race_figure.h"
 
 #include <QComboBox>
 #include <QDoubleSpinBox>
-#include <QFile>
-#include <QFileInfo>
 #include <QFormLayout>
 #include <QGridLayout>
 #include <QGroupBox>
 #include <QHBoxLayout>
 #include <QHeaderView>
-#include <QImageWriter>
-#include <QJsonArray>
-#include <QJsonDocument>
-#include <QJsonObject>
 #include <QLabel>
 #include <QLineEdit>
 #include <QListWidget>
-#include <QMouseEvent>
-#include <QSignalBlocker>
-#include <QPainter>
-#include <QPdfWriter>
 #include <QPlainTextEdit>
 #include <QPushButton>
-#include <QSaveFile>
+#include <QSignalBlocker>
 #include <QSplitter>
-#include <QStackedWidget>
 #include <QTableView>
-#include <QTableWidget>
 #include <QVBoxLayout>
-#ifdef KVSCOPE_HAVE_QT_SVG
-#include <QSvgGenerator>
-#endif
 
 #include <algorithm>
-#include <cmath>
 
 namespace kvscope {
 
 namespace {
-
-const char* const kPartNames[StreamRunResult::kParts] = {"transfer", "decode", "recompute", "KV load", "prefill",
-                                                          "first token"};
-const char* const kRaceFormat = "kvscope-stream-run";
-constexpr int kRaceVersion = 1;
-// A schedule that drops and recovers: what adaptive streaming is for.
-const char* const kDropAndRecover = "40Mbit:0.3,4Mbit:0.4,40Mbit";
-
-QCustomPlot* makePlot(const QString& name, const QString& x, const QString& y)
-{
-    auto* plot = new Plot;
-    plot->setObjectName(name);
-    plot->setMinimumSize(280, 170);
-    plot->xAxis->setLabel(x);
-    plot->yAxis->setLabel(y);
-    plot->setInteractions(QCP::iRangeDrag | QCP::iRangeZoom);
-    style::applyPlotStyle(plot);
-    return plot;
-}
-
-QString seconds(double s) { return QString::number(s, 'f', 3); }
 
 QString policyLabel(const QString& policy)
 {
@@ -73,420 +34,45 @@ QString policyLabel(const QString& policy)
     return policy;
 }
 
-// ---- JSON
-
-QJsonArray numbers(const std::vector<double>& v)
-{
-    QJsonArray a;
-    for (double x : v) a.append(x);
-    return a;
-}
-
-const char* const kModes[] = {"back_to_back", "at_once", "shared_link"};
-
-QJsonObject configJson(const StreamConfig& c)
-{
-    static const char* const links[] = {"constant", "steps", "trace"};
-    return {{"link", QLatin1String(links[int(c.link)])},
-            {"mode", QLatin1String(kModes[int(c.mode)])},
-            {"target_weight_pass_s", c.weightPassSeconds},
-            {"rate", c.rate},
-            {"trace", c.tracePath},
-            {"trace_scale", c.traceScale},
-            {"rtt_ms", c.rttMs},
-            {"slo_s", c.sloSeconds},
-            {"policies", QJsonArray::fromStringList(c.policies)},
-            {"hardware", c.hardware},
-            {"target_prefill_tok_s", c.prefillTokensPerSecond},
-            {"target_decode_gb_s", c.decodeGBps},
-            {"store", c.store}};
-}
-
-QJsonObject chunkJson(const StreamChunkPoint& c)
-{
-    return {{"index", c.index},         {"level", c.level},           {"local", c.local},
-            {"bytes", double(c.bytes)}, {"sent_s", c.sentS},          {"first_byte_s", c.firstByteS},
-            {"arrived_s", c.arrivedS},  {"job_start_s", c.jobStartS}, {"decoded_s", c.decodedS}};
-}
-
-QJsonObject resultJson(const StreamRunResult& r)
-{
-    QJsonObject parts;
-    for (int i = 0; i < StreamRunResult::kParts; ++i) parts[QLatin1String(kPartNames[i])] = r.parts[i];
-    QJsonArray chunks;
-    for (const StreamChunkPoint& c : r.chunks) chunks.append(chunkJson(c));
-    QJsonArray modelled;
-    for (int i = 0; i < StreamRunResult::kParts; ++i)
-        if (r.partModelled[i]) modelled.append(QLatin1String(kPartNames[i]));
-    QJsonObject quality;
-    if (r.hasQuality) quality = QJsonObject{{"kl", r.kl}, {"delta_ppl_pct", r.deltaPplPct}};
-    return {{"run", r.run},
-            {"modelled_parts", modelled},
-            {"quality", r.hasQuality ? QJsonValue(quality) : QJsonValue()},
-            {"lane", r.lane},
-            {"policy", r.policy},
-            {"link", r.link},
-            {"hardware", r.hardware},
-            {"modelled", r.modelled},
-            {"slo_s", r.sloSeconds},
-            {"ttft_s", r.ttftSeconds},
-            {"slo_met", r.sloMet},
-            {"start_s", r.startS},
-            {"ttft_parts", parts},
-            {"chunks", chunks},
-            {"delivered_bytes", double(r.deliveredBytes)},
-            {"capacity_bytes", r.capacityBytes},
-            {"link_s", r.linkSeconds},
-            {"token_agreement", r.tokenAgreement},
-            {"text", r.text},
-            {"reference_text", r.referenceText},
-            {"log", QJsonArray::fromStringList(r.log)}};
-}
-
-// Reads fields with type checks; the first problem is kept, with its place.
-struct Reader {
-    QString file;
-    QString error;
-    bool ok() const { return error.isEmpty(); }
-    void fail(const QString& place, const QString& reason)
-    {
-        if (error.isEmpty()) error = QStringLiteral("%1: %2: %3").arg(file, place, reason);
-    }
-    double number(const QJsonObject& o, const char* key, const QString& place, double lo = -1e300, double hi = 1e300)
-    {
-        const QJsonValue v = o.value(QLatin1String(key));
-        if (v.isUndefined()) return 0;
-        if (!v.isDouble() || !std::isfinite(v.toDouble()) || v.toDouble() < lo || v.toDouble() > hi) {
-            fail(place + QLatin1Char('.') + QLatin1String(key), QStringLiteral("not a number in range"));
-            return 0;
-        }
-        return v.toDouble();
-    }
-    QString string(const QJsonObject& o, const char* key, const QString& place)
-    {
-        const QJsonValue v = o.value(QLatin1String(key));
-        if (v.isUndefined()) return {};
-        if (!v.isString()) fail(place + QLatin1Char('.') + QLatin1String(key), QStringLiteral("not a string"));
-        return v.toString();
-    }
-    QStringList strings(const QJsonObject& o, const char* key, const QString& place)
-    {
-        QStringList out;
-        const QJsonValue v = o.value(QLatin1String(key));
-        if (v.isUndefined()) return out;
-        if (!v.isArray()) {
-            fail(place + QLatin1Char('.') + QLatin1String(key), QStringLiteral("not an array"));
-            return out;
-        }
-        for (const QJsonValue& s : v.toArray()) {
-            if (!s.isString()) fail(place + QLatin1Char('.') + QLatin1String(key), QStringLiteral("not a string"));
-            out << s.toString();
-        }
-        return out;
-    }
-    std::vector<double> doubles(const QJsonObject& o, const char* key, const QString& place)
-    {
-        std::vector<double> out;
-        const QJsonValue v = o.value(QLatin1String(key));
-        if (!v.isArray()) {
-            if (!v.isUndefined()) fail(place + QLatin1Char('.') + QLatin1String(key), QStringLiteral("not an array"));
-            return out;
-        }
-        for (const QJsonValue& x : v.toArray()) {
-            if (!x.isDouble()) fail(place + QLatin1Char('.') + QLatin1String(key), QStringLiteral("not a number"));
-            out.push_back(x.toDouble());
-        }
-        return out;
-    }
-};
-
 }  // namespace
-
-QByteArray raceToJson(const RaceRecord& race)
-{
-    QJsonArray results;
-    for (const StreamRunResult& r : race.results) results.append(resultJson(r));
-    const QJsonObject root{{"format", QLatin1String(kRaceFormat)},
-                           {"version", kRaceVersion},
-                           {"cache", race.cache},
-                           {"quality_source", race.qualitySource},
-                           {"config", configJson(race.config)},
-                           {"available", QJsonObject{{"seconds", numbers(race.available.seconds)},
-                                                     {"mbps", numbers(race.available.mbps)}}},
-                           {"results", results}};
-    return QJsonDocument(root).toJson(QJsonDocument::Indented);
-}
-
-bool raceFromJson(const QByteArray& json, const QString& file, RaceRecord* out, QString* error)
-{
-    QJsonParseError parse;
-    const QJsonDocument doc = QJsonDocument::fromJson(json, &parse);
-    auto failWith = [&](const QString& text) {
-        if (error) *error = text;
-        return false;
-    };
-    if (parse.error != QJsonParseError::NoError)
-        return failWith(QStringLiteral("%1: offset %2: %3").arg(file).arg(parse.offset).arg(parse.errorString()));
-    if (!doc.isObject()) return failWith(QStringLiteral("%1: top level: not a JSON object").arg(file));
-    const QJsonObject root = doc.object();
-    if (root.value(QLatin1String("format")).toString() != QLatin1String(kRaceFormat))
-        return failWith(QStringLiteral("%1: format: not a kvscope stream run").arg(file));
-    if (root.value(QLatin1String("version")).toInt(-1) != kRaceVersion)
-        return failWith(QStringLiteral("%1: version: unsupported (this build reads %2)").arg(file).arg(kRaceVersion));
-    Reader rd{file, {}};
-    RaceRecord race;
-    race.cache = rd.string(root, "cache", QStringLiteral("cache"));
-    race.qualitySource = rd.string(root, "quality_source", QStringLiteral("quality_source"));
-    const QJsonObject c = root.value(QLatin1String("config")).toObject();
-    const QString link = rd.string(c, "link", QStringLiteral("config"));
-    race.config.link = link == QLatin1String("trace")   ? StreamConfig::Trace
-                       : link == QLatin1String("steps") ? StreamConfig::Steps
-                                                        : StreamConfig::Constant;
-    const QString mode = rd.string(c, "mode", QStringLiteral("config"));
-    race.config.mode = StreamConfig::BackToBack;
-    for (int m = 0; m < 3; ++m)
-        if (mode == QLatin1String(kModes[m])) race.config.mode = StreamConfig::Mode(m);
-    if (!mode.isEmpty() && race.config.mode == StreamConfig::BackToBack && mode != QLatin1String(kModes[0]))
-        rd.fail(QStringLiteral("config.mode"), QStringLiteral("'%1' is not back_to_back, at_once or shared_link").arg(mode));
-    // Older races named the same figure (one read of the weights) "target_first_token_s".
-    race.config.weightPassSeconds = -1.0;
-    for (const char* key : {"target_weight_pass_s", "target_first_token_s"})
-        if (c.contains(QLatin1String(key))) {
-            race.config.weightPassSeconds = rd.number(c, key, QStringLiteral("config"), -1, 1e6);
-            break;
-        }
-    race.config.rate = rd.string(c, "rate", QStringLiteral("config"));
-    race.config.tracePath = rd.string(c, "trace", QStringLiteral("config"));
-    race.config.traceScale = rd.number(c, "trace_scale", QStringLiteral("config"), 0, 1e6);
-    race.config.rttMs = rd.number(c, "rtt_ms", QStringLiteral("config"), 0, 1e6);
-    race.config.sloSeconds = rd.number(c, "slo_s", QStringLiteral("config"), 0, 1e6);
-    race.config.policies = rd.strings(c, "policies", QStringLiteral("config"));
-    race.config.hardware = rd.string(c, "hardware", QStringLiteral("config"));
-    race.config.prefillTokensPerSecond = rd.number(c, "target_prefill_tok_s", QStringLiteral("config"), 0, 1e12);
-    race.config.decodeGBps = rd.number(c, "target_decode_gb_s", QStringLiteral("config"), 0, 1e9);
-    race.config.store = rd.string(c, "store", QStringLiteral("config"));
-    const QJsonObject av = root.value(QLatin1String("available")).toObject();
-    race.available.seconds = rd.doubles(av, "seconds", QStringLiteral("available"));
-    race.available.mbps = rd.doubles(av, "mbps", QStringLiteral("available"));
-    if (race.available.seconds.size() != race.available.mbps.size())
-        rd.fail(QStringLiteral("available"), QStringLiteral("seconds and mbps differ in length"));
-    const QJsonValue results = root.value(QLatin1String("results"));
-    if (!results.isArray()) rd.fail(QStringLiteral("results"), QStringLiteral("not an array"));
-    const QJsonArray list = results.toArray();
-    constexpr int kMaxLanes = 64, kMaxChunks = 1 << 20;
-    if (list.size() > kMaxLanes) rd.fail(QStringLiteral("results"), QStringLiteral("more than %1 runs").arg(kMaxLanes));
-    for (int i = 0; i < list.size() && rd.ok() && i < kMaxLanes; ++i) {
-        const QString place = QStringLiteral("results[%1]").arg(i);
-        if (!list[i].isObject()) {
-            rd.fail(place, QStringLiteral("not an object"));
-            break;
-        }
-        const QJsonObject o = list[i].toObject();
-        StreamRunResult r;
-        r.run = int(rd.number(o, "run", place, 0, 1e9));
-        r.lane = i;
-        r.policy = rd.string(o, "policy", place);
-        r.link = rd.string(o, "link", place);
-        r.hardware = rd.string(o, "hardware", place);
-        r.modelled = o.value(QLatin1String("modelled")).toBool();
-        r.sloSeconds = rd.number(o, "slo_s", place, 0, 1e6);
-        r.ttftSeconds = rd.number(o, "ttft_s", place, 0, 1e6);
-        r.sloMet = o.value(QLatin1String("slo_met")).toBool();
-        r.startS = rd.number(o, "start_s", place, 0, 1e6);
-        const QJsonObject parts = o.value(QLatin1String("ttft_parts")).toObject();
-        for (int p = 0; p < StreamRunResult::kParts; ++p)
-            r.parts[p] = rd.number(parts, kPartNames[p], place + QStringLiteral(".ttft_parts"), 0, 1e6);
-        const QJsonArray chunks = o.value(QLatin1String("chunks")).toArray();
-        if (chunks.size() > kMaxChunks) rd.fail(place + QStringLiteral(".chunks"), QStringLiteral("too many chunks"));
-        for (int k = 0; k < chunks.size() && rd.ok() && k < kMaxChunks; ++k) {
-            const QJsonObject ch = chunks[k].toObject();
-            const QString cp = QStringLiteral("%1.chunks[%2]").arg(place).arg(k);
-            StreamChunkPoint p;
-            p.lane = i;
-            p.index = int(rd.number(ch, "index", cp, 0, kMaxChunks));
-            p.level = int(rd.number(ch, "level", cp, 0, 255));
-            p.local = ch.value(QLatin1String("local")).toBool();
-            p.bytes = quint64(rd.number(ch, "bytes", cp, 0, 1e15));
-            p.sentS = rd.number(ch, "sent_s", cp, 0, 1e6);
-            p.firstByteS = rd.number(ch, "first_byte_s", cp, 0, 1e6);
-            p.arrivedS = rd.number(ch, "arrived_s", cp, 0, 1e6);
-            p.jobStartS = rd.number(ch, "job_start_s", cp, 0, 1e6);
-            p.decodedS = rd.number(ch, "decoded_s", cp, 0, 1e6);
-            r.chunks.push_back(p);
-        }
-        r.deliveredBytes = quint64(rd.number(o, "delivered_bytes", place, 0, 1e15));
-        r.capacityBytes = rd.number(o, "capacity_bytes", place, 0, 1e18);
-        r.linkSeconds = rd.number(o, "link_s", place, 0, 1e6);
-        r.tokenAgreement = rd.number(o, "token_agreement", place, 0, 1);
-        r.text = rd.string(o, "text", place);
-        r.referenceText = rd.string(o, "reference_text", place);
-        r.log = rd.strings(o, "log", place);
-        for (const QString& part : rd.strings(o, "modelled_parts", place)) {
-            bool known = false;
-            for (int p = 0; p < StreamRunResult::kParts; ++p)
-                if (part == QLatin1String(kPartNames[p])) r.partModelled[p] = known = true;
-            if (!known) rd.fail(place + QStringLiteral(".modelled_parts"), QStringLiteral("'%1' is not a TTFT part").arg(part));
-        }
-        const QJsonValue q = o.value(QLatin1String("quality"));
-        if (q.isObject()) {
-            r.hasQuality = true;
-            r.kl = rd.number(q.toObject(), "kl", place + QStringLiteral(".quality"), 0, 1e6);
-            r.deltaPplPct = rd.number(q.toObject(), "delta_ppl_pct", place + QStringLiteral(".quality"), -100, 1e9);
-        } else if (!q.isUndefined() && !q.isNull()) {
-            rd.fail(place + QStringLiteral(".quality"), QStringLiteral("not an object"));
-        }
-        race.results.push_back(r);
-    }
-    if (!rd.ok()) return failWith(rd.error);
-    *out = race;
-    return true;
-}
-
-// ---- StreamRunsModel
-
-int StreamRunsModel::rowCount(const QModelIndex& parent) const { return parent.isValid() ? 0 : int(m_runs.size()); }
-int StreamRunsModel::columnCount(const QModelIndex& parent) const { return parent.isValid() ? 0 : ColumnCount; }
-
-QVariant StreamRunsModel::data(const QModelIndex& index, int role) const
-{
-    if (!index.isValid() || index.row() >= rowCount() || index.column() >= ColumnCount) return {};
-    const StreamRunResult& r = m_runs[size_t(index.row())];
-    if (role == Qt::ForegroundRole && index.column() == MetCol) return QColor(r.sloMet ? Qt::darkGreen : Qt::red);
-    if (role == Qt::DecorationRole && index.column() == PolicyCol) return style::policyColor(r.policy, 8);
-    if (role == Qt::ToolTipRole) return r.log.join(QLatin1Char('\n'));
-    if (role != Qt::DisplayRole) return {};
-    switch (index.column()) {
-    case RunCol: return r.run;
-    case PolicyCol: return r.policy;
-    case LinkCol: return r.link;
-    case SloCol: return seconds(r.sloSeconds);
-    case TtftCol: return seconds(r.ttftSeconds);
-    case MetCol: return r.sloMet ? tr("yes") : tr("no");
-    case TransferCol: return seconds(r.parts[0]);
-    case DecodeCol: return seconds(r.parts[1]);
-    case RecomputeCol: return seconds(r.parts[2]);
-    case PrefillCol: return seconds(r.parts[4]);
-    case TextChunksCol: {
-        const auto text = std::count_if(r.chunks.begin(), r.chunks.end(), [](const StreamChunkPoint& c) { return c.level == 0; });
-        return QStringLiteral("%1 / %2").arg(text).arg(r.chunks.size());
-    }
-    case AgreementCol: return QString::number(r.tokenAgreement, 'f', 2);
-    case KlCol: return r.hasQuality ? QString::number(r.kl, 'g', 3) : QStringLiteral("–");
-    case DeltaPplCol: return r.hasQuality ? QString::number(r.deltaPplPct, 'f', 2) : QStringLiteral("–");
-    case HardwareCol: return r.hardware;
-    case ModelledCol: {
-        QStringList parts;
-        for (int i = 0; i < StreamRunResult::kParts; ++i)
-            if (r.partModelled[i]) parts << QLatin1String(kPartNames[i]);
-        return parts.isEmpty() ? tr("none") : parts.join(QStringLiteral(", "));
-    }
-    }
-    return {};
-}
-
-QVariant StreamRunsModel::headerData(int section, Qt::Orientation orientation, int role) const
-{
-    if (role != Qt::DisplayRole || orientation != Qt::Horizontal) return {};
-    static const char* const names[ColumnCount] = {"Run",       "Policy",    "Link",        "SLO s",     "TTFT s",
-                                                  "SLO met",   "Transfer s", "Decode s",   "Recompute s", "Prefill s",
-                                                  "Text chunks", "Agreement", "KL",          "ΔPPL %",
-                                                  "Compute",     "Modelled parts"};
-    return section >= 0 && section < ColumnCount ? QVariant(tr(names[section])) : QVariant();
-}
-
-void StreamRunsModel::addRun(const StreamRunResult& run)
-{
-    beginInsertRows(QModelIndex(), rowCount(), rowCount());
-    m_runs.push_back(run);
-    endInsertRows();
-}
-
-void StreamRunsModel::clear()
-{
-    if (m_runs.empty()) return;
-    beginResetModel();
-    m_runs.clear();
-    endResetModel();
-}
-
-// ---- StreamLabView
 
 StreamLabView::StreamLabView(QWidget* parent) : QWidget(parent)
 {
-    // Link: a rate, typed steps, or a trace.
-    m_linkKind = new QComboBox;
-    m_linkKind->setObjectName(QStringLiteral("streamLinkKind"));
-    m_linkKind->addItems({tr("constant"), tr("steps (drop and recovery)"), tr("Mahimahi trace")});
-    m_rate = new QLineEdit(QStringLiteral("50Mbit"));
-    m_rate->setObjectName(QStringLiteral("streamRate"));
-    m_rate->setToolTip(tr("A rate: 50Mbit, 2.5MB (bytes/s), 800kbit"));
-    m_steps = new QTableWidget(0, 2);
-    m_steps->setObjectName(QStringLiteral("streamSteps"));
-    m_steps->setHorizontalHeaderLabels({tr("rate"), tr("for s (empty: rest)")});
-    m_steps->horizontalHeader()->setSectionResizeMode(QHeaderView::Stretch);
-    m_steps->verticalHeader()->setVisible(false);
-    m_steps->setMaximumHeight(120);
-    auto* addStep = new QPushButton(tr("+"));
-    addStep->setToolTip(tr("Add a step"));
-    auto* removeStep = new QPushButton(tr("−"));
-    removeStep->setToolTip(tr("Remove the selected step"));
-    auto* dropPreset = new QPushButton(tr("Drop && recover"));
-    dropPreset->setObjectName(QStringLiteral("streamDropPreset"));
-    dropPreset->setToolTip(tr("40 Mbit/s, a drop to 4 Mbit/s at 0.3 s for 0.4 s, then 40 Mbit/s again"));
-    for (QPushButton* b : {addStep, removeStep}) b->setMaximumWidth(32);
-    m_drawLink = new QPushButton(tr("Draw"));
-    m_drawLink->setObjectName(QStringLiteral("streamDrawLink"));
-    m_drawLink->setCheckable(true);
-    m_drawLink->setToolTip(tr("Draw the link's rate with the mouse on the bandwidth plot (drag left to right; "
-                              "a drop and its recovery in one stroke); the drawing becomes the steps above"));
-    connect(addStep, &QPushButton::clicked, this, [this] {
-        const int row = m_steps->rowCount();
-        m_steps->insertRow(row);
-        m_steps->setItem(row, 0, new QTableWidgetItem(QStringLiteral("10Mbit")));
-        m_steps->setItem(row, 1, new QTableWidgetItem(QString()));
-        if (row > 0 && m_steps->item(row - 1, 1) && m_steps->item(row - 1, 1)->text().isEmpty())
-            m_steps->item(row - 1, 1)->setText(QStringLiteral("0.5"));
-    });
-    connect(removeStep, &QPushButton::clicked, this, [this] {
-        const int row = m_steps->currentRow() >= 0 ? m_steps->currentRow() : m_steps->rowCount() - 1;
-        if (row >= 0 && m_steps->rowCount() > 1) m_steps->removeRow(row);
+    m_link = new StreamLinkEditor(this);
+    connect(m_link, &StreamLinkEditor::edited, this, &StreamLabView::scheduleEdited);
+    connect(m_link, &StreamLinkEditor::statusChanged, this, &StreamLabView::setStatus);
+    connect(m_link, &StreamLinkEditor::drawn, this, [this] {
+        m_race.results.clear();  // the schedule shown is the one drawn, not a finished race's
+        m_laneChunks.clear();
         emit scheduleEdited();
     });
-    connect(dropPreset, &QPushButton::clicked, this, [this] { applyStepsPreset(QLatin1String(kDropAndRecover)); });
-    connect(m_steps, &QTableWidget::itemChanged, this, [this] { emit scheduleEdited(); });
-    auto* stepsBox = new QWidget;
-    auto* sl = new QGridLayout(stepsBox);
-    sl->setContentsMargins(0, 0, 0, 0);
-    sl->addWidget(m_steps, 0, 0, 1, 4);
-    sl->addWidget(addStep, 1, 0);
-    sl->addWidget(removeStep, 1, 1);
-    sl->addWidget(dropPreset, 1, 2);
-    sl->addWidget(m_drawLink, 1, 3);
-    m_trace = new QLineEdit;
-    m_trace->setObjectName(QStringLiteral("streamTrace"));
-    m_trace->setPlaceholderText(tr("trace file (.down)"));
-    m_traceScale = new QDoubleSpinBox;
-    m_traceScale->setObjectName(QStringLiteral("streamTraceScale"));
-    m_traceScale->setRange(0.01, 100);
-    m_traceScale->setValue(1.0);
-    m_traceScale->setPrefix(QStringLiteral("× "));
-    auto* traceBox = new QWidget;
-    auto* tl = new QHBoxLayout(traceBox);
-    tl->setContentsMargins(0, 0, 0, 0);
-    tl->addWidget(m_trace, 1);
-    tl->addWidget(m_traceScale);
-    m_linkStack = new QStackedWidget;
-    m_linkStack->addWidget(m_rate);
-    m_linkStack->addWidget(stepsBox);
-    m_linkStack->addWidget(traceBox);
-    connect(m_linkKind, &QComboBox::currentIndexChanged, this, [this] {
-        updateLinkWidgets();
-        emit scheduleEdited();
-    });
-    connect(m_rate, &QLineEdit::editingFinished, this, &StreamLabView::scheduleEdited);
-    connect(m_trace, &QLineEdit::editingFinished, this, &StreamLabView::scheduleEdited);
-    connect(m_traceScale, &QDoubleSpinBox::valueChanged, this, &StreamLabView::scheduleEdited);
+    QWidget* setup = createSetup();
+    m_figure = new StreamRaceFigure;
+    m_link->attachPlot(m_figure->bandwidthPlot(), &m_race.available);
+    QWidget* results = createResults();
 
+    auto* right = new QSplitter(Qt::Vertical);
+    right->setObjectName(QStringLiteral("streamRightSplitter"));
+    right->addWidget(m_figure);
+    right->addWidget(results);
+    right->setStretchFactor(0, 4);
+    right->setStretchFactor(1, 1);
+    right->setChildrenCollapsible(false);
+
+    auto* layout = new QHBoxLayout(this);
+    layout->addWidget(setup);
+    layout->addWidget(right, 1);
+
+    updateHardwareWidgets();
+    setRunning(false);
+    redrawLive();
+    redrawTtft();
+}
+
+StreamLabView::~StreamLabView() = default;
+
+QFormLayout* StreamLabView::createSetupForm()
+{
     m_rtt = new QDoubleSpinBox;
     m_rtt->setObjectName(QStringLiteral("streamRtt"));
     m_rtt->setRange(0, 2000);
@@ -496,6 +82,7 @@ StreamLabView::StreamLabView(QWidget* parent) : QWidget(parent)
     m_sloSpin->setRange(0.01, 600);
     m_sloSpin->setValue(1.0);
     m_sloSpin->setSuffix(tr(" s"));
+    connect(m_sloSpin, &QDoubleSpinBox::valueChanged, m_link, &StreamLinkEditor::setSloSeconds);
     connect(m_sloSpin, &QDoubleSpinBox::valueChanged, this, &StreamLabView::scheduleEdited);
 
     m_policies = new QListWidget;
@@ -538,6 +125,29 @@ StreamLabView::StreamLabView(QWidget* parent) : QWidget(parent)
     m_store->setObjectName(QStringLiteral("streamStore"));
     m_store->setPlaceholderText(tr("encode the cache now; or a.kvc,b.kvc / folder / redis://"));
 
+    auto* form = new QFormLayout;
+    form->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
+    form->addRow(tr("Link:"), m_link->kindCombo());
+    form->addRow(QString(), m_link->stack());
+    form->addRow(tr("RTT / SLO:"), [this] {
+        auto* w = new QWidget;
+        auto* l = new QHBoxLayout(w);
+        l->setContentsMargins(0, 0, 0, 0);
+        l->addWidget(m_rtt);
+        l->addWidget(m_sloSpin);
+        return w;
+    }());
+    form->addRow(tr("Policies:"), m_policies);
+    form->addRow(tr("Race:"), m_mode);
+    form->addRow(tr("Compute:"), m_hardware);
+    form->addRow(QString(), rates);
+    form->addRow(tr("Store:"), m_store);
+    return form;
+}
+
+QWidget* StreamLabView::createSetup()
+{
+    QFormLayout* form = createSetupForm();
     m_start = new QPushButton(tr("Race"));
     m_start->setObjectName(QStringLiteral("streamStart"));
     m_start->setToolTip(tr("Run every checked policy on the link (Ctrl+T)"));
@@ -555,23 +165,6 @@ StreamLabView::StreamLabView(QWidget* parent) : QWidget(parent)
     connect(openRun, &QPushButton::clicked, this, &StreamLabView::openRunRequested);
     connect(exportFig, &QPushButton::clicked, this, &StreamLabView::exportFigureRequested);
 
-    auto* form = new QFormLayout;
-    form->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
-    form->addRow(tr("Link:"), m_linkKind);
-    form->addRow(QString(), m_linkStack);
-    form->addRow(tr("RTT / SLO:"), [this] {
-        auto* w = new QWidget;
-        auto* l = new QHBoxLayout(w);
-        l->setContentsMargins(0, 0, 0, 0);
-        l->addWidget(m_rtt);
-        l->addWidget(m_sloSpin);
-        return w;
-    }());
-    form->addRow(tr("Policies:"), m_policies);
-    form->addRow(tr("Race:"), m_mode);
-    form->addRow(tr("Compute:"), m_hardware);
-    form->addRow(QString(), rates);
-    form->addRow(tr("Store:"), m_store);
     auto* buttons = new QGridLayout;
     buttons->addWidget(m_start, 0, 0);
     buttons->addWidget(m_stop, 0, 1);
@@ -605,71 +198,11 @@ StreamLabView::StreamLabView(QWidget* parent) : QWidget(parent)
     left->addStretch(1);
     setup->setMinimumWidth(300);
     setup->setMaximumWidth(380);
+    return setup;
+}
 
-    // The figure: four plots, side by side, one lane per policy.
-    m_bandwidthPlot = makePlot(QStringLiteral("bandwidthPlot"), tr("time (s)"), tr("Mbit/s"));
-    {
-        QCPGraph* available = m_bandwidthPlot->addGraph();
-        available->setName(tr("available"));
-        available->setPen(QPen(style::neutralColor(), 1.5));
-        available->setBrush(QColor(150, 150, 150, 50));
-        available->setLineStyle(QCPGraph::lsStepLeft);
-        style::putLegendAbove(m_bandwidthPlot, 3);
-    }
-    installPlotMenu(m_bandwidthPlot, QStringLiteral("stream-bandwidth"));
-    m_bandwidthPlot->installEventFilter(this);
-    connect(m_drawLink, &QPushButton::toggled, this, [this](bool on) {
-        // Drawing and dragging the view would fight over the same mouse moves.
-        m_bandwidthPlot->setInteraction(QCP::iRangeDrag, !on);
-        m_bandwidthPlot->setInteraction(QCP::iRangeZoom, !on);
-        m_bandwidthPlot->setCursor(on ? Qt::CrossCursor : Qt::ArrowCursor);
-        if (on) {
-            // Show the schedule being edited, scaled to its own rates, so a stroke lands where it is aimed.
-            beginDraw();
-            showDrawGrid();
-            double top = 1;
-            for (double v : m_drawMbps) top = std::max(top, v);
-            m_bandwidthPlot->xAxis->setRange(0, std::max(2.0 * m_sloSpin->value(), 1.0));
-            m_bandwidthPlot->yAxis->setRange(0, top * 1.3);
-            replotSoon(m_bandwidthPlot);
-            setStatus(tr("Drag over the bandwidth plot to draw the link's rate; release to use it."));
-        }
-    });
-    m_timelinePlot = makePlot(QStringLiteral("timelinePlot"), tr("time (s)"), QString());
-    installPlotMenu(m_timelinePlot, QStringLiteral("stream-timeline"));
-    m_levelsPlot = makePlot(QStringLiteral("levelsPlot"), tr("chunk"), tr("level (0 = text)"));
-    style::putLegendAbove(m_levelsPlot, 4);
-    installPlotMenu(m_levelsPlot, QStringLiteral("stream-levels"));
-    m_ttftPlot = makePlot(QStringLiteral("ttftPlot"), QString(), tr("TTFT (s)"));
-    for (int i = 0; i < StreamRunResult::kParts; ++i) {
-        auto* bars = new QCPBars(m_ttftPlot->xAxis, m_ttftPlot->yAxis);
-        bars->setName(tr(kPartNames[i]));
-        bars->setBrush(style::partColor(i));
-        bars->setPen(Qt::NoPen);
-        bars->setWidth(0.6);
-        if (i > 0) bars->moveAbove(static_cast<QCPBars*>(m_ttftPlot->plottable(i - 1)));
-    }
-    style::putLegendAbove(m_ttftPlot, 3);
-    installPlotMenu(m_ttftPlot, QStringLiteral("stream-ttft"));
-
-    m_figure = new QWidget;
-    m_figure->setObjectName(QStringLiteral("streamFigure"));
-    auto* fig = new QGridLayout(m_figure);
-    fig->setContentsMargins(0, 0, 0, 0);
-    m_figureTitle = new QLabel;
-    m_figureTitle->setObjectName(QStringLiteral("streamFigureTitle"));
-    m_figureTitle->setWordWrap(true);
-    fig->addWidget(m_figureTitle, 0, 0, 1, 2);
-    fig->addWidget(m_timelinePlot, 1, 0);
-    fig->addWidget(m_ttftPlot, 1, 1);
-    fig->addWidget(m_bandwidthPlot, 2, 0);
-    fig->addWidget(m_levelsPlot, 2, 1);
-    fig->setColumnStretch(0, 3);
-    fig->setColumnStretch(1, 2);
-    fig->setRowStretch(1, 3);
-    fig->setRowStretch(2, 2);
-
-    // Results: the runs and the answers.
+QWidget* StreamLabView::createResults()
+{
     m_runs = new StreamRunsModel(this);
     m_table = new QTableView;
     m_table->setObjectName(QStringLiteral("streamRuns"));
@@ -702,33 +235,23 @@ StreamLabView::StreamLabView(QWidget* parent) : QWidget(parent)
     results->addWidget(answers);
     results->setStretchFactor(0, 3);
     results->setStretchFactor(1, 2);
-
-    auto* right = new QSplitter(Qt::Vertical);
-    right->setObjectName(QStringLiteral("streamRightSplitter"));
-    right->addWidget(m_figure);
-    right->addWidget(results);
-    right->setStretchFactor(0, 4);
-    right->setStretchFactor(1, 1);
-    right->setChildrenCollapsible(false);
-
-    auto* layout = new QHBoxLayout(this);
-    layout->addWidget(setup);
-    layout->addWidget(right, 1);
-
-    applyStepsPreset(QLatin1String(kDropAndRecover));
-    updateLinkWidgets();
-    updateHardwareWidgets();
-    setRunning(false);
-    redrawLive();
-    redrawTtft();
+    return results;
 }
 
-StreamLabView::~StreamLabView() = default;
+QCustomPlot* StreamLabView::bandwidthPlot() const { return m_figure->bandwidthPlot(); }
+QCustomPlot* StreamLabView::timelinePlot() const { return m_figure->timelinePlot(); }
+QCustomPlot* StreamLabView::levelsPlot() const { return m_figure->levelsPlot(); }
+QCustomPlot* StreamLabView::ttftPlot() const { return m_figure->ttftPlot(); }
+QTableWidget* StreamLabView::scheduleTable() const { return m_link->stepsTable(); }
+QPushButton* StreamLabView::drawLinkButton() const { return m_link->drawButton(); }
 
-void StreamLabView::updateLinkWidgets()
-{
-    m_linkStack->setCurrentIndex(m_linkKind->currentIndex());
-}
+void StreamLabView::drawLink(double t0, double t1, double mbps) { m_link->drawLink(t0, t1, mbps); }
+
+bool StreamLabView::exportFigure(const QString& path, QString* error) { return m_figure->exportTo(path, error); }
+
+void StreamLabView::redrawLive() { m_figure->drawLive(m_race, m_laneChunks, m_levels); }
+
+void StreamLabView::redrawTtft() { m_figure->drawTtft(m_race); }
 
 void StreamLabView::setHardwarePresets(const std::vector<HardwarePreset>& presets)
 {
@@ -763,45 +286,13 @@ void StreamLabView::updateHardwareWidgets()
     m_decodeRate->setVisible(!measured);
 }
 
-QString StreamLabView::stepsText() const
-{
-    QStringList parts;
-    for (int r = 0; r < m_steps->rowCount(); ++r) {
-        const QString rate = m_steps->item(r, 0) ? m_steps->item(r, 0)->text().trimmed() : QString();
-        const QString dur = m_steps->item(r, 1) ? m_steps->item(r, 1)->text().trimmed() : QString();
-        if (rate.isEmpty()) continue;
-        parts << (dur.isEmpty() || r == m_steps->rowCount() - 1 ? rate : rate + QLatin1Char(':') + dur);
-    }
-    return parts.join(QLatin1Char(','));
-}
-
-void StreamLabView::setStepsText(const QString& steps)
-{
-    m_steps->blockSignals(true);
-    m_steps->setRowCount(0);
-    for (const QString& part : steps.split(QLatin1Char(','), Qt::SkipEmptyParts)) {
-        const int row = m_steps->rowCount();
-        m_steps->insertRow(row);
-        const int colon = part.indexOf(QLatin1Char(':'));
-        m_steps->setItem(row, 0, new QTableWidgetItem(colon < 0 ? part.trimmed() : part.left(colon).trimmed()));
-        m_steps->setItem(row, 1, new QTableWidgetItem(colon < 0 ? QString() : part.mid(colon + 1).trimmed()));
-    }
-    m_steps->blockSignals(false);
-}
-
-void StreamLabView::applyStepsPreset(const QString& steps)
-{
-    setStepsText(steps);
-    emit scheduleEdited();
-}
-
 StreamConfig StreamLabView::config() const
 {
     StreamConfig c;
-    c.link = StreamConfig::Link(m_linkKind->currentIndex());
-    c.rate = c.link == StreamConfig::Steps ? stepsText() : m_rate->text().trimmed();
-    c.tracePath = m_trace->text().trimmed();
-    c.traceScale = m_traceScale->value();
+    c.link = m_link->link();
+    c.rate = m_link->rate();
+    c.tracePath = m_link->tracePath();
+    c.traceScale = m_link->traceScale();
     c.rttMs = m_rtt->value();
     c.sloSeconds = m_sloSpin->value();
     c.policies.clear();
@@ -821,13 +312,7 @@ StreamConfig StreamLabView::config() const
 
 void StreamLabView::setConfig(const StreamConfig& c)
 {
-    m_linkKind->setCurrentIndex(int(c.link));
-    if (c.link == StreamConfig::Steps)
-        setStepsText(c.rate);
-    else
-        m_rate->setText(c.rate);
-    m_trace->setText(c.tracePath);
-    m_traceScale->setValue(c.traceScale);
+    m_link->setLink(c);
     m_rtt->setValue(c.rttMs);
     m_sloSpin->setValue(c.sloSeconds);
     m_mode->setCurrentIndex(std::max(0, m_mode->findData(int(c.mode))));
@@ -841,7 +326,6 @@ void StreamLabView::setConfig(const StreamConfig& c)
     if (c.prefillTokensPerSecond > 0) m_prefillRate->setValue(c.prefillTokensPerSecond);
     if (c.decodeGBps > 0) m_decodeRate->setValue(c.decodeGBps);
     m_store->setText(c.store);
-    updateLinkWidgets();
     emit scheduleEdited();
 }
 
@@ -864,11 +348,7 @@ void StreamLabView::setLevels(int levels)
     }
 }
 
-void StreamLabView::setTracePath(const QString& path)
-{
-    m_trace->setText(path);
-    m_linkKind->setCurrentIndex(StreamConfig::Trace);
-}
+void StreamLabView::setTracePath(const QString& path) { m_link->setTracePath(path); }
 
 void StreamLabView::setStorePath(const QString& path) { m_store->setText(path); }
 
@@ -882,6 +362,7 @@ void StreamLabView::setReady(bool ready, const QString& note)
 void StreamLabView::setRunning(bool running)
 {
     m_running = running;
+    m_link->setRunning(running);
     m_start->setEnabled(m_ready && !running);
     m_stop->setEnabled(running);
 }
@@ -905,7 +386,7 @@ int StreamLabView::chunksShown(int lane) const
 void StreamLabView::setSchedulePreview(const LinkSeries& available, const QString& error)
 {
     if (m_running) return;  // the race's own schedule stays on screen
-    if (error.isEmpty()) m_previewSeries = available;
+    if (error.isEmpty()) m_link->setPreview(available);
     if (!error.isEmpty()) {
         m_preview->setText(tr("Link: %1").arg(error));
         return;
@@ -928,7 +409,7 @@ void StreamLabView::setSchedulePreview(const LinkSeries& available, const QStrin
 
 void StreamLabView::raceStarted(const QStringList& policies, const LinkSeries& available)
 {
-    if (m_drawLink->isChecked()) m_drawLink->setChecked(false);
+    if (m_link->drawButton()->isChecked()) m_link->drawButton()->setChecked(false);
     setRunning(true);
     m_race = RaceRecord{};
     m_race.config = config();
@@ -1034,7 +515,7 @@ void StreamLabView::updateTtftText()
     for (const StreamRunResult& r : m_race.results) {
         if (r.policy.isEmpty()) continue;
         for (int i = 0; i < StreamRunResult::kParts; ++i)
-            if (r.partModelled[i] && !modelled.contains(tr(kPartNames[i]))) modelled << tr(kPartNames[i]);
+            if (r.partModelled[i] && !modelled.contains(tr(StreamRunResult::partName(i)))) modelled << tr(StreamRunResult::partName(i));
     }
     QString note;
     if (!m_race.results.empty()) {
@@ -1056,381 +537,7 @@ void StreamLabView::updateTtftText()
                      .arg(m_race.config.sloSeconds, 0, 'f', 2)
                      .arg(m_race.results.front().hardware.toHtmlEscaped());
     if (!m_modelledNote->text().isEmpty()) title += QStringLiteral("<br><small>%1</small>").arg(m_modelledNote->text().toHtmlEscaped());
-    m_figureTitle->setText(title);
-}
-
-void StreamLabView::redrawLive()
-{
-    const QStringList& policies = m_race.config.policies;
-    const int lanes = int(m_laneChunks.size());
-    double tMax = m_race.config.sloSeconds;
-
-    // Timeline: lane blocks from top to bottom, one row per chunk.
-    m_timelinePlot->clearItems();
-    int maxChunks = 1;
-    for (const auto& lane : m_laneChunks) {
-        maxChunks = std::max(maxChunks, int(lane.size()));
-        for (const StreamChunkPoint& c : lane) tMax = std::max({tMax, c.arrivedS, c.decodedS});
-    }
-    for (int r = 0; r < int(m_race.results.size()); ++r) tMax = std::max(tMax, m_race.results[size_t(r)].ttftSeconds);
-    const double rowH = 1.0 / double(maxChunks + 1);
-    QSharedPointer<QCPAxisTickerText> laneTicks(new QCPAxisTickerText);
-    for (int lane = 0; lane < lanes; ++lane) {
-        const double base = lanes - 1 - lane;  // first policy on top
-        const QString policy = lane < policies.size() ? policies[lane] : QString();
-        laneTicks->addTick(base + 0.5, policy);
-        for (const StreamChunkPoint& c : m_laneChunks[size_t(lane)]) {
-            const double y0 = base + 0.05 + c.index * rowH, y1 = y0 + rowH * 0.8;
-            auto* fetch = new QCPItemRect(m_timelinePlot);
-            fetch->topLeft->setCoords(c.sentS, y1);
-            fetch->bottomRight->setCoords(std::max(c.arrivedS, c.sentS + 1e-4), y0);
-            // int8 chunks in the int8 baseline colour; cachegen levels on the level scale.
-            const QColor colour = policy == QLatin1String("int8") && c.level > 0 ? style::baselineColor(policy)
-                                                                                  : style::levelColor(c.level, m_levels);
-            fetch->setBrush(colour);
-            fetch->setPen(Qt::NoPen);
-            if (c.decodedS > c.jobStartS && c.jobStartS > 0) {
-                auto* job = new QCPItemRect(m_timelinePlot);
-                job->topLeft->setCoords(c.jobStartS, y0 + (y1 - y0) * 0.7);
-                job->bottomRight->setCoords(c.decodedS, y0 + (y1 - y0) * 0.3);
-                job->setBrush(style::neutralColor());
-                job->setPen(Qt::NoPen);
-            }
-        }
-        if (lane > 0) {
-            auto* sep = new QCPItemStraightLine(m_timelinePlot);
-            sep->point1->setCoords(0, base + 1);
-            sep->point2->setCoords(1, base + 1);
-            sep->setPen(QPen(style::neutralColor(), 0.8, Qt::DotLine));
-        }
-    }
-    auto* slo = new QCPItemStraightLine(m_timelinePlot);
-    slo->point1->setCoords(m_race.config.sloSeconds, 0);
-    slo->point2->setCoords(m_race.config.sloSeconds, 1);
-    slo->setPen(QPen(style::sloColor(), 1.2, Qt::DashLine));
-    auto* sloText = new QCPItemText(m_timelinePlot);
-    sloText->position->setType(QCPItemPosition::ptPlotCoords);
-    sloText->position->setCoords(m_race.config.sloSeconds, std::max(1, lanes));
-    sloText->setPositionAlignment(Qt::AlignLeft | Qt::AlignTop);
-    sloText->setText(tr(" SLO"));
-    sloText->setColor(style::sloColor());
-    m_timelinePlot->yAxis->setTicker(laneTicks);
-    m_timelinePlot->yAxis->setRange(0, std::max(1, lanes));
-    m_timelinePlot->xAxis->setRange(0, tMax * 1.05);
-    replotSoon(m_timelinePlot);
-
-    // Bandwidth: available vs what each lane's chunks got.
-    while (m_bandwidthPlot->graphCount() > 1) m_bandwidthPlot->removeGraph(m_bandwidthPlot->graphCount() - 1);
-    m_bandwidthPlot->graph(0)->setData(QVector<double>(m_race.available.seconds.begin(), m_race.available.seconds.end()),
-                                       QVector<double>(m_race.available.mbps.begin(), m_race.available.mbps.end()), true);
-    double top = 1;
-    for (double v : m_race.available.mbps) top = std::max(top, v);
-    for (int lane = 0; lane < lanes; ++lane) {
-        QCPGraph* g = m_bandwidthPlot->addGraph();
-        const QString policy = lane < policies.size() ? policies[lane] : QString();
-        g->setName(tr("%1 used").arg(policy));
-        g->setPen(QPen(style::policyColor(policy, m_levels), 1.8));
-        g->setLineStyle(QCPGraph::lsStepLeft);
-        QVector<double> t, r;
-        for (const StreamChunkPoint& c : m_laneChunks[size_t(lane)]) {
-            const double dt = c.arrivedS - c.sentS;
-            if (c.bytes == 0 || dt <= 0) continue;
-            const double mbps = double(c.bytes) * 8e-6 / dt;
-            t << c.sentS << c.arrivedS;
-            r << mbps << 0.0;
-            top = std::max(top, mbps);
-        }
-        g->setData(t, r, true);
-    }
-    m_bandwidthPlot->xAxis->setRange(0, tMax * 1.05);
-    m_bandwidthPlot->yAxis->setRange(0, top * 1.15);
-    replotSoon(m_bandwidthPlot);
-
-    // Levels chosen per chunk.
-    m_levelsPlot->clearGraphs();
-    for (int lane = 0; lane < lanes; ++lane) {
-        QCPGraph* g = m_levelsPlot->addGraph();
-        const QString policy = lane < policies.size() ? policies[lane] : QString();
-        g->setName(policy);
-        const QColor c = style::policyColor(policy, m_levels);
-        g->setPen(QPen(c, 1.6));
-        g->setLineStyle(QCPGraph::lsStepCenter);
-        g->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssDisc, c, c, 5));
-        QVector<double> x, y;
-        // Lanes side by side: a small offset so equal levels do not hide each other.
-        const double offset = lanes > 1 ? (lane - (lanes - 1) / 2.0) * 0.06 : 0.0;
-        for (const StreamChunkPoint& ch : m_laneChunks[size_t(lane)]) {
-            x << ch.index;
-            y << ch.level + offset;
-        }
-        g->setData(x, y, true);
-    }
-    QSharedPointer<QCPAxisTickerText> levelTicks(new QCPAxisTickerText);
-    levelTicks->addTick(0, tr("text"));
-    for (int l = 1; l <= m_levels; ++l) levelTicks->addTick(l, QString::number(l));
-    m_levelsPlot->yAxis->setTicker(levelTicks);
-    m_levelsPlot->yAxis->setRange(-0.5, m_levels + 0.5);
-    m_levelsPlot->xAxis->setRange(-0.5, maxChunks - 0.5);
-    replotSoon(m_levelsPlot);
-}
-
-void StreamLabView::redrawTtft()
-{
-    const QStringList& policies = m_race.config.policies;
-    const int lanes = int(policies.size());
-    m_ttftPlot->clearItems();
-    double top = m_race.config.sloSeconds;
-    for (int p = 0; p < StreamRunResult::kParts; ++p) {
-        QVector<double> x, y;
-        for (const StreamRunResult& r : m_race.results) {
-            if (r.policy.isEmpty()) continue;
-            x << r.lane;
-            y << r.parts[p];
-        }
-        static_cast<QCPBars*>(m_ttftPlot->plottable(p))->setData(x, y, true);
-    }
-    QSharedPointer<QCPAxisTickerText> ticks(new QCPAxisTickerText);
-    for (int lane = 0; lane < lanes; ++lane) ticks->addTick(lane, policies[lane]);
-    for (const StreamRunResult& r : m_race.results) {
-        if (r.policy.isEmpty()) continue;
-        top = std::max(top, r.ttftSeconds);
-        auto* label = new QCPItemText(m_ttftPlot);
-        label->position->setCoords(r.lane, r.ttftSeconds);
-        label->setPositionAlignment(Qt::AlignHCenter | Qt::AlignBottom);
-        QString text = tr("%1 s\nagree %2").arg(r.ttftSeconds, 0, 'f', 2).arg(r.tokenAgreement, 0, 'f', 2);
-        if (r.hasQuality) text += tr("\nKL %1\nΔPPL %2 %").arg(r.kl, 0, 'g', 2).arg(r.deltaPplPct, 0, 'f', 2);
-        label->setText(text);
-        label->setColor(m_ttftPlot->xAxis->tickLabelColor());
-        label->setFont(QFont(font().family(), 7));
-    }
-    auto* slo = new QCPItemStraightLine(m_ttftPlot);
-    slo->point1->setCoords(0, m_race.config.sloSeconds);
-    slo->point2->setCoords(1, m_race.config.sloSeconds);
-    slo->setPen(QPen(style::sloColor(), 1.5, Qt::DashLine));
-    m_ttftPlot->xAxis->setTicker(ticks);
-    m_ttftPlot->xAxis->setRange(-0.6, std::max(1, lanes) - 0.4);
-    m_ttftPlot->yAxis->setRange(0, top * 1.4);  // room for the labels above the bars
-    replotSoon(m_ttftPlot);
-}
-
-bool StreamLabView::saveRace(const QString& path, QString* error) const
-{
-    if (m_race.results.empty()) {
-        if (error) *error = tr("%1: nothing to save: race first").arg(path);
-        return false;
-    }
-    QSaveFile file(path);
-    if (!file.open(QIODevice::WriteOnly) || file.write(raceToJson(m_race)) < 0 || !file.commit()) {
-        if (error) *error = QStringLiteral("%1: %2").arg(path, file.errorString());
-        return false;
-    }
-    return true;
-}
-
-bool StreamLabView::loadRace(const QString& path, QString* error)
-{
-    QFile file(path);
-    constexpr qint64 kMaxBytes = 256 << 20;
-    if (!file.open(QIODevice::ReadOnly)) {
-        if (error) *error = QStringLiteral("%1: %2").arg(path, file.errorString());
-        return false;
-    }
-    if (file.size() > kMaxBytes) {
-        if (error) *error = QStringLiteral("%1: size: larger than 256 MiB").arg(path);
-        return false;
-    }
-    RaceRecord race;
-    if (!raceFromJson(file.readAll(), path, &race, error)) return false;
-    showRace(race);
-    setStatus(tr("Opened %1 (%n run(s)).", nullptr, int(race.results.size())).arg(QFileInfo(path).fileName()));
-    return true;
-}
-
-bool StreamLabView::isRaceFile(const QString& path)
-{
-    QFile file(path);
-    if (!file.open(QIODevice::ReadOnly) || file.size() > (qint64(256) << 20)) return false;
-    // The writer sorts keys, so "format" can sit after the arrays: look at the parsed object.
-    const QJsonDocument doc = QJsonDocument::fromJson(file.readAll());
-    return doc.isObject() && doc.object().value(QLatin1String("format")).toString() == QLatin1String(kRaceFormat);
-}
-
-bool StreamLabView::exportFigure(const QString& path, QString* error)
-{
-    const QString suffix = QFileInfo(path).suffix().toLower();
-    if (!plotImageSuffixes().contains(suffix)) {
-        if (error) *error = tr("%1: unknown image type '%2' (use %3)").arg(path, suffix, plotImageSuffixes().join(QStringLiteral(", ")));
-        return false;
-    }
-    // Render at a readable size even when the page is hidden or small.
-    const QSize before = m_figure->size();
-    const QSize size = m_figure->isVisible() ? before.expandedTo(QSize(1000, 600)) : QSize(1200, 720);
-    if (!m_figure->isVisible() || size != before) {
-        m_figure->resize(size);
-        m_figure->layout()->activate();
-    }
-    for (QCustomPlot* plot : m_figure->findChildren<QCustomPlot*>()) plot->replot(QCustomPlot::rpImmediateRefresh);
-    bool ok = false;
-    QString why;
-    if (suffix == QLatin1String("pdf")) {
-        QPdfWriter pdf(path);
-        pdf.setPageSize(QPageSize(QSizeF(size) * 0.75, QPageSize::Point));
-        pdf.setPageMargins(QMarginsF(0, 0, 0, 0));
-        pdf.setResolution(96);
-        QPainter painter;
-        if (painter.begin(&pdf)) {
-            m_figure->render(&painter, QPoint(), QRegion(), QWidget::DrawChildren);
-            ok = painter.end();
-        }
-        why = tr("cannot write the PDF");
-#ifdef KVSCOPE_HAVE_QT_SVG
-    } else if (suffix == QLatin1String("svg")) {
-        QSvgGenerator svg;
-        svg.setFileName(path);
-        svg.setSize(size);
-        svg.setViewBox(QRect(QPoint(), size));
-        svg.setTitle(tr("kvscope stream race"));
-        QPainter painter;
-        if (painter.begin(&svg)) {
-            m_figure->render(&painter, QPoint(), QRegion(), QWidget::DrawChildren);
-            ok = painter.end();
-        }
-        ok = ok && QFileInfo(path).size() > 0;
-        why = tr("cannot write the SVG");
-#endif
-    } else {
-        QImage image(size * 2, QImage::Format_ARGB32);
-        image.setDevicePixelRatio(2);
-        image.fill(palette().color(QPalette::Window));
-        QPainter painter(&image);
-        m_figure->render(&painter, QPoint(), QRegion(), QWidget::DrawChildren);
-        painter.end();
-        QImageWriter writer(path);
-        ok = writer.write(image);
-        why = writer.errorString();
-    }
-    if (m_figure->size() != before) m_figure->resize(before);
-    if (!ok && error) *error = QStringLiteral("%1: %2").arg(path, why);
-    return ok;
-}
-
-// ---- Drawing the link
-
-namespace {
-
-// Drawn rates to two significant figures, at least 0.1 Mbit/s: steps a user would type (and equal
-// cells compare equal, so runs merge into one step).
-double roundRate(double mbps)
-{
-    mbps = std::max(0.1, mbps);
-    const double scale = std::pow(10.0, std::floor(std::log10(mbps)) - 1);
-    return std::round(mbps / scale) * scale;
-}
-
-}  // namespace
-
-bool StreamLabView::eventFilter(QObject* watched, QEvent* event)
-{
-    if (watched != m_bandwidthPlot || !m_drawLink->isChecked() || m_running) return QWidget::eventFilter(watched, event);
-    const QEvent::Type type = event->type();
-    if (type != QEvent::MouseButtonPress && type != QEvent::MouseMove && type != QEvent::MouseButtonRelease)
-        return QWidget::eventFilter(watched, event);
-    auto* me = static_cast<QMouseEvent*>(event);
-    const QPointF pos = me->position();
-    const double t = std::max(0.0, m_bandwidthPlot->xAxis->pixelToCoord(pos.x()));
-    const double mbps = m_bandwidthPlot->yAxis->pixelToCoord(pos.y());
-    if (type == QEvent::MouseButtonPress && me->button() == Qt::LeftButton) {
-        beginDraw();
-        m_drawing = true;
-        m_drawLastT = t;
-        paintDraw(t, t + kDrawStepSeconds, mbps);
-        showDrawGrid();
-        return true;
-    }
-    if (!m_drawing) return QWidget::eventFilter(watched, event);
-    if (type == QEvent::MouseMove) {
-        paintDraw(std::min(m_drawLastT, t), std::max(m_drawLastT, t) + kDrawStepSeconds, mbps);
-        m_drawLastT = t;
-        showDrawGrid();
-        return true;
-    }
-    m_drawing = false;  // release
-    commitDraw();
-    return true;
-}
-
-void StreamLabView::beginDraw()
-{
-    // The grid covers what the plots show before a race (twice the SLO, at least 1 s), from the
-    // schedule's sampled rate; the rate after the grid is the schedule's last sampled one.
-    const double horizon = std::max(2.0 * m_sloSpin->value(), 1.0);
-    const int cells = std::max(1, int(std::ceil(horizon / kDrawStepSeconds - 1e-9)));
-    m_drawMbps.assign(size_t(cells), 40.0);
-    const LinkSeries& a = m_previewSeries.seconds.empty() ? m_race.available : m_previewSeries;
-    if (!a.seconds.empty()) {
-        size_t k = 0;
-        for (int i = 0; i < cells; ++i) {
-            const double mid = (i + 0.5) * kDrawStepSeconds;
-            while (k + 1 < a.seconds.size() && a.seconds[k + 1] <= mid) ++k;
-            m_drawMbps[size_t(i)] = roundRate(a.mbps[k]);
-        }
-    }
-}
-
-
-void StreamLabView::paintDraw(double t0, double t1, double mbps)
-{
-    mbps = roundRate(mbps);
-    const int first = std::max(0, int(std::floor(t0 / kDrawStepSeconds + 1e-9)));
-    const int last = int(std::ceil(t1 / kDrawStepSeconds - 1e-9));  // exclusive
-    if (last > int(m_drawMbps.size())) m_drawMbps.resize(size_t(last), m_drawMbps.empty() ? mbps : m_drawMbps.back());
-    for (int i = first; i < last; ++i) m_drawMbps[size_t(i)] = mbps;
-}
-
-void StreamLabView::showDrawGrid()
-{
-    QVector<double> t, r;
-    for (size_t i = 0; i < m_drawMbps.size(); ++i) {
-        t << double(i) * kDrawStepSeconds;
-        r << m_drawMbps[i];
-    }
-    if (!m_drawMbps.empty()) {
-        t << double(m_drawMbps.size()) * kDrawStepSeconds;
-        r << m_drawMbps.back();
-    }
-    m_bandwidthPlot->graph(0)->setData(t, r, true);
-    replotSoon(m_bandwidthPlot);
-}
-
-void StreamLabView::commitDraw()
-{
-    if (m_drawMbps.empty()) return;
-    // Runs of equal cells become steps; the last run holds forever.
-    QStringList parts;
-    size_t i = 0;
-    while (i < m_drawMbps.size()) {
-        size_t j = i;
-        while (j < m_drawMbps.size() && m_drawMbps[j] == m_drawMbps[i]) ++j;
-        const QString rate = QString::number(m_drawMbps[i], 'g', 3) + QStringLiteral("Mbit");
-        parts << (j == m_drawMbps.size() ? rate : rate + QLatin1Char(':') + QString::number(double(j - i) * kDrawStepSeconds, 'g', 4));
-        i = j;
-    }
-    {
-        const QSignalBlocker block(m_linkKind);
-        m_linkKind->setCurrentIndex(StreamConfig::Steps);
-    }
-    updateLinkWidgets();
-    setStepsText(parts.join(QLatin1Char(',')));
-    m_race.results.clear();  // the schedule shown is the one drawn, not a finished race's
-    m_laneChunks.clear();
-    emit scheduleEdited();
-}
-
-void StreamLabView::drawLink(double t0, double t1, double mbps)
-{
-    beginDraw();
-    paintDraw(t0, t1, mbps);
-    commitDraw();
+    m_figure->setTitle(title);
 }
 
 }  // namespace kvscope

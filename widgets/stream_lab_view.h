@@ -1,27 +1,22 @@
 // StreamLabView: the Stream page, a race of streaming policies on one link schedule.
-//   setup       link (constant rate, typed steps of rate and duration with a drop-and-recover
-//               preset, steps drawn with the mouse on the bandwidth plot, or a Mahimahi trace),
-//               RTT, SLO, the policies to race (adaptive, text, int8, each fixed level) and how
-//               (back to back, at once on a link each, at once on one shared link), target
-//               hardware for the compute parts (measured on this machine, core's modelled
+//   setup       link (StreamLinkEditor: constant rate, typed steps of rate and duration with a
+//               drop-and-recover preset, steps drawn with the mouse on the bandwidth plot, or a
+//               Mahimahi trace), RTT, SLO, the policies to race (adaptive, text, int8, each fixed
+//               level) and how (back to back, at once on a link each, at once on one shared link),
+//               target hardware for the compute parts (measured on this machine, core's modelled
 //               presets, or custom rates), the store;
-//   live plots  side by side, one lane per policy, in its policy colour:
-//               bandwidth  the link's available rate vs the rate each lane's chunks got;
-//               timeline   per lane, one bar per chunk from request to arrival coloured by level
-//                          (the sequential level scale; text in the text colour), its decode or
-//                          recompute job after it, the SLO as a line;
-//               levels     the level each lane chose per chunk;
-//               TTFT       one bar per lane stacked by part, against the SLO, with the answer's
-//                          token agreement and the cache's KL and ΔPPL on top;
-//   results     a table of every run and the answers (original vs the selected run's).
-// A race can be saved and reopened (JSON, saveRace/loadRace) and exported as one figure
-// (exportFigure: PNG, JPEG, SVG or PDF by suffix). It only draws and collects settings; the app's
-// StreamSession runs the race on a worker and feeds the value structs of view_data.h back.
+//   live plots  StreamRaceFigure: bandwidth, timeline, levels and TTFT, one lane per policy;
+//   results     a table of every run (StreamRunsModel) and the answers (original vs the
+//               selected run's).
+// The race shown can be exported as one figure (exportFigure: PNG, JPEG, SVG or PDF by suffix).
+// It only draws and collects settings: the app's StreamSession runs the race on a worker and
+// feeds the value structs of view_data.h back, and the app saves and opens races
+// (app/gui/race_file.h) and shows an opened one with showRace.
 #pragma once
 
+#include "stream_runs_model.h"
 #include "view_data.h"
 
-#include <QAbstractTableModel>
 #include <QMetaType>
 #include <QString>
 #include <QStringList>
@@ -32,39 +27,19 @@
 class QComboBox;
 class QCustomPlot;
 class QDoubleSpinBox;
+class QFormLayout;
 class QLabel;
 class QLineEdit;
 class QListWidget;
 class QPlainTextEdit;
 class QPushButton;
-class QStackedWidget;
 class QTableView;
 class QTableWidget;
 
 namespace kvscope {
 
-class StreamRunsModel : public QAbstractTableModel {
-    Q_OBJECT
-public:
-    enum Column { RunCol, PolicyCol, LinkCol, SloCol, TtftCol, MetCol, TransferCol, DecodeCol, RecomputeCol,
-                  PrefillCol, TextChunksCol, AgreementCol, KlCol, DeltaPplCol, HardwareCol, ModelledCol, ColumnCount };
-    using QAbstractTableModel::QAbstractTableModel;
-    int rowCount(const QModelIndex& parent = QModelIndex()) const override;
-    int columnCount(const QModelIndex& parent = QModelIndex()) const override;
-    QVariant data(const QModelIndex& index, int role = Qt::DisplayRole) const override;
-    QVariant headerData(int section, Qt::Orientation orientation, int role = Qt::DisplayRole) const override;
-    void addRun(const StreamRunResult& run);
-    void clear();
-    const std::vector<StreamRunResult>& runs() const { return m_runs; }
-
-private:
-    std::vector<StreamRunResult> m_runs;
-};
-
-// RaceRecord <-> JSON ({"format": "kvscope-stream-run", "version": 1, ...}). fromJson returns
-// false with *error "file: place: reason" for anything it cannot trust.
-QByteArray raceToJson(const RaceRecord& race);
-bool raceFromJson(const QByteArray& json, const QString& file, RaceRecord* race, QString* error);
+class StreamLinkEditor;
+class StreamRaceFigure;
 
 class StreamLabView : public QWidget {
     Q_OBJECT
@@ -77,15 +52,15 @@ public:
     StreamRunsModel* runsModel() const { return m_runs; }
     QPushButton* startButton() const { return m_start; }
     QPushButton* stopButton() const { return m_stop; }
-    QCustomPlot* bandwidthPlot() const { return m_bandwidthPlot; }
-    QCustomPlot* timelinePlot() const { return m_timelinePlot; }
-    QCustomPlot* levelsPlot() const { return m_levelsPlot; }
-    QCustomPlot* ttftPlot() const { return m_ttftPlot; }
-    QTableWidget* scheduleTable() const { return m_steps; }
+    QCustomPlot* bandwidthPlot() const;
+    QCustomPlot* timelinePlot() const;
+    QCustomPlot* levelsPlot() const;
+    QCustomPlot* ttftPlot() const;
+    QTableWidget* scheduleTable() const;
     QListWidget* policyList() const { return m_policies; }
     QComboBox* modeCombo() const { return m_mode; }
     QComboBox* hardwareCombo() const { return m_hardware; }
-    QPushButton* drawLinkButton() const { return m_drawLink; }
+    QPushButton* drawLinkButton() const;
     int chunksShown() const;       // over every lane of the race shown
     int chunksShown(int lane) const;
     QString ttftText() const;      // the race's TTFT line
@@ -93,15 +68,9 @@ public:
     const RaceRecord& race() const { return m_race; }
     int levels() const { return m_levels; }
 
-    bool saveRace(const QString& path, QString* error) const;
-    bool loadRace(const QString& path, QString* error);
     // The plots of the race as one figure; the format follows the suffix.
     bool exportFigure(const QString& path, QString* error);
-    // Whether a JSON file is a saved race (not a codec profile); reads its first bytes only.
-    static bool isRaceFile(const QString& path);
 
-    // Seconds per cell of a schedule drawn with the mouse.
-    static constexpr double kDrawStepSeconds = 0.05;
     // Draws the rate `mbps` over link time [t0, t1) into the schedule shown (what a mouse drag
     // over the bandwidth plot does) and turns it into typed steps.
     void drawLink(double t0, double t1, double mbps);
@@ -135,46 +104,30 @@ signals:
     void scheduleEdited();
 
 private:
+    QWidget* createSetup();    // the "Race setup" box
+    QFormLayout* createSetupForm();  // its settings
+    QWidget* createResults();  // the runs and the answers
     void setRunning(bool running);
     void redrawLive();
     void redrawTtft();
     void updateTtftText();
     void showAnswer(int lane);
-    void applyStepsPreset(const QString& steps);
-    QString stepsText() const;
-    void setStepsText(const QString& steps);
-    void updateLinkWidgets();
     void updateHardwareWidgets();
-    bool eventFilter(QObject* watched, QEvent* event) override;
-    void beginDraw();                      // the drawing grid from the schedule shown
-    void paintDraw(double t0, double t1, double mbps);
-    void commitDraw();                     // the grid -> typed steps
-    void showDrawGrid();
 
     RaceRecord m_race;
     std::vector<HardwarePreset> m_presets;
-    LinkSeries m_previewSeries;      // the schedule being edited, sampled by the app
-    std::vector<double> m_drawMbps;  // drawing grid, kDrawStepSeconds per cell
-    bool m_drawing = false;
-    double m_drawLastT = 0;
     std::vector<std::vector<StreamChunkPoint>> m_laneChunks;  // live chunks, by lane
     int m_currentLane = -1;
     int m_levels = 3;
     bool m_ready = false;
     bool m_running = false;
 
-    QComboBox* m_linkKind = nullptr;
-    QStackedWidget* m_linkStack = nullptr;
-    QLineEdit* m_rate = nullptr;
-    QTableWidget* m_steps = nullptr;
-    QLineEdit* m_trace = nullptr;
-    QDoubleSpinBox* m_traceScale = nullptr;
+    StreamLinkEditor* m_link = nullptr;
     QDoubleSpinBox* m_rtt = nullptr;
     QDoubleSpinBox* m_sloSpin = nullptr;
     QListWidget* m_policies = nullptr;
     QComboBox* m_hardware = nullptr;
     QComboBox* m_mode = nullptr;
-    QPushButton* m_drawLink = nullptr;
     QLabel* m_modelledNote = nullptr;
     QDoubleSpinBox* m_prefillRate = nullptr;
     QDoubleSpinBox* m_decodeRate = nullptr;
@@ -184,12 +137,7 @@ private:
     QLabel* m_status = nullptr;
     QLabel* m_ttft = nullptr;
     QLabel* m_preview = nullptr;
-    QWidget* m_figure = nullptr;  // what exportFigure renders
-    QLabel* m_figureTitle = nullptr;
-    QCustomPlot* m_bandwidthPlot = nullptr;
-    QCustomPlot* m_timelinePlot = nullptr;
-    QCustomPlot* m_levelsPlot = nullptr;
-    QCustomPlot* m_ttftPlot = nullptr;
+    StreamRaceFigure* m_figure = nullptr;  // what exportFigure renders
     QPlainTextEdit* m_original = nullptr;
     QPlainTextEdit* m_streamed = nullptr;
     QLabel* m_streamedLabel = nullptr;

@@ -13,6 +13,12 @@ QString& shownRoot()
 }
 }  // namespace
 
+const char* StreamRunResult::partName(int part)
+{
+    static const char* const names[kParts] = {"transfer", "decode", "recompute", "KV load", "prefill", "first token"};
+    return part >= 0 && part < kParts ? names[part] : "";
+}
+
 void setShownPathRoot(const QString& root)
 {
     shownRoot() = root.isEmpty() ? QString() : QDir::cleanPath(QFileInfo(root).absoluteFilePath());

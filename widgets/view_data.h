@@ -173,7 +173,9 @@ struct StreamRunResult {
     bool sloMet = false;
     double startS = 0;  // when this run began, seconds since the race began (back to back: after the lanes before)
     static constexpr int kParts = 6;
-    // transfer, decode, recompute, kv load, prefill, first token
+    // transfer, decode, recompute, KV load, prefill, first token: the names the table, the plots
+    // and the race file (its "ttft_parts" keys) use.
+    static const char* partName(int part);
     double parts[kParts] = {0, 0, 0, 0, 0, 0};
     std::vector<StreamChunkPoint> chunks;
     quint64 deliveredBytes = 0;
