@@ -4,7 +4,6 @@
 #include "tuner_session.h"
 
 #include "eval/samples.h"
-#include "model/model.h"
 
 #include <QApplication>
 #include <QClipboard>

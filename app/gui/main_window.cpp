@@ -3,33 +3,30 @@
 #include "codec_page.h"
 #include "codec_tuner_view.h"
 #include "distributions_page.h"
+#include "distributions_view.h"
 #include "dropped_files.h"
 #include "layer_stats_view.h"
 #include "library_versions.h"
 #include "model_context_view.h"
 #include "model_page.h"
 #include "plot_style.h"
-#include "plot_widget.h"
 #include "recent_files.h"
+#include "screenshots.h"
 #include "stream_lab_view.h"
 #include "stream_page.h"
 #include "stream_session.h"
 #include "task_status.h"
 #include "tuner_session.h"
 #include "window_layout.h"
-#include "screenshots.h"
 
 #include "eval/samples.h"
 #include "kvio/kv_h5.h"
 #include "kvscope/config.h"
 #include "model/model.h"
 
-#include <qcustomplot.h>
-
 #include <QAction>
 #include <QApplication>
 #include <QCloseEvent>
-#include <QDir>
 #include <QDragEnterEvent>
 #include <QDropEvent>
 #include <QFile>
