@@ -419,7 +419,7 @@ PYBIND11_MODULE(_kvscope, m)
             py::list out;
             for (const kvscope::CodecLevel& l : r.params().profile.levels) out.append(levelDict(l));
             return out;
-        }, "CacheGen: each level's name and bins per layer (other codecs: empty)")
+        }, "each level's name and bins per layer (the bins matter to CacheGen only)")
         .def("chunk_range", [](const KvcReader& r, int chunk) {
             checkChunk(r, chunk, 1);
             return py::make_tuple(r.params().chunkStart(chunk), r.params().chunkLength(chunk));

@@ -320,5 +320,19 @@ class Errors(unittest.TestCase):
             c.read_chunk(3, 1)
 
 
+class Example(unittest.TestCase):
+    def test_sample_runs(self):
+        # samples/python/example.py on a KV file: every level's size and error, the baselines.
+        r = subprocess.run([sys.executable, os.path.join(SOURCE_DIR, "samples", "python", "example.py"),
+                            Files.path("float16.h5")], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        kv = kvscope.read_kv(Files.path("float16.h5"))
+        c = kvscope.Container(kvscope.encode(kv))
+        for level in (1, 2, 3):
+            size = c.level_bytes(level) + c.level_table_bytes(level)
+            self.assertIn(f"level {level}: {size:9d} bytes", r.stdout)
+        self.assertIn("int8", r.stdout)
+
+
 if __name__ == "__main__":
     unittest.main()
