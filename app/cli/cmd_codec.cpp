@@ -310,7 +310,7 @@ void addCalibrateCommand(CLI::App& app, Output& out)
     o->profile.add(sub);
     sub->add_flag("--json", out.asJson, "print one JSON object");
     sub->add_option("--thetas", o->thetas,
-                    "transform: relative water levels t, one level each, coarsest first (default 0.3,0.1,0.03,0.01,0.003)");
+                    "transform: relative water levels t, one level each, coarsest first (default 0.1,0.05,0.025,0.012,0.006)");
     sub->add_option("--value-thetas", o->valueThetas, "transform: t for values per level (default: --thetas)");
     sub->callback([o, &out] {
         if (o->profile.codec != "cachegen" && o->profile.codec != "transform")

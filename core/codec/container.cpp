@@ -1,5 +1,7 @@
 #include "codec/container.h"
 
+#include "common/file_io.h"
+
 #include "codec/quantize.h"
 #include "codec/transform.h"
 #include "common/crc32.h"
@@ -70,7 +72,7 @@ struct SectionRef {
 
 class TempFile {
 public:
-    explicit TempFile(const std::string& path) : m_path(path), m_tmp(path + ".tmp")
+    explicit TempFile(const std::string& path) : m_path(path), m_tmp(uniqueTempPath(path))
     {
         m_fd = ::open(m_tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (m_fd < 0) throw inputError(path, "", std::string("cannot create the file: ") + std::strerror(errno));

@@ -133,9 +133,11 @@ bool isRegularFile(const std::string& path)
     return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+std::string uniqueTempPath(const std::string& path) { return path + ".tmp-" + std::to_string(long(::getpid())); }
+
 void writeFileAtomic(const std::string& path, const std::string& text)
 {
-    const std::string tmp = path + ".tmp";
+    const std::string tmp = uniqueTempPath(path);
     {
         std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
         if (!out) throw inputError(path, "", "cannot create the file");

@@ -34,9 +34,13 @@ private:
 // The file's bytes; throws "path: open: ..." or "path: read: file larger than `limit` bytes".
 std::string readSmallFile(const std::string& path, uint64_t limit);
 
-// Writes `text` to path.tmp and renames it over `path`, so a failed write never leaves a half
-// file where the user's was. Throws "path: reason".
+// Writes `text` to a temporary next to `path` (uniqueTempPath) and renames it over `path`, so a
+// failed write never leaves a half file where the user's was, and two processes writing the same
+// file never share a temporary (the last rename wins, whole). Throws "path: reason".
 void writeFileAtomic(const std::string& path, const std::string& text);
+// path + ".tmp-<pid>": a temporary name no other process uses at the same time (two processes
+// saving the same file, e.g. two evaluations filling the same cache, each write their own).
+std::string uniqueTempPath(const std::string& path);
 
 // $XDG_CACHE_HOME/kvscope/<sub> ($HOME/.cache when XDG_CACHE_HOME is unset, ./.cache without HOME).
 std::string userCacheDir(const std::string& sub);

@@ -42,6 +42,7 @@ for g in $GENRES; do
         f="$OUT/$g.$r.json"
         [ -s "$f" ] && { echo "heldout: $f exists, kept (delete it to rerun)" >&2; continue; }
         mkdir "$f.lock" 2>/dev/null || { echo "heldout: $f is being measured by another run, skipped" >&2; continue; }
+        trap 'rmdir "$f.lock" 2>/dev/null' EXIT
         echo "heldout: $g $r" >&2
         case $r in
         transform) "$CLI" $E --codec transform --baselines none --levels "${TRANSFORM_LEVELS:-all}" > "$f.tmp" ;;
