@@ -7,6 +7,8 @@
 #   WORK=dir                  captures and raw JSON (default: build/results)
 #   SOURCE=dir                the checkout the binary was built from, for the commit on the page
 #                             (default: the one its build folder's CMakeCache.txt names)
+#   COMMIT=text               what to print as the commit, for a binary copied out of a checkout
+#                             that has moved on since it was built
 
 RESULTS_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 CLI="${CLI:-$RESULTS_ROOT/build/dev/app/cli/kvscope-cli}"
@@ -40,6 +42,7 @@ results_start() {
   RESULTS_COMMIT="$(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   dirty="$(git -C "$src" status --porcelain --untracked-files=no 2>/dev/null)"
   [ -z "$dirty" ] || RESULTS_COMMIT="$RESULTS_COMMIT with uncommitted changes"
+  RESULTS_COMMIT="${COMMIT:-$RESULTS_COMMIT}"
   RESULTS_CPU="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
   local family model
   family="$(sed -n 's/^cpu family[[:space:]]*: //p' /proc/cpuinfo | head -1)"
