@@ -31,7 +31,8 @@ json interval(const Interval& i) { return json::array({number(i.low), number(i.h
 
 void SuiteCliOpts::add(CLI::App* sub, bool evalOptions)
 {
-    sub->add_option("--suite", suite, "quality suite (JSON: name, items with context, continuation, questions)");
+    sub->add_option("--suite", suite, "quality suite (JSON: name, items with context, continuation, questions); every row is judged by the " +
+                                          isoQualityRule());
     sub->add_option("--items", items, "only these item ids, comma-separated");
     sub->add_option("--split", split, "all, tune (even items) or eval (odd items)")->capture_default_str();
     if (evalOptions) {
@@ -148,17 +149,19 @@ json suiteRowJson(const SuiteCodecRow& r, const SuiteResult& fp16)
 
 void printSuiteRows(const json& rows)
 {
-    std::printf("%-9s %5s %8s %7s %8s %16s %8s %9s %6s %6s %8s %8s %s\n", "codec", "level", "bits/val", "x int8", "acc",
-                "acc 95% CI", "McNemar", "dPPL %", "KL", "agree", "EM", "dLL", "iso");
+    std::printf("%-9s %5s %8s %7s %8s %16s %8s %9s %17s %6s %6s %8s %8s %s\n", "codec", "level", "bits/val", "x int8", "acc",
+                "acc 95% CI", "McNemar", "dPPL %", "dPPL 95% CI", "KL", "agree", "EM", "dLL", "iso");
     for (const json& r : rows) {
         auto num = [&](const char* k) { return r[k].is_null() ? NAN : r[k].get<double>(); };
         const json& ci = r["accuracy_ci"];
-        std::printf("%-9s %5d %8.3f %7.2f %8.3f   [%.3f, %.3f] %8.3f %9.3f %6.4f %6.3f %8.3f %8.3f %s\n",
+        const json& pci = r["delta_ppl_pct_ci"];
+        std::printf("%-9s %5d %8.3f %7.2f %8.3f   [%.3f, %.3f] %8.3f %9.3f  [%6.2f, %6.2f] %6.4f %6.3f %8.3f %8.3f %s\n",
                     r["codec"].get<std::string>().c_str(), r["level"].get<int>(), r["bits_per_value"].get<double>(),
                     r["ratio_vs_int8"].get<double>(), num("accuracy"), ci[0].is_null() ? NAN : ci[0].get<double>(),
-                    ci[1].is_null() ? NAN : ci[1].get<double>(), r["mcnemar_p"].get<double>(), num("delta_ppl_pct"), num("kl"),
+                    ci[1].is_null() ? NAN : ci[1].get<double>(), r["mcnemar_p"].get<double>(), num("delta_ppl_pct"),
+                    pci[0].is_null() ? NAN : pci[0].get<double>(), pci[1].is_null() ? NAN : pci[1].get<double>(), num("kl"),
                     r["token_agreement"].get<double>(), num("exact_match"), num("answer_logprob_delta"),
-                    r["meets_iso_quality"].get<bool>() ? "yes" : "no");
+                    r["meets_iso_quality"].get<bool>() ? "yes" : ("no: " + r["iso_quality_fails"].get<std::string>()).c_str());
     }
 }
 

@@ -11,7 +11,9 @@
 #   ROWS=list   which families to run: transform cachegen tuned baselines (default all four)
 #   THREADS=n   --threads for every run (default 1: the machine is shared; see README)
 #   TRANSFORM_LEVELS, CACHEGEN_LEVELS, TUNED_LEVELS  levels of the transform ladder and of the
-#               CacheGen default and tuned profiles (default all)
+#               CacheGen default and tuned profiles (default all); ROWS=transform_hi measures
+#               TRANSFORM_HI_LEVELS (default 4,5) of the ladder into <genre>.transform_hi.json
+#               (heldout_table.py merges them with the transform rows)
 # Runs can go side by side (two shells, different ROWS or GENRES): a row being measured is
 # locked (<row>.json.lock) and the other shell skips it.
 #
@@ -46,6 +48,7 @@ for g in $GENRES; do
         echo "heldout: $g $r" >&2
         case $r in
         transform) "$CLI" $E --codec transform --baselines none --levels "${TRANSFORM_LEVELS:-all}" > "$f.tmp" ;;
+        transform_hi) "$CLI" $E --codec transform --baselines none --levels "${TRANSFORM_HI_LEVELS:-4,5}" > "$f.tmp" ;;
         cachegen)  "$CLI" $E --codec cachegen --baselines none --levels "${CACHEGEN_LEVELS:-all}" > "$f.tmp" ;;
         tuned)     "$CLI" $E --codec cachegen --profile samples/profiles/smollm2-135m-instruct.json --baselines none \
                        --levels "${TUNED_LEVELS:-all}" > "$f.tmp" ;;
