@@ -496,6 +496,11 @@ PARTS = ["feed valve", "drain cock", "tension screw", "side cover", "main spring
 TOOLS = ["7 mm spanner", "hex key", "wooden mallet", "flat chisel", "oil can", "wire brush",
          "long tweezers", "brass drift", "pin punch", "soft cloth", "bent awl", "pair of pliers"]
 WAITS = ["seconds", "minutes"]
+# Tools and parts named in an answer are unique in their item ("the long hex key", "the upper oil
+# cup"): with a dozen bare names each repeated after many openings, fp16 scored 0.35 on the first
+# item, near chance.
+TOOL_SIZES = ["small", "large", "long", "short", "bent", "fine", "heavy", "narrow", "old", "spare"]
+SIDES = ["left", "right", "upper", "lower", "front", "rear", "inner", "outer"]
 TASKS_I = ["prime", "clean", "start", "shut down", "refill", "adjust", "inspect", "store"]
 
 
@@ -521,7 +526,7 @@ def instructions_item(seed, procedures):
             used_pairs.append((dev, part, r))
             n = s + 1
             if r == 0:
-                tool = rng.choice(TOOLS)
+                tool = world.distinct(lambda: f"{rng.choice(TOOL_SIZES)} {rng.choice(TOOLS)}")
                 op = f"{n}. Loosen the {part} of the {dev} with the"
                 ans = tool
                 kind = "tool"
@@ -537,7 +542,7 @@ def instructions_item(seed, procedures):
                 kind = "setting"
                 line = f"{op} {ans}."
             else:
-                ans = rng.choice([q for q in PARTS if q != part])
+                ans = world.distinct(lambda: f"{rng.choice(SIDES)} {rng.choice([q for q in PARTS if q != part])}")
                 op = f"{n}. Before you touch the {part} of the {dev}, check the"
                 kind = "part"
                 line = f"{op} {ans}."
@@ -545,7 +550,7 @@ def instructions_item(seed, procedures):
             lines.append(line)
         if p % 2 == 1:
             fault = rng.choice(["stalls", "leaks", "knocks", "runs hot", "will not start"])
-            ans = rng.choice(PARTS)
+            ans = world.distinct(lambda: f"{rng.choice(SIDES)} {rng.choice(PARTS)}")
             op = f"If the {dev} {fault} during the {task}, replace the"
             facts.append(fact("part", op, ans))
             lines += ["", f"{op} {ans}."]
