@@ -26,8 +26,29 @@ Answer:" templates, see make_suites.py). The surface form differs per genre:
 Each item's continuation is the next part of the same document (a further agenda item, table,
 function, chapter or procedure), scored for pooled delta perplexity and KL.
 
-Measured (kvscope-cli tokenize / eval, SmolLM2-135M-Instruct Q4_1, --codec fp16 --threads 1):
-MEASURED-FIGURES
+Measured (SmolLM2-135M-Instruct Q4_1, the default model; `kvscope-cli eval --suite S --codec fp16
+--baselines fp16 --levels none --no-text --threads 1 --json`, 4 options, chance 0.25; context
+tokens as prefilled, BOS and chat template included; continuations about 190 tokens each):
+
+  suite         items  context tokens   questions  fp16 accuracy [Wilson 95 %]   by kind
+  meetings      8      1571-3551         240        0.500 [0.369, 0.631] on the first 2 items (52 q):
+                                                    due 0.78, seconder 0.75, amount 0.60, proposer 0.50,
+                                                    objector 0.43, place 0.29, owner 0.25 (4-14 q each)
+  inventory     8      1812-3649         240        0.775 [0.718, 0.823]: price 0.91, count 0.87,
+                                                    leaves 0.77, arrives 0.73, shelf 0.62, code 0.58
+  code          8      1493-3650         240        0.762 [0.705, 0.812]: default 0.89, string 0.84,
+                                                    constant 0.84, config 0.76, returns 0.67, base 0.60
+  narrative     8      1353-2901         240        0.575 [0.512, 0.636]: animal 0.71, friend 0.59,
+                                                    home 0.58, object 0.53, kin 0.48
+  instructions  8      1435-about 2810   240        0.346 [0.194, 0.538] on the first item (26 q), near
+                                                    chance: tool 0.20, wait 0.43, part 0.40, setting 0.50
+
+inventory and code sit a little above the 0.40-0.75 aimed at, not at the ceiling: the transform
+codec's levels 1-3 already lose accuracy on code (0.654, 0.713, 0.725 against 0.762). instructions
+is near chance and not fit as a held-out genre yet: its first item scored 0.346 both with a dozen
+bare tool and part names repeated after many openings and with answers unique in their item (as
+now); its step lines differ only in a part, a device and a number, so the opening does not single
+out its line for this model. A next try: fewer, more distinct steps per procedure.
 """
 import json
 import os
@@ -496,6 +517,11 @@ PARTS = ["feed valve", "drain cock", "tension screw", "side cover", "main spring
 TOOLS = ["7 mm spanner", "hex key", "wooden mallet", "flat chisel", "oil can", "wire brush",
          "long tweezers", "brass drift", "pin punch", "soft cloth", "bent awl", "pair of pliers"]
 WAITS = ["seconds", "minutes"]
+# Tools and parts named in an answer are unique in their item ("the long hex key", "the upper oil
+# cup"): with a dozen bare names each repeated after many openings, fp16 scored 0.35 on the first
+# item, near chance.
+TOOL_SIZES = ["small", "large", "long", "short", "bent", "fine", "heavy", "narrow", "old", "spare"]
+SIDES = ["left", "right", "upper", "lower", "front", "rear", "inner", "outer"]
 TASKS_I = ["prime", "clean", "start", "shut down", "refill", "adjust", "inspect", "store"]
 
 
@@ -521,7 +547,7 @@ def instructions_item(seed, procedures):
             used_pairs.append((dev, part, r))
             n = s + 1
             if r == 0:
-                tool = rng.choice(TOOLS)
+                tool = world.distinct(lambda: f"{rng.choice(TOOL_SIZES)} {rng.choice(TOOLS)}")
                 op = f"{n}. Loosen the {part} of the {dev} with the"
                 ans = tool
                 kind = "tool"
@@ -537,7 +563,7 @@ def instructions_item(seed, procedures):
                 kind = "setting"
                 line = f"{op} {ans}."
             else:
-                ans = rng.choice([q for q in PARTS if q != part])
+                ans = world.distinct(lambda: f"{rng.choice(SIDES)} {rng.choice([q for q in PARTS if q != part])}")
                 op = f"{n}. Before you touch the {part} of the {dev}, check the"
                 kind = "part"
                 line = f"{op} {ans}."
@@ -545,7 +571,7 @@ def instructions_item(seed, procedures):
             lines.append(line)
         if p % 2 == 1:
             fault = rng.choice(["stalls", "leaks", "knocks", "runs hot", "will not start"])
-            ans = rng.choice(PARTS)
+            ans = world.distinct(lambda: f"{rng.choice(SIDES)} {rng.choice(PARTS)}")
             op = f"If the {dev} {fault} during the {task}, replace the"
             facts.append(fact("part", op, ans))
             lines += ["", f"{op} {ans}."]
