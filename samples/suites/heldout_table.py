@@ -57,6 +57,10 @@ def fmt(x, spec):
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
+def cell(s):
+    return str(s).replace("|", "\\|")
+
+
 def ci(v):
     if not v or v[0] is None:
         return ""
@@ -128,7 +132,7 @@ def main():
             lines.append(f"| {k[0]} | {k[1]} | {r['bits_per_value']:.2f} | {r['ratio_vs_int8']:.2f} | "
                          f"{fmt(r['accuracy'], '.3f')}{ci(r['accuracy_ci'])} | {r['mcnemar_p']:.3f} | "
                          f"{fmt(r['delta_ppl_pct'], '+.2f')}{ci(r['delta_ppl_pct_ci'])} | {fmt(r['kl'], '.4f')} | "
-                         f"{fmt(r['answer_logprob_delta'], '+.3f')}{ci(r.get('answer_logprob_delta_ci'))} | {'yes' if r['meets_iso_quality'] else 'no: ' + r.get('iso_quality_fails', '')} |")
+                         f"{fmt(r['answer_logprob_delta'], '+.3f')}{ci(r.get('answer_logprob_delta_ci'))} | {'yes' if r['meets_iso_quality'] else 'no: ' + cell(r.get('iso_quality_fails', ''))} |")
         lines.append("")
 
     # Pooled over the genres that have every row.
