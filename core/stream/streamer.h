@@ -169,6 +169,7 @@ public:
     StreamResult run(const StreamOptions& options, LinkPacer* pacer = nullptr, double linkOffset = 0);
 
 private:
+    friend class StreamRun;  // one run's state and steps (stream_run.h)
     const Model& m_model;
     std::string m_host;
     int m_port;
