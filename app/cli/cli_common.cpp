@@ -19,6 +19,5 @@ double nowSeconds()
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
 }  // namespace kvscope::cli

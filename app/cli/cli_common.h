@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 
+#include <cmath>
 #include <functional>
 #include <string>
 
@@ -55,6 +56,6 @@ struct ExitStatus {
 // Seconds since an arbitrary epoch, for timings.
 double nowSeconds();
 // JSON has no infinity: finite numbers pass, others become null.
-json number(double v);
+inline json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
 }  // namespace kvscope::cli

@@ -1,5 +1,6 @@
 // `stats` and `synth`: look at a KV file, or make a synthetic one.
 #include "cli_common.h"
+#include "cli_stats.h"
 
 #include "kvio/kv_h5.h"
 #include "kv/kv_stats.h"
@@ -8,33 +9,6 @@
 #include <memory>
 
 namespace kvscope::cli {
-
-namespace {
-
-json channelJson(const ChannelStats& c)
-{
-    return {{"min", c.min}, {"max", c.max}, {"mean", c.mean}, {"std", c.std}, {"absmax", c.absmax}};
-}
-
-json tensorJson(const TensorStats& t, bool perChannel)
-{
-    json j = channelJson(t.all);
-    j["variance_raw"] = t.varianceRaw;
-    j["variance_delta"] = t.varianceDelta;
-    j["delta_variance_ratio"] = number(localityRatio(t));
-    j["median_channel_absmax"] = medianChannelAbsmax(t);
-    j["entropy_bits"] = t.entropyBits;
-    j["entropy_bits_delta"] = t.entropyBitsDelta;
-    j["outlier_channels"] = t.outlierChannels;
-    if (perChannel) {
-        json ch = json::array();
-        for (const ChannelStats& c : t.channels) ch.push_back(channelJson(c));
-        j["channels"] = ch;
-    }
-    return j;
-}
-
-}  // namespace
 
 void addStatsCommand(CLI::App& app, Output& out)
 {
@@ -54,21 +28,8 @@ void addStatsCommand(CLI::App& app, Output& out)
         if (o->stats.deltaGroup < 2) throw Error("--delta-group must be at least 2");
         if (o->stats.bins < 4 || o->stats.bins > 256 || o->stats.bins % 2) throw Error("--bins must be an even number in 4..256");
         const KvSet kv = readKvH5(o->path);
-        const std::vector<TensorStats> all = computeAllStats(kv, o->stats);
-        const KvShape& s = kv.shape();
-        json j = {{"file", o->path},          {"model_name", kv.modelName}, {"num_layers", s.numLayers},
-                  {"num_kv_heads", s.numKvHeads}, {"head_dim", s.headDim},  {"num_tokens", s.numTokens},
-                  {"dtype", dtypeName(kv.dtype())}, {"delta_group", o->stats.deltaGroup}, {"bins", o->stats.bins}};
-        json layers = json::array();
-        for (int l = 0; l < s.numLayers; ++l) {
-            const TensorStats& k = all[size_t(2 * l)];
-            const TensorStats& v = all[size_t(2 * l + 1)];
-            layers.push_back({{"layer", l}, {"key", tensorJson(k, o->perChannel)}, {"value", tensorJson(v, o->perChannel)}});
-        }
-        j["layers"] = layers;
-        j["delta_variance_ratio"] = number(localityRatio(all));
-        j["key_delta_variance_ratio"] = number(localityRatio(all, KvKind::Key));
-        j["value_delta_variance_ratio"] = number(localityRatio(all, KvKind::Value));
+        json j = kvStatsJson(kv, o->stats, o->perChannel);
+        j["file"] = o->path;
         out.emit(j, [](const json& r) {
             std::printf("%s: %d layers, %d kv heads x %d, %d tokens, %s\n", r["file"].get<std::string>().c_str(),
                         r["num_layers"].get<int>(), r["num_kv_heads"].get<int>(), r["head_dim"].get<int>(),

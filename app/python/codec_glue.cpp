@@ -1,6 +1,7 @@
 #include "codec_glue.h"
 
 #include "cli_codec.h"
+#include "cli_stats.h"
 #include "kv/kv_compare.h"
 #include "kv/kv_stats.h"
 
@@ -61,32 +62,6 @@ void keepOneLevel(CodecParams& p, int level, const std::string& source)
     pr.defaultLevel = 1;
 }
 
-// JSON has no infinity: as the CLI prints them, non-finite numbers become null.
-json finite(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
-
-json channelJson(const ChannelStats& c)
-{
-    return {{"min", c.min}, {"max", c.max}, {"mean", c.mean}, {"std", c.std}, {"absmax", c.absmax}};
-}
-
-json tensorJson(const TensorStats& t, bool perChannel)
-{
-    json j = channelJson(t.all);
-    j["variance_raw"] = t.varianceRaw;
-    j["variance_delta"] = t.varianceDelta;
-    j["delta_variance_ratio"] = finite(localityRatio(t));
-    j["median_channel_absmax"] = medianChannelAbsmax(t);
-    j["entropy_bits"] = t.entropyBits;
-    j["entropy_bits_delta"] = t.entropyBitsDelta;
-    j["outlier_channels"] = t.outlierChannels;
-    if (perChannel) {
-        json ch = json::array();
-        for (const ChannelStats& c : t.channels) ch.push_back(channelJson(c));
-        j["channels"] = ch;
-    }
-    return j;
-}
-
 }  // namespace
 
 std::vector<uint8_t> encodeToBytes(const KvSet& kv, const EncodeOptions& o)
@@ -132,21 +107,7 @@ json statsJson(const KvSet& kv, int deltaGroup, int bins, bool perChannel)
     StatsOptions opt;
     opt.deltaGroup = deltaGroup;
     opt.bins = bins;
-    const std::vector<TensorStats> all = computeAllStats(kv, opt);
-    const KvShape& s = kv.shape();
-    json j = {{"model_name", kv.modelName}, {"num_layers", s.numLayers}, {"num_kv_heads", s.numKvHeads},
-              {"head_dim", s.headDim},      {"num_tokens", s.numTokens},  {"dtype", dtypeName(kv.dtype())},
-              {"delta_group", deltaGroup},  {"bins", bins}};
-    json layers = json::array();
-    for (int l = 0; l < s.numLayers; ++l)
-        layers.push_back({{"layer", l},
-                          {"key", tensorJson(all[size_t(2 * l)], perChannel)},
-                          {"value", tensorJson(all[size_t(2 * l + 1)], perChannel)}});
-    j["layers"] = layers;
-    j["delta_variance_ratio"] = finite(localityRatio(all));
-    j["key_delta_variance_ratio"] = finite(localityRatio(all, KvKind::Key));
-    j["value_delta_variance_ratio"] = finite(localityRatio(all, KvKind::Value));
-    return j;
+    return cli::kvStatsJson(kv, opt, perChannel);
 }
 
 json compareJson(const KvSet& reference, const KvSet& decoded)
@@ -155,9 +116,9 @@ json compareJson(const KvSet& reference, const KvSet& decoded)
     json layers = json::array();
     for (const LayerError& l : e.layers)
         layers.push_back({{"layer", l.layer},
-                          {"key_max_abs", l.key.maxAbs}, {"key_rms", l.key.rms}, {"key_snr_db", finite(l.key.snrDb)},
+                          {"key_max_abs", l.key.maxAbs}, {"key_rms", l.key.rms}, {"key_snr_db", cli::number(l.key.snrDb)},
                           {"value_max_abs", l.value.maxAbs}, {"value_rms", l.value.rms},
-                          {"value_snr_db", finite(l.value.snrDb)}});
+                          {"value_snr_db", cli::number(l.value.snrDb)}});
     return {{"max_abs_error", e.maxAbs}, {"rms_error", e.rms}, {"layers", layers}};
 }
 

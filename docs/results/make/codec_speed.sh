@@ -23,12 +23,7 @@ CONTEXT=samples/contexts/long_4k.txt
 results_start
 cd "$RESULTS_ROOT"
 KV="$WORK/long_4k.h5"
-if [ "${REUSE:-0}" = 1 ] && [ -s "$KV" ] && [ -s "$WORK/capture.json" ]; then
-  say "reusing $KV"
-else
-  say "capture of $CONTEXT"
-  "$CLI" capture --model "$MODEL" --context "$CONTEXT" --out "$KV" --threads 1 --json > "$WORK/capture.json"
-fi
+capture_kv "$MODEL" "$CONTEXT" "$KV"
 runs=()
 for simd in $SIMD; do
   say "bench codec --simd $simd"

@@ -81,3 +81,14 @@ results_write() {
   cat > "$page.tmp" && mv "$page.tmp" "$page"
   say "wrote docs/results/$1"
 }
+
+# capture_kv MODEL CONTEXT KV: prefill CONTEXT with MODEL into KV (capture.json beside it in
+# $WORK), or keep both when REUSE=1 and they are there.
+capture_kv() {
+  if [ "${REUSE:-0}" = 1 ] && [ -s "$3" ] && [ -s "$WORK/capture.json" ]; then
+    say "reusing $3"
+  else
+    say "capture of $2"
+    "$CLI" capture --model "$1" --context "$2" --out "$3" --threads 1 --json > "$WORK/capture.json"
+  fi
+}
