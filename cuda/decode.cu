@@ -419,6 +419,63 @@ bool isPinned(const void* p)
     return a.type == cudaMemoryTypeHost;
 }
 
+// The staging every batch shares, once its device buffers have grown: pinned error records for
+// the results; then, timed as staging, per chunk its descriptor, its plans (stagePlans(i) writes
+// them at descs[i].plan) and its pageable payload into pinned staging; then, on the slot's
+// stream, the head and every payload to the device (a pinned payload straight from the caller's
+// memory) and the cleared error records. chunks, plans: the batch's first chunk and its plan.
+template <typename Desc, typename Plan, typename StagePlans>
+int stageBatch(kvscope_cuda_decoder* d, Slot& s, const kvscope_cuda_chunk* chunks, const Plan* plans,
+               const std::vector<Desc>& descs, const std::vector<bool>& pinned, size_t headBytes, StagePlans stagePlans)
+{
+    const Codec& c = d->codec;
+    const int count = int(descs.size());
+    if (s.hostErrsCap < size_t(count)) {
+        if (s.hostErrs) cudaFreeHost(s.hostErrs);
+        s.hostErrs = nullptr;
+        s.hostErrsCap = 0;
+        KVS_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&s.hostErrs), size_t(count) * sizeof(ErrorInfo)), "cudaMallocHost");
+        s.hostErrsCap = size_t(count);
+    }
+    const double t0 = nowMs();
+    std::memcpy(s.pinned, descs.data(), count * sizeof(Desc));
+    for (int i = 0; i < count; ++i) {
+        stagePlans(i);
+        if (!pinned[size_t(i)] && chunks[i].size) std::memcpy(s.pinned + descs[size_t(i)].payload, chunks[i].data, chunks[i].size);
+    }
+    d->timing.stage_ms += nowMs() - t0;
+    // Device side, in stream order: copies, then the caller's kernels; the other slot's stream runs meanwhile.
+    KVS_CUDA_TRY(cudaEventRecord(s.ev[0], s.stream), "cudaEventRecord");
+    KVS_CUDA_TRY(cudaMemcpyAsync(s.batch, s.pinned, headBytes, cudaMemcpyHostToDevice, s.stream), "cudaMemcpyAsync");
+    uint64_t h2d = headBytes;
+    for (int i = 0; i < count; ++i) {
+        const kvscope_cuda_chunk& ch = chunks[i];
+        d->timing.output_bytes += uint64_t(2) * c.L * c.H * uint64_t(plans[i].geom.n) * c.D * c.dtypeBytes();
+        if (!ch.size) continue;
+        const size_t at = descs[size_t(i)].payload;
+        const uint8_t* src = pinned[size_t(i)] ? ch.data : s.pinned + at;
+        KVS_CUDA_TRY(cudaMemcpyAsync(s.batch + at, src, ch.size, cudaMemcpyHostToDevice, s.stream), "cudaMemcpyAsync");
+        h2d += ch.size;
+    }
+    d->timing.h2d_bytes += h2d;
+    KVS_CUDA_TRY(cudaMemsetAsync(s.errs, 0, size_t(count) * sizeof(ErrorInfo), s.stream), "cudaMemsetAsync");
+    KVS_CUDA_TRY(cudaEventRecord(s.ev[1], s.stream), "cudaEventRecord");
+    return KVSCOPE_CUDA_OK;
+}
+
+// After a batch's kernels: its error records back to the host, and the slot busy with chunks
+// [first, last).
+int finishLaunch(kvscope_cuda_decoder* d, Slot& s, const kvscope_cuda_chunk* chunks, int first, int last)
+{
+    KVS_CUDA_TRY(cudaEventRecord(s.ev[3], s.stream), "cudaEventRecord");
+    KVS_CUDA_TRY(cudaMemcpyAsync(s.hostErrs, s.errs, size_t(last - first) * sizeof(ErrorInfo), cudaMemcpyDeviceToHost, s.stream),
+                 "cudaMemcpyAsync");
+    s.chunks.assign(chunks + first, chunks + last);
+    s.busy = true;
+    ++d->timing.batches;
+    return KVSCOPE_CUDA_OK;
+}
+
 // Packs chunks [first, last) into slot s and launches their copies and kernels on its stream.
 int launchBatch(kvscope_cuda_decoder* d, Slot& s, const kvscope_cuda_chunk* chunks, const std::vector<ChunkPlan>& plans,
                 int first, int last)
@@ -460,44 +517,14 @@ int launchBatch(kvscope_cuda_decoder* d, Slot& s, const kvscope_cuda_chunk* chun
         if (int r = grow(&s.offsets, &s.offsetsCap, offs, "table offsets")) return r;
     }
     if (int r = grow(&s.errs, &s.errsCap, size_t(count), "error records")) return r;
-    if (s.hostErrsCap < size_t(count)) {
-        if (s.hostErrs) cudaFreeHost(s.hostErrs);
-        s.hostErrs = nullptr;
-        s.hostErrsCap = 0;
-        KVS_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&s.hostErrs), size_t(count) * sizeof(ErrorInfo)), "cudaMallocHost");
-        s.hostErrsCap = size_t(count);
-    }
-    // Host side: descriptors, plans and pageable payloads into pinned staging.
-    const double t0 = nowMs();
-    std::memcpy(s.pinned, descs.data(), count * sizeof(ChunkDesc));
-    for (int i = 0; i < count; ++i) {
+    const auto stagePlans = [&](int i) {  // block and stream plans (cachegen)
+        if (!cachegen) return;
         const ChunkPlan& pl = plans[size_t(first + i)];
-        const ChunkDesc& cd = descs[size_t(i)];
-        if (cachegen) {
-            std::memcpy(s.pinned + cd.plan, pl.blocks.data(), pl.blocks.size() * sizeof(BlockPlan));
-            std::memcpy(s.pinned + cd.plan + pl.blocks.size() * sizeof(BlockPlan), pl.streams.data(),
-                        pl.streams.size() * sizeof(StreamPlan));
-        }
-        if (!pinned[size_t(i)] && chunks[first + i].size)
-            std::memcpy(s.pinned + cd.payload, chunks[first + i].data, chunks[first + i].size);
-    }
-    d->timing.stage_ms += nowMs() - t0;
-    // Device side, in stream order: copies, then kernels; the other slot's stream runs meanwhile.
-    KVS_CUDA_TRY(cudaEventRecord(s.ev[0], s.stream), "cudaEventRecord");
-    KVS_CUDA_TRY(cudaMemcpyAsync(s.batch, s.pinned, headBytes, cudaMemcpyHostToDevice, s.stream), "cudaMemcpyAsync");
-    uint64_t h2d = headBytes;
-    for (int i = 0; i < count; ++i) {
-        const kvscope_cuda_chunk& ch = chunks[first + i];
-        d->timing.output_bytes += uint64_t(2) * c.L * c.H * uint64_t(plans[size_t(first + i)].geom.n) * c.D * c.dtypeBytes();
-        if (!ch.size) continue;
-        const uint8_t* src = pinned[size_t(i)] ? ch.data : s.pinned + descs[size_t(i)].payload;
-        KVS_CUDA_TRY(cudaMemcpyAsync(s.batch + descs[size_t(i)].payload, src, ch.size, cudaMemcpyHostToDevice, s.stream),
-                     "cudaMemcpyAsync");
-        h2d += ch.size;
-    }
-    d->timing.h2d_bytes += h2d;
-    KVS_CUDA_TRY(cudaMemsetAsync(s.errs, 0, size_t(count) * sizeof(ErrorInfo), s.stream), "cudaMemsetAsync");
-    KVS_CUDA_TRY(cudaEventRecord(s.ev[1], s.stream), "cudaEventRecord");
+        uint8_t* at = s.pinned + descs[size_t(i)].plan;
+        std::memcpy(at, pl.blocks.data(), pl.blocks.size() * sizeof(BlockPlan));
+        std::memcpy(at + pl.blocks.size() * sizeof(BlockPlan), pl.streams.data(), pl.streams.size() * sizeof(StreamPlan));
+    };
+    if (int r = stageBatch(d, s, chunks + first, plans.data() + first, descs, pinned, headBytes, stagePlans)) return r;
     if (inBand) {
         scanKernel<<<dim3((units + kScanThreads - 1) / kScanThreads, count), kScanThreads, 0, s.stream>>>(s.batch, s.offsets, s.errs);
         const size_t tables = size_t(units) * roles * C;
@@ -521,13 +548,7 @@ int launchBatch(kvscope_cuda_decoder* d, Slot& s, const kvscope_cuda_chunk* chun
         baselineKernel<<<dim3(blocks, count), threads, 0, s.stream>>>(s.batch, d->out);
     }
     KVS_CUDA_TRY(cudaGetLastError(), "decode kernel");
-    KVS_CUDA_TRY(cudaEventRecord(s.ev[3], s.stream), "cudaEventRecord");
-    KVS_CUDA_TRY(cudaMemcpyAsync(s.hostErrs, s.errs, size_t(count) * sizeof(ErrorInfo), cudaMemcpyDeviceToHost, s.stream),
-                 "cudaMemcpyAsync");
-    s.chunks.assign(chunks + first, chunks + last);
-    s.busy = true;
-    ++d->timing.batches;
-    return KVSCOPE_CUDA_OK;
+    return finishLaunch(d, s, chunks, first, last);
 }
 
 // The transform codec's batch: [TfChunkDesc x count][TfBlockPlan x 2L per chunk][payloads]; the
@@ -566,37 +587,11 @@ int launchTransformBatch(kvscope_cuda_decoder* d, Slot& s, const kvscope_cuda_ch
     if (int r = grow(&s.batch, &s.batchCap, pos, "a chunk batch")) return r;
     if (int r = grow(&s.zq, &s.zqCap, size_t(zq), "dequantized components")) return r;
     if (int r = grow(&s.errs, &s.errsCap, size_t(count), "error records")) return r;
-    if (s.hostErrsCap < size_t(count)) {
-        if (s.hostErrs) cudaFreeHost(s.hostErrs);
-        s.hostErrs = nullptr;
-        s.hostErrsCap = 0;
-        KVS_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&s.hostErrs), size_t(count) * sizeof(ErrorInfo)), "cudaMallocHost");
-        s.hostErrsCap = size_t(count);
-    }
-    const double t0 = nowMs();
-    std::memcpy(s.pinned, descs.data(), count * sizeof(TfChunkDesc));
-    for (int i = 0; i < count; ++i) {
+    const auto stagePlans = [&](int i) {  // block plans
         const TfChunkPlan& pl = plans[size_t(first + i)];
         std::memcpy(s.pinned + descs[size_t(i)].plan, pl.blocks.data(), pl.blocks.size() * sizeof(TfBlockPlan));
-        if (!pinned[size_t(i)] && chunks[first + i].size)
-            std::memcpy(s.pinned + descs[size_t(i)].payload, chunks[first + i].data, chunks[first + i].size);
-    }
-    d->timing.stage_ms += nowMs() - t0;
-    KVS_CUDA_TRY(cudaEventRecord(s.ev[0], s.stream), "cudaEventRecord");
-    KVS_CUDA_TRY(cudaMemcpyAsync(s.batch, s.pinned, headBytes, cudaMemcpyHostToDevice, s.stream), "cudaMemcpyAsync");
-    uint64_t h2d = headBytes;
-    for (int i = 0; i < count; ++i) {
-        const kvscope_cuda_chunk& ch = chunks[first + i];
-        d->timing.output_bytes += uint64_t(B) * c.H * uint64_t(plans[size_t(first + i)].geom.n) * c.D * c.dtypeBytes();
-        if (!ch.size) continue;
-        const uint8_t* src = pinned[size_t(i)] ? ch.data : s.pinned + descs[size_t(i)].payload;
-        KVS_CUDA_TRY(cudaMemcpyAsync(s.batch + descs[size_t(i)].payload, src, ch.size, cudaMemcpyHostToDevice, s.stream),
-                     "cudaMemcpyAsync");
-        h2d += ch.size;
-    }
-    d->timing.h2d_bytes += h2d;
-    KVS_CUDA_TRY(cudaMemsetAsync(s.errs, 0, size_t(count) * sizeof(ErrorInfo), s.stream), "cudaMemsetAsync");
-    KVS_CUDA_TRY(cudaEventRecord(s.ev[1], s.stream), "cudaEventRecord");
+    };
+    if (int r = stageBatch(d, s, chunks + first, plans.data() + first, descs, pinned, headBytes, stagePlans)) return r;
     if (d->codec.tf.entropy == 2)  // rans32: a warp per block
         tfSymbolsWarpKernel<<<dim3(unsigned(B), count), 32, 0, s.stream>>>(s.batch, d->tfComps, d->tfTables, s.zq, s.errs);
     else
@@ -614,13 +609,7 @@ int launchTransformBatch(kvscope_cuda_decoder* d, Slot& s, const kvscope_cuda_ch
     if (maxRaw > 0)
         tfRawKernel<<<dim3(unsigned((maxRaw + 255) / 256), unsigned(count * B)), 256, 0, s.stream>>>(s.batch, B, s.errs, d->out);
     KVS_CUDA_TRY(cudaGetLastError(), "transform GEMM kernels");
-    KVS_CUDA_TRY(cudaEventRecord(s.ev[3], s.stream), "cudaEventRecord");
-    KVS_CUDA_TRY(cudaMemcpyAsync(s.hostErrs, s.errs, size_t(count) * sizeof(ErrorInfo), cudaMemcpyDeviceToHost, s.stream),
-                 "cudaMemcpyAsync");
-    s.chunks.assign(chunks + first, chunks + last);
-    s.busy = true;
-    ++d->timing.batches;
-    return KVSCOPE_CUDA_OK;
+    return finishLaunch(d, s, chunks, first, last);
 }
 
 template <typename T>

@@ -35,14 +35,11 @@
 //   dtype (0 float16, 1 bfloat16, 2 float32); t counts from the start of the cache.
 #pragma once
 
+#include "common/half_rules.h"
+#include "common/host_device.h"
+
 #include <stddef.h>
 #include <stdint.h>
-
-#if defined(__CUDACC__)
-#define KVS_HD __host__ __device__ __forceinline__
-#else
-#define KVS_HD inline
-#endif
 
 namespace kvscope {
 namespace gpu {
@@ -113,93 +110,16 @@ KVS_HD size_t tableOf(const ChunkGeom& g, int h, int d)
 constexpr int kMaxAlphabet = 255;
 
 // ---------------------------------------------------------------------------------------------
-// Arithmetic that must round the same way on both sides
+// Arithmetic that must round the same way on both sides (common/host_device.h)
 
-KVS_HD float fmulRn(float a, float b)
-{
-#if defined(__CUDA_ARCH__)
-    return __fmul_rn(a, b);
-#else
-    return a * b;
-#endif
-}
-
-KVS_HD float faddRn(float a, float b)
-{
-#if defined(__CUDA_ARCH__)
-    return __fadd_rn(a, b);
-#else
-    return a + b;
-#endif
-}
-
-KVS_HD uint32_t floatBits(float f)
-{
-#if defined(__CUDA_ARCH__)
-    return __float_as_uint(f);
-#else
-    uint32_t u;
-    __builtin_memcpy(&u, &f, 4);
-    return u;
-#endif
-}
-
-KVS_HD float bitsFloat(uint32_t u)
-{
-#if defined(__CUDA_ARCH__)
-    return __uint_as_float(u);
-#else
-    float f;
-    __builtin_memcpy(&f, &u, 4);
-    return f;
-#endif
-}
-
-// IEEE binary16 -> float, exact (same definition as core/common/half.h).
-KVS_HD float halfToFloat(uint16_t h)
-{
-    const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-    const uint32_t exp = (h >> 10) & 0x1fu;
-    const uint32_t man = h & 0x3ffu;
-    if (exp == 0) {
-        const float mag = fmulRn(float(man), 1.0f / 16777216.0f);  // exact
-        return sign ? -mag : mag;
-    }
-    if (exp == 31) return bitsFloat(sign | 0x7f800000u | (man << 13));
-    return bitsFloat(sign | ((exp + 112) << 23) | (man << 13));
-}
-
-// float -> binary16, round to nearest even (same definition as core/common/half.h).
-KVS_HD uint16_t floatToHalf(float f)
-{
-    const uint32_t x = floatBits(f);
-    const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
-    const uint32_t absx = x & 0x7fffffffu;
-    if (absx >= 0x7f800000u) return uint16_t(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0u));
-    if (absx >= 0x477ff000u) return uint16_t(sign | 0x7c00u);
-    if (absx < 0x38800000u) {
-        if (absx < 0x33000000u) return sign;
-        const uint32_t e = absx >> 23;
-        const uint32_t m = (absx & 0x7fffffu) | 0x800000u;
-        const uint32_t shift = 126 - e;
-        uint32_t r = m >> shift;
-        const uint32_t rem = m & ((1u << shift) - 1);
-        const uint32_t half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (r & 1u))) ++r;
-        return uint16_t(sign | r);
-    }
-    uint32_t r = absx - 0x38000000u;
-    r = (r + 0xfffu + ((r >> 13) & 1u)) >> 13;
-    return uint16_t(sign | r);
-}
-
-KVS_HD uint16_t floatToBf16(float f)
-{
-    uint32_t x = floatBits(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return uint16_t((x >> 16) | 0x40u);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return uint16_t(x >> 16);
-}
+using hd::bitsFloat;
+using hd::faddRn;
+using hd::floatBits;
+using hd::fmulRn;
+// Output rounding: the integer routines of common/half_rules.h, the same on both sides.
+using hd::floatToBf16;
+using hd::floatToHalf;
+using hd::halfToFloat;
 
 KVS_HD void storeOut(void* out, size_t i, int dtype, float v)
 {

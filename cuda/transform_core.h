@@ -46,6 +46,8 @@
 //   planTransformChunk); inside them a thread that meets bad bytes records an error and stops.
 #pragma once
 
+#include "codec/escape_rules.h"
+#include "codec/fold_rules.h"
 #include "decode_core.h"
 
 namespace kvscope {
@@ -93,19 +95,10 @@ struct TfBlockPlan {
     uint64_t zq;                   // element offset of this block's R x K scratch (chunk-relative)
 };
 
-KVS_HD int tfFoldedMax(int M, int c)
-{
-    const int mult = 1 << c;
-    const int f = (M + mult - 1) / mult;
-    return f < 1 ? 1 : f;
-}
-
-KVS_HD int tfBitsFor(int alphabet)
-{
-    int b = 0;
-    while ((1 << b) < alphabet) ++b;
-    return b;
-}
+// Folded alphabets and fixed-width symbols: the CPU decoder's rules (codec/fold_rules.h,
+// codec/escape_rules.h).
+using hd::bitsFor;
+using hd::foldedMax;
 
 KVS_HD int tfClassOf(const uint8_t* classes, int r) { return (classes[r >> 2] >> (2 * (r & 3))) & 3; }
 
@@ -131,7 +124,7 @@ KVS_HD int32_t tfDecodeMatrix(const uint8_t* p, uint32_t size, int rows, int K, 
             while (r < R && tfClassOf(classes, r) != cls) ++r;
         for (int k = 0; k < K; ++k, ++i) {
             const TfComp& cp = comps[k];
-            const int A = 2 * tfFoldedMax(cp.M, cls) + 1;
+            const int A = 2 * foldedMax(cp.M, cls) + 1;
             const uint16_t* st = tables + cp.tab[cls];
             uint32_t& xs = x[i & 3];
             const uint32_t slot = xs & (kProbScale - 1);
@@ -202,7 +195,7 @@ KVS_HD void tfW32Phase1(uint64_t i, uint64_t n, int K, const TfComp* comps, cons
     if (!w->active) return;
     const int row = int(i / uint64_t(K)), k = int(i % uint64_t(K));
     const TfComp& cp = comps[k];
-    const int A = 2 * tfFoldedMax(cp.M, cls) + 1;
+    const int A = 2 * foldedMax(cp.M, cls) + 1;
     const uint16_t* st = tables + cp.tab[cls];
     const uint32_t slot = x & (kProbScale - 1);
     const int s = findSymbol(st, A, slot);
@@ -313,24 +306,15 @@ KVS_HD int32_t tfBlockMatrices(const uint8_t* payload, const TfGeom& g, const Tf
         uint64_t totalBits = 0;
         for (int r = 0; r < R; ++r) {
             const int c = classes ? tfClassOf(classes, r) : 0;
-            for (int k = 0; k < K; ++k) totalBits += uint64_t(tfBitsFor(2 * tfFoldedMax(comps[k].M, c) + 1));
+            for (int k = 0; k < K; ++k) totalBits += uint64_t(bitsFor(2 * foldedMax(comps[k].M, c) + 1));
         }
         if (uint64_t(streamBytes) != (totalBits + 7) / 8) return kErrTfFixed;
-        uint64_t acc = 0;
-        int bits = 0;
-        uint32_t pos = 0;
+        hd::FixedWidthReader in{stream, 0, 0};
         for (int r = 0; r < R; ++r) {
             const int c = classes ? tfClassOf(classes, r) : 0;
             for (int k = 0; k < K; ++k) {
-                const int Mf = tfFoldedMax(comps[k].M, c);
-                const int w = tfBitsFor(2 * Mf + 1);
-                while (bits < w) {
-                    acc |= uint64_t(stream[pos++]) << bits;
-                    bits += 8;
-                }
-                const int s = int(acc & ((uint64_t(1) << w) - 1));
-                acc >>= w;
-                bits -= w;
+                const int Mf = foldedMax(comps[k].M, c);
+                const int s = in.take(bitsFor(2 * Mf + 1));
                 if (s > 2 * Mf) return kErrTfFixed;
                 zq[size_t(r) * K + k] = float(s);
             }
@@ -351,21 +335,11 @@ KVS_HD int32_t tfResolveSymbols(const uint8_t* payload, const TfGeom& g, const T
         const int c = classes ? tfClassOf(classes, r) : 0;
         const float mult = float(1 << c);
         for (int k = 0; k < K; ++k) {
-            const int M = tfFoldedMax(comps[k].M, c);
+            const int M = foldedMax(comps[k].M, c);
             float& z = zq[size_t(r) * K + k];
             const int s = int(z);
             int64_t q = s - M;
-            if (s == 0 || s == 2 * M) {
-                uint64_t v = 0;
-                for (int shift = 0;; shift += 7) {
-                    if (ep == eend || shift > 28) return kErrTfEscape;
-                    const uint8_t byte = *ep++;
-                    v |= uint64_t(byte & 0x7f) << shift;
-                    if (!(byte & 0x80)) break;
-                }
-                q = (v & 1) ? -int64_t((v + 1) >> 1) : int64_t(v >> 1);
-                if ((s == 0) != (q < 0) || (q > -M && q < M) || q > 2147483647 || q < -2147483647) return kErrTfEscape;
-            }
+            if ((s == 0 || s == 2 * M) && hd::readEscape(ep, eend, s, M, &q) != hd::kEscapeOk) return kErrTfEscape;
             z = q == 0 ? 0.0f : fmulRn(fmulRn(float(q), comps[k].step), mult);
         }
     }
@@ -386,32 +360,9 @@ KVS_HD int32_t tfDecodeBlockSymbols(const uint8_t* payload, const TfGeom& g, con
 // One term of the reconstruction sum, skipped for q = 0 as the CPU does (see READ ME FIRST).
 KVS_HD float tfAccum(float acc, float a, float z) { return z == 0.0f ? acc : faddRn(acc, fmulRn(a, z)); }
 
-KVS_HD double dmulRn(double a, double b)
-{
-#if defined(__CUDA_ARCH__)
-    return __dmul_rn(a, b);
-#else
-    return a * b;
-#endif
-}
-
-KVS_HD double daddRn(double a, double b)
-{
-#if defined(__CUDA_ARCH__)
-    return __dadd_rn(a, b);
-#else
-    return a + b;
-#endif
-}
-
-KVS_HD float d2fRn(double a)
-{
-#if defined(__CUDA_ARCH__)
-    return __double2float_rn(a);
-#else
-    return float(a);
-#endif
-}
+using hd::d2fRn;
+using hd::daddRn;
+using hd::dmulRn;
 
 // RoPE of one pair (applyRope, inverse = false): cs = {cos a, sin a}.
 KVS_HD void tfRope(float* lo, float* hi, double c, double s)

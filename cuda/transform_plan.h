@@ -36,23 +36,12 @@ struct TfModel {
     bool rawToken(int T, int t) const { return t < sink || t >= T - recent; }
 };
 
-// The level's table of symbol q (|q| < M) folded for step 2^c (transform_chunk.cpp foldedFreq):
-// q -> rint(q / 2^c) with halves away from zero, |q'| >= M' and the escapes to the escapes.
+// The level's table of the 2 M + 1 symbols folded for step 2^c (codec/fold_rules.h, as the CPU
+// decoder folds it).
 inline std::vector<uint32_t> tfFoldedFreq(const uint16_t* f, int M, int c)
 {
-    const int mult = 1 << c, Mf = tfFoldedMax(M, c);
-    std::vector<uint32_t> acc(size_t(2 * Mf + 1), 0);
-    for (int s = 0; s <= 2 * M; ++s) {
-        int sf;
-        if (s == 0) sf = 0;
-        else if (s == 2 * M) sf = 2 * Mf;
-        else {
-            const int q = s - M;
-            const int qf = q >= 0 ? (q + mult / 2) / mult : -((-q + mult / 2) / mult);
-            sf = qf <= -Mf ? 0 : qf >= Mf ? 2 * Mf : qf + Mf;
-        }
-        acc[size_t(sf)] += f[s];
-    }
+    std::vector<uint32_t> acc(size_t(2 * foldedMax(M, c) + 1), 0);
+    hd::foldFrequencies(f, M, c, acc.data());
     return acc;
 }
 

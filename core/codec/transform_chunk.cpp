@@ -5,23 +5,20 @@
 // The inverse transform (decodeBlock) is the hot loop of decoding: v_t = mean + sum_k A[:, j_k] zq_tk
 // for every coded token t. It runs over tiles of kTileTokens tokens, component by component, so a
 // decode column is read once per tile, and each term is one vector multiply and one vector add
-// (scalar, AVX2 or AVX-512, simd_path.h). The AVX2 and AVX-512 paths keep the sums of a few
-// tokens in registers across all components (Tile::plain says when adding the zero terms is
-// exact). Every output sums the same terms in the same order with the same roundings as the
-// plain loop (this file is compiled with -ffp-contract=off, so no multiply-add is fused), so
-// every path gives the same bytes.
+// (scalar, AVX2 or AVX-512, simd_path.h; the kernels are in transform_kernels.cpp). The AVX2 and
+// AVX-512 paths keep the sums of a few tokens in registers across all components (Tile::plain
+// says when adding the zero terms is exact). Every output sums the same terms in the same order
+// with the same roundings as the plain loop (this file and transform_kernels.cpp are compiled
+// with -ffp-contract=off, so no multiply-add is fused), so every path gives the same bytes.
 #include "codec/codec_detail.h"
+#include "codec/escape_rules.h"
+#include "codec/fold_rules.h"
 #include "codec/simd_path.h"
 #include "codec/symbol_stream.h"
 #include "codec/transform.h"
+#include "codec/transform_kernels.h"
 
 #include "common/half.h"
-
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12's AVX-512 headers build vectors from deliberately undefined ones (false positives).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cfloat>
@@ -48,12 +45,10 @@ void putVarint(std::vector<uint8_t>& out, uint64_t v)
     out.push_back(uint8_t(v));
 }
 
-int bitsFor(int alphabet)
-{
-    int b = 0;
-    while ((1 << b) < alphabet) ++b;
-    return b;
-}
+// Fixed-width symbols, escapes and folded tables: the rules the GPU decoder shares
+// (codec/escape_rules.h, codec/fold_rules.h).
+using hd::bitsFor;
+using hd::foldedMax;
 
 std::vector<int> codedList(const TransformLevelBlock& lb)
 {
@@ -75,287 +70,6 @@ void buildTables(const TransformLevelBlock& lb, bool forDecoding, std::vector<Co
 }
 
 constexpr int kImportanceClasses = 4;  // step multipliers 1, 2, 4, 8
-
-// ---- the inverse transform over a tile of tokens ---------------------------------------------------
-
-constexpr int kTileTokens = 8;  // tokens whose sums share one read of each decode column
-
-// For each token i < nt of the tile and each component k < K in ascending order with
-// z = zq[i * K + k] != 0: v[i * C + c] += col[k][c] * z for c in [lo[k], hi[k]), one rounded
-// multiply and one rounded add per term. The paths differ only in how many channels one
-// instruction takes.
-struct Tile {
-    float* v;
-    const float* const* col;  // K decode columns (TransformBlock::columns rows), C channels each
-    const float* zq;
-    const int* lo;
-    const int* hi;
-    int nt, K, C;
-    // Every column and zq value finite and no mean -0: a term with z = 0 leaves a sum unchanged,
-    // so a path may add it instead of skipping it (the AVX-512 sums do).
-    bool plain;
-};
-
-void accumulateScalar(const Tile& t)
-{
-    for (int k = 0; k < t.K; ++k) {
-        const float* a = t.col[k];
-        for (int i = 0; i < t.nt; ++i) {
-            const float z = t.zq[size_t(i) * t.K + k];
-            if (z == 0.0f) continue;
-            float* __restrict v = t.v + size_t(i) * t.C;
-            const float* __restrict ak = a;
-            // Lanes of a vector round each product and sum as the scalar loop does (no
-            // contraction in this file), so letting the compiler vectorise keeps the bytes.
-#pragma omp simd
-            for (int c = t.lo[k]; c < t.hi[k]; ++c) v[c] += ak[c] * z;
-        }
-    }
-}
-
-#if defined(__x86_64__) || defined(__i386__)
-// The store-based loop over channels [from, C): per component, per token with z != 0, the
-// channels of [lo, hi) one vector at a time.
-__attribute__((target("avx2"))) void accumulateAvx2From(const Tile& t, int from)
-{
-    for (int k = 0; k < t.K; ++k) {
-        const float* a = t.col[k];
-        const int lo = std::max(t.lo[k], from), hi = t.hi[k];
-        if (lo >= hi) continue;
-        for (int i = 0; i < t.nt; ++i) {
-            const float z = t.zq[size_t(i) * t.K + k];
-            if (z == 0.0f) continue;
-            float* v = t.v + size_t(i) * t.C;
-            const __m256 zz = _mm256_set1_ps(z);
-            int c = lo;
-            for (; c + 8 <= hi; c += 8)
-                _mm256_storeu_ps(v + c, _mm256_add_ps(_mm256_loadu_ps(v + c), _mm256_mul_ps(_mm256_loadu_ps(a + c), zz)));
-            for (; c < hi; ++c) v[c] += a[c] * z;
-        }
-    }
-}
-
-// AVX2 with Tile::plain (see the AVX-512 sums below for why adding the zero terms is exact): the
-// sums of 2 tokens x 32 channels in 8 registers while every component goes by; the channels past
-// the last whole group of 32 take the store-based loop.
-__attribute__((target("avx2"))) void accumulateAvx2(const Tile& t)
-{
-    if (!t.plain) return accumulateAvx2From(t, 0);
-    constexpr int G = 32, I = 2;
-    const int whole = t.C / G * G;
-    for (int g0 = 0; g0 < whole; g0 += G)
-        for (int i0 = 0; i0 < t.nt; i0 += I) {
-            const int ni = std::min(I, t.nt - i0);
-            __m256 acc[I][4];
-#pragma GCC unroll 2
-            for (int i = 0; i < I; ++i)
-#pragma GCC unroll 4
-                for (int j = 0; j < 4; ++j)
-                    acc[i][j] = i < ni ? _mm256_loadu_ps(t.v + size_t(i0 + i) * t.C + g0 + 8 * j) : _mm256_setzero_ps();
-            for (int k = 0; k < t.K; ++k) {
-                if (t.hi[k] <= g0 || t.lo[k] >= g0 + G) continue;  // the column is +-0 over the group
-                const float* a = t.col[k] + g0;
-                const __m256 a0 = _mm256_loadu_ps(a), a1 = _mm256_loadu_ps(a + 8), a2 = _mm256_loadu_ps(a + 16),
-                             a3 = _mm256_loadu_ps(a + 24);
-#pragma GCC unroll 2
-                for (int i = 0; i < I; ++i) {
-                    const __m256 zz = _mm256_set1_ps(i < ni ? t.zq[size_t(i0 + i) * t.K + k] : 0.0f);
-                    acc[i][0] = _mm256_add_ps(acc[i][0], _mm256_mul_ps(a0, zz));
-                    acc[i][1] = _mm256_add_ps(acc[i][1], _mm256_mul_ps(a1, zz));
-                    acc[i][2] = _mm256_add_ps(acc[i][2], _mm256_mul_ps(a2, zz));
-                    acc[i][3] = _mm256_add_ps(acc[i][3], _mm256_mul_ps(a3, zz));
-                }
-            }
-#pragma GCC unroll 2
-            for (int i = 0; i < I; ++i)
-#pragma GCC unroll 4
-                for (int j = 0; j < 4; ++j)
-                    if (i < ni) _mm256_storeu_ps(t.v + size_t(i0 + i) * t.C + g0 + 8 * j, acc[i][j]);
-        }
-    if (whole < t.C) accumulateAvx2From(t, whole);
-}
-
-// AVX-512: the sums of 4 tokens x 64 channels stay in 16 registers while every component goes
-// by, so no sum goes through memory between terms, and no term is a branch (zq is 40% zeros in
-// no order; the store-based loop's branches on them were mispredicted). Each sum still takes its
-// terms in ascending k with the same rounded multiply and add, so the bytes are the other paths'.
-// Plain (Tile::plain): the zero terms are added too. That is exact there: a sum that starts at a
-// mean other than -0 is never -0 (round to nearest gives -0 only from -0 + -0), and a term a * 0
-// with a finite is +-0, which leaves any other sum unchanged. Otherwise a term whose z is 0, or a
-// channel outside [lo, hi), is a masked-off lane of the add.
-template <bool Plain>
-__attribute__((target("avx512f"))) void accumulateAvx512Sums(const Tile& t)
-{
-    constexpr int G = 64, I = 4;  // channels of a group (4 vectors), tokens of a pass
-    for (int g0 = 0; g0 < t.C; g0 += G) {
-        __mmask16 inC[4];  // lanes of the group's vectors that are channels (< C)
-        for (int j = 0; j < 4; ++j) {
-            const int n = std::max(0, std::min(16, t.C - g0 - 16 * j));
-            inC[j] = __mmask16((1u << n) - 1);
-        }
-        for (int i0 = 0; i0 < t.nt; i0 += I) {
-            const int ni = std::min(I, t.nt - i0);
-            __m512 acc[I][4];  // fully unrolled below, so that it lives in registers
-#pragma GCC unroll 4
-            for (int i = 0; i < I; ++i)
-#pragma GCC unroll 4
-                for (int j = 0; j < 4; ++j)
-                    acc[i][j] = i < ni ? _mm512_maskz_loadu_ps(inC[j], t.v + size_t(i0 + i) * t.C + g0 + 16 * j)
-                                       : _mm512_setzero_ps();
-            for (int k = 0; k < t.K; ++k) {
-                const int lo = std::max(t.lo[k] - g0, 0), hi = std::min(t.hi[k] - g0, G);
-                if (lo >= hi) continue;  // the column is +-0 over the whole group
-                __mmask16 cm[4];
-                __m512 a[4];
-                if constexpr (Plain) {
-#pragma GCC unroll 4
-                    for (int j = 0; j < 4; ++j) a[j] = _mm512_maskz_loadu_ps(inC[j], t.col[k] + g0 + 16 * j);
-                } else {
-                    const uint64_t range = (hi - lo == 64 ? ~uint64_t(0) : ((uint64_t(1) << (hi - lo)) - 1)) << lo;
-#pragma GCC unroll 4
-                    for (int j = 0; j < 4; ++j) {
-                        cm[j] = __mmask16(range >> (16 * j)) & inC[j];
-                        a[j] = _mm512_maskz_loadu_ps(cm[j], t.col[k] + g0 + 16 * j);
-                    }
-                }
-#pragma GCC unroll 4
-                for (int i = 0; i < I; ++i) {
-                    const float z = i < ni ? t.zq[size_t(i0 + i) * t.K + k] : 0.0f;
-                    const __m512 zz = _mm512_set1_ps(z);
-                    if constexpr (Plain) {
-#pragma GCC unroll 4
-                        for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_add_ps(acc[i][j], _mm512_mul_ps(a[j], zz));
-                    } else {
-                        const __mmask16 zm = z != 0.0f ? __mmask16(0xffff) : __mmask16(0);
-#pragma GCC unroll 4
-                        for (int j = 0; j < 4; ++j)
-                            acc[i][j] = _mm512_mask_add_ps(acc[i][j], __mmask16(cm[j] & zm), acc[i][j], _mm512_mul_ps(a[j], zz));
-                    }
-                }
-            }
-#pragma GCC unroll 4
-            for (int i = 0; i < I; ++i)
-#pragma GCC unroll 4
-                for (int j = 0; j < 4; ++j)
-                    if (i < ni) _mm512_mask_storeu_ps(t.v + size_t(i0 + i) * t.C + g0 + 16 * j, inC[j], acc[i][j]);
-        }
-    }
-}
-
-void accumulateAvx512(const Tile& t)
-{
-    if (t.plain) accumulateAvx512Sums<true>(t);
-    else accumulateAvx512Sums<false>(t);
-}
-#endif
-
-// ---- dequantisation of one row of symbols ----------------------------------------------------------
-
-// The block's escape list, read in the stream's order (token by token, k ascending).
-struct EscapeReader {
-    const uint8_t* p;
-    const uint8_t* end;
-    const std::string* where;
-
-    // q of an escaped symbol s (0 or 2M) of a component with folded max M.
-    int64_t next(int s, int M)
-    {
-        uint64_t z = 0;
-        for (int shift = 0;; shift += 7) {
-            if (p == end || shift > 28) throw Error(*where + ": escape list is truncated or malformed");
-            const uint8_t byte = *p++;
-            z |= uint64_t(byte & 0x7f) << shift;
-            if (!(byte & 0x80)) break;
-        }
-        const int64_t q = (z & 1) ? -int64_t((z + 1) >> 1) : int64_t(z >> 1);
-        if ((s == 0) != (q < 0) || (q > -M && q < M) || q > 2147483647 || q < -2147483647)
-            throw Error(*where + ": escape value does not match its symbol");
-        return q;
-    }
-};
-
-// z[k] = q step[k] mult for k in [from, K), q = sym[k] - M[k] or the escape's value; exactly 0
-// when q = 0 whatever the step (no branch: zeros come in no order).
-void dequantScalarFrom(const uint8_t* sym, const int* M, const float* step, float mult, int from, int K, float* z,
-                       EscapeReader& esc)
-{
-    for (int k = from; k < K; ++k) {
-        const int s = sym[k];
-        const int64_t q = (s == 0 || s == 2 * M[k]) ? esc.next(s, M[k]) : int64_t(s - M[k]);
-        const float f = float(q) * step[k] * mult;
-        uint32_t bits;
-        std::memcpy(&bits, &f, 4);
-        bits &= 0u - uint32_t(q != 0);
-        std::memcpy(&z[k], &bits, 4);
-    }
-}
-
-void dequantScalar(const uint8_t* sym, const int* M, const float* step, float mult, int K, float* z, EscapeReader& esc)
-{
-    dequantScalarFrom(sym, M, step, mult, 0, K, z, esc);
-}
-
-#if defined(__x86_64__) || defined(__i386__)
-// 8 (AVX2) or 16 (AVX-512) components at a time, the same two rounded multiplies as the scalar
-// loop; a vector holding an escape is done by the scalar loop, so escapes keep their order.
-__attribute__((target("avx2"))) void dequantAvx2(const uint8_t* sym, const int* M, const float* step, float mult, int K,
-                                                 float* z, EscapeReader& esc)
-{
-    const __m256 mv = _mm256_set1_ps(mult);
-    int k = 0;
-    for (; k + 8 <= K; k += 8) {
-        const __m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sym + k)));
-        const __m256i m = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(M + k));
-        const __m256i escV = _mm256_or_si256(_mm256_cmpeq_epi32(s, _mm256_setzero_si256()),
-                                             _mm256_cmpeq_epi32(s, _mm256_add_epi32(m, m)));
-        if (!_mm256_testz_si256(escV, escV)) {
-            dequantScalarFrom(sym, M, step, mult, k, k + 8, z, esc);
-            continue;
-        }
-        const __m256i q = _mm256_sub_epi32(s, m);
-        const __m256 f = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(step + k)), mv);
-        const __m256 nz = _mm256_castsi256_ps(_mm256_cmpeq_epi32(s, m));
-        _mm256_storeu_ps(z + k, _mm256_andnot_ps(nz, f));
-    }
-    dequantScalarFrom(sym, M, step, mult, k, K, z, esc);
-}
-
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void dequantAvx512(const uint8_t* sym, const int* M, const float* step,
-                                                                        float mult, int K, float* z, EscapeReader& esc)
-{
-    const __m512 mv = _mm512_set1_ps(mult);
-    for (int k = 0; k < K; k += 16) {
-        const __mmask16 in = __mmask16(K - k >= 16 ? 0xffffu : (1u << (K - k)) - 1);
-        const __m512i s = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(in, sym + k));
-        const __m512i m = _mm512_maskz_loadu_epi32(in, M + k);
-        const __mmask16 escM =
-            in & (_mm512_cmpeq_epi32_mask(s, _mm512_setzero_si512()) | _mm512_cmpeq_epi32_mask(s, _mm512_add_epi32(m, m)));
-        if (escM) {
-            dequantScalarFrom(sym, M, step, mult, k, std::min(K, k + 16), z, esc);
-            continue;
-        }
-        const __m512 f = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(s, m)), _mm512_maskz_loadu_ps(in, step + k)), mv);
-        _mm512_mask_storeu_ps(z + k, in, _mm512_maskz_mov_ps(_mm512_cmpneq_epi32_mask(s, m), f));
-    }
-}
-#endif
-
-// The decoder's kernels on a SIMD path (simd_path.h): a row's dequantisation and a tile's
-// inverse transform.
-struct TileKernels {
-    void (*dequant)(const uint8_t* sym, const int* M, const float* step, float mult, int K, float* z, EscapeReader& esc);
-    void (*accumulate)(const Tile&);
-};
-
-TileKernels kernelsFor(SimdPath path)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    if (path == SimdPath::Avx512) return {dequantAvx512, accumulateAvx512};
-    if (path == SimdPath::Avx2) return {dequantAvx2, accumulateAvx2};
-#endif
-    (void)path;
-    return {dequantScalar, accumulateScalar};
-}
 
 // Class of every token of the cache in `layer` (READ ME FIRST, 7): 0 for raw tokens.
 std::vector<uint8_t> importanceClasses(const TransformModel& m, const KvSet& kv, int layer)
@@ -381,33 +95,14 @@ std::vector<uint8_t> importanceClasses(const TransformModel& m, const KvSet& kv,
     return cls;
 }
 
-// The level's table for component k folded for step multiplier 2^c: symbol q (|q| < M) goes to
-// rint(q / 2^c) (halves away from zero), |q'| >= M' = ceil(M / 2^c) and the escapes to the escapes.
-// Sums are preserved, and every folded symbol receives at least one original one.
+// The level's table for component k folded for step multiplier 2^c (codec/fold_rules.h): symbol q
+// (|q| < M) goes to rint(q / 2^c), |q'| >= M' = ceil(M / 2^c) and the escapes to the escapes.
 std::vector<uint16_t> foldedFreq(const std::vector<uint16_t>& f, int M, int c, int& Mout)
 {
-    const int mult = 1 << c;
-    const int Mf = std::max(1, (M + mult - 1) / mult);
-    Mout = Mf;
-    std::vector<uint32_t> acc(size_t(2 * Mf + 1), 0);
-    for (int s = 0; s <= 2 * M; ++s) {
-        int sf;
-        if (s == 0) sf = 0;
-        else if (s == 2 * M) sf = 2 * Mf;
-        else {
-            const int q = s - M;
-            const int qf = q >= 0 ? (q + mult / 2) / mult : -((-q + mult / 2) / mult);
-            sf = qf <= -Mf ? 0 : qf >= Mf ? 2 * Mf : qf + Mf;
-        }
-        acc[size_t(sf)] += f[size_t(s)];
-    }
+    Mout = foldedMax(M, c);
+    std::vector<uint32_t> acc(size_t(2 * Mout + 1), 0);
+    hd::foldFrequencies(f.data(), M, c, acc.data());
     return std::vector<uint16_t>(acc.begin(), acc.end());
-}
-
-int foldedMax(int M, int c)
-{
-    const int mult = 1 << c;
-    return std::max(1, (M + mult - 1) / mult);
 }
 
 void buildClassTables(const TransformLevelBlock& lb, int c, bool forDecoding, std::vector<CodingTable>& tables)
@@ -629,19 +324,10 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
         if (streamBytes != (totalBits + 7) / 8)
             throw Error(where + ": fixed-width symbols take " + std::to_string((totalBits + 7) / 8) + " bytes, the block has " +
                         std::to_string(streamBytes));
-        uint64_t acc = 0;
-        int bits = 0;
-        size_t pos = 0;
+        hd::FixedWidthReader in{stream, 0, 0};
         for (int r = 0; r < R; ++r)
             for (int k = 0; k < K; ++k) {
-                const int w = width[size_t(rowClass[size_t(r)]) * K + size_t(k)];
-                while (bits < w) {
-                    acc |= uint64_t(stream[pos++]) << bits;
-                    bits += 8;
-                }
-                const int s = int(acc & ((uint64_t(1) << w) - 1));
-                acc >>= w;
-                bits -= w;
+                const int s = in.take(width[size_t(rowClass[size_t(r)]) * K + size_t(k)]);
                 if (s > 2 * foldedMax(lb.maxQ[size_t(coded[size_t(k)])], rowClass[size_t(r)]))
                     throw Error(where + ": fixed-width symbol " + std::to_string(s) + " is outside its alphabet");
                 sym[size_t(r) * K + size_t(k)] = uint8_t(s);

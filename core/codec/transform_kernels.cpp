@@ -1,0 +1,255 @@
+// The transform decoder's kernels (transform_kernels.h): the inverse transform over a tile of
+// tokens and the dequantisation of a row of symbols, scalar, AVX2 and AVX-512. Compiled with
+// -ffp-contract=off like transform_chunk.cpp, so that each term is one rounded multiply and one
+// rounded add on every path and CPU.
+#include "codec/transform_kernels.h"
+
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12's AVX-512 headers build vectors from deliberately undefined ones (false positives).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace kvscope::detail {
+
+namespace {
+
+// ---- the inverse transform over a tile of tokens ---------------------------------------------------
+
+void accumulateScalar(const Tile& t)
+{
+    for (int k = 0; k < t.K; ++k) {
+        const float* a = t.col[k];
+        for (int i = 0; i < t.nt; ++i) {
+            const float z = t.zq[size_t(i) * t.K + k];
+            if (z == 0.0f) continue;
+            float* __restrict v = t.v + size_t(i) * t.C;
+            const float* __restrict ak = a;
+            // Lanes of a vector round each product and sum as the scalar loop does (no
+            // contraction in this file), so letting the compiler vectorise keeps the bytes.
+#pragma omp simd
+            for (int c = t.lo[k]; c < t.hi[k]; ++c) v[c] += ak[c] * z;
+        }
+    }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+// The store-based loop over channels [from, C): per component, per token with z != 0, the
+// channels of [lo, hi) one vector at a time.
+__attribute__((target("avx2"))) void accumulateAvx2From(const Tile& t, int from)
+{
+    for (int k = 0; k < t.K; ++k) {
+        const float* a = t.col[k];
+        const int lo = std::max(t.lo[k], from), hi = t.hi[k];
+        if (lo >= hi) continue;
+        for (int i = 0; i < t.nt; ++i) {
+            const float z = t.zq[size_t(i) * t.K + k];
+            if (z == 0.0f) continue;
+            float* v = t.v + size_t(i) * t.C;
+            const __m256 zz = _mm256_set1_ps(z);
+            int c = lo;
+            for (; c + 8 <= hi; c += 8)
+                _mm256_storeu_ps(v + c, _mm256_add_ps(_mm256_loadu_ps(v + c), _mm256_mul_ps(_mm256_loadu_ps(a + c), zz)));
+            for (; c < hi; ++c) v[c] += a[c] * z;
+        }
+    }
+}
+
+// AVX2 with Tile::plain (see the AVX-512 sums below for why adding the zero terms is exact): the
+// sums of 2 tokens x 32 channels in 8 registers while every component goes by; the channels past
+// the last whole group of 32 take the store-based loop.
+__attribute__((target("avx2"))) void accumulateAvx2(const Tile& t)
+{
+    if (!t.plain) return accumulateAvx2From(t, 0);
+    constexpr int G = 32, I = 2;
+    const int whole = t.C / G * G;
+    for (int g0 = 0; g0 < whole; g0 += G)
+        for (int i0 = 0; i0 < t.nt; i0 += I) {
+            const int ni = std::min(I, t.nt - i0);
+            __m256 acc[I][4];
+#pragma GCC unroll 2
+            for (int i = 0; i < I; ++i)
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; ++j)
+                    acc[i][j] = i < ni ? _mm256_loadu_ps(t.v + size_t(i0 + i) * t.C + g0 + 8 * j) : _mm256_setzero_ps();
+            for (int k = 0; k < t.K; ++k) {
+                if (t.hi[k] <= g0 || t.lo[k] >= g0 + G) continue;  // the column is +-0 over the group
+                const float* a = t.col[k] + g0;
+                const __m256 a0 = _mm256_loadu_ps(a), a1 = _mm256_loadu_ps(a + 8), a2 = _mm256_loadu_ps(a + 16),
+                             a3 = _mm256_loadu_ps(a + 24);
+#pragma GCC unroll 2
+                for (int i = 0; i < I; ++i) {
+                    const __m256 zz = _mm256_set1_ps(i < ni ? t.zq[size_t(i0 + i) * t.K + k] : 0.0f);
+                    acc[i][0] = _mm256_add_ps(acc[i][0], _mm256_mul_ps(a0, zz));
+                    acc[i][1] = _mm256_add_ps(acc[i][1], _mm256_mul_ps(a1, zz));
+                    acc[i][2] = _mm256_add_ps(acc[i][2], _mm256_mul_ps(a2, zz));
+                    acc[i][3] = _mm256_add_ps(acc[i][3], _mm256_mul_ps(a3, zz));
+                }
+            }
+#pragma GCC unroll 2
+            for (int i = 0; i < I; ++i)
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; ++j)
+                    if (i < ni) _mm256_storeu_ps(t.v + size_t(i0 + i) * t.C + g0 + 8 * j, acc[i][j]);
+        }
+    if (whole < t.C) accumulateAvx2From(t, whole);
+}
+
+// AVX-512: the sums of 4 tokens x 64 channels stay in 16 registers while every component goes
+// by, so no sum goes through memory between terms, and no term is a branch (zq is 40% zeros in
+// no order; the store-based loop's branches on them were mispredicted). Each sum still takes its
+// terms in ascending k with the same rounded multiply and add, so the bytes are the other paths'.
+// Plain (Tile::plain): the zero terms are added too. That is exact there: a sum that starts at a
+// mean other than -0 is never -0 (round to nearest gives -0 only from -0 + -0), and a term a * 0
+// with a finite is +-0, which leaves any other sum unchanged. Otherwise a term whose z is 0, or a
+// channel outside [lo, hi), is a masked-off lane of the add.
+template <bool Plain>
+__attribute__((target("avx512f"))) void accumulateAvx512Sums(const Tile& t)
+{
+    constexpr int G = 64, I = 4;  // channels of a group (4 vectors), tokens of a pass
+    for (int g0 = 0; g0 < t.C; g0 += G) {
+        __mmask16 inC[4];  // lanes of the group's vectors that are channels (< C)
+        for (int j = 0; j < 4; ++j) {
+            const int n = std::max(0, std::min(16, t.C - g0 - 16 * j));
+            inC[j] = __mmask16((1u << n) - 1);
+        }
+        for (int i0 = 0; i0 < t.nt; i0 += I) {
+            const int ni = std::min(I, t.nt - i0);
+            __m512 acc[I][4];  // fully unrolled below, so that it lives in registers
+#pragma GCC unroll 4
+            for (int i = 0; i < I; ++i)
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; ++j)
+                    acc[i][j] = i < ni ? _mm512_maskz_loadu_ps(inC[j], t.v + size_t(i0 + i) * t.C + g0 + 16 * j)
+                                       : _mm512_setzero_ps();
+            for (int k = 0; k < t.K; ++k) {
+                const int lo = std::max(t.lo[k] - g0, 0), hi = std::min(t.hi[k] - g0, G);
+                if (lo >= hi) continue;  // the column is +-0 over the whole group
+                __mmask16 cm[4];
+                __m512 a[4];
+                if constexpr (Plain) {
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; ++j) a[j] = _mm512_maskz_loadu_ps(inC[j], t.col[k] + g0 + 16 * j);
+                } else {
+                    const uint64_t range = (hi - lo == 64 ? ~uint64_t(0) : ((uint64_t(1) << (hi - lo)) - 1)) << lo;
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; ++j) {
+                        cm[j] = __mmask16(range >> (16 * j)) & inC[j];
+                        a[j] = _mm512_maskz_loadu_ps(cm[j], t.col[k] + g0 + 16 * j);
+                    }
+                }
+#pragma GCC unroll 4
+                for (int i = 0; i < I; ++i) {
+                    const float z = i < ni ? t.zq[size_t(i0 + i) * t.K + k] : 0.0f;
+                    const __m512 zz = _mm512_set1_ps(z);
+                    if constexpr (Plain) {
+#pragma GCC unroll 4
+                        for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_add_ps(acc[i][j], _mm512_mul_ps(a[j], zz));
+                    } else {
+                        const __mmask16 zm = z != 0.0f ? __mmask16(0xffff) : __mmask16(0);
+#pragma GCC unroll 4
+                        for (int j = 0; j < 4; ++j)
+                            acc[i][j] = _mm512_mask_add_ps(acc[i][j], __mmask16(cm[j] & zm), acc[i][j], _mm512_mul_ps(a[j], zz));
+                    }
+                }
+            }
+#pragma GCC unroll 4
+            for (int i = 0; i < I; ++i)
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; ++j)
+                    if (i < ni) _mm512_mask_storeu_ps(t.v + size_t(i0 + i) * t.C + g0 + 16 * j, inC[j], acc[i][j]);
+        }
+    }
+}
+
+void accumulateAvx512(const Tile& t)
+{
+    if (t.plain) accumulateAvx512Sums<true>(t);
+    else accumulateAvx512Sums<false>(t);
+}
+#endif
+
+// ---- dequantisation of one row of symbols ----------------------------------------------------------
+
+// z[k] = q step[k] mult for k in [from, K), q = sym[k] - M[k] or the escape's value; exactly 0
+// when q = 0 whatever the step (no branch: zeros come in no order).
+void dequantScalarFrom(const uint8_t* sym, const int* M, const float* step, float mult, int from, int K, float* z,
+                       EscapeReader& esc)
+{
+    for (int k = from; k < K; ++k) {
+        const int s = sym[k];
+        const int64_t q = (s == 0 || s == 2 * M[k]) ? esc.next(s, M[k]) : int64_t(s - M[k]);
+        const float f = float(q) * step[k] * mult;
+        uint32_t bits;
+        std::memcpy(&bits, &f, 4);
+        bits &= 0u - uint32_t(q != 0);
+        std::memcpy(&z[k], &bits, 4);
+    }
+}
+
+void dequantScalar(const uint8_t* sym, const int* M, const float* step, float mult, int K, float* z, EscapeReader& esc)
+{
+    dequantScalarFrom(sym, M, step, mult, 0, K, z, esc);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+// 8 (AVX2) or 16 (AVX-512) components at a time, the same two rounded multiplies as the scalar
+// loop; a vector holding an escape is done by the scalar loop, so escapes keep their order.
+__attribute__((target("avx2"))) void dequantAvx2(const uint8_t* sym, const int* M, const float* step, float mult, int K,
+                                                 float* z, EscapeReader& esc)
+{
+    const __m256 mv = _mm256_set1_ps(mult);
+    int k = 0;
+    for (; k + 8 <= K; k += 8) {
+        const __m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sym + k)));
+        const __m256i m = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(M + k));
+        const __m256i escV = _mm256_or_si256(_mm256_cmpeq_epi32(s, _mm256_setzero_si256()),
+                                             _mm256_cmpeq_epi32(s, _mm256_add_epi32(m, m)));
+        if (!_mm256_testz_si256(escV, escV)) {
+            dequantScalarFrom(sym, M, step, mult, k, k + 8, z, esc);
+            continue;
+        }
+        const __m256i q = _mm256_sub_epi32(s, m);
+        const __m256 f = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(step + k)), mv);
+        const __m256 nz = _mm256_castsi256_ps(_mm256_cmpeq_epi32(s, m));
+        _mm256_storeu_ps(z + k, _mm256_andnot_ps(nz, f));
+    }
+    dequantScalarFrom(sym, M, step, mult, k, K, z, esc);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void dequantAvx512(const uint8_t* sym, const int* M, const float* step,
+                                                                        float mult, int K, float* z, EscapeReader& esc)
+{
+    const __m512 mv = _mm512_set1_ps(mult);
+    for (int k = 0; k < K; k += 16) {
+        const __mmask16 in = __mmask16(K - k >= 16 ? 0xffffu : (1u << (K - k)) - 1);
+        const __m512i s = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(in, sym + k));
+        const __m512i m = _mm512_maskz_loadu_epi32(in, M + k);
+        const __mmask16 escM =
+            in & (_mm512_cmpeq_epi32_mask(s, _mm512_setzero_si512()) | _mm512_cmpeq_epi32_mask(s, _mm512_add_epi32(m, m)));
+        if (escM) {
+            dequantScalarFrom(sym, M, step, mult, k, std::min(K, k + 16), z, esc);
+            continue;
+        }
+        const __m512 f = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(s, m)), _mm512_maskz_loadu_ps(in, step + k)), mv);
+        _mm512_mask_storeu_ps(z + k, in, _mm512_maskz_mov_ps(_mm512_cmpneq_epi32_mask(s, m), f));
+    }
+}
+#endif
+
+}  // namespace
+
+TileKernels kernelsFor(SimdPath path)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (path == SimdPath::Avx512) return {dequantAvx512, accumulateAvx512};
+    if (path == SimdPath::Avx2) return {dequantAvx2, accumulateAvx2};
+#endif
+    (void)path;
+    return {dequantScalar, accumulateScalar};
+}
+
+}  // namespace kvscope::detail
