@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Give a shipped transform ladder per-layer water levels from measured layer sensitivities.
+
+    python3 samples/profiles/make_ladder.py LADDER SENSITIVITY [--alpha A] [--levels K:V,...] [--out FILE]
+
+LADDER       a shipped ladder (samples/profiles/<model>.transform.json); its levels are replaced
+SENSITIVITY  the JSON printed by `kvscope-cli tune --codec transform --json` (its "sensitivity"
+             list: KL per unit of weighted distortion, per layer, for keys and for values)
+--alpha      how far to follow the sensitivities (0 = every layer alike, 1 = the theory), default 1
+--levels     key:value relative water levels, coarsest first (default: the ladder's own)
+--multipliers M,...  instead of --levels: the levels K*m:V*m for one --base K:V (default: the
+             key_theta:value_theta of the tune output's first level, which the tuner balanced
+             between keys and values by the same sensitivities)
+
+Why: at one water level every layer of a kind gets the same distortion, but one unit of
+distortion does not cost the same everywhere. Measured on SmolLM2-135M (docs/transform.md), the
+values of layer 0 cost about 1000x more KL per unit than those of the last twenty layers, because
+an error in layer 0 travels through every layer after it. Minimising the rate under a KL budget
+gives water levels inversely proportional to the sensitivity (eval/tune_transform.h, step 3):
+theta_l ~ 1 / s_l. The scales are normalised to a geometric mean of 1 per kind, so a level's
+key_theta and value_theta keep their meaning (the mean level) and the ladder stays a ladder of
+two numbers per level.
+
+The sensitivities are a property of the model, measured on the calibration contexts
+(technical_note, long_4k), never on a quality suite, so nothing of the held-out genres leaks in.
+"""
+import argparse
+import json
+import math
+import sys
+
+
+def layer_scales(sens, key, alpha):
+    s = [max(float(x[key]), 1e-300) for x in sorted(sens, key=lambda x: x["layer"])]
+    log_mean = sum(math.log(v) for v in s) / len(s)
+    # theta_l ~ (1 / s_l)^alpha, geometric mean 1.
+    return [math.exp(alpha * (log_mean - math.log(v))) for v in s]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("ladder")
+    ap.add_argument("sensitivity")
+    ap.add_argument("--alpha", type=float, default=1.0)
+    ap.add_argument("--levels", default="")
+    ap.add_argument("--multipliers", default="")
+    ap.add_argument("--base", default="")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    ladder = json.load(open(a.ladder))
+    tune = json.load(open(a.sensitivity))
+    sens = tune.get("sensitivity")
+    layers = ladder.get("num_layers")
+    if not sens or len(sens) != layers:
+        sys.exit(f"make_ladder: {a.sensitivity}: expected a 'sensitivity' list of {layers} layers (kvscope-cli tune --codec transform --json)")
+    ks = layer_scales(sens, "key_kl_per_distortion", a.alpha)
+    vs = layer_scales(sens, "value_kl_per_distortion", a.alpha)
+    t = ladder["transform"]
+    if a.multipliers:
+        if a.base:
+            k0, v0 = (float(x) for x in a.base.split(":"))
+        else:  # the tuner's own level at exponent 1, multiplier 1: it sets the keys' and values' balance
+            k0, v0 = tune["levels"][0]["key_theta"], tune["levels"][0]["value_theta"]
+        pairs = [(k0 * float(m), v0 * float(m)) for m in a.multipliers.split(",")]
+    elif a.levels:
+        pairs = [tuple(float(x) for x in p.split(":")) for p in a.levels.split(",")]
+    else:
+        pairs = [(l["key_theta"], l["value_theta"]) for l in t["levels"]]
+    t["levels"] = [{"name": f"t {k:.3g}/{v:.3g}", "key_theta": k, "value_theta": v,
+                    "key_layer_scale": ks, "value_layer_scale": vs} for k, v in pairs]
+    t["default_level"] = min(int(t.get("default_level", 1)), len(pairs))
+    ladder["layer_shape"] = {
+        "alpha": a.alpha,
+        "contexts": tune.get("tuning_contexts"),
+        "source": "kvscope-cli tune --codec transform --exponents 1 --multipliers 1 --refine 0 --json (its sensitivity list)",
+    }
+    text = json.dumps(ladder, indent=1) + "\n"
+    if a.out:
+        open(a.out, "w").write(text)
+    else:
+        sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    main()
