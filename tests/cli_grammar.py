@@ -100,6 +100,9 @@ def check_codec(tmp):
          [('--gpu-device', '--device cuda:N')], keys)
     same('bench codec --gpu-device (bad)', base + [kv, '--gpu-device', 'x'], base + [kv, '--device', 'cuda:x'],
          [('--gpu-device', '--device cuda:N')], expect_ok=False, error_has="'cuda:x'")
+    # A bad value through an old spelling is refused under the new name, as the new spelling is.
+    same('bench codec --rounds (bad)', base + [kv, '--rounds', '0'], base + [kv, '--runs', '0'], [('--rounds', '--runs')],
+         expect_ok=False, error_has='--runs: Value 0 not in range')
     r = run(base + [kv, '--device', 'cpu'])
     if r.returncode == 0 and json.loads(r.stdout)['gpu'] != 'gpu: left out (--device cpu)':
         fail('bench codec --device cpu: gpu is %r' % json.loads(r.stdout)['gpu'])

@@ -96,17 +96,15 @@ void noteDeprecated(const std::string& oldName, const std::string& newName)
     if (said.insert(oldName).second) std::fprintf(stderr, "kvscope-cli: %s is deprecated, use %s\n", oldName.c_str(), newName.c_str());
 }
 
-CLI::Option* addDeprecatedFunction(CLI::App* sub, const std::string& oldName, const std::string& newName,
-                                   std::function<void(const std::string&)> apply)
+CLI::Option* addDeprecated(CLI::App* sub, const std::string& oldName, CLI::Option* target, const std::string& newName,
+                           std::function<std::string(const std::string&)> translate)
 {
-    return sub
-        ->add_option_function<std::string>(oldName,
-                                           [oldName, newName, apply](const std::string& v) {
-                                               noteDeprecated(oldName, newName);
-                                               apply(v);
-                                           },
-                                           "deprecated: use " + newName)
-        ->group("");
+    // Triggered as it is parsed, so that the value reaches `target` before the options' callbacks run.
+    auto forward = [oldName, newName, target, translate](const std::string& v) {
+        noteDeprecated(oldName, newName);
+        target->add_result(translate ? translate(v) : v);
+    };
+    return sub->add_option_function<std::string>(oldName, forward, "deprecated: use " + newName)->group("")->trigger_on_parse();
 }
 
 void requireInput(const std::string& value, const std::string& name)

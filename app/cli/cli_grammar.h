@@ -59,17 +59,10 @@ void setExample(CLI::App* sub, const std::string& example);
 // Prints "kvscope-cli: OLD is deprecated, use NEW" on stderr, once per OLD.
 void noteDeprecated(const std::string& oldName, const std::string& newName);
 
-// OLD as a hidden alias writing into `target` (the new option's variable).
-template <typename T>
-CLI::Option* addDeprecated(CLI::App* sub, const std::string& oldName, const std::string& newName, T& target)
-{
-    return sub->add_option(oldName, target, "deprecated: use " + newName)
-        ->group("")
-        ->each([oldName, newName](const std::string&) { noteDeprecated(oldName, newName); });
-}
-// OLD as a hidden alias whose value `apply` translates into the new option's.
-CLI::Option* addDeprecatedFunction(CLI::App* sub, const std::string& oldName, const std::string& newName,
-                                   std::function<void(const std::string&)> apply);
+// OLD as a hidden alias of the option `target`: each value OLD is given (through `translate`
+// when set) becomes a value of `target`, which converts and checks it under its own name.
+CLI::Option* addDeprecated(CLI::App* sub, const std::string& oldName, CLI::Option* target, const std::string& newName,
+                           std::function<std::string(const std::string&)> translate = {});
 
 // A positional input that may also come through a deprecated option: a usage error when absent.
 void requireInput(const std::string& value, const std::string& name);

@@ -401,20 +401,19 @@ struct BenchCodecOpts {
 
 void addBenchCodecOptions(CLI::App* sub, BenchCodecOpts& o)
 {
-    sub->add_option("kv", o.kv, "KV file (HDF5)");
-    addDeprecated(sub, "--kv", "the positional KV file", o.kv);
+    addDeprecated(sub, "--kv", sub->add_option("kv", o.kv, "KV file (HDF5)"), "the positional KV file");
     o.profile.add(sub);
     sub->add_option("--level", o.level, "level to time (default: the profile's default)");
     sub->add_option("--repeats", o.bench.repeats, "timed passes of a row per run, best taken")->capture_default_str();
-    sub->add_option("--runs", o.runs, "runs that time every row in turn (ours, entropy stage, int8, zstd), each row's best kept")
-        ->check(CLI::Range(1, 100))
-        ->capture_default_str();
-    addDeprecated(sub, "--rounds", "--runs", o.runs)->check(CLI::Range(1, 100));
+    auto* runs = sub->add_option("--runs", o.runs, "runs that time every row in turn (ours, entropy stage, int8, zstd), each row's best kept")
+                     ->check(CLI::Range(1, 100))
+                     ->capture_default_str();
+    addDeprecated(sub, "--rounds", runs, "--runs");
     sub->add_option("--threads", o.bench.threads, "threads (0 = all cores)")->capture_default_str();
     sub->add_option("--zstd-level", o.bench.zstdLevel, "zstd compression level")->capture_default_str();
-    sub->add_option("--device", o.device, "CUDA device of the GPU decode figures: cuda or cuda:N; cpu leaves them out")
-        ->capture_default_str();
-    addDeprecatedFunction(sub, "--gpu-device", "--device cuda:N", [&o](const std::string& n) { o.device = "cuda:" + n; });
+    auto* device = sub->add_option("--device", o.device, "CUDA device of the GPU decode figures: cuda or cuda:N; cpu leaves them out")
+                       ->capture_default_str();
+    addDeprecated(sub, "--gpu-device", device, "--device cuda:N", [](const std::string& n) { return "cuda:" + n; });
     sub->add_flag("--gpu-only", o.gpuOnly, "only the GPU decode figures (skips the CPU and zstd timings)");
     sub->add_option("--simd", o.simd, "entropy decoder path: auto, scalar, avx2, avx512 (env KVSCOPE_SIMD)")
         ->capture_default_str();

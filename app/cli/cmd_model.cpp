@@ -239,10 +239,10 @@ void addBenchModelCommand(CLI::App& app, Output& out)
     };
     auto o = std::make_shared<Opts>();
     o->add(sub);
-    sub->add_option("--prefill-tokens", o->tokens, "prefill lengths, comma-separated (token ids drawn from the vocabulary)")
-        ->delimiter(',')
-        ->capture_default_str();
-    addDeprecated(sub, "--tokens", "--prefill-tokens", o->tokens)->delimiter(',');
+    auto* lengths = sub->add_option("--prefill-tokens", o->tokens, "prefill lengths, comma-separated (token ids drawn from the vocabulary)")
+                        ->delimiter(',')
+                        ->capture_default_str();
+    addDeprecated(sub, "--tokens", lengths, "--prefill-tokens");
     sub->add_option("--decode", o->decode, "tokens decoded one at a time after each prefill")->capture_default_str();
     sub->add_option("--key-block", o->keyBlock, "keys per step of the blocked attention")->capture_default_str();
     sub->add_option("--query-block", o->queryBlock, "queries per sub-block of the blocked attention")->capture_default_str();

@@ -217,8 +217,8 @@ struct StreamOpts {
 
 void addStreamOptions(CLI::App* sub, StreamOpts& o)
 {
-    sub->add_option("kv", o.kv, "the context's original KV (HDF5) for quality; default: prefill it now");
-    addDeprecated(sub, "--kv", "the positional KV file", o.kv);
+    addDeprecated(sub, "--kv", sub->add_option("kv", o.kv, "the context's original KV (HDF5) for quality; default: prefill it now"),
+                  "the positional KV file");
     o.model.add(sub, false);
     addContextOption(sub, o.context, true);
     addQuestionOption(sub, o.question);

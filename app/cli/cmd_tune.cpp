@@ -172,12 +172,14 @@ void addSweepCommand(CLI::App& app, Output& out)
     sub->add_option("--value-bins", o->valueBins, "value bins per point; 16 or V groups 32/16")->capture_default_str();
     sub->add_option("--chunks", o->chunks, "chunk sizes in tokens (default: the profile's)");
     sub->add_option("--deltas", o->deltas, "delta groups, 0 = delta coding off (default: the profile's)");
-    sub->add_option("--key-quantizer", o->keyQuantizers, "key quantizers swept: token, channel or token,channel")
-        ->capture_default_str();
-    sub->add_option("--value-quantizer", o->valueQuantizers, "value quantizers swept: token, channel or token,channel")
-        ->capture_default_str();
-    addDeprecated(sub, "--key-quantizers", "--key-quantizer", o->keyQuantizers);
-    addDeprecated(sub, "--value-quantizers", "--value-quantizer", o->valueQuantizers);
+    addDeprecated(sub, "--key-quantizers",
+                  sub->add_option("--key-quantizer", o->keyQuantizers, "key quantizers swept: token, channel or token,channel")
+                      ->capture_default_str(),
+                  "--key-quantizer");
+    addDeprecated(sub, "--value-quantizers",
+                  sub->add_option("--value-quantizer", o->valueQuantizers, "value quantizers swept: token, channel or token,channel")
+                      ->capture_default_str(),
+                  "--value-quantizer");
     sub->add_flag("--answers", o->answers, "also generate the answer of every point (token agreement; slower)");
     sub->add_flag("--no-baselines", o->noBaselines, "leave out fp16, int8, kivi2, kivi4 and zstd");
     sub->add_option("--csv", o->csv, "write the points as CSV");
@@ -507,8 +509,9 @@ void addTuneOptions(CLI::App* sub, TuneOpts& o, SuiteCliOpts& so)
     sub->add_option("--bins", o.bins, "bins a layer may take")->capture_default_str();
     sub->add_option("--probe-bins", o.probeBins, "bins of the per-layer sensitivity probe")->capture_default_str();
     sub->add_option("--lambda-steps", o.lambdaSteps, "candidate allocations between smallest and best")->capture_default_str();
-    sub->add_option("--held-out", o.heldOut, "held-out contexts to judge the tuned profile on: sample ids or text files, comma-separated");
-    addDeprecated(sub, "--eval", "--held-out", o.heldOut);
+    addDeprecated(sub, "--eval",
+                  sub->add_option("--held-out", o.heldOut, "held-out contexts to judge the tuned profile on: sample ids or text files, comma-separated"),
+                  "--held-out");
     addOutOption(sub, o.profileOut, "write the tuned profile (JSON)", false);
     sub->add_option("--lmcache", o.lmcacheOut, "write each level's LMCache CacheGen QuantizationSpec lists (Python)");
     sub->add_option("--base-thetas", o.baseThetas, "transform: t_key,t_value of the base level (exponent 0, multiplier 1)")
