@@ -2,6 +2,7 @@
 #pragma once
 
 #include "cli_common.h"
+#include "cli_grammar.h"
 
 #include "codec/chunk_codec.h"
 #include "codec/profile.h"
@@ -29,18 +30,23 @@ struct ProfileOptions {
     bool forceProfile = false;
     bool recalibrate = false;  // calibrate: the profile's calibrated tables are replaced, so any option may change
 
-    void add(CLI::App* sub)
+    // The codec group; quantizers false leaves --key-quantizer/--value-quantizer to the command.
+    void add(CLI::App* sub, bool quantizers = true)
     {
-        sub->add_option("--profile", profilePath, "codec profile (JSON); default: CacheGen's three levels");
-        sub->add_option("--codec", codec, "cachegen, fp16, int8, kivi2, kivi4, zstd or transform")->capture_default_str();
-        sub->add_option("--chunk-tokens", chunkTokens, "tokens per chunk (16..8192), overrides the profile");
-        sub->add_option("--delta-group", deltaGroup, "tokens per anchor group, 0 = no delta coding");
-        sub->add_option("--anchor-bins", anchorBins, "bins for anchor tokens, 0 = the layer's bins");
-        sub->add_option("--tables", tables, "inband (per chunk) or shared (calibrated once per file)");
-        sub->add_option("--table-scope", tableScope, "head (one table per KV head, the default) or channel (CacheGen's one per channel)");
-        sub->add_option("--key-quantizer", keyQuantizer, "token (CacheGen) or channel (KIVI-style)");
-        sub->add_option("--value-quantizer", valueQuantizer, "token or channel");
-        sub->add_flag("--force-profile", forceProfile, "use a profile tuned for another model");
+        const std::string& g = kCodecGroup;
+        sub->add_option("--profile", profilePath, "codec profile (JSON); default: CacheGen's three levels")->group(g);
+        sub->add_option("--codec", codec, "cachegen, fp16, int8, kivi2, kivi4, zstd or transform")->capture_default_str()->group(g);
+        sub->add_option("--chunk-tokens", chunkTokens, "tokens per chunk (16..8192), overrides the profile")->group(g);
+        sub->add_option("--delta-group", deltaGroup, "tokens per anchor group, 0 = no delta coding")->group(g);
+        sub->add_option("--anchor-bins", anchorBins, "bins for anchor tokens, 0 = the layer's bins")->group(g);
+        sub->add_option("--tables", tables, "inband (per chunk) or shared (calibrated once per file)")->group(g);
+        sub->add_option("--table-scope", tableScope, "head (one table per KV head, the default) or channel (CacheGen's one per channel)")
+            ->group(g);
+        if (quantizers) {
+            sub->add_option("--key-quantizer", keyQuantizer, "token (CacheGen) or channel (KIVI-style)")->group(g);
+            sub->add_option("--value-quantizer", valueQuantizer, "token or channel")->group(g);
+        }
+        sub->add_flag("--force-profile", forceProfile, "use a profile tuned for another model")->group(g);
     }
 
     std::string source() const { return profilePath.empty() ? "default profile" : profilePath; }

@@ -4,6 +4,7 @@
 
 #include "cli_codec.h"
 #include "cli_common.h"
+#include "cli_grammar.h"
 
 #include "eval/quality.h"
 #include "eval/samples.h"
@@ -18,41 +19,36 @@
 namespace kvscope::cli {
 
 struct EvalOpts {
-    std::string model, tokenizer, context, continuationFile, question;
+    ModelOpts model;  // --attn-mass is also on when a profile needs the attention mass
+    std::string context, continuationFile, question;
     int answerTokens = 32;
     int maxContinuation = 256;
     int holdoutTokens = 0;  // contexts without a continuation: hold out their last tokens
-    int threads = 0;
     bool noText = false, perLayer = false, onlyTransform = false;
-    bool attnMass = false;  // record the attention mass at capture (also on when a profile needs it)
     std::vector<std::string> compareProfiles;  // eval --transform-profile
     ProfileOptions profile;
 
     // contextOption false: the command names its contexts some other way (tune's --contexts).
-    void add(CLI::App* sub, bool contextRequired, bool contextOption = true)
+    // quantizers false: the command takes --key-quantizer/--value-quantizer itself (sweep's lists).
+    void add(CLI::App* sub, bool contextRequired, bool contextOption = true, bool quantizers = true)
     {
-        sub->add_option("--model", model, "model folder, GGUF or llama2.c file (default: the embedded SmolLM2-135M)");
-        sub->add_option("--tokenizer", tokenizer, "tokenizer file (required for llama2.c checkpoints)");
+        model.add(sub);
         if (contextOption) {
-            auto* c = sub->add_option("--context", context, "a sample id (long_1k, story, ...) or a UTF-8 text file");
-            if (contextRequired) c->required();
-            sub->add_option("--continuation", continuationFile, "held-out text scored for perplexity (default: the sample's)");
-            sub->add_option("--question", question, "question asked after the context (default: the sample's)");
+            addContextOption(sub, context, contextRequired);
+            addContinuationOption(sub, continuationFile);
+            addQuestionOption(sub, question);
         }
         sub->add_option("--answer-tokens", answerTokens, "greedy tokens of each answer")->capture_default_str();
         sub->add_option("--max-continuation", maxContinuation, "continuation tokens scored at most")->capture_default_str();
         sub->add_option("--holdout-tokens", holdoutTokens,
                         "for a context without continuation, score its last N tokens as one (0 = off)")
             ->capture_default_str();
-        sub->add_option("--threads", threads, "CPU threads (0 = all cores)")->capture_default_str();
-        sub->add_flag("--attn-mass", attnMass,
-                      "record the attention mass at capture (automatic when a profile has token_importance)");
-        profile.add(sub);
+        profile.add(sub, quantizers);
     }
     // Whether the captures need KvSet::attnMass: asked for, or a profile with token_importance.
     bool needsAttnMass() const
     {
-        if (attnMass) return true;
+        if (model.attnMass) return true;
         std::vector<std::string> paths = compareProfiles;
         if (!profile.profilePath.empty()) paths.push_back(profile.profilePath);
         for (const std::string& p : paths)
@@ -84,8 +80,22 @@ struct SuiteCliOpts {
     SuiteOptions options(const EvalOpts& o) const;
 };
 
-// Progress lines with the stage's ETA on stderr.
-SuiteProgress suiteProgress();
+// Progress lines on stderr over a list of suite steps planned ahead: one step is one item's
+// reference pass (its prefill included, as a fraction of the step) or one item scored for one row.
+// One line per ~10% of each stage, with the elapsed time and the ETA of the whole list at its pace
+// so far (elapsed / steps done x steps left).
+class SuiteMeter {
+public:
+    explicit SuiteMeter(double plannedSteps);
+    // The whole list's steps, once its length is known.
+    void replan(double plannedSteps);
+    const SuiteProgress& progress() const { return progress_; }
+    struct State;
+
+private:
+    std::shared_ptr<State> st_;
+    SuiteProgress progress_;
+};
 // A suite row's JSON: the eval row keys plus accuracy, accuracy_ci, exact_match,
 // answer_logprob_delta, mcnemar_p, intervals and meets_iso_quality (against fp16).
 json suiteResultJson(const SuiteResult& q, const SuiteResult& fp16);

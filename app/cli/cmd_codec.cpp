@@ -1,5 +1,6 @@
 // `encode`, `decode` and `bench codec`: the codec from the command line.
 #include "cli_common.h"
+#include "cli_grammar.h"
 #include "cli_codec.h"
 
 #include "bench/bench.h"
@@ -161,22 +162,6 @@ std::vector<int> parseLevels(const std::string& s)
     return out;
 }
 
-// --device: "cpu" (default), "cuda" or "cuda:N". Returns the CUDA device index, or -1 for the CPU.
-int parseDevice(const std::string& s)
-{
-    if (s == "cpu") return -1;
-    if (s == "cuda") return 0;
-    if (s.rfind("cuda:", 0) == 0) {
-        try {
-            size_t used = 0;
-            const int n = std::stoi(s.substr(5), &used);
-            if (used == s.size() - 5 && n >= 0) return n;
-        } catch (const std::exception&) {
-        }
-    }
-    throw Error("--device: '" + s + "' is not cpu, cuda or cuda:N");
-}
-
 json gpuStatsJson(const GpuDecodeStats& st)
 {
     const double parts = st.h2dS + st.tableS + st.kernelS;
@@ -207,11 +192,12 @@ void addEncodeCommand(CLI::App& app, Output& out)
     };
     auto o = std::make_shared<Opts>();
     sub->add_option("kv", o->in, "KV file (HDF5)")->required();
-    sub->add_option("--out", o->out, "container to write (.kvc)")->required();
+    addOutOption(sub, o->out, "container to write (.kvc)", true);
     o->profile.add(sub);
     sub->add_flag("--verify", o->verify, "decode every level and report the reconstruction error");
     sub->add_flag("--per-layer", o->perLayer, "with --verify: errors per layer");
-    sub->add_flag("--json", out.asJson, "print one JSON object");
+    addJsonFlag(sub, out);
+    setExample(sub, "kvscope-cli encode kv.h5 --out kv.kvc --verify");
     sub->callback([o, &out] {
         const KvSet kv = readKvH5(o->in);
         const ProfileOptions po = withDefaultTransform(o->profile, nullptr, kv.modelFingerprint);
@@ -306,12 +292,13 @@ void addCalibrateCommand(CLI::App& app, Output& out)
     };
     auto o = std::make_shared<Opts>();
     sub->add_option("kv", o->inputs, "KV files (HDF5) of one model")->required();
-    sub->add_option("--out", o->out, "profile to write (JSON)")->required();
+    addOutOption(sub, o->out, "profile to write (JSON)", true);
     o->profile.add(sub);
-    sub->add_flag("--json", out.asJson, "print one JSON object");
+    addJsonFlag(sub, out);
     sub->add_option("--thetas", o->thetas,
                     "transform: relative water levels t, one level each, coarsest first (default 0.1,0.05,0.025,0.012,0.006)");
     sub->add_option("--value-thetas", o->valueThetas, "transform: t for values per level (default: --thetas)");
+    setExample(sub, "kvscope-cli calibrate --codec transform a.h5 b.h5 --out tp.json --thetas 0.03,0.01");
     sub->callback([o, &out] {
         if (o->profile.codec != "cachegen" && o->profile.codec != "transform")
             throw Error("--codec: only cachegen and transform calibrate");
@@ -363,10 +350,11 @@ void addDecodeCommand(CLI::App& app, Output& out)
     auto o = std::make_shared<Opts>();
     sub->add_option("kvc", o->in, "container (.kvc)")->required();
     sub->add_option("--device", o->device, "cpu, cuda or cuda:N (the CUDA decoder; bit-identical output)")->capture_default_str();
-    sub->add_option("--out", o->out, "KV file to write (HDF5)")->required();
+    addOutOption(sub, o->out, "KV file to write (HDF5)", true);
     sub->add_option("--level", o->levels, "level for every chunk, or one per chunk: 1,3,2,...; default: the file's default");
     sub->add_option("--source", o->source, "original KV file: report the reconstruction error against it");
-    sub->add_flag("--json", out.asJson, "print one JSON object");
+    addJsonFlag(sub, out);
+    setExample(sub, "kvscope-cli decode kv.kvc --out back.h5 --level 1,3,2,2 --source kv.h5");
     sub->callback([o, &out] {
         const auto reader = KvcReader::openFile(o->in);
         const std::vector<int> levels =
@@ -398,47 +386,64 @@ void addDecodeCommand(CLI::App& app, Output& out)
     });
 }
 
+namespace {
+
+struct BenchCodecOpts {
+    std::string kv;
+    ProfileOptions profile;
+    int level = 0;
+    BenchOptions bench;
+    bool gpuOnly = false;
+    std::string device = "cuda";
+    int runs = 1;
+    std::string simd = "auto";
+};
+
+void addBenchCodecOptions(CLI::App* sub, BenchCodecOpts& o)
+{
+    addDeprecated(sub, "--kv", sub->add_option("kv", o.kv, "KV file (HDF5)"), "the positional KV file");
+    o.profile.add(sub);
+    sub->add_option("--level", o.level, "level to time (default: the profile's default)");
+    sub->add_option("--repeats", o.bench.repeats, "timed passes of a row per run, best taken")->capture_default_str();
+    auto* runs = sub->add_option("--runs", o.runs, "runs that time every row in turn (ours, entropy stage, int8, zstd), each row's best kept")
+                     ->check(CLI::Range(1, 100))
+                     ->capture_default_str();
+    addDeprecated(sub, "--rounds", runs, "--runs");
+    sub->add_option("--threads", o.bench.threads, "threads (0 = all cores)")->capture_default_str();
+    sub->add_option("--zstd-level", o.bench.zstdLevel, "zstd compression level")->capture_default_str();
+    auto* device = sub->add_option("--device", o.device, "CUDA device of the GPU decode figures: cuda or cuda:N; cpu leaves them out")
+                       ->capture_default_str();
+    addDeprecated(sub, "--gpu-device", device, "--device cuda:N", [](const std::string& n) { return "cuda:" + n; });
+    sub->add_flag("--gpu-only", o.gpuOnly, "only the GPU decode figures (skips the CPU and zstd timings)");
+    sub->add_option("--simd", o.simd, "entropy decoder path: auto, scalar, avx2, avx512 (env KVSCOPE_SIMD)")
+        ->capture_default_str();
+}
+
+}  // namespace
+
 void addBenchCommand(CLI::App& app, Output& out)
 {
     auto* bench = app.add_subcommand("bench", "Benchmarks that print figures");
     bench->require_subcommand(1);
     auto* sub = bench->add_subcommand("codec", "Codec encode/decode speed next to int8 and zstd on the same KV");
-    struct Opts {
-        std::string kv;
-        ProfileOptions profile;
-        int level = 0;
-        BenchOptions bench;
-        bool gpuOnly = false;
-        int gpuDevice = 0;
-        int rounds = 1;
-        std::string simd = "auto";
-    };
-    auto o = std::make_shared<Opts>();
-    sub->add_option("--kv", o->kv, "KV file (HDF5)")->required();
-    o->profile.add(sub);
-    sub->add_option("--level", o->level, "level to time (default: the profile's default)");
-    sub->add_option("--repeats", o->bench.repeats, "timed passes, best taken")->capture_default_str();
-    sub->add_option("--rounds", o->rounds,
-                    "rounds that time every row in turn (ours, entropy stage, int8, zstd), each row's best kept")
-        ->check(CLI::Range(1, 100))
-        ->capture_default_str();
-    sub->add_option("--threads", o->bench.threads, "threads (0 = all cores)")->capture_default_str();
-    sub->add_option("--zstd-level", o->bench.zstdLevel, "zstd compression level")->capture_default_str();
-    sub->add_option("--gpu-device", o->gpuDevice, "CUDA device for the GPU decode figures")->capture_default_str();
-    sub->add_flag("--gpu-only", o->gpuOnly, "only the GPU decode figures (skips the CPU and zstd timings)");
-    sub->add_option("--simd", o->simd, "entropy decoder path: auto, scalar, avx2, avx512 (env KVSCOPE_SIMD)")
-        ->capture_default_str();
-    sub->add_flag("--json", out.asJson, "print one JSON object");
+    auto o = std::make_shared<BenchCodecOpts>();
+    addBenchCodecOptions(sub, *o);
+    addJsonFlag(sub, out);
+    setExample(sub, "kvscope-cli bench codec kv.h5 --threads 1 --runs 3 --json");
     sub->callback([o, &out] {
+        requireInput(o->kv, "kv");
+        const int device = parseDevice(o->device);
+        if (device < 0 && o->gpuOnly) throw Error("--gpu-only needs --device cuda or cuda:N");
         const KvSet kv = readKvH5(o->kv);
         const CodecParams p = withDefaultTransform(o->profile, nullptr, kv.modelFingerprint).params(kv);
         const int level = o->level ? o->level : p.defaultLevel();
         if (level < 1 || level > p.numLevels()) throw Error("--level " + std::to_string(level) + " does not exist");
         // GPU decode: chunks in pinned memory -> KV in device memory, checked against the CPU decoder.
         json gpu;
-        if (!gpuDecodeBuilt()) gpu = "gpu: not built (no nvcc at configure time)";
+        if (device < 0) gpu = "gpu: left out (--device cpu)";
+        else if (!gpuDecodeBuilt()) gpu = "gpu: not built (no nvcc at configure time)";
         else if (gpuDeviceCount() == 0) gpu = "gpu: no CUDA device";
-        else gpu = gpuStatsJson(benchGpuDecode(kv, p, level, o->gpuDevice, o->bench.repeats));
+        else gpu = gpuStatsJson(benchGpuDecode(kv, p, level, device, o->bench.repeats));
         auto printGpu = [](const json& g) {
             if (g.is_string()) {
                 std::printf("%s\n", g.get<std::string>().c_str());
@@ -473,7 +478,7 @@ void addBenchCommand(CLI::App& app, Output& out)
             best.encodeMBps = std::max(best.encodeMBps, r.encodeMBps);
             best.decodeMBps = std::max(best.decodeMBps, r.decodeMBps);
         };
-        for (int round = 0; round < o->rounds; ++round) {
+        for (int round = 0; round < o->runs; ++round) {
             keep(ours, benchCodec(kv, p, level, o->bench));
             if (cachegen) {
                 const EntropyBenchResult e = benchEntropy(kv, p, level, o->bench);
@@ -499,7 +504,8 @@ void addBenchCommand(CLI::App& app, Output& out)
                   {"level", level},
                   {"fp16_MB", 2.0 * double(kv.shape().totalValues()) / 1e6},
                   {"threads", benchThreads(o->bench)},
-                  {"rounds", o->rounds},
+                  {"runs", o->runs},
+                  {"rounds", o->runs},  // the old name of "runs", for one release
                   {"repeats", o->bench.repeats},
                   {"simd", simdPathName(simdPath())},
                   {"entropy_encode_MBps", ent.encodeMBps},
@@ -558,7 +564,8 @@ void addProfileCommand(CLI::App& app, Output& out)
     auto o = std::make_shared<Opts>();
     sub->add_option("profile", o->path, "profile (JSON); default: the default profile for --layers");
     sub->add_option("--layers", o->layers, "layers of the default profile")->capture_default_str();
-    sub->add_flag("--json", out.asJson, "print one JSON object");
+    addJsonFlag(sub, out);
+    setExample(sub, "kvscope-cli profile samples/profiles/smollm2-135m-instruct.json");
     sub->callback([o, &out] {
         if (o->path.empty() && (o->layers < 1 || o->layers > KvLimits::maxLayers))
             throw Error("--layers must be in 1.." + std::to_string(KvLimits::maxLayers));

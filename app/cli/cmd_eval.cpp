@@ -1,5 +1,6 @@
 // `eval` and `demo`: codecs judged by the model's own answers (core/eval).
 #include "cli_eval.h"
+#include "cli_grammar.h"
 
 #include "common/file_io.h"
 #include "eval/evaluate.h"
@@ -149,11 +150,9 @@ json runEval(const EvalOpts& o, const SampleContext& sample, json* timings)
 
 std::unique_ptr<Model> openEvalModel(const EvalOpts& o)
 {
-    RuntimeOptions ro;
-    ro.threads = o.threads;
-    ro.attnMass = o.needsAttnMass();
-    std::fprintf(stderr, "loading %s\n", resolveModelPath(o.model).c_str());
-    return Model::open(o.model, o.tokenizer, ro);
+    ModelOpts m = o.model;
+    m.attnMass = o.needsAttnMass();
+    return m.open();
 }
 
 PreparedContext prepareContext(const Model& m, const EvalOpts& o, const SampleContext& sample, bool withQuestion)
@@ -206,7 +205,8 @@ void addEvalCommand(CLI::App& app, Output& out)
     sub->add_flag("--only-transform", o->onlyTransform,
                   "only the transform codec's levels (no baselines, no CacheGen levels); with --no-text, no other row");
     sub->add_flag("--per-layer", o->perLayer, "reconstruction error of every layer, K and V");
-    sub->add_flag("--json", out.asJson, "print one JSON object");
+    addJsonFlag(sub, out);
+    setExample(sub, "kvscope-cli eval --suite samples/suites/facts.json --split eval --threads 1");
     sub->callback([o, so, &out] {
         if (o->context.empty() == so->suite.empty()) throw Error("eval: give --context FILE or --suite SUITE.json (one of them)");
         if (!so->suite.empty()) {
@@ -237,7 +237,8 @@ void addDemoCommand(CLI::App& app, Output& out)
     sub->add_flag("--per-layer", o->perLayer, "reconstruction error of every layer, K and V");
     o->context = "long_1k";
     sub->add_option("--bandwidth", *bandwidth, "link rate for the modelled transfer in the TTFT estimate")->capture_default_str();
-    sub->add_flag("--json", out.asJson, "print one JSON object");
+    addJsonFlag(sub, out);
+    setExample(sub, "kvscope-cli demo --threads 1");
     sub->callback([o, bandwidth, &out] {
         const double bps = 8.0 * parseRate(*bandwidth, "--bandwidth");  // bits per second
         const SampleContext sample = loadSampleContext(o->context);
@@ -277,7 +278,8 @@ void addSensitivityCommand(CLI::App& app, Output& out)
     auto bins = std::make_shared<int>(16);
     o->add(sub, true);
     sub->add_option("--bins", *bins, "bins used for the quantized layer")->capture_default_str();
-    sub->add_flag("--json", out.asJson, "print one JSON object");
+    addJsonFlag(sub, out);
+    setExample(sub, "kvscope-cli sensitivity --context long_1k --bins 8 --threads 1");
     sub->callback([o, bins, &out] {
         SampleContext sample = loadSampleContext(o->context);
         if (!o->continuationFile.empty()) sample.continuation = readSmallFile(o->continuationFile, 64u << 20);

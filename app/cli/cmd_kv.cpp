@@ -1,5 +1,6 @@
 // `stats` and `synth`: look at a KV file, or make a synthetic one.
 #include "cli_common.h"
+#include "cli_grammar.h"
 #include "cli_stats.h"
 
 #include "kvio/kv_h5.h"
@@ -23,7 +24,8 @@ void addStatsCommand(CLI::App& app, Output& out)
     sub->add_option("--delta-group", o->stats.deltaGroup, "tokens per anchor group for the delta variance")->capture_default_str();
     sub->add_option("--bins", o->stats.bins, "bins for the entropy figures (CacheGen convention)")->capture_default_str();
     sub->add_flag("--per-channel", o->perChannel, "include every channel's statistics");
-    sub->add_flag("--json", out.asJson, "print one JSON object");
+    addJsonFlag(sub, out);
+    setExample(sub, "kvscope-cli stats kv.h5 --delta-group 2 --json");
     sub->callback([o, &out] {
         if (o->stats.deltaGroup < 2) throw Error("--delta-group must be at least 2");
         if (o->stats.bins < 4 || o->stats.bins > 256 || o->stats.bins % 2) throw Error("--bins must be an even number in 4..256");
@@ -59,14 +61,15 @@ void addSynthCommand(CLI::App& app, Output& out)
         std::string dtype = "float16";
     };
     auto o = std::make_shared<Opts>();
-    sub->add_option("--out", o->path, "KV file to write")->required();
+    addOutOption(sub, o->path, "KV file to write", true);
     sub->add_option("--layers", o->spec.shape.numLayers)->capture_default_str();
     sub->add_option("--kv-heads", o->spec.shape.numKvHeads)->capture_default_str();
     sub->add_option("--head-dim", o->spec.shape.headDim)->capture_default_str();
-    sub->add_option("--tokens", o->spec.shape.numTokens)->capture_default_str();
+    sub->add_option("--tokens", o->spec.shape.numTokens, "tokens (a count)")->capture_default_str();
     sub->add_option("--dtype", o->dtype, "float16, bfloat16 or float32")->capture_default_str();
     sub->add_option("--seed", o->spec.seed)->capture_default_str();
-    sub->add_flag("--json", out.asJson, "print one JSON object");
+    addJsonFlag(sub, out);
+    setExample(sub, "kvscope-cli synth --out syn.h5 --layers 30 --kv-heads 3 --head-dim 64 --tokens 4096");
     sub->callback([o, &out] {
         if (!parseDType(o->dtype, &o->spec.dtype)) throw Error("--dtype: unknown dtype '" + o->dtype + "'");
         validateShape(o->spec.shape, "synthetic cache");

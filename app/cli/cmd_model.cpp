@@ -1,5 +1,6 @@
 // `info`, `tokenize`, `generate` and `capture`: the model runtime from the command line.
 #include "cli_common.h"
+#include "cli_grammar.h"
 
 #include "eval/samples.h"
 
@@ -18,55 +19,6 @@ namespace kvscope::cli {
 
 namespace {
 
-// Options every command that runs the model shares.
-struct ModelOpts {
-    std::string model;
-    std::string tokenizer;
-    int threads = 0;
-    std::string compute = "fp32";
-    std::string kvDtype = "fp16";
-    int block = 512;
-    std::string weights = "auto";
-    bool attnMass = false;
-
-    void add(CLI::App* sub)
-    {
-        sub->add_option("--model", model, "model folder, GGUF or llama2.c file (default: the embedded SmolLM2-135M)");
-        sub->add_option("--tokenizer", tokenizer, "tokenizer file (required for llama2.c checkpoints)");
-        sub->add_option("--threads", threads, "CPU threads (0 = all cores)")->capture_default_str();
-        sub->add_option("--compute", compute, "matmul precision: fp32 or bf16")->capture_default_str();
-        sub->add_option("--kv-dtype", kvDtype, "precision of the KV cache: fp16, bf16 or fp32")->capture_default_str();
-        sub->add_option("--block", block, "prefill block in tokens (bounds memory)")->capture_default_str();
-        sub->add_option("--weights", weights,
-                        "quantised weights in memory: packed (stored blocks, expanded per matmul), expanded "
-                        "(to the compute dtype at load) or auto (packed when expanded would exceed 2 GiB)")
-            ->capture_default_str();
-        sub->add_flag("--attn-mass", attnMass,
-                      "record the attention each token receives during the prefill (KvSet attn_mass, needed by the "
-                      "transform codec's token_importance; a second pass over the keys)");
-    }
-    RuntimeOptions runtime() const
-    {
-        RuntimeOptions o;
-        o.threads = threads;
-        o.prefillBlock = block;
-        o.attnMass = attnMass;
-        if (!parseDType(compute, &o.compute) || o.compute == DType::F16)
-            throw Error("--compute: '" + compute + "' is not fp32 or bf16");
-        if (!parseDType(kvDtype, &o.kvDtype)) throw Error("--kv-dtype: '" + kvDtype + "' is not fp16, bf16 or fp32");
-        if (block < 1) throw Error("--block must be at least 1");
-        if (weights == "packed") o.weights = RuntimeOptions::Weights::Packed;
-        else if (weights == "expanded") o.weights = RuntimeOptions::Weights::Expanded;
-        else if (weights != "auto") throw Error("--weights: '" + weights + "' is not auto, packed or expanded");
-        return o;
-    }
-    std::unique_ptr<Model> open() const
-    {
-        std::fprintf(stderr, "loading %s\n", resolveModelPath(model).c_str());
-        return Model::open(model, tokenizer, runtime());
-    }
-};
-
 json idsJson(const std::vector<int32_t>& ids) { return json(ids); }
 
 }  // namespace
@@ -75,9 +27,10 @@ void addInfoCommand(CLI::App& app, Output& out)
 {
     auto* sub = app.add_subcommand("info", "Summary of a model (architecture, sizes, tokenizer)");
     auto o = std::make_shared<ModelOpts>();
-    sub->add_option("model", o->model, "model folder, GGUF or llama2.c file (default: the embedded SmolLM2-135M)");
-    sub->add_option("--tokenizer", o->tokenizer, "tokenizer file (required for llama2.c checkpoints)");
-    sub->add_flag("--json", out.asJson, "print one JSON object");
+    sub->add_option("MODEL", o->model, "the model to describe (the same as --model)");
+    o->add(sub, false);
+    addJsonFlag(sub, out);
+    setExample(sub, "kvscope-cli info ~/.cache/kvscope/models/gemma-3-270m-q4_k_m.gguf --json");
     sub->callback([o, &out] {
         const std::unique_ptr<Model> m = o->open();
         const LlamaSpec& s = m->spec();
@@ -140,7 +93,8 @@ void addTokenizeCommand(CLI::App& app, Output& out)
     auto* text = sub->add_option("--text", o->text, "the text");
     sub->add_option("--text-file", o->textFile, "read the text from a file")->excludes(text);
     sub->add_flag("--no-special", o->noSpecial, "do not add BOS / template tokens");
-    sub->add_flag("--json", out.asJson, "print one JSON object");
+    addJsonFlag(sub, out);
+    setExample(sub, "kvscope-cli tokenize --text \"Hello world\" --json");
     sub->callback([o, &out] {
         const std::string path = o->tokenizer.empty() ? resolveModelPath("") : o->tokenizer;
         const std::unique_ptr<Tokenizer> tok = isGgufFile(path) ? tokenizerFromGguf(GgufFile::open(path)) : loadTokenizer(path);
@@ -175,7 +129,8 @@ void addGenerateCommand(CLI::App& app, Output& out)
     sub->add_option("--seed", o->sampling.seed, "sampling seed")->capture_default_str();
     sub->add_flag("--chat", o->chat, "wrap the prompt in the model's chat format (ChatML models)");
     sub->add_flag("--no-stop", o->raw, "do not stop at EOS / end-of-turn tokens");
-    sub->add_flag("--json", out.asJson, "print one JSON object");
+    addJsonFlag(sub, out);
+    setExample(sub, "kvscope-cli generate --prompt \"What is the capital of France?\" --chat --max-new-tokens 30");
     sub->callback([o, &out] {
         if (o->maxNew < 1) throw Error("--max-new-tokens must be at least 1");
         const std::unique_ptr<Model> m = o->open();
@@ -209,10 +164,11 @@ void addCaptureCommand(CLI::App& app, Output& out)
     };
     auto o = std::make_shared<Opts>();
     o->add(sub);
-    sub->add_option("--context", o->context, "a sample id (long_1k, long_4k, story, ...) or a UTF-8 text file")->required();
-    sub->add_option("--out", o->outPath, "KV file to write (HDF5)")->required();
+    addContextOption(sub, o->context, true);
+    addOutOption(sub, o->outPath, "KV file to write (HDF5)", true);
     sub->add_option("--gzip", o->gzip, "HDF5 shuffle+gzip level (0 = none)")->capture_default_str();
-    sub->add_flag("--json", out.asJson, "print one JSON object");
+    addJsonFlag(sub, out);
+    setExample(sub, "kvscope-cli capture --context long_4k --out kv.h5 --threads 1");
     sub->callback([o, &out] {
         if (o->gzip < 0 || o->gzip > 9) throw Error("--gzip must be in 0..9");
         const std::string text = loadSampleContext(o->context).text;  // a sample id or a file
@@ -283,17 +239,19 @@ void addBenchModelCommand(CLI::App& app, Output& out)
     };
     auto o = std::make_shared<Opts>();
     o->add(sub);
-    sub->add_option("--tokens", o->tokens, "prefill lengths, comma-separated (token ids drawn from the vocabulary)")
-        ->delimiter(',')
-        ->capture_default_str();
+    auto* lengths = sub->add_option("--prefill-tokens", o->tokens, "prefill lengths, comma-separated (token ids drawn from the vocabulary)")
+                        ->delimiter(',')
+                        ->capture_default_str();
+    addDeprecated(sub, "--tokens", lengths, "--prefill-tokens");
     sub->add_option("--decode", o->decode, "tokens decoded one at a time after each prefill")->capture_default_str();
     sub->add_option("--key-block", o->keyBlock, "keys per step of the blocked attention")->capture_default_str();
     sub->add_option("--query-block", o->queryBlock, "queries per sub-block of the blocked attention")->capture_default_str();
-    sub->add_flag("--json", out.asJson, "print one JSON object");
+    addJsonFlag(sub, out);
+    setExample(sub, "kvscope-cli bench model --prefill-tokens 512,2048 --threads 1");
     sub->callback([o, &out] {
-        if (o->tokens.empty() || o->decode < 1) throw Error("--tokens and --decode must be at least 1");
+        if (o->tokens.empty() || o->decode < 1) throw Error("--prefill-tokens and --decode must be at least 1");
         for (int t : o->tokens)
-            if (t < 1) throw Error("--tokens must be at least 1");
+            if (t < 1) throw Error("--prefill-tokens must be at least 1");
         RuntimeOptions ro = o->runtime();
         if (o->keyBlock < 1) throw Error("--key-block must be at least 1");
         ro.keyBlock = o->keyBlock;

@@ -6,6 +6,7 @@
 // int8 file of the same context), a folder of them, or redis://HOST:PORT/PREFIX filled by `push`.
 // Without --store, the context's KV is encoded with cachegen and int8 into --workdir.
 #include "cli_codec.h"
+#include "cli_grammar.h"
 #include "cli_common.h"
 
 #include "codec/container.h"
@@ -38,7 +39,7 @@ namespace kvscope::cli {
 
 namespace {
 
-// Link options shared by stream and serve.
+// The link group, shared by stream and serve.
 struct LinkOpts {
     std::string bandwidth, trace, mode = "pacer", congestion = "cubic";
     double traceScale = 1.0, rttMs = 0, lossPct = 0;
@@ -50,20 +51,21 @@ struct LinkOpts {
         auto* bw = sub->add_option("--bandwidth", bandwidth,
                                    "link rate: 50Mbit, 1Gbit, 800kbit; or steps RATE:SECONDS,...,RATE (1Gbit:0.5,50Mbit)");
         auto* tr = sub->add_option("--trace", trace, "Mahimahi trace to replay (1500 bytes per opportunity; loops)");
-        bw->excludes(tr);
-        sub->add_option("--trace-scale", traceScale, "multiply the trace's capacity by X")->capture_default_str();
-        sub->add_option("--rtt", rttMs, "round-trip time in ms (each reply waits one RTT)")->capture_default_str();
+        bw->excludes(tr)->group(kLinkGroup);
+        tr->group(kLinkGroup);
+        sub->add_option("--trace-scale", traceScale, "multiply the trace's capacity by X")->capture_default_str()->group(kLinkGroup);
+        sub->add_option("--rtt", rttMs, "round-trip time in ms (each reply waits one RTT)")->capture_default_str()->group(kLinkGroup);
         sub->add_option("--link", mode,
                         "pacer: shaped in-process on the sending side; kernel: a veth pair in a network namespace "
                         "shaped by tc (needs root or CAP_NET_ADMIN; falls back to pacer)")
             ->check(CLI::IsMember({"pacer", "kernel"}))
-            ->capture_default_str();
+            ->capture_default_str()->group(kLinkGroup);
         sub->add_option("--loss", lossPct, "random loss in percent on the reply direction (--link kernel only)")
-            ->capture_default_str();
+            ->capture_default_str()->group(kLinkGroup);
         sub->add_option("--congestion", congestion,
                         "--link kernel: TCP congestion control in the link's namespace (cubic, reno, bbr; 'system' keeps "
                         "the system default)")
-            ->capture_default_str();
+            ->capture_default_str()->group(kLinkGroup);
     }
     LinkSchedule schedule() const
     {
@@ -203,88 +205,101 @@ std::vector<std::string> splitList(const std::string& s)
 
 std::atomic<bool> g_interrupted{false};
 
+// The stream command's options: the model, context and link groups and its own.
+struct StreamOpts {
+    ModelOpts model;
+    std::string context, question, profile, store, kv, policies = "adaptive", workdir, faults, target, continuation,
+        quality = "kl", codec = "cachegen";
+    LinkOpts link;
+    double slo = 0, targetPrefill = 0, targetDecode = 0, targetKvBytes = 0, stallTimeout = 2.0;
+    int runs = 1, qualityTokens = 32, window = 0, horizon = 5;
+};
+
+void addStreamOptions(CLI::App* sub, StreamOpts& o)
+{
+    addDeprecated(sub, "--kv", sub->add_option("kv", o.kv, "the context's original KV (HDF5) for quality; default: prefill it now"),
+                  "the positional KV file");
+    o.model.add(sub, false);
+    addContextOption(sub, o.context, true);
+    addQuestionOption(sub, o.question);
+    addContinuationOption(sub, o.continuation);
+    sub->add_option("--profile", o.profile,
+                    "codec profile: the cachegen encoding when --store is absent, and the levels' measured KL for the "
+                    "adaptive planner")
+        ->group(kCodecGroup);
+    sub->add_option("--codec", o.codec,
+                    "the level-coded encoding that adaptive, text and level:N stream: cachegen or transform (codec 6; "
+                    "with --profile, its calibrated transform model)")
+        ->check(CLI::IsMember({"cachegen", "transform"}))
+        ->capture_default_str()
+        ->group(kCodecGroup);
+    o.link.add(sub, true);
+    sub->add_option("--slo", o.slo, "TTFT target in seconds")->required()->check(CLI::PositiveNumber);
+    sub->add_option("--policy", o.policies, "adaptive, text, int8, level:N; comma-separated to compare, or 'all'")
+        ->capture_default_str();
+    sub->add_option("--store", o.store, ".kvc file(s) a,b / a folder / redis://HOST:PORT/PREFIX (default: encode now)");
+    sub->add_option("--runs", o.runs, "runs per policy (trace replays start at evenly spread offsets)")
+        ->capture_default_str()->check(CLI::Range(1, 1000));
+    sub->add_option("--target", o.target, "model target hardware: a100-7b or h100-8b (published figures, cited in core/transport/target.cpp)")
+        ->check(CLI::IsMember(targetPresetNames()));
+    sub->add_option("--target-prefill", o.targetPrefill, "model a machine that prefills this many tokens/s (overrides --target's)");
+    sub->add_option("--target-decode", o.targetDecode, "model a machine that decodes KV at this many GB/s of fp16 (overrides --target's)");
+    sub->add_option("--target-kv", o.targetKvBytes,
+                    "fp16 KV bytes per token of the target's model (overrides --target's; the link is slowed by the "
+                    "served model's size over this, so transfers take the target's time)");
+    sub->add_option("--window", o.window, "requests in flight at most (0 = the bandwidth-delay product, automatic)")
+        ->capture_default_str()->check(CLI::Range(0, 16));
+    sub->add_option("--horizon", o.horizon, "adaptive planner look-ahead in chunks")->capture_default_str()->check(CLI::Range(1, 8));
+    sub->add_option("--quality", o.quality, "kl: KL and delta PPL of every run's cache (eval quality module); agreement: answers only")
+        ->check(CLI::IsMember({"kl", "agreement"}))->capture_default_str();
+    sub->add_option("--fault", o.faults, "server faults: die:N, corrupt:N, stall:N (N = chunk reply from 0)");
+    sub->add_option("--stall-timeout", o.stallTimeout, "seconds without a byte before a fetch counts as stalled")
+        ->capture_default_str();
+    sub->add_option("--quality-tokens", o.qualityTokens, "greedy tokens compared with the original")->capture_default_str();
+    sub->add_option("--workdir", o.workdir, "where to write the encodings when --store is absent (default: a temporary folder)");
+}
+
+// The streamer's options from the command line's (target hardware, timeouts, planner).
+StreamOptions streamOptions(const StreamOpts& o)
+{
+    StreamOptions so;
+    so.sloSeconds = o.slo;
+    if (o.targetPrefill < 0 || o.targetDecode < 0) throw Error("--target-prefill/--target-decode must be positive");
+    if (!o.target.empty()) so.target = targetPreset(o.target);
+    if (o.targetPrefill > 0 || o.targetDecode > 0) {
+        if (o.target.empty()) so.target.name = "custom";
+        else so.target.name += " (rates overridden)";
+        if (o.targetPrefill > 0) so.target.prefillTokensPerSecond = o.targetPrefill;
+        if (o.targetDecode > 0) so.target.decodeGBps = o.targetDecode;
+    }
+    so.stallTimeout = o.stallTimeout;
+    so.qualityTokens = std::max(1, o.qualityTokens);
+    so.window = o.window;
+    so.horizon = o.horizon;
+    so.keepCache = o.quality == "kl";
+    return so;
+}
+
 }  // namespace
 
 void addStreamCommand(CLI::App& app, Output& out)
 {
     auto* sub = app.add_subcommand("stream", "Stream a context's KV cache over a shaped link and measure TTFT");
-    struct Opts {
-        std::string model, context, question, profile, store, kv, policies = "adaptive", workdir, faults, target,
-            continuation, quality = "kl", codec = "cachegen";
-        LinkOpts link;
-        double slo = 0, targetPrefill = 0, targetDecode = 0, targetKvBytes = 0, stallTimeout = 2.0;
-        int runs = 1, qualityTokens = 32, threads = 0, window = 0, horizon = 5;
-    };
-    auto o = std::make_shared<Opts>();
-    sub->add_option("--model", o->model, "model folder, GGUF or llama2.c file (default: the embedded SmolLM2-135M)");
-    sub->add_option("--context", o->context, "a sample id (long_1k, long_4k, story, ...) or a UTF-8 text file")->required();
-    sub->add_option("--question", o->question, "asked after the context (default: the sidecar .json's, or a summary)");
-    sub->add_option("--profile", o->profile,
-                    "codec profile: the cachegen encoding when --store is absent, and the levels' measured KL for the "
-                    "adaptive planner");
-    sub->add_option("--codec", o->codec,
-                    "the level-coded encoding that adaptive, text and level:N stream: cachegen or transform (codec 6; "
-                    "with --profile, its calibrated transform model)")
-        ->check(CLI::IsMember({"cachegen", "transform"}))
-        ->capture_default_str();
-    o->link.add(sub, true);
-    sub->add_option("--slo", o->slo, "TTFT target in seconds")->required()->check(CLI::PositiveNumber);
-    sub->add_option("--policy", o->policies, "adaptive, text, int8, level:N; comma-separated to compare, or 'all'")
-        ->capture_default_str();
-    sub->add_option("--store", o->store, ".kvc file(s) a,b / a folder / redis://HOST:PORT/PREFIX (default: encode now)");
-    sub->add_option("--kv", o->kv, "the context's original KV (HDF5) for quality; default: prefill it now");
-    sub->add_option("--runs", o->runs, "runs per policy (trace replays start at evenly spread offsets)")
-        ->capture_default_str()->check(CLI::Range(1, 1000));
-    sub->add_option("--target", o->target, "model target hardware: a100-7b or h100-8b (published figures, cited in core/transport/target.cpp)")
-        ->check(CLI::IsMember(targetPresetNames()));
-    sub->add_option("--target-prefill", o->targetPrefill, "model a machine that prefills this many tokens/s (overrides --target's)");
-    sub->add_option("--target-decode", o->targetDecode, "model a machine that decodes KV at this many GB/s of fp16 (overrides --target's)");
-    sub->add_option("--target-kv", o->targetKvBytes,
-                    "fp16 KV bytes per token of the target's model (overrides --target's; the link is slowed by the "
-                    "served model's size over this, so transfers take the target's time)");
-    sub->add_option("--window", o->window, "requests in flight at most (0 = the bandwidth-delay product, automatic)")
-        ->capture_default_str()->check(CLI::Range(0, 16));
-    sub->add_option("--horizon", o->horizon, "adaptive planner look-ahead in chunks")->capture_default_str()->check(CLI::Range(1, 8));
-    sub->add_option("--quality", o->quality, "kl: KL and delta PPL of every run's cache (eval quality module); agreement: answers only")
-        ->check(CLI::IsMember({"kl", "agreement"}))->capture_default_str();
-    sub->add_option("--continuation", o->continuation,
-                    "held-out text scored for KL/PPL (default: the context's X.continuation.txt, else the question and "
-                    "the reference answer)");
-    sub->add_option("--fault", o->faults, "server faults: die:N, corrupt:N, stall:N (N = chunk reply from 0)");
-    sub->add_option("--stall-timeout", o->stallTimeout, "seconds without a byte before a fetch counts as stalled")
-        ->capture_default_str();
-    sub->add_option("--quality-tokens", o->qualityTokens, "greedy tokens compared with the original")->capture_default_str();
-    sub->add_option("--workdir", o->workdir, "where to write the encodings when --store is absent (default: a temporary folder)");
-    sub->add_option("--threads", o->threads, "CPU threads for the model (0 = all cores)")->capture_default_str();
-    sub->add_flag("--json", out.asJson, "print one JSON object");
+    auto o = std::make_shared<StreamOpts>();
+    addStreamOptions(sub, *o);
+    addJsonFlag(sub, out);
+    setExample(sub, "kvscope-cli stream --context long_4k --bandwidth 1Gbit:0.3,50Mbit --slo 4 --policy all --threads 1");
     sub->callback([o, &out] {
-        StreamOptions so;
-        so.sloSeconds = o->slo;
+        StreamOptions so = streamOptions(*o);
         CodecId codec = CodecId::CacheGen;
         parseCodecName(o->codec, &codec);
-        if (o->targetPrefill < 0 || o->targetDecode < 0) throw Error("--target-prefill/--target-decode must be positive");
-        if (!o->target.empty()) so.target = targetPreset(o->target);
-        if (o->targetPrefill > 0 || o->targetDecode > 0) {
-            if (o->target.empty()) so.target.name = "custom";
-            else so.target.name += " (rates overridden)";
-            if (o->targetPrefill > 0) so.target.prefillTokensPerSecond = o->targetPrefill;
-            if (o->targetDecode > 0) so.target.decodeGBps = o->targetDecode;
-        }
-        so.stallTimeout = o->stallTimeout;
-        so.qualityTokens = std::max(1, o->qualityTokens);
-        so.window = o->window;
-        so.horizon = o->horizon;
-        so.keepCache = o->quality == "kl";
         std::vector<Policy> policies;
         for (const std::string& p : splitList(o->policies == "all" ? "adaptive,text,int8,level:1,level:2,level:3" : o->policies))
             policies.push_back(parsePolicy(p));
         // A sample id (long_4k, story, ...) or a UTF-8 text file.
         const SampleContext sample = loadSampleContext(o->context);
         const std::string& text = sample.text;
-        RuntimeOptions ro;
-        ro.threads = o->threads;
-        std::fprintf(stderr, "stream: loading %s\n", resolveModelPath(o->model).c_str());
-        const std::unique_ptr<Model> m = Model::open(o->model, "", ro);
+        const std::unique_ptr<Model> m = o->model.open();
         const std::vector<int32_t> tokens = m->contextTokens(text);
         const std::string question = questionFor(sample.path, o->question);
         const std::vector<int32_t> qTokens = m->questionTokens(question);
@@ -563,7 +578,8 @@ void addServeCommand(CLI::App& app, Output& out)
     sub->add_option("--idle-timeout", o->idleTimeout, "seconds before a silent peer is dropped")->capture_default_str();
     sub->add_option("--fault", o->faults, "die:N, corrupt:N, stall:N (N = chunk reply from 0)");
     sub->add_option("--seconds", o->seconds, "stop after this long (0 = until SIGINT/SIGTERM)")->capture_default_str();
-    sub->add_flag("--json", out.asJson, "print one JSON object when the server stops");
+    addJsonFlag(sub, out, "print one JSON object when the server stops");
+    setExample(sub, "kvscope-cli serve --store kv.kvc --bandwidth 100Mbit");
     sub->callback([o, &out] {
         ServerOptions srv;
         srv.host = o->host;
@@ -601,7 +617,8 @@ void addPushCommand(CLI::App& app, Output& out)
     auto o = std::make_shared<Opts>();
     sub->add_option("kvc", o->files, "containers (.kvc)")->required();
     sub->add_option("--to", o->to, "redis://HOST:PORT/PREFIX")->required();
-    sub->add_flag("--json", out.asJson, "print one JSON object");
+    addJsonFlag(sub, out);
+    setExample(sub, "kvscope-cli push kv.kvc --to redis://127.0.0.1:6379/kv");
     sub->callback([o, &out] {
         json pushed = json::array();
         for (const std::string& f : o->files) {

@@ -1,6 +1,7 @@
 // `eval --suite`, and the suite side of `tune --suite` / `sweep --suite`: codecs judged on a
 // quality suite (core/eval/suite.h) with intervals, the paired test and the iso-quality bar.
 #include "cli_eval.h"
+#include "cli_grammar.h"
 
 #include "codec/profile.h"
 #include "eval/suite.h"
@@ -32,17 +33,20 @@ json interval(const Interval& i) { return json::array({number(i.low), number(i.h
 void SuiteCliOpts::add(CLI::App* sub, bool evalOptions)
 {
     sub->add_option("--suite", suite, "quality suite (JSON: name, items with context, continuation, questions); every row is judged by the " +
-                                          isoQualityRule());
-    sub->add_option("--items", items, "only these item ids, comma-separated");
-    sub->add_option("--split", split, "all, tune (even items) or eval (odd items)")->capture_default_str();
+                                          isoQualityRule())
+        ->group(kSuiteGroup);
+    sub->add_option("--items", items, "only these item ids, comma-separated")->group(kSuiteGroup);
+    sub->add_option("--split", split, "all, tune (even items) or eval (odd items)")->capture_default_str()->group(kSuiteGroup);
     if (evalOptions) {
         sub->add_option("--baselines", baselines, "baseline rows, comma-separated (fp16 is always measured: it is the bar)")
-            ->capture_default_str();
+            ->capture_default_str()
+            ->group(kSuiteGroup);
         sub->add_option("--levels", levels, "levels of --codec to measure: all, none, or a comma-separated list")
-            ->capture_default_str();
+            ->capture_default_str()
+            ->group(kSuiteGroup);
     }
-    sub->add_option("--suite-cache", cacheDir, "reference cache directory (default: $XDG_CACHE_HOME/kvscope/suite-ref)");
-    sub->add_flag("--no-suite-cache", noCache, "neither read nor write the reference cache");
+    sub->add_option("--suite-cache", cacheDir, "reference cache directory (default: $XDG_CACHE_HOME/kvscope/suite-ref)")->group(kSuiteGroup);
+    sub->add_flag("--no-suite-cache", noCache, "neither read nor write the reference cache")->group(kSuiteGroup);
 }
 
 Suite SuiteCliOpts::load() const
@@ -64,32 +68,57 @@ SuiteOptions SuiteCliOpts::options(const EvalOpts& o) const
     return so;
 }
 
-SuiteProgress suiteProgress()
+struct SuiteMeter::State {
+    double planned = 0, done = 0, partial = 0, start = 0;
+    std::string countedStage, printedStage;
+    int countedDone = 0, printedDone = 0, lastTenth = -1;
+
+    // Steps done after a (stage, done, total) report: a prefill is the fraction of its item's
+    // reference step; another stage counts its items, a count that starts again being a new row.
+    double count(const std::string& stage, int d, int total)
+    {
+        if (stage.rfind("prefill", 0) == 0) {
+            partial = total > 0 ? std::min(1.0, double(d) / total) : 0.0;
+        } else {
+            done += stage == countedStage && d > countedDone ? d - countedDone : d;
+            countedStage = stage;
+            countedDone = d;
+            partial = 0;
+        }
+        return done + partial;
+    }
+    // One line per ~10% of a stage (a stage that starts again, starts its tenths again).
+    bool due(const std::string& stage, int d, int total)
+    {
+        if (stage != printedStage || d < printedDone) lastTenth = -1;
+        printedStage = stage;
+        printedDone = d;
+        const int tenth = total > 0 ? 10 * d / total : 10;
+        if (tenth == lastTenth && d != total) return false;
+        lastTenth = tenth;
+        return true;
+    }
+};
+
+SuiteMeter::SuiteMeter(double plannedSteps) : st_(std::make_shared<State>())
 {
-    // One line per ~10% of a stage, with the time left at the stage's pace so far.
-    struct State {
-        std::string stage;
-        double start = 0;
-        int lastTenth = -1;
-    };
-    auto st = std::make_shared<State>();
-    return [st](const std::string& stage, int done, int total) {
-        const double now = nowSeconds();
-        if (stage != st->stage) {
-            st->stage = stage;
-            st->start = now;
-            st->lastTenth = -1;
-        }
-        const int tenth = total > 0 ? 10 * done / total : 10;
-        if (tenth != st->lastTenth || done == total) {
-            st->lastTenth = tenth;
-            const double elapsed = now - st->start;
-            const double eta = done > 0 ? elapsed * double(total - done) / double(done) : 0.0;
-            std::fprintf(stderr, "  %s %d/%d (%.0f s, ETA %.0f s)\n", stage.c_str(), done, total, elapsed, eta);
-        }
+    st_->planned = plannedSteps;
+    st_->start = nowSeconds();
+    auto st = st_;
+    progress_ = [st](const std::string& stage, int d, int total) {
+        const double units = st->count(stage, d, total);
+        if (!st->due(stage, d, total)) return true;
+        const double elapsed = nowSeconds() - st->start;
+        const double left = std::max(0.0, st->planned - units);
+        if (units > 0)
+            std::fprintf(stderr, "  %s %d/%d (%.0f s, ETA %.0f s)\n", stage.c_str(), d, total, elapsed, elapsed * left / units);
+        else
+            std::fprintf(stderr, "  %s %d/%d (%.0f s)\n", stage.c_str(), d, total, elapsed);
         return true;
     };
 }
+
+void SuiteMeter::replan(double plannedSteps) { st_->planned = plannedSteps; }
 
 json isoQualityJson()
 {
@@ -184,17 +213,11 @@ void printSuiteTable(const json& j)
 
 }  // namespace
 
-json runSuiteEval(const EvalOpts& o, const SuiteCliOpts& so)
-{
-    const Suite suite = so.load();
-    const std::unique_ptr<Model> model = openEvalModel(o);
-    std::fprintf(stderr, "suite %s: %zu items, %zu questions\n", suite.name.c_str(), suite.items.size(), suite.questionCount());
-    const SuiteProgress progress = suiteProgress();
-    const SuiteReference ref(*model, suite, so.options(o), progress);
-    const KvSet& first = ref.items().front().original;
-    const ProfileOptions profile = withDefaultTransform(o.profile, model.get(), first.modelFingerprint);
-    const CodecParams base = profile.params(first);
+namespace {
 
+// fp16 (the bar) and the --baselines rows, each once.
+std::vector<CodecId> suiteBaselines(const SuiteCliOpts& so)
+{
     std::vector<CodecId> baselines = {CodecId::Fp16};
     for (const std::string& b : commaList(so.baselines)) {
         if (b == "none") continue;
@@ -202,6 +225,38 @@ json runSuiteEval(const EvalOpts& o, const SuiteCliOpts& so)
         if (!parseCodecName(b, &id)) throw Error("--baselines: unknown codec '" + b + "'");
         if (std::find(baselines.begin(), baselines.end(), id) == baselines.end()) baselines.push_back(id);
     }
+    return baselines;
+}
+
+// The levels `eval --suite` will measure, before the profile is prepared on a cache (for the
+// progress plan; the exact list follows once it is).
+size_t plannedLevels(const EvalOpts& o, const SuiteCliOpts& so, const Model& model)
+{
+    if (so.levels == "none") return 0;
+    if (so.levels != "all") return commaList(so.levels).size();
+    const ProfileOptions& po = o.profile;
+    if (po.codec != "cachegen" && po.codec != "transform") return 1;
+    const CodecProfile p = po.profilePath.empty() ? defaultProfile(model.spec().config.numLayers) : loadProfile(po.profilePath);
+    if (po.codec == "cachegen") return p.levels.size();
+    return p.hasTransform() ? p.transformLevels.size() : defaultTransformLevels().size();
+}
+
+}  // namespace
+
+json runSuiteEval(const EvalOpts& o, const SuiteCliOpts& so)
+{
+    const Suite suite = so.load();
+    const std::unique_ptr<Model> model = openEvalModel(o);
+    std::fprintf(stderr, "suite %s: %zu items, %zu questions\n", suite.name.c_str(), suite.items.size(), suite.questionCount());
+    const std::vector<CodecId> baselines = suiteBaselines(so);
+    const double items = double(suite.items.size());
+    SuiteMeter meter(items * double(1 + baselines.size() + plannedLevels(o, so, *model)));
+    const SuiteProgress& progress = meter.progress();
+    const SuiteReference ref(*model, suite, so.options(o), progress);
+    const KvSet& first = ref.items().front().original;
+    const ProfileOptions profile = withDefaultTransform(o.profile, model.get(), first.modelFingerprint);
+    const CodecParams base = profile.params(first);
+
     std::vector<int> levels;
     if (so.levels == "all") {
         for (int l = 1; l <= base.numLevels(); ++l) levels.push_back(l);
@@ -215,6 +270,8 @@ json runSuiteEval(const EvalOpts& o, const SuiteCliOpts& so)
             levels.push_back(int(l));
         }
     }
+    const bool levelRows = std::find(baselines.begin(), baselines.end(), base.codec) == baselines.end() || base.numLevels() > 1;
+    meter.replan(items * double(1 + baselines.size() + (levelRows ? levels.size() : 0)));
     const double t0 = nowSeconds();
     std::vector<SuiteCodecRow> rows;
     auto measure = [&](const CodecParams& p, int level) {
@@ -226,7 +283,7 @@ json runSuiteEval(const EvalOpts& o, const SuiteCliOpts& so)
         p.codec = id;
         measure(p, 1);
     }
-    if (std::find(baselines.begin(), baselines.end(), base.codec) == baselines.end() || base.numLevels() > 1)
+    if (levelRows)
         for (int l : levels) measure(base, l);
     const SuiteResult& fp16 = rows.front().quality;
     json results = json::array();
@@ -288,7 +345,9 @@ std::vector<SuiteCodecRow> baselineRows(const SuiteReference& ref, const CodecPa
 json judgeTunedOnSuite(const Model& model, const EvalOpts& o, const SuiteCliOpts& so, const Suite& suite, const CodecProfile& tuned)
 {
     const Suite held = selectSplit(suite, SuiteSplit::Eval);
-    const SuiteProgress progress = suiteProgress();
+    // The reference, fp16, int8, KIVI-2/4, the default profile's default level and every tuned level.
+    const SuiteMeter meter(double(held.items.size()) * double(6 + tuned.levels.size()));
+    const SuiteProgress& progress = meter.progress();
     std::fprintf(stderr, "judging on the held-out half: %zu items, %zu questions\n", held.items.size(), held.questionCount());
     const SuiteReference ref(model, held, so.options(o), progress);
     CodecParams base;
@@ -325,8 +384,11 @@ json sweepSuite(const EvalOpts& o, const SuiteCliOpts& so, SweepGrid grid)
     if (!so.items.empty() || so.split != "all") throw Error("sweep --suite: the split is fixed (even items sweep, odd items judge)");
     const Suite suite = loadSuite(so.suite);
     const std::unique_ptr<Model> model = openEvalModel(o);
-    const SuiteProgress progress = suiteProgress();
-    const SuiteReference tuneRef(*model, selectSplit(suite, SuiteSplit::Tune), so.options(o), progress);
+    const Suite tuneHalf = selectSplit(suite, SuiteSplit::Tune);
+    // The tune half's reference, fp16 and every point; the held-out judging is planned when it is due.
+    SuiteMeter meter(double(tuneHalf.items.size()) * double(2 + grid.points()));
+    const SuiteProgress& progress = meter.progress();
+    const SuiteReference tuneRef(*model, tuneHalf, so.options(o), progress);
     const CodecParams base = o.profile.params(tuneRef.items().front().original);
     grid.base = base.profile;
     if (grid.chunkTokens.empty()) grid.chunkTokens = {base.profile.chunkTokens};
@@ -376,6 +438,8 @@ json sweepSuite(const EvalOpts& o, const SuiteCliOpts& so, SweepGrid grid)
         points[size_t(best)]["best"] = true;
         j["points"] = points;
         const Suite held = selectSplit(suite, SuiteSplit::Eval);
+        // Its reference, the four baselines and the point.
+        meter.replan(double(tuneHalf.items.size()) * double(2 + grid.points()) + double(held.items.size()) * 6);
         std::fprintf(stderr, "judging the smallest iso-quality point on the held-out half (%zu items)\n", held.items.size());
         const SuiteReference evalRef(*model, held, so.options(o), progress);
         std::vector<SuiteCodecRow> rows = baselineRows(evalRef, base, progress);

@@ -1,6 +1,7 @@
 // `sweep` and `tune`: the rate-distortion curve of one context, and per-layer bins tuned under
 // quality budgets over several contexts (core/eval/sweep.h, core/eval/tune.h).
 #include "cli_eval.h"
+#include "cli_grammar.h"
 
 #include "common/file_io.h"
 #include "eval/evaluate.h"
@@ -164,27 +165,34 @@ void addSweepCommand(CLI::App& app, Output& out)
     };
     auto o = std::make_shared<Opts>();
     auto so = std::make_shared<SuiteCliOpts>();
-    o->eval.add(sub, false);
+    o->eval.add(sub, false, true, false);
     so->add(sub, false);
     sub->add_option("--key-bins", o->keyBins, "key bins per point, comma-separated; a point is 16 or K groups 32/16/16")
         ->capture_default_str();
     sub->add_option("--value-bins", o->valueBins, "value bins per point; 16 or V groups 32/16")->capture_default_str();
     sub->add_option("--chunks", o->chunks, "chunk sizes in tokens (default: the profile's)");
     sub->add_option("--deltas", o->deltas, "delta groups, 0 = delta coding off (default: the profile's)");
-    sub->add_option("--key-quantizers", o->keyQuantizers, "token and/or channel")->capture_default_str();
-    sub->add_option("--value-quantizers", o->valueQuantizers, "token and/or channel")->capture_default_str();
+    addDeprecated(sub, "--key-quantizers",
+                  sub->add_option("--key-quantizer", o->keyQuantizers, "key quantizers swept: token, channel or token,channel")
+                      ->capture_default_str(),
+                  "--key-quantizer");
+    addDeprecated(sub, "--value-quantizers",
+                  sub->add_option("--value-quantizer", o->valueQuantizers, "value quantizers swept: token, channel or token,channel")
+                      ->capture_default_str(),
+                  "--value-quantizer");
     sub->add_flag("--answers", o->answers, "also generate the answer of every point (token agreement; slower)");
     sub->add_flag("--no-baselines", o->noBaselines, "leave out fp16, int8, kivi2, kivi4 and zstd");
     sub->add_option("--csv", o->csv, "write the points as CSV");
-    sub->add_option("--out", o->jsonOut, "write the result as JSON");
-    sub->add_flag("--json", out.asJson, "print one JSON object");
+    addOutOption(sub, o->jsonOut, "write the result as JSON", false);
+    addJsonFlag(sub, out);
+    setExample(sub, "kvscope-cli sweep --context long_1k --key-bins 8,16,24 --value-bins 8,12 --csv rd.csv");
     sub->callback([o, so, &out] {
         if (o->eval.context.empty() == so->suite.empty()) throw Error("sweep: give --context FILE or --suite SUITE.json (one of them)");
         SweepGrid grid;
         for (const std::string& s : splitList(o->keyBins, "--key-bins")) grid.keyBins.push_back(parseGroupBins(s));
         for (const std::string& s : splitList(o->valueBins, "--value-bins")) grid.valueBins.push_back(parseGroupBins(s));
-        grid.keyQuantizers = quantizerList(o->keyQuantizers, "--key-quantizers");
-        grid.valueQuantizers = quantizerList(o->valueQuantizers, "--value-quantizers");
+        grid.keyQuantizers = quantizerList(o->keyQuantizers, "--key-quantizer");
+        grid.valueQuantizers = quantizerList(o->valueQuantizers, "--value-quantizer");
         grid.answers = o->answers;
         if (o->noBaselines) grid.baselines.clear();
         if (!so->suite.empty()) {
@@ -407,7 +415,9 @@ json tuneTransformCommand(const Model& model, const EvalOpts& o, const SuiteCliO
     }
     if (so.suite.empty()) return j;
     const Suite held = selectSplit(suite, SuiteSplit::Eval);
-    const SuiteProgress progress = suiteProgress();
+    // The reference, fp16 twice (the bar, then its row), int8 and every tuned level.
+    const SuiteMeter meter(double(held.items.size()) * double(4 + r.profile.transformLevels.size()));
+    const SuiteProgress& progress = meter.progress();
     std::fprintf(stderr, "judging on the held-out half: %zu items, %zu questions\n", held.items.size(), held.questionCount());
     const SuiteReference ref(model, held, so.options(o), progress);
     CodecParams base;
@@ -471,52 +481,61 @@ void printTuneTransform(const json& j)
     if (j.contains("profile_path")) std::printf("profile written to %s\n", j["profile_path"].get<std::string>().c_str());
 }
 
+struct TuneOpts {
+    EvalOpts eval;
+    std::string contexts = "technical_note,story,conversation", budgets = "0.5,1,2,5",
+                bins = "4,6,8,10,12,16,20,24,32,48,64,96,128", heldOut, profileOut, lmcacheOut;
+    std::string metric = "dppl";
+    // --codec transform
+    std::string baseThetas = "0.03,0.003", exponents = "0,0.5,1", multipliers = "0.5,0.71,1,1.41,2,2.83,4";
+    double probe = 3.0;
+    int refine = 2;
+    double minAgreement = 0;
+    int probeBins = 8, lambdaSteps = 48;
+};
+
+void addTuneOptions(CLI::App* sub, TuneOpts& o, SuiteCliOpts& so)
+{
+    o.eval.add(sub, false, false);
+    so.add(sub, false);
+    sub->add_option("--contexts", o.contexts, "tuning contexts: sample ids or text files, comma-separated")
+        ->capture_default_str();
+    sub->add_option("--budgets", o.budgets, "quality budgets, one level each (delta PPL % or KL, see --budget-metric)")
+        ->capture_default_str();
+    sub->add_option("--budget-metric", o.metric, "what the budgets bound on the worst tuning context: dppl or kl")
+        ->capture_default_str();
+    sub->add_option("--min-agreement", o.minAgreement, "also require this mean token agreement per level (0 = off)")
+        ->capture_default_str();
+    sub->add_option("--bins", o.bins, "bins a layer may take")->capture_default_str();
+    sub->add_option("--probe-bins", o.probeBins, "bins of the per-layer sensitivity probe")->capture_default_str();
+    sub->add_option("--lambda-steps", o.lambdaSteps, "candidate allocations between smallest and best")->capture_default_str();
+    addDeprecated(sub, "--eval",
+                  sub->add_option("--held-out", o.heldOut, "held-out contexts to judge the tuned profile on: sample ids or text files, comma-separated"),
+                  "--held-out");
+    addOutOption(sub, o.profileOut, "write the tuned profile (JSON)", false);
+    sub->add_option("--lmcache", o.lmcacheOut, "write each level's LMCache CacheGen QuantizationSpec lists (Python)");
+    sub->add_option("--base-thetas", o.baseThetas, "transform: t_key,t_value of the base level (exponent 0, multiplier 1)")
+        ->capture_default_str();
+    sub->add_option("--exponents", o.exponents, "transform: per-layer exponents alpha (0 = base shape, 1 = theta ~ 1/sensitivity)")
+        ->capture_default_str();
+    sub->add_option("--multipliers", o.multipliers, "transform: multipliers of the water level tried per exponent")
+        ->capture_default_str();
+    sub->add_option("--probe", o.probe, "transform: sensitivity probe at this multiple of the base level")->capture_default_str();
+    sub->add_option("--refine", o.refine, "transform: bisection steps per budget after the grid")->capture_default_str();
+}
+
 }  // namespace
 
 void addTuneCommand(CLI::App& app, Output& out)
 {
     auto* sub = app.add_subcommand("tune", "Per-layer bins under quality budgets over several contexts -> a profile");
-    struct Opts {
-        EvalOpts eval;
-        std::string contexts = "technical_note,story,conversation", budgets = "0.5,1,2,5",
-                    bins = "4,6,8,10,12,16,20,24,32,48,64,96,128", heldOut, profileOut, lmcacheOut;
-        std::string metric = "dppl";
-        // --codec transform
-        std::string baseThetas = "0.03,0.003", exponents = "0,0.5,1", multipliers = "0.5,0.71,1,1.41,2,2.83,4";
-        double probe = 3.0;
-        int refine = 2;
-        double minAgreement = 0;
-        int probeBins = 8, lambdaSteps = 48;
-    };
-    auto o = std::make_shared<Opts>();
+    auto o = std::make_shared<TuneOpts>();
     o->eval.holdoutTokens = 192;
     o->eval.answerTokens = 32;
     auto so = std::make_shared<SuiteCliOpts>();
-    o->eval.add(sub, false, false);
-    so->add(sub, false);
-    sub->add_option("--contexts", o->contexts, "tuning contexts: sample ids or text files, comma-separated")
-        ->capture_default_str();
-    sub->add_option("--budgets", o->budgets, "quality budgets, one level each (delta PPL % or KL, see --budget-metric)")
-        ->capture_default_str();
-    sub->add_option("--budget-metric", o->metric, "what the budgets bound on the worst tuning context: dppl or kl")
-        ->capture_default_str();
-    sub->add_option("--min-agreement", o->minAgreement, "also require this mean token agreement per level (0 = off)")
-        ->capture_default_str();
-    sub->add_option("--bins", o->bins, "bins a layer may take")->capture_default_str();
-    sub->add_option("--probe-bins", o->probeBins, "bins of the per-layer sensitivity probe")->capture_default_str();
-    sub->add_option("--lambda-steps", o->lambdaSteps, "candidate allocations between smallest and best")->capture_default_str();
-    sub->add_option("--eval", o->heldOut, "held-out contexts to judge the tuned profile on, comma-separated");
-    sub->add_option("--out", o->profileOut, "write the tuned profile (JSON)");
-    sub->add_option("--lmcache", o->lmcacheOut, "write each level's LMCache CacheGen QuantizationSpec lists (Python)");
-    sub->add_option("--base-thetas", o->baseThetas, "transform: t_key,t_value of the base level (exponent 0, multiplier 1)")
-        ->capture_default_str();
-    sub->add_option("--exponents", o->exponents, "transform: per-layer exponents alpha (0 = base shape, 1 = theta ~ 1/sensitivity)")
-        ->capture_default_str();
-    sub->add_option("--multipliers", o->multipliers, "transform: multipliers of the water level tried per exponent")
-        ->capture_default_str();
-    sub->add_option("--probe", o->probe, "transform: sensitivity probe at this multiple of the base level")->capture_default_str();
-    sub->add_option("--refine", o->refine, "transform: bisection steps per budget after the grid")->capture_default_str();
-    sub->add_flag("--json", out.asJson, "print one JSON object");
+    addTuneOptions(sub, *o, *so);
+    addJsonFlag(sub, out);
+    setExample(sub, "kvscope-cli tune --suite samples/suites/facts.json --budgets 0.5,1 --out tuned.json");
     sub->callback([o, so, &out] {
         TuneOptions to;
         if (o->metric == "kl") to.metric = TuneMetric::Kl;
@@ -540,7 +559,9 @@ void addTuneCommand(CLI::App& app, Output& out)
         if (!so->suite.empty()) {
             if (!so->items.empty() || so->split != "all") throw Error("tune --suite: the split is fixed (even items tune, odd items judge)");
             suite = loadSuite(so->suite);
-            tuneRef = std::make_unique<SuiteReference>(*model, selectSplit(suite, SuiteSplit::Tune), so->options(o->eval), suiteProgress());
+            const Suite half = selectSplit(suite, SuiteSplit::Tune);
+            const SuiteMeter meter(double(half.items.size()));
+            tuneRef = std::make_unique<SuiteReference>(*model, half, so->options(o->eval), meter.progress());
             for (const SuitePreparedItem& it : tuneRef->items()) {
                 if (it.continuation.empty()) throw Error(so->suite + ": item " + it.id + " has no continuation to tune on");
                 EvalTask task;
@@ -564,7 +585,7 @@ void addTuneCommand(CLI::App& app, Output& out)
         }
         for (size_t i = 0; i < ids.size(); ++i) contexts.push_back({ids[i], prepared[i].ref.get(), &prepared[i].original});
         if (o->eval.profile.codec == "transform") {
-            if (!o->heldOut.empty()) throw Error("tune --codec transform: judge with --suite (its eval half), not --eval");
+            if (!o->heldOut.empty()) throw Error("tune --codec transform: judge with --suite (its eval half), not --held-out");
             if (!o->lmcacheOut.empty()) throw Error("tune --codec transform: --lmcache is for CacheGen profiles");
             TransformTuneOptions tt;
             tt.metric = to.metric;
@@ -634,10 +655,10 @@ void addTuneCommand(CLI::App& app, Output& out)
             writeFileAtomic(o->lmcacheOut, text);
         }
         if (!so->suite.empty()) {
-            if (!o->heldOut.empty()) throw Error("tune --suite judges on the suite's eval half: leave out --eval");
+            if (!o->heldOut.empty()) throw Error("tune --suite judges on the suite's eval half: leave out --held-out");
             j["held_out"] = judgeTunedOnSuite(*model, o->eval, *so, suite, r.profile);
         } else if (!o->heldOut.empty()) {
-            j["held_out"] = evaluateHeldOut(*model, o->eval, splitList(o->heldOut, "--eval"), r.profile);
+            j["held_out"] = evaluateHeldOut(*model, o->eval, splitList(o->heldOut, "--held-out"), r.profile);
         }
         out.emit(j, printTune);
     });

@@ -1,6 +1,7 @@
 // kvscope-cli verify X.kvc: every CRC, every level of every chunk decoded; one "error:" line per
 // damaged place and a non-zero exit status unless all is sound.
 #include "cli_common.h"
+#include "cli_grammar.h"
 
 #include "codec/verify.h"
 
@@ -14,7 +15,8 @@ void addVerifyCommand(CLI::App& app, Output& out)
     auto* sub = app.add_subcommand("verify", "Check every CRC and decode every level of every chunk of a .kvc");
     auto in = std::make_shared<std::string>();
     sub->add_option("kvc", *in, "container (.kvc)")->required();
-    sub->add_flag("--json", out.asJson, "print one JSON object");
+    addJsonFlag(sub, out);
+    setExample(sub, "kvscope-cli verify kv.kvc");
     sub->callback([in, &out] {
         const double t0 = nowSeconds();
         const auto reader = KvcReader::openFile(*in);  // header, sections and index: throws when damaged
