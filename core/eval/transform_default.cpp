@@ -143,7 +143,14 @@ std::string ensureDefaultTransform(const Model& model, const std::function<void(
     p.transformModel.clear();
     serializeTransformModel(m, p.transformModel);
     p.modelFingerprint = fp;
-    p.numLayers = caches.front().shape().numLayers;
+    if (const int layers = caches.front().shape().numLayers; layers != p.numLayers) {
+        // The generic ladder's CacheGen levels are for its own depth: CacheGen's default, scaled
+        // to this model's, keeps the profile valid (the transform's levels have no per-layer list).
+        const CodecProfile cachegen = defaultProfile(layers);
+        p.numLayers = layers;
+        p.levels = cachegen.levels;
+        p.defaultLevel = cachegen.defaultLevel;
+    }
     json j = json::parse(profileToJson(p));
     j["calibration"] = {{"contexts", d.contexts}, {"ladder", d.ladderPath}, {"ladder_digest", d.ladderDigest},
                         {"model", model.spec().name}, {"seconds", monotonicSeconds() - t0}};
