@@ -172,7 +172,13 @@ TunerSession::TunerSession(QObject* parent)
     connect(m_long, &JobLane::finished, this, [this] {
         emit longTaskDone(tr("%1: done in %2 s.").arg(m_longTitle).arg(m_long->lastSeconds(), 0, 'f', 1));
     });
-    connect(m_ladder, &JobLane::phaseChanged, this, &TunerSession::phaseChanged);
+    // The status bar shows one task: a calibration's steps while no long task runs.
+    connect(m_ladder, &JobLane::phaseChanged, this, [this](const QString& text, int maximum) {
+        if (!m_long->isBusy()) emit phaseChanged(text, maximum);
+    });
+    connect(m_ladder, &JobLane::progressChanged, this, [this](int value) {
+        if (!m_long->isBusy()) emit progressChanged(value);
+    });
     connect(m_ladder, &JobLane::failed, this, [this](const QString& message) {
         ladderSettled(nullptr, tr("its calibration failed: %1").arg(message));
         emit longTaskDone(tr("Transform codec: calibration failed: %1").arg(message));
@@ -210,8 +216,8 @@ bool TunerSession::isCalibrating() const
 }
 
 // The open model's calibrated ladder: the profile cache's copy, else a fit on the ladder's sample
-// contexts (ensureDefaultTransform), once per model. Its log lines are the status bar's phases;
-// a cancel takes effect between two of them.
+// contexts (ensureDefaultTransform), once per model. Its log lines are the status bar's phases,
+// its prefills the progress; a cancel stops a prefill (not the fit, a few seconds, that follows).
 void TunerSession::prepareDefaultTransform(std::shared_ptr<const Model> model)
 {
     const std::string fp = model->runtime().fingerprint();
@@ -221,10 +227,11 @@ void TunerSession::prepareDefaultTransform(std::shared_ptr<const Model> model)
     m_ladderNote = tr("its default ladder is being calibrated");
     m_ladder->start(tr("Transform codec: reading its calibrated default ladder…"),
                     [this, model](JobControl& control) -> std::function<void()> {
-                        const std::string path = ensureDefaultTransform(*model, [&control](const std::string& line) {
-                            if (control.stopped()) throw std::runtime_error("transform calibration: cancelled");
+                        const auto log = [&control](const std::string& line) {
                             control.phase(tr("Transform codec: %1").arg(QString::fromStdString(line).trimmed()));
-                        });
+                        };
+                        const auto prefill = [&control](int done, int total) { return control.progress(done, total); };
+                        const std::string path = ensureDefaultTransform(*model, log, prefill);
                         auto ladder = std::make_shared<const CodecProfile>(loadProfile(path));
                         return [this, ladder] {
                             ladderSettled(ladder, QString());

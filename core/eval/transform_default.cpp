@@ -116,7 +116,8 @@ std::string cachedDefaultTransform(const std::string& fingerprint)
     return usableCache(findDefaultTransform(fingerprint), fingerprint);
 }
 
-std::string ensureDefaultTransform(const Model& model, const std::function<void(const std::string&)>& log)
+std::string ensureDefaultTransform(const Model& model, const std::function<void(const std::string&)>& log,
+                                   const std::function<bool(int done, int total)>& prefill)
 {
     const std::string fp = model.runtime().fingerprint();
     const DefaultTransform d = findDefaultTransform(fp);
@@ -132,7 +133,7 @@ std::string ensureDefaultTransform(const Model& model, const std::function<void(
         const SampleContext s = loadSampleContext(id);
         InferenceSession session(model.runtime());
         const std::vector<int32_t> tokens = model.contextTokens(s.text);
-        session.append(tokens, nullptr);
+        session.append(tokens, nullptr, nullptr, prefill);
         caches.push_back(session.exportKv());
         say("  captured " + id + " (" + std::to_string(tokens.size()) + " tokens)");
     }

@@ -218,7 +218,7 @@ void TestViews::initTestCase()
     QVERIFY2(ticks.maxBusy <= kMaxBusyMs, qPrintable(ticks.summary()));
     QStringList said;
     for (const QList<QVariant>& args : phases) said << args.at(0).toString();
-    QVERIFY2(said.filter(QStringLiteral("calibrating the transform codec")).size() == 1, qPrintable(said.join('|')));
+    QVERIFY2(!said.filter(QStringLiteral("calibrating the transform codec")).isEmpty(), qPrintable(said.join('|')));
     const std::string fp = m_window->session()->model()->runtime().fingerprint();
     const std::string cached = kvscope::cachedDefaultTransform(fp);
     QVERIFY(QString::fromStdString(cached).startsWith(m_dir.path()));
@@ -358,6 +358,7 @@ void TestViews::codecPageFillsRateDistortion()
 void TestViews::cachedLadderIsReadNotRefitted()
 {
     if (!m_ready) QSKIP("no capture");
+    // Issue 30: the codec page shows calibrated transform levels by default.
     // The next start of the app: a new Codec page for the same model and cache reads the ladder
     // from the profile cache (no calibration, the file untouched), and its first evaluation waits
     // for it and shows it.
