@@ -233,10 +233,7 @@ CodecTunerView::CodecTunerView(QWidget* parent) : QWidget(parent)
     rl->addWidget(m_figures);
     rl->addWidget(m_status);
     rl->addLayout(answers);
-    m_rdSource = new QLabel;
-    m_rdSource->setObjectName(QStringLiteral("tunerRdSource"));
-    m_rdSource->setWordWrap(true);
-    rl->addWidget(m_rdSource);
+    addRdNotes(rl);
     rl->addWidget(m_rdPlot, 1);
 
     auto* split = new QSplitter(Qt::Horizontal);
@@ -262,6 +259,19 @@ CodecTunerView::CodecTunerView(QWidget* parent) : QWidget(parent)
 }
 
 CodecTunerView::~CodecTunerView() = default;
+
+void CodecTunerView::addRdNotes(QVBoxLayout* layout)
+{
+    // Above the plot: what its points were scored on, and which transform ladder they show.
+    m_rdSource = new QLabel;
+    m_rdSource->setObjectName(QStringLiteral("tunerRdSource"));
+    m_transformNote = new QLabel;
+    m_transformNote->setObjectName(QStringLiteral("tunerTransformNote"));
+    for (QLabel* note : {m_rdSource, m_transformNote}) {
+        note->setWordWrap(true);
+        layout->addWidget(note);
+    }
+}
 
 void CodecTunerView::edited()
 {
@@ -529,8 +539,13 @@ void CodecTunerView::clearRdPoints()
 {
     m_rd.clear();
     setRdSource(QString());
+    m_transformNote->clear();
     updateRdPlot();
 }
+
+QString CodecTunerView::transformNote() const { return m_transformNote->text(); }
+
+void CodecTunerView::setTransformNote(const QString& note) { m_transformNote->setText(note); }
 
 void CodecTunerView::setRdSource(const QString& source)
 {

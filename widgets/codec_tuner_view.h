@@ -34,6 +34,7 @@ class QPushButton;
 class QSpinBox;
 class QTableView;
 class QTimer;
+class QVBoxLayout;
 
 namespace kvscope {
 
@@ -69,6 +70,7 @@ public:
     QString rdCsv() const;
     QString suitePath() const;
     QString rdSource() const { return m_rdSourceText; }
+    QString transformNote() const;
     const std::vector<CodecStage>& stages() const { return m_stages; }
 
 public slots:
@@ -93,6 +95,9 @@ public slots:
     void setSuitePath(const QString& path);
     // What the rate-distortion points were scored on ("continuation", "suite mini (...)").
     void setRdSource(const QString& source);
+    // Which transform ladder the points show ("calibrated default ladder (7 levels)", "fitted on
+    // this cache ...", or that it is being calibrated); cleared with the points.
+    void setTransformNote(const QString& note);
     void setQualitySource(const QString& id);
 
 signals:
@@ -112,6 +117,7 @@ private:
     void storeLevel();   // table -> m_profile.levels[current]
     void showLevel();    // m_profile.levels[current] -> table
     void updateRdPlot();
+    void addRdNotes(QVBoxLayout* layout);  // m_rdSource and m_transformNote
 
     CodecProfile m_profile;
     int m_level = 0;  // 0-based, edited level
@@ -145,6 +151,7 @@ private:
     QString m_suiteFile;  // the full path behind the field's shown one
     QLabel* m_rdSource = nullptr;
     QString m_rdSourceText;
+    QLabel* m_transformNote = nullptr;
     std::vector<CodecStage> m_stages;
     bool m_useDeltaPpl = false;
     QTimer* m_debounce = nullptr;

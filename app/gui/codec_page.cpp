@@ -48,7 +48,9 @@ void CodecPage::connectSession()
     connect(ts, &TunerSession::evaluated, this, [this](const std::vector<RdPoint>& points, const QString& source) {
         m_view->setRdPoints(points);
         m_view->setRdSource(source);
+        m_view->setTransformNote(m_pendingNote);
     });
+    connect(ts, &TunerSession::defaultTransformChanged, this, &CodecPage::ladderChanged);
     connect(ts, &TunerSession::tuned, this, [this](const CodecProfile& profile, const QString& summary) {
         m_view->setProfile(profile);
         m_view->setStatus(summary);
@@ -115,37 +117,82 @@ void CodecPage::stagesToggled()
 void CodecPage::setSource(std::shared_ptr<const Model> model, std::shared_ptr<const KvSet> kv, const SampleContext& sample)
 {
     m_session->setSource(model, kv, sample);
+    m_kv = kv;
     m_cacheLayers = kv ? kv->shape().numLayers : 0;
+    m_evaluateWhenReady = false;
     if (kv) {
         CodecProfile profile = m_view->profile();
         if (profile.levels.empty() || profile.numLayers != kv->shape().numLayers)
             profile = defaultProfile(kv->shape().numLayers);
         m_view->setProfile(profile);
         emit levelsChanged(int(profile.levels.size()));
-        // The stages this cache can feed; the user's toggles stay where they can.
-        std::vector<CodecStage> stages = TunerSession::transformStages(profile, kv.get());
-        for (CodecStage& st : stages)
-            for (const CodecStage& old : m_view->stages())
-                if (old.id == st.id && st.enabled && old.enabled) st.on = old.on;
-        m_view->setStages(stages);
+        showStages(true);
     }
     m_view->setAvailable(bool(kv), m_session->canMeasureQuality(), m_session->qualityNote());
     m_view->clearRdPoints();  // the points measured the previous cache
 }
 
+void CodecPage::showStages(bool keepToggles)
+{
+    std::vector<CodecStage> stages = TunerSession::transformStages(transformProfile(), m_kv.get());
+    for (CodecStage& st : stages)
+        for (const CodecStage& old : m_view->stages())
+            if (old.id == st.id && st.enabled && old.enabled && (keepToggles || st.id == QLatin1String("transform")))
+                st.on = old.on;
+    m_view->setStages(stages);
+}
+
+const CodecProfile* CodecPage::ladder() const
+{
+    return m_view->profile().transformModel.empty() ? m_session->defaultTransform() : nullptr;
+}
+
+CodecProfile CodecPage::transformProfile() const
+{
+    CodecProfile p = m_view->profile();
+    if (const CodecProfile* l = ladder()) {
+        p.transform = l->transform;
+        p.transformLevels = l->transformLevels;
+        p.transformDefaultLevel = l->transformDefaultLevel;
+        p.transformModel = l->transformModel;
+    }
+    return p;
+}
+
+void CodecPage::ladderChanged()
+{
+    // The ladder's own switches, so that the series shows it as calibrated.
+    if (m_kv) showStages(false);
+    if (!m_evaluateWhenReady || !m_session->canMeasureQuality()) return;
+    if (m_session->isBusy() && !m_session->isEvaluating()) return;  // the user's task goes on; Evaluate later
+    m_evaluateWhenReady = false;
+    evaluateRateDistortion();
+}
+
 void CodecPage::opened()
 {
     // Levels and baselines are evaluated in the background the first time the page opens for a
-    // cache (cancel in the status bar).
-    if (m_session->canMeasureQuality() && !m_view->hasRdPoints() && !m_session->isBusy()) evaluateRateDistortion();
+    // cache (cancel in the status bar), once the transform codec's default ladder is there.
+    if (!m_session->canMeasureQuality() || m_view->hasRdPoints() || m_session->isBusy()) return;
+    if (m_session->isCalibrating()) {
+        m_evaluateWhenReady = true;
+        m_view->setTransformNote(tr("Transform codec: its calibrated default ladder is being prepared (status bar); the "
+                                    "plot fills when it is ready, or now with Evaluate (the transform then fitted on "
+                                    "this cache)."));
+        return;
+    }
+    evaluateRateDistortion();
 }
 
 void CodecPage::evaluateRateDistortion()
 {
-    CodecProfile profile = m_view->profile();
+    CodecProfile profile = transformProfile();
+    const bool fromLadder = ladder() != nullptr;
     QString note;
     const bool transform = TunerSession::applyStages(m_view->stages(), &profile, &note);
     if (!note.isEmpty()) m_view->setStatus(note);
+    m_pendingNote = transform ? transformNote(profile, fromLadder, !note.isEmpty()) : QString();
+    if (transform && m_session->isCalibrating()) m_evaluateWhenReady = true;  // again with the ladder
     if (m_view->qualitySource() == QLatin1String("suite")) {
         const QString path = m_view->suitePath();
         if (path.isEmpty()) {
@@ -156,6 +203,17 @@ void CodecPage::evaluateRateDistortion()
         return;
     }
     m_session->evaluate(profile, transform);
+}
+
+QString CodecPage::transformNote(const CodecProfile& evaluated, bool fromLadder, bool dropped) const
+{
+    const int levels = int(evaluated.transformLevels.size());
+    if (!evaluated.transformModel.empty())
+        return fromLadder ? tr("Transform codec: calibrated default ladder (%1 levels).").arg(levels)
+                          : tr("Transform codec: the profile's calibrated model (%1 levels).").arg(levels);
+    QString why = dropped ? tr("the switches differ from the calibrated settings") : m_session->defaultTransformNote();
+    if (why.isEmpty()) why = tr("no calibrated ladder for this cache's model");
+    return tr("Transform codec: fitted on this cache (%1 levels, its model bytes counted): %2.").arg(levels).arg(why);
 }
 
 void CodecPage::measureSensitivity(int bins)
@@ -175,6 +233,7 @@ void CodecPage::openProfile(const QString& path)
                                          .arg(m_cacheLayers)
                                          .toStdString());
         m_view->setProfile(p);
+        if (m_kv) showStages(false);  // the profile's own switches (or the default ladder's)
         emit levelsChanged(int(p.levels.size()));
         emit profileOpened();
         emit statusMessage(tr("Opened the profile %1 (%2 levels).").arg(QFileInfo(path).fileName()).arg(p.levels.size()));

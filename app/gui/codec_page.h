@@ -3,6 +3,10 @@
 // workers), evaluates the rate-distortion plot when the page opens for a cache and again after
 // the transform stages are toggled, and opens, saves and exports codec profiles. What the window
 // shows of it (status bar, progress, errors) leaves as signals.
+// The transform codec's series shows the open model's calibrated default ladder
+// (TunerSession::defaultTransform) unless the user's profile carries a calibrated model of its
+// own; the first evaluation waits while that ladder is read or calibrated, and a note on the page
+// says which ladder the points show.
 #pragma once
 
 #include "codec/profile.h"
@@ -61,6 +65,15 @@ private:
     void connectSession();
     void connectView();
     void stagesToggled();
+    void ladderChanged();
+    // The stages for the shown profile and cache; keepToggles: the user's toggles stay where they
+    // can (else only the transform codec's own on/off).
+    void showStages(bool keepToggles);
+    // The calibrated default ladder the transform series uses now, or null (the profile has a
+    // calibrated model of its own, or there is none for this cache).
+    const CodecProfile* ladder() const;
+    CodecProfile transformProfile() const;  // the edited profile, with ladder()'s transform parts
+    QString transformNote(const CodecProfile& evaluated, bool fromLadder, bool dropped) const;
 
     QWidget* m_dialogParent;
     CodecTunerView* m_view;
@@ -68,6 +81,9 @@ private:
     QTimer* m_stageTimer = nullptr;  // re-evaluates after stage toggles
     int m_sensitivityBins = 4;
     int m_cacheLayers = 0;  // of the cache of setSource; 0 = none
+    std::shared_ptr<const KvSet> m_kv;
+    bool m_evaluateWhenReady = false;  // evaluate once the default ladder settles
+    QString m_pendingNote;             // transformNote of the evaluation in flight
 };
 
 }  // namespace kvscope

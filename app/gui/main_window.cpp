@@ -293,7 +293,8 @@ void MainWindow::showTask(const QString& text, int maximum)
 void MainWindow::endTask(const QString& text)
 {
     m_status->setText(text);
-    if (isLoading() || m_codecPage->session()->isBusy() || m_streamPage->session()->isRunning()) return;
+    const TunerSession* tuner = m_codecPage->session();
+    if (isLoading() || tuner->isBusy() || tuner->isCalibrating() || m_streamPage->session()->isRunning()) return;
     m_status->setBusy(false);
 }
 

@@ -10,6 +10,7 @@
 #include "eval/quality.h"
 #include "eval/sensitivity.h"
 #include "eval/suite.h"
+#include "eval/transform_default.h"
 #include "eval/tune.h"
 #include "kv/kv_compare.h"
 #include "model/model.h"
@@ -161,7 +162,8 @@ TunerSession::TunerSession(QObject* parent)
     : QObject(parent),
       m_trials(new JobLane(tr("codec tuner"), this)),
       m_quality(new JobLane(tr("codec tuner"), this)),
-      m_long(new JobLane(tr("codec tuner"), this))
+      m_long(new JobLane(tr("codec tuner"), this)),
+      m_ladder(new JobLane(tr("transform calibration"), this))
 {
     for (JobLane* lane : {m_trials, m_quality, m_long}) connect(lane, &JobLane::failed, this, &TunerSession::failed);
     connect(m_long, &JobLane::phaseChanged, this, &TunerSession::phaseChanged);
@@ -170,6 +172,17 @@ TunerSession::TunerSession(QObject* parent)
     connect(m_long, &JobLane::finished, this, [this] {
         emit longTaskDone(tr("%1: done in %2 s.").arg(m_longTitle).arg(m_long->lastSeconds(), 0, 'f', 1));
     });
+    // The status bar shows one task: a calibration's steps while no long task runs.
+    connect(m_ladder, &JobLane::phaseChanged, this, [this](const QString& text, int maximum) {
+        if (!m_long->isBusy()) emit phaseChanged(text, maximum);
+    });
+    connect(m_ladder, &JobLane::progressChanged, this, [this](int value) {
+        if (!m_long->isBusy()) emit progressChanged(value);
+    });
+    connect(m_ladder, &JobLane::failed, this, [this](const QString& message) {
+        ladderSettled(nullptr, tr("its calibration failed: %1").arg(message));
+        emit longTaskDone(tr("Transform codec: calibration failed: %1").arg(message));
+    });
 }
 
 TunerSession::~TunerSession()
@@ -177,6 +190,7 @@ TunerSession::~TunerSession()
     delete m_trials;
     delete m_quality;
     delete m_long;
+    delete m_ladder;
 }
 
 bool TunerSession::isBusy() const
@@ -189,10 +203,56 @@ bool TunerSession::isTrialRunning() const
     return m_trials->isBusy();
 }
 
+const CodecProfile* TunerSession::defaultTransform() const
+{
+    const bool ours = m_ladderProfile && m_kv && m_kv->modelFingerprint == m_ladderProfile->modelFingerprint &&
+                      m_ladderProfile->numLayers == m_kv->shape().numLayers;
+    return ours ? m_ladderProfile.get() : nullptr;
+}
+
+bool TunerSession::isCalibrating() const
+{
+    return m_ladder->isBusy();
+}
+
+// The open model's calibrated ladder: the profile cache's copy, else a fit on the ladder's sample
+// contexts (ensureDefaultTransform), once per model. Its log lines are the status bar's phases,
+// its prefills the progress; a cancel stops a prefill (not the fit, a few seconds, that follows).
+void TunerSession::prepareDefaultTransform(std::shared_ptr<const Model> model)
+{
+    const std::string fp = model->runtime().fingerprint();
+    if (fp == m_ladderFingerprint) return;  // ready, in flight, or none to be had for this model
+    m_ladderFingerprint = fp;
+    m_ladderProfile.reset();
+    m_ladderNote = tr("its default ladder is being calibrated");
+    m_ladder->start(tr("Transform codec: reading its calibrated default ladder…"),
+                    [this, model](JobControl& control) -> std::function<void()> {
+                        const auto log = [&control](const std::string& line) {
+                            control.phase(tr("Transform codec: %1").arg(QString::fromStdString(line).trimmed()));
+                        };
+                        const auto prefill = [&control](int done, int total) { return control.progress(done, total); };
+                        const std::string path = ensureDefaultTransform(*model, log, prefill);
+                        auto ladder = std::make_shared<const CodecProfile>(loadProfile(path));
+                        return [this, ladder] {
+                            ladderSettled(ladder, QString());
+                            emit longTaskDone(tr("Transform codec: calibrated default ladder ready (%1 levels, %2 s).")
+                                                  .arg(ladder->transformLevels.size())
+                                                  .arg(m_ladder->lastSeconds(), 0, 'f', 1));
+                        };
+                    });
+}
+
+void TunerSession::ladderSettled(std::shared_ptr<const CodecProfile> ladder, const QString& note)
+{
+    m_ladderProfile = std::move(ladder);
+    m_ladderNote = note;
+    emit defaultTransformChanged();
+}
+
 void TunerSession::setSource(std::shared_ptr<const Model> model, std::shared_ptr<const KvSet> kv,
                              const SampleContext& sample)
 {
-    cancel();
+    m_long->cancel();  // a calibration of the same model goes on
     m_trials->cancel(true);
     m_quality->cancel(true);
     m_kv = kv;
@@ -214,6 +274,7 @@ void TunerSession::setSource(std::shared_ptr<const Model> model, std::shared_ptr
         return;
     }
     m_shared->model = model;
+    prepareDefaultTransform(model);
     EvalTask& task = m_shared->task;
     task.context = kv->tokens;
     try {
@@ -294,6 +355,7 @@ void TunerSession::runLong(const QString& title, LongWork work, bool supersede)
 {
     if (!m_qualityOk || (m_long->isBusy() && !supersede)) return;
     m_longTitle = title;
+    m_evaluating = supersede;  // only an evaluation supersedes the long task in flight
     const std::shared_ptr<Shared> shared = m_shared;
     m_long->start(title, [shared, work](JobControl& control) { return work(*shared, control); });
 }
@@ -336,6 +398,7 @@ void TunerSession::evaluateSuite(const CodecProfile& profile, bool withTransform
     }
     if (m_long->isBusy()) m_long->cancel(true);
     m_longTitle = tr("Scoring the levels and baselines on the quality suite");
+    m_evaluating = true;
     const std::shared_ptr<const Model> model = m_model;
     const std::string path = QFile::encodeName(suitePath).toStdString();
     m_long->start(m_longTitle, [this, model, path, profile, withTransform](JobControl& control) -> std::function<void()> {
@@ -428,6 +491,11 @@ void TunerSession::autoTune(const CodecProfile& profile)
 void TunerSession::cancel()
 {
     m_long->cancel();
+    if (!m_ladder->isBusy()) return;
+    m_ladder->cancel(true);
+    m_ladderFingerprint.clear();  // the next cache of this model tries again
+    ladderSettled(nullptr, tr("its calibration was cancelled (the next capture starts it again)"));
+    emit longTaskDone(tr("Transform codec: calibration cancelled."));
 }
 
 }  // namespace kvscope

@@ -11,6 +11,9 @@
 //                 one in flight (stage toggles re-evaluate as the user clicks).
 // The transform codec's stages map onto the profile's TransformSettings (codec/transform.h):
 // transformStages() lists them for a cache, applyStages() writes the toggles into a profile.
+// The transform codec's default: the open model's shipped ladder, calibrated
+// (eval/transform_default.h): read from the profile cache, else fitted once on the ladder's sample
+// contexts, on a lane of its own so that trials and evaluations go on meanwhile.
 // Each kind of work runs on its own JobLane (background_job.h); results reach the UI thread as
 // the value structs of view_data.h.
 #pragma once
@@ -23,6 +26,7 @@
 #include <QObject>
 #include <functional>
 #include <memory>
+#include <string>
 
 namespace kvscope {
 
@@ -46,6 +50,14 @@ public:
     QString qualityNote() const { return m_qualityNote; }
     bool isBusy() const;  // a long task runs
     bool isTrialRunning() const;
+    bool isEvaluating() const { return isBusy() && m_evaluating; }  // the long task is an evaluation
+
+    // The calibrated default ladder of the model the cache came from (a complete profile: switches,
+    // levels, calibrated model), or null: none yet (see isCalibrating) or none to be had (see
+    // defaultTransformNote). setSource starts finding or calibrating it for the open model.
+    const CodecProfile* defaultTransform() const;
+    bool isCalibrating() const;
+    QString defaultTransformNote() const { return m_ladderNote; }  // why there is none
 
     // The transform codec's switches as toggles, for this cache (a stage the cache cannot feed,
     // e.g. token importance without attention mass, is listed but disabled) and this profile
@@ -78,16 +90,21 @@ signals:
     void longTaskDone(const QString& message);
     void failed(const QString& message);
     void cancelled();
+    // The default ladder landed, failed or was cancelled (defaultTransform() tells which).
+    void defaultTransformChanged();
 
 private:
     struct Shared;  // the cache, the model and the lazily built reference, shared with workers
     using LongWork = std::function<std::function<void()>(Shared&, JobControl&)>;
     void runLong(const QString& title, LongWork work, bool supersede = false);
     void startQuality(std::shared_ptr<const KvSet> decoded, int level, double bits);
+    void prepareDefaultTransform(std::shared_ptr<const Model> model);
+    void ladderSettled(std::shared_ptr<const CodecProfile> ladder, const QString& note);
 
     JobLane* m_trials;   // latest trial wins
     JobLane* m_quality;  // latest quality measurement wins
     JobLane* m_long;     // sensitivity, evaluation, tuning: one at a time, cancellable
+    JobLane* m_ladder;   // the default transform ladder: found or calibrated once per model
     std::shared_ptr<Shared> m_shared;
     std::shared_ptr<const KvSet> m_kv;
     std::shared_ptr<const Model> m_model;  // the open model, whatever cache is shown (suites need only it)
@@ -95,6 +112,10 @@ private:
     bool m_hasContinuation = false;
     QString m_qualityNote;
     QString m_longTitle;
+    bool m_evaluating = false;
+    std::shared_ptr<const CodecProfile> m_ladderProfile;
+    std::string m_ladderFingerprint;  // of the model the ladder is (being) made for
+    QString m_ladderNote;
 };
 
 }  // namespace kvscope

@@ -116,7 +116,8 @@ std::string cachedDefaultTransform(const std::string& fingerprint)
     return usableCache(findDefaultTransform(fingerprint), fingerprint);
 }
 
-std::string ensureDefaultTransform(const Model& model, const std::function<void(const std::string&)>& log)
+std::string ensureDefaultTransform(const Model& model, const std::function<void(const std::string&)>& log,
+                                   const std::function<bool(int done, int total)>& prefill)
 {
     const std::string fp = model.runtime().fingerprint();
     const DefaultTransform d = findDefaultTransform(fp);
@@ -132,7 +133,7 @@ std::string ensureDefaultTransform(const Model& model, const std::function<void(
         const SampleContext s = loadSampleContext(id);
         InferenceSession session(model.runtime());
         const std::vector<int32_t> tokens = model.contextTokens(s.text);
-        session.append(tokens, nullptr);
+        session.append(tokens, nullptr, nullptr, prefill);
         caches.push_back(session.exportKv());
         say("  captured " + id + " (" + std::to_string(tokens.size()) + " tokens)");
     }
@@ -143,7 +144,14 @@ std::string ensureDefaultTransform(const Model& model, const std::function<void(
     p.transformModel.clear();
     serializeTransformModel(m, p.transformModel);
     p.modelFingerprint = fp;
-    p.numLayers = caches.front().shape().numLayers;
+    if (const int layers = caches.front().shape().numLayers; layers != p.numLayers) {
+        // The generic ladder's CacheGen levels are for its own depth: CacheGen's default, scaled
+        // to this model's, keeps the profile valid (the transform's levels have no per-layer list).
+        const CodecProfile cachegen = defaultProfile(layers);
+        p.numLayers = layers;
+        p.levels = cachegen.levels;
+        p.defaultLevel = cachegen.defaultLevel;
+    }
     json j = json::parse(profileToJson(p));
     j["calibration"] = {{"contexts", d.contexts}, {"ladder", d.ladderPath}, {"ladder_digest", d.ladderDigest},
                         {"model", model.spec().name}, {"seconds", monotonicSeconds() - t0}};

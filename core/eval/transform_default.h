@@ -43,7 +43,10 @@ DefaultTransform findDefaultTransform(const std::string& fingerprint);
 std::string cachedDefaultTransform(const std::string& fingerprint);
 
 // The calibrated profile's path: the cache when it matches, else fitted now with `model` on the
-// ladder's contexts and written (atomically) to the cache. `log` receives progress lines.
-std::string ensureDefaultTransform(const Model& model, const std::function<void(const std::string&)>& log = {});
+// ladder's contexts and written (atomically) to the cache. `log` receives progress lines;
+// `prefill` (done, total) the tokens of each context's prefill, and returning false cancels it
+// (kvscope::Error, nothing written).
+std::string ensureDefaultTransform(const Model& model, const std::function<void(const std::string&)>& log = {},
+                                   const std::function<bool(int done, int total)>& prefill = {});
 
 }  // namespace kvscope

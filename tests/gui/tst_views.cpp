@@ -1,7 +1,8 @@
 // GUI tests of the workbench's pages over one captured cache of a tiny model (aidreams260K):
 // the four pages and the persistent summary, the Distributions page's three observations with
 // their readings (sensitivity measured on the worker), the Codec page's rate-distortion plot
-// filled when the page opens, selections that reach the worker and come back as plots, every plot
+// filled when the page opens with the transform codec's calibrated default ladder (calibrated on
+// a worker into a temporary profile cache, read from that cache by a new session), selections that reach the worker and come back as plots, every plot
 // exports, bins change the size, a stream on a constant link, a race of three policies on a
 // drop-and-recover schedule shown lane by lane, saved, reopened and exported as a figure, the
 // transform codec's stages reaching the rate-distortion plot, a quality suite scored in the
@@ -14,9 +15,11 @@
 #include "event_loop_ticks.h"
 
 #include "bins_table_model.h"
+#include "codec_page.h"
 #include "codec_tuner_view.h"
 #include "distributions_view.h"
 #include "distributions_worker.h"
+#include "kv_loader.h"
 #include "layer_stats_view.h"
 #include "main_window.h"
 #include "plot_style.h"
@@ -28,6 +31,10 @@
 #include "tuner_session.h"
 
 #include "codec/transform.h"
+#include "eval/codec_trial.h"
+#include "eval/samples.h"
+#include "eval/transform_default.h"
+#include "model/model.h"
 #include "stream/streamer.h"
 
 #include <qcustomplot.h>
@@ -39,7 +46,11 @@
 #include <QLabel>
 #include <QElapsedTimer>
 #include <QFile>
+#include <QFileInfo>
 #include <QItemSelectionModel>
+#include <QJsonArray>
+#include <QJsonDocument>
+#include <QJsonObject>
 #include <QListWidget>
 #include <QSignalSpy>
 #include <QScrollArea>
@@ -71,6 +82,58 @@ bool openRace(kvscope::StreamLabView& view, const QString& path, QString* error)
     return true;
 }
 
+// The samples as shipped, but the generic transform ladder calibrated on the opening of the
+// technical note alone: its 10K tokens of contexts (this model's 512-token vocabulary is
+// 1.7 characters a token) take minutes to prefill on a loaded 2-core machine, 1K take seconds.
+// The ladder's switches and levels are the shipped ones. Returns the folder for KVSCOPE_SAMPLES.
+QString testSamples(const QDir& dir)
+{
+    const QDir shipped(QString::fromStdString(kvscope::samplesDir()));
+    for (const QString& entry : shipped.entryList(QDir::AllEntries | QDir::NoDotAndDotDot))
+        if (entry != QLatin1String("profiles")) QFile::link(shipped.filePath(entry), dir.filePath(entry));
+    dir.mkpath(QStringLiteral("profiles"));
+    for (const QString& name : shipped.entryList({QStringLiteral("profiles/*")}, QDir::Files))
+        QFile::copy(shipped.filePath(name), dir.filePath(name));
+    QFile note(shipped.filePath(QStringLiteral("contexts/technical_note.txt")));
+    QFile opening(dir.filePath(QStringLiteral("calibration.txt")));
+    if (!note.open(QIODevice::ReadOnly) || !opening.open(QIODevice::WriteOnly)) return QString();
+    opening.write(note.read(2000));
+    QFile ladder(shipped.filePath(QStringLiteral("profiles/generic.transform.json")));
+    QFile copy(dir.filePath(QStringLiteral("profiles/generic.transform.json")));
+    if (!ladder.open(QIODevice::ReadOnly) || !copy.open(QIODevice::WriteOnly)) return QString();
+    QJsonObject j = QJsonDocument::fromJson(ladder.readAll()).object();
+    QJsonObject calibration = j.value(QLatin1String("calibration")).toObject();
+    calibration.insert(QStringLiteral("contexts"), QJsonArray{opening.fileName()});
+    j.insert(QStringLiteral("calibration"), calibration);
+    copy.write(QJsonDocument(j).toJson());
+    return dir.path();
+}
+
+// The transform series' bits per value, level by level.
+std::vector<double> transformBits(const kvscope::CodecTunerView& tuner)
+{
+    std::vector<double> bits;
+    for (const kvscope::RdPoint& p : tuner.rdPoints())
+        if (p.codec == QLatin1String("transform")) bits.push_back(p.bitsPerValue);
+    return bits;
+}
+
+// Bits per value of each level of `profile`'s transform codec on `kv` in chunks of chunkTokens,
+// coded as the CLI codes it.
+std::vector<double> trialBits(const kvscope::KvSet& kv, const kvscope::CodecProfile& profile, int chunkTokens)
+{
+    kvscope::CodecParams p;
+    p.codec = kvscope::CodecId::Transform;
+    p.shape = kv.shape();
+    p.dtype = kv.dtype();
+    p.profile = profile;
+    p.profile.chunkTokens = chunkTokens;
+    kvscope::prepareTransform(p, kv, "test");
+    std::vector<double> bits;
+    for (int l = 1; l <= int(profile.transformLevels.size()); ++l) bits.push_back(kvscope::runCodecTrial(kv, p, l).bitsPerValue);
+    return bits;
+}
+
 }  // namespace
 
 class TestViews : public QObject {
@@ -81,6 +144,7 @@ private slots:
     void pagesShowTheWorkflow();
     void observationsHaveReadings();
     void codecPageFillsRateDistortion();
+    void cachedLadderIsReadNotRefitted();
     void transformStagesReachThePlot();
     void qualitySuiteInBackground();
     void distributionsFollowSelection();
@@ -105,6 +169,7 @@ private:
     std::unique_ptr<MainWindow> m_window;
     QTemporaryDir m_dir;
     bool m_ready = false;
+    kvscope::CodecProfile m_ladder;  // the calibrated default ladder, as cached
 };
 
 bool TestViews::capture(const QString& text)
@@ -130,14 +195,36 @@ void TestViews::initTestCase()
     const QString model = modelDir + QStringLiteral("/aidreams260K.bin");
     const QString tokenizer = modelDir + QStringLiteral("/tok512.bin");
     if (!QFile::exists(model) || !QFile::exists(tokenizer)) QSKIP("aidreams260K test checkpoint absent");
+    // The profile cache in a temporary folder: the first capture calibrates the model's default
+    // transform ladder there, on a worker, as a user's first session does.
+    qputenv("XDG_CACHE_HOME", m_dir.filePath(QStringLiteral("cache")).toUtf8());
+    QVERIFY(QDir(m_dir.path()).mkpath(QStringLiteral("samples")));
+    const QString samples = testSamples(QDir(m_dir.filePath(QStringLiteral("samples"))));
+    QVERIFY(!samples.isEmpty());
+    qputenv("KVSCOPE_SAMPLES", samples.toUtf8());
     m_window = std::make_unique<MainWindow>(false);
     m_window->resize(1280, 800);
     m_window->show();
     QSignalSpy opened(m_window.get(), &MainWindow::modelShown);
     m_window->openModel(model, tokenizer);
     QTRY_COMPARE_WITH_TIMEOUT(opened.count(), 1, kTimeoutMs);
+    kvscope::TunerSession* ts = m_window->tunerSession();
+    QSignalSpy phases(ts, &kvscope::TunerSession::phaseChanged);
     // About 150 tokens; chunks of 32 tokens give the stream several chunks.
     QVERIFY(capture(kSentence.repeated(8)));
+    EventLoopTicks ticks;
+    QTRY_VERIFY_WITH_TIMEOUT(!ts->isCalibrating(), kTimeoutMs);
+    QVERIFY2(ts->defaultTransform(), qPrintable(ts->defaultTransformNote()));
+    QVERIFY2(ticks.maxBusy <= kMaxBusyMs, qPrintable(ticks.summary()));
+    QStringList said;
+    for (const QList<QVariant>& args : phases) said << args.at(0).toString();
+    QVERIFY2(!said.filter(QStringLiteral("calibrating the transform codec")).isEmpty(), qPrintable(said.join('|')));
+    const std::string fp = m_window->session()->model()->runtime().fingerprint();
+    const std::string cached = kvscope::cachedDefaultTransform(fp);
+    QVERIFY(QString::fromStdString(cached).startsWith(m_dir.path()));
+    m_ladder = kvscope::loadProfile(cached);
+    QCOMPARE(m_ladder.transformLevels.size(), kvscope::findDefaultTransform(fp).ladder.transformLevels.size());
+    QVERIFY(m_ladder.transformLevels.size() != kvscope::defaultTransformLevels().size());  // tells them apart
     kvscope::CodecProfile p = m_window->tunerView()->profile();
     p.chunkTokens = 32;
     m_window->tunerView()->setProfile(p);
@@ -239,8 +326,14 @@ void TestViews::codecPageFillsRateDistortion()
     QVERIFY2(codecs.contains(QLatin1String("int8")) && codecs.contains(QLatin1String("fp16")), qPrintable(codecs.join(',')));
     // One graph per CacheGen level and baseline (each keeps its colour), one for the transform
     // codec's levels (its stage is on by default), the edited point last.
+    // The transform series is the calibrated default ladder: its levels, coded with its model.
     const int transformPoints = int(codecs.count(QStringLiteral("transform")));
-    QCOMPARE(transformPoints, int(kvscope::defaultTransformLevels().size()));
+    QCOMPARE(transformPoints, int(m_ladder.transformLevels.size()));
+    const std::vector<double> shown = transformBits(*tuner), expected = trialBits(*w.loader()->kv(), m_ladder, tuner->profile().chunkTokens);
+    for (size_t i = 0; i < shown.size(); ++i)
+        QVERIFY2(std::abs(shown[i] - expected[i]) < 1e-9, qPrintable(QStringLiteral("level %1: %2 vs %3").arg(i + 1).arg(shown[i]).arg(expected[i])));
+    QCOMPARE(tuner->transformNote(),
+             QStringLiteral("Transform codec: calibrated default ladder (%1 levels).").arg(m_ladder.transformLevels.size()));
     QCustomPlot* rd = tuner->rdPlot();
     QCOMPARE(rd->graphCount(), 1 + int(tuner->rdPoints().size()) - transformPoints + 1 + 1);
     QCOMPARE(rd->graph(rd->graphCount() - 1)->name(), QStringLiteral("edited level"));
@@ -260,6 +353,38 @@ void TestViews::codecPageFillsRateDistortion()
     QCOMPARE(tuner->qualitySource(), QStringLiteral("continuation"));
     QCOMPARE(tuner->rdSource(), QStringLiteral("continuation"));
     w.showPage(MainWindow::Page::ModelContext);
+}
+
+void TestViews::cachedLadderIsReadNotRefitted()
+{
+    if (!m_ready) QSKIP("no capture");
+    // Issue 30: the codec page shows calibrated transform levels by default.
+    // The next start of the app: a new Codec page for the same model and cache reads the ladder
+    // from the profile cache (no calibration, the file untouched), and its first evaluation waits
+    // for it and shows it.
+    const std::shared_ptr<const kvscope::KvSet> kv = m_window->loader()->kv();
+    const std::string path = kvscope::cachedDefaultTransform(kv->modelFingerprint);
+    const QDateTime written = QFileInfo(QString::fromStdString(path)).lastModified();
+    kvscope::CodecPage page(nullptr);
+    const std::unique_ptr<kvscope::CodecTunerView> view(page.view());  // no window owns it here
+    kvscope::TunerSession* ts = page.session();
+    QSignalSpy phases(ts, &kvscope::TunerSession::phaseChanged);
+    QSignalSpy evaluated(ts, &kvscope::TunerSession::evaluated);
+    page.setSource(m_window->session()->model(), kv, kvscope::SampleContext{});
+    QVERIFY(ts->isCalibrating());  // reading the cached profile, on the worker
+    page.opened();
+    QVERIFY2(!ts->isBusy() && view->transformNote().contains(QLatin1String("being prepared")), qPrintable(view->transformNote()));
+    QTRY_COMPARE_WITH_TIMEOUT(evaluated.count(), 1, kTimeoutMs);
+    QVERIFY(ts->defaultTransform() && ts->defaultTransform()->transformModel == m_ladder.transformModel);
+    const std::vector<double> shown = transformBits(*view), expected = trialBits(*kv, m_ladder, view->profile().chunkTokens);
+    QCOMPARE(shown.size(), m_ladder.transformLevels.size());
+    for (size_t i = 0; i < shown.size(); ++i)
+        QVERIFY2(std::abs(shown[i] - expected[i]) < 1e-9, qPrintable(QStringLiteral("level %1: %2 vs %3").arg(i + 1).arg(shown[i]).arg(expected[i])));
+    QCOMPARE(view->transformNote(),
+             QStringLiteral("Transform codec: calibrated default ladder (%1 levels).").arg(m_ladder.transformLevels.size()));
+    for (const QList<QVariant>& args : phases)
+        QVERIFY2(!args.at(0).toString().contains(QLatin1String("calibrating")), qPrintable(args.at(0).toString()));
+    QCOMPARE(QFileInfo(QString::fromStdString(path)).lastModified(), written);
 }
 
 void TestViews::raceOfThreePolicies()
@@ -385,36 +510,39 @@ void TestViews::transformStagesReachThePlot()
     if (!m_ready) QSKIP("no capture");
     MainWindow& w = *m_window;
     kvscope::CodecTunerView* tuner = w.tunerView();
-    // The stages are the transform codec's switches; the cache feeds RoPE undo, the weighting and
-    // token importance (captured by this build), PCA needs a calibrated profile.
+    // The stages are the transform codec's switches, set as the default ladder was calibrated;
+    // the cache feeds RoPE undo, the weighting and token importance (captured by this build), and
+    // the ladder's calibrated model gives the PCA basis.
     QStringList ids;
     for (const kvscope::CodecStage& st : tuner->stages()) {
         ids << st.id;
-        if (st.id == QLatin1String("pca")) QVERIFY(!st.enabled);
+        if (st.id == QLatin1String("pca")) QVERIFY(st.enabled && st.on);
         if (st.id == QLatin1String("rope_undo") || st.id == QLatin1String("weighting") ||
             st.id == QLatin1String("token_importance"))
             QVERIFY2(st.enabled, qPrintable(st.id));
     }
     QCOMPARE(ids, (QStringList{"transform", "rope_undo", "pca", "across_heads", "weighting", "waterfill", "rans", "sinks",
                                "token_importance"}));
-    auto transformBits = [tuner] {
-        std::vector<double> bits;
-        for (const kvscope::RdPoint& p : tuner->rdPoints())
-            if (p.codec == QLatin1String("transform")) bits.push_back(p.bitsPerValue);
-        return bits;
-    };
+    auto transformBits = [tuner] { return ::transformBits(*tuner); };
+    const QString calibrated =
+        QStringLiteral("Transform codec: calibrated default ladder (%1 levels).").arg(m_ladder.transformLevels.size());
     w.showPage(MainWindow::Page::Codec);
     QSignalSpy evaluated(w.tunerSession(), &kvscope::TunerSession::evaluated);
     w.evaluateRateDistortion();
     QTRY_COMPARE_WITH_TIMEOUT(evaluated.count(), 1, kTimeoutMs);
     const std::vector<double> rans = transformBits();
-    QCOMPARE(int(rans.size()), int(kvscope::defaultTransformLevels().size()));
-    // rANS off: fixed-width symbols; the toggle reaches the codec, so every level's size changes
-    // (on a cache this small the rANS streams' own overhead can outweigh what they save).
+    QCOMPARE(rans.size(), m_ladder.transformLevels.size());
+    QCOMPARE(tuner->transformNote(), calibrated);
+    // rANS off: fixed-width symbols, which the calibration did not fit: the codec fits itself on
+    // the cache and the note says so; every level's size changes (on a cache this small the
+    // rANS streams' own overhead can outweigh what they save).
     tuner->setStageOn(QStringLiteral("rans"), false);  // re-evaluates after the debounce
     QTRY_COMPARE_WITH_TIMEOUT(evaluated.count(), 2, kTimeoutMs);
     const std::vector<double> fixed = transformBits();
     QCOMPARE(fixed.size(), rans.size());
+    QVERIFY2(tuner->transformNote().startsWith(QLatin1String("Transform codec: fitted on this cache")) &&
+                 tuner->transformNote().contains(QLatin1String("the switches differ from the calibrated settings")),
+             qPrintable(tuner->transformNote()));
     for (size_t i = 0; i < rans.size(); ++i) {
         qInfo("transform level %zu: %.3f bits/value with rANS, %.3f fixed-width", i + 1, rans[i], fixed[i]);
         QVERIFY2(std::abs(fixed[i] - rans[i]) > 1e-3, qPrintable(QStringLiteral("%1 vs %2").arg(fixed[i]).arg(rans[i])));
@@ -426,6 +554,9 @@ void TestViews::transformStagesReachThePlot()
     QTRY_VERIFY_WITH_TIMEOUT(transformBits().empty() && !w.tunerSession()->isBusy(), kTimeoutMs);
     tuner->setStageOn(QStringLiteral("transform"), true);
     QTRY_VERIFY_WITH_TIMEOUT(!transformBits().empty() && !w.tunerSession()->isBusy(), kTimeoutMs);
+    // The calibrated settings again: the ladder is back, the same sizes as before.
+    QCOMPARE(tuner->transformNote(), calibrated);
+    QCOMPARE(transformBits(), rans);
     w.showPage(MainWindow::Page::ModelContext);
 }
 
@@ -484,7 +615,7 @@ void TestViews::qualitySuiteInBackground()
     }
     QVERIFY2(codecs.contains(QLatin1String("fp16")) && codecs.contains(QLatin1String("int8")) &&
                  codecs.count(QStringLiteral("cachegen")) == int(tuner->profile().levels.size()) &&
-                 codecs.count(QStringLiteral("transform")) == int(kvscope::defaultTransformLevels().size()),
+                 codecs.count(QStringLiteral("transform")) == int(m_ladder.transformLevels.size()),
              qPrintable(codecs.join(',')));
     QVERIFY(tuner->findChild<QLabel*>(QStringLiteral("tunerRdSource"))->text().contains(QLatin1String("accuracy")));
     // A bad suite: one-line error naming the file, the session stays usable.
