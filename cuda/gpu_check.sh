@@ -114,7 +114,7 @@ if [ "$mode" = full ]; then
       extra=(--table-scope "$scope")
       [ "$tables" = shared ] && extra+=(--tables shared)
       json="$RESULTS/bench_gpu_${tables}_${scope}.json"
-      "$CLI" bench codec --kv "$KV" --gpu-only --repeats 3 "${extra[@]}" --json >"$json" 2>>"$LOG" || status=1
+      "$CLI" bench codec "$KV" --gpu-only --repeats 3 "${extra[@]}" --json >"$json" 2>>"$LOG" || status=1
       python3 - "$json" "$tables" "$scope" <<'PY' >&2 || cat "$json" >&2
 import json, sys
 g = json.load(open(sys.argv[1]))["gpu"]

@@ -54,4 +54,4 @@ for l in r["layers"]:
 '
 echo
 echo "Speed (MB of fp16 KV per second, same input, same run):"
-"$cli" bench codec --kv "$kv" --repeats 5
+"$cli" bench codec "$kv" --repeats 5

@@ -7,7 +7,7 @@
 #   docs/results/make/codec_speed.sh
 #   MODEL=file.gguf     the model to capture with (default: the default model)
 #   SIMD="auto avx2"    decoder paths, one row each (default: auto, the path chosen for this CPU)
-#   ROUNDS=3            bench codec --rounds (each row timed once per round, its best kept)
+#   ROUNDS=3            bench codec --runs (each row timed once per round, its best kept)
 #   REUSE=1             keep the capture already in WORK (a prefill of 4K tokens on one thread
 #                       takes minutes; the page's timings do not depend on which build captured)
 #   CLI=, WORK=         see common.sh
@@ -27,7 +27,7 @@ capture_kv "$MODEL" "$CONTEXT" "$KV"
 runs=()
 for simd in $SIMD; do
   say "bench codec --simd $simd"
-  "$CLI" bench codec --kv "$KV" --threads 1 --rounds "$ROUNDS" --simd "$simd" --json > "$WORK/bench_codec_$simd.json"
+  "$CLI" bench codec "$KV" --threads 1 --runs "$ROUNDS" --simd "$simd" --json > "$WORK/bench_codec_$simd.json"
   runs+=("$WORK/bench_codec_$simd.json")
 done
 
@@ -53,7 +53,7 @@ print("```sh")
 print("kvscope-cli capture --model %s --context %s --out long_4k.h5 --threads 1 --json"
       % (os.path.basename(model), context))
 for a in asked:
-    print("kvscope-cli bench codec --kv long_4k.h5 --threads 1 --rounds %s --simd %s --json" % (rounds, a))
+    print("kvscope-cli bench codec long_4k.h5 --threads 1 --runs %s --simd %s --json" % (rounds, a))
 print("```")
 print()
 print("| `--simd` (path taken) | threads | bits/value (x smaller than int8) | decode MB/s | zstd-3 decompress MB/s | decode vs zstd-3 "
