@@ -172,6 +172,15 @@ def check_help():
           % (len(MODEL_COMMANDS), len(commands)))
 
 
+def check_refusals():
+    # Options that one command takes and one of its modes would ignore are refused, not dropped.
+    for extra in (['--transform-profile', 'other.json'], ['--only-transform']):
+        r = run(['eval', '--suite', 'suite.json'] + extra, expect_ok=False)
+        if r.returncode == 0 or 'apply to one --context' not in r.stderr:
+            fail('eval --suite %s: not refused (exit %d: %s)' % (extra[0], r.returncode, r.stderr.strip()[-200:]))
+    print('ok refusals: eval --suite refuses --transform-profile and --only-transform')
+
+
 def have_model():
     r = subprocess.run([CLI, 'info', '--json'], capture_output=True, text=True, timeout=300)
     return r.returncode == 0
@@ -184,6 +193,7 @@ def main(argv):
     CLI = argv[1]
     with tempfile.TemporaryDirectory(prefix='kvscope-grammar-') as tmp:
         check_help()
+        check_refusals()
         kv = check_codec(tmp)
         if have_model():
             check_model(tmp, kv)

@@ -210,6 +210,10 @@ void addEvalCommand(CLI::App& app, Output& out)
     sub->callback([o, so, &out] {
         if (o->context.empty() == so->suite.empty()) throw Error("eval: give --context FILE or --suite SUITE.json (one of them)");
         if (!so->suite.empty()) {
+            // The suite scorer measures one codec's levels and the baselines; refuse what it would ignore.
+            if (!o->compareProfiles.empty() || o->onlyTransform)
+                throw Error("eval --suite: --transform-profile and --only-transform apply to one --context; with --suite "
+                            "give the profile with --profile and the rows with --baselines and --levels");
             emitSuiteEval(runSuiteEval(*o, *so), out);
             return;
         }
