@@ -20,21 +20,34 @@ prof = os.path.join(root, "samples/profiles")
 ladder = os.path.join(prof, "smollm2-135m-instruct.transform.json")
 sens_file = os.path.join(prof, "smollm2-135m-instruct.sensitivity.json")
 shipped = json.load(open(ladder))
+shape = shipped["layer_shape"]
+# The same arguments the shipped ladder records it was made with.
+args = ["--alpha", str(shape["alpha"])]
+if shape.get("multipliers"):
+    args += ["--multipliers", ",".join(repr(m) for m in shape["multipliers"])]
+elif shape.get("levels"):
+    args += ["--levels", shape["levels"]]
+
+
+def close(x, y):
+    if isinstance(x, str):
+        return x == y
+    xs, ys = (x, y) if isinstance(x, list) else ([x], [y])
+    return len(xs) == len(ys) and all(math.isclose(p, q, rel_tol=1e-9) for p, q in zip(xs, ys))
+
+
 fails = []
 with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "ladder.json")
-    subprocess.run([sys.executable, os.path.join(prof, "make_ladder.py"), ladder, sens_file, "--alpha",
-                    str(shipped["layer_shape"]["alpha"]), "--multipliers", "5.66,2.83,2,1.41,1,0.71,0.5", "--out", out],
+    subprocess.run([sys.executable, os.path.join(prof, "make_ladder.py"), ladder, sens_file] + args + ["--out", out],
                    check=True)
     made = json.load(open(out))["transform"]["levels"]
-for i, (a, b) in enumerate(zip(made, shipped["transform"]["levels"])):
-    for k in ("name", "key_theta", "value_theta", "key_layer_scale", "value_layer_scale"):
-        x, y = a[k], b[k]
-        same = x == y if isinstance(x, str) else all(math.isclose(p, q, rel_tol=1e-9) for p, q in zip(x if isinstance(x, list) else [x], y if isinstance(y, list) else [y]))
-        if not same:
-            fails.append(f"{ladder}: level {i + 1} {k} differs from make_ladder.py's output")
 if len(made) != len(shipped["transform"]["levels"]):
     fails.append(f"{ladder}: {len(shipped['transform']['levels'])} levels, make_ladder.py makes {len(made)}")
+for i, (a, b) in enumerate(zip(made, shipped["transform"]["levels"])):
+    for k in ("name", "key_theta", "value_theta", "key_layer_scale", "value_layer_scale"):
+        if not close(a[k], b[k]):
+            fails.append(f"{ladder}: level {i + 1} {k} differs from make_ladder.py's output")
 sens = sorted(json.load(open(sens_file))["sensitivity"], key=lambda x: x["layer"])
 lev = shipped["transform"]["levels"][0]
 for kind in ("key", "value"):
@@ -42,7 +55,7 @@ for kind in ("key", "value"):
     g = math.exp(sum(math.log(v) for v in sc) / len(sc))
     if not math.isclose(g, 1.0, rel_tol=1e-9):
         fails.append(f"{ladder}: {kind}_layer_scale has geometric mean {g}, not 1")
-    alpha = shipped["layer_shape"]["alpha"]
+    alpha = shape["alpha"]
     prod = [v * s[f"{kind}_kl_per_distortion"] ** alpha for v, s in zip(sc, sens)]
     if max(prod) / min(prod) > 1 + 1e-9:
         fails.append(f"{ladder}: {kind}_layer_scale is not inversely proportional to the sensitivity")

@@ -71,6 +71,9 @@ def main():
     t["default_level"] = min(int(t.get("default_level", 1)), len(pairs))
     ladder["layer_shape"] = {
         "alpha": a.alpha,
+        # How the levels were made, so that tests/ladder_check.py can make them again.
+        "multipliers": [float(m) for m in a.multipliers.split(",")] if a.multipliers else None,
+        "levels": a.levels or None,
         "contexts": tune.get("tuning_contexts"),
         "source": "kvscope-cli tune --codec transform --exponents 1 --multipliers 1 --refine 0 --json (its sensitivity list)",
     }
