@@ -32,6 +32,13 @@ NOT_A_NAME = {"noexcept", "throw", "decltype", "alignas", "__attribute__", "size
               "__launch_bounds__", "if", "for", "while", "switch", "catch", "return"}
 
 
+def skip_block_comment(text, i, line):
+    """Past the /* ... */ that starts at i (to the end of text when unclosed): (index, line)."""
+    end = text.find("*/", i + 2)
+    end = len(text) if end < 0 else end + 2
+    return end, line + text.count("\n", i, end)
+
+
 def tokenize(text):
     """Tokens (kind, value, line) of C++ text: 'id', 'num', 'str', 'chr', 'op'. Comments and
     preprocessor lines are dropped; string and character literals become one token each."""
@@ -56,10 +63,7 @@ def tokenize(text):
                     i += 2
                     continue
                 if text.startswith("/*", i):
-                    end = text.find("*/", i + 2)
-                    end = n if end < 0 else end + 2
-                    line += text.count("\n", i, end)
-                    i = end
+                    i, line = skip_block_comment(text, i, line)
                     continue
                 i += 1
             continue
@@ -69,10 +73,7 @@ def tokenize(text):
             i = n if end < 0 else end
             continue
         if text.startswith("/*", i):
-            end = text.find("*/", i + 2)
-            end = n if end < 0 else end + 2
-            line += text.count("\n", i, end)
-            i = end
+            i, line = skip_block_comment(text, i, line)
             continue
         if c.isalpha() or c == "_":
             j = i + 1
