@@ -50,18 +50,13 @@ bare tool and part names repeated after many openings and with answers unique in
 now); its step lines differ only in a part, a device and a number, so the opening does not single
 out its line for this model. A next try: fewer, more distinct steps per procedure.
 """
-import json
-import os
 import random
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+# The invented-name alphabet and the writer are facts.json's (make_suites.py), so both suite
+# families draw names the same way.
+from make_suites import CODAS, ONSETS, PLACE_SUFFIXES, VOWELS, write
 
-ONSETS = ["b", "br", "c", "d", "dr", "f", "g", "gr", "h", "k", "l", "m", "n", "p", "r", "s", "st",
-          "t", "th", "v", "w", "z"]
-VOWELS = ["a", "e", "i", "o", "u", "ae", "ei", "ou"]
-CODAS = ["", "n", "r", "l", "s", "th", "m", "nd", "rk", "st"]
-PLACE_SUFFIXES = ["holm", "ford", "wick", "mere", "stead", "by", "thorpe", "vale", "gate", "moor"]
 MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September",
           "October", "November", "December"]
 
@@ -638,11 +633,6 @@ def make(genre):
         gid, doc = builder(seed, told + 3)
         items.append(build(f"{gid}-{seed}", doc, told + 1, questions, random.Random(seed * 7 + 1)))
     return {"name": genre, "items": items}
-
-
-def write(name, suite):
-    with open(os.path.join(HERE, name), "w", encoding="utf-8", newline="\n") as f:
-        f.write(json.dumps(suite, indent=1, ensure_ascii=False) + "\n")
 
 
 def main():
