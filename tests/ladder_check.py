@@ -22,7 +22,7 @@ sens_file = os.path.join(prof, "smollm2-135m-instruct.sensitivity.json")
 shipped = json.load(open(ladder))
 shape = shipped["layer_shape"]
 # The same arguments the shipped ladder records it was made with.
-args = ["--alpha", str(shape["alpha"])]
+args = []
 if shape.get("multipliers"):
     args += ["--multipliers", ",".join(repr(m) for m in shape["multipliers"])]
 elif shape.get("levels"):

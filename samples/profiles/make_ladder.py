@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Give a shipped transform ladder per-layer water levels from measured layer sensitivities.
 
-    python3 samples/profiles/make_ladder.py LADDER SENSITIVITY [--alpha A] [--levels K:V,...] [--out FILE]
+    python3 samples/profiles/make_ladder.py LADDER SENSITIVITY [--levels K:V,...] [--out FILE]
 
 LADDER       a shipped ladder (samples/profiles/<model>.transform.json); its levels are replaced
-SENSITIVITY  the JSON printed by `kvscope-cli tune --codec transform --json` (its "sensitivity"
-             list: KL per unit of weighted distortion, per layer, for keys and for values)
---alpha      how far to follow the sensitivities (0 = every layer alike, 1 = the theory), default 1
+SENSITIVITY  the JSON printed by `kvscope-cli tune --codec transform --exponents A --multipliers 1
+             --json`: its first level's key_layer_scale and value_layer_scale are the per-layer
+             factors the tuner derived from its "sensitivity" list (eval/tune_transform.cpp,
+             transformLevelFor; A = how far to follow the sensitivities, 1 = the theory), and
+             every level made here takes them
 --levels     key:value relative water levels, coarsest first (default: the ladder's own)
 --multipliers M,...  instead of --levels: the levels K*m:V*m for one --base K:V (default: the
              key_theta:value_theta of the tune output's first level, which the tuner balanced
@@ -17,7 +19,7 @@ distortion does not cost the same everywhere. Measured on SmolLM2-135M (docs/tra
 values of layer 0 cost about 1000x more KL per unit than those of the last twenty layers, because
 an error in layer 0 travels through every layer after it. Minimising the rate under a KL budget
 gives water levels inversely proportional to the sensitivity (eval/tune_transform.h, step 3):
-theta_l ~ 1 / s_l. The scales are normalised to a geometric mean of 1 per kind, so a level's
+theta_l ~ 1 / s_l. The tuner normalises the scales to a geometric mean of 1 per kind, so a level's
 key_theta and value_theta keep their meaning (the mean level) and the ladder stays a ladder of
 two numbers per level.
 
@@ -26,22 +28,13 @@ The sensitivities are a property of the model, measured on the calibration conte
 """
 import argparse
 import json
-import math
 import sys
-
-
-def layer_scales(sens, key, alpha):
-    s = [max(float(x[key]), 1e-300) for x in sorted(sens, key=lambda x: x["layer"])]
-    log_mean = sum(math.log(v) for v in s) / len(s)
-    # theta_l ~ (1 / s_l)^alpha, geometric mean 1.
-    return [math.exp(alpha * (log_mean - math.log(v))) for v in s]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("ladder")
     ap.add_argument("sensitivity")
-    ap.add_argument("--alpha", type=float, default=1.0)
     ap.add_argument("--levels", default="")
     ap.add_argument("--multipliers", default="")
     ap.add_argument("--base", default="")
@@ -49,12 +42,12 @@ def main():
     a = ap.parse_args()
     ladder = json.load(open(a.ladder))
     tune = json.load(open(a.sensitivity))
-    sens = tune.get("sensitivity")
     layers = ladder.get("num_layers")
-    if not sens or len(sens) != layers:
-        sys.exit(f"make_ladder: {a.sensitivity}: expected a 'sensitivity' list of {layers} layers (kvscope-cli tune --codec transform --json)")
-    ks = layer_scales(sens, "key_kl_per_distortion", a.alpha)
-    vs = layer_scales(sens, "value_kl_per_distortion", a.alpha)
+    tuned = (tune.get("levels") or [{}])[0]
+    ks, vs = tuned.get("key_layer_scale"), tuned.get("value_layer_scale")
+    if not ks or not vs or len(ks) != layers or len(vs) != layers:
+        sys.exit(f"make_ladder: {a.sensitivity}: expected a first level with key_layer_scale and value_layer_scale "
+                 f"of {layers} layers (kvscope-cli tune --codec transform --json)")
     t = ladder["transform"]
     if a.multipliers:
         if a.base:
@@ -70,7 +63,7 @@ def main():
                     "key_layer_scale": ks, "value_layer_scale": vs} for k, v in pairs]
     t["default_level"] = min(int(t.get("default_level", 1)), len(pairs))
     ladder["layer_shape"] = {
-        "alpha": a.alpha,
+        "alpha": tuned.get("exponent"),
         # How the levels were made, so that tests/ladder_check.py can make them again.
         "multipliers": [float(m) for m in a.multipliers.split(",")] if a.multipliers else None,
         "levels": a.levels or None,
