@@ -11,14 +11,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-MODEL="${MODEL:-$HOME/.cache/kvscope/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
-CONTEXT=samples/contexts/long_4k.txt
-[ -f "$MODEL" ] || die "$MODEL: no such model (installer/fetch_model.sh fetches the default one)"
-
-results_start
-cd "$RESULTS_ROOT"
-KV="$WORK/long_4k.h5"
-capture_kv "$MODEL" "$CONTEXT" "$KV"
+start_on_long_4k
 
 # label|encode options (after `encode long_4k.h5 --out X.kvc --verify --json`)
 ROWS=(

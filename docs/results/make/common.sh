@@ -84,6 +84,18 @@ results_write() {
 
 # capture_kv MODEL CONTEXT KV: prefill CONTEXT with MODEL into KV (capture.json beside it in
 # $WORK), or keep both when REUSE=1 and they are there.
+# The start the codec pages share: results_start, then the 4K sample context captured with $MODEL
+# (default: the default model) into $KV.
+start_on_long_4k() {
+  MODEL="${MODEL:-$HOME/.cache/kvscope/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+  CONTEXT=samples/contexts/long_4k.txt
+  [ -f "$MODEL" ] || die "$MODEL: no such model (installer/fetch_model.sh fetches the default one)"
+  results_start
+  cd "$RESULTS_ROOT"
+  KV="$WORK/long_4k.h5"
+  capture_kv "$MODEL" "$CONTEXT" "$KV"
+}
+
 capture_kv() {
   if [ "${REUSE:-0}" = 1 ] && [ -s "$3" ] && [ -s "$WORK/capture.json" ]; then
     say "reusing $3"
