@@ -322,6 +322,45 @@ private slots:
         kvscope_test::expectError("p.json", [&] { validateProfile(pr, "p.json"); }, "transform.rdo_lambda");
     }
 
+    // Per-cache means (READ ME FIRST, 9): a cache whose values sit away from the calibration's
+    // mean (another genre) codes smaller and closer with adapt_mean; the means travel in the
+    // file (which decodes like the trial) and count 4 bytes per channel and block.
+    void adaptMean()
+    {
+        const KvSet calib = syntheticCache(83);
+        KvSet kv = syntheticCache(84, 300, DType::F32);
+        const KvShape& sh = kv.shape();
+        for (int l = 0; l < sh.numLayers; ++l)  // values of channel 3 of head 1 shifted by 1.5
+            for (int t = 0; t < sh.numTokens; ++t) kv.set(KvKind::Value, l, 1, t, 3, kv.at(KvKind::Value, l, 1, t, 3) + 1.5f);
+        TransformSettings s;
+        CodecParams off = transformParams(kv, s, {0.03, 0.01});
+        calibrate(off, {&calib});
+        CodecParams on = off;
+        on.profile.transform.adaptMean = true;
+        prepareTransform(on, kv, "profile");
+        const TransformModel& m = *on.transform;
+        QVERIFY(m.meansFromCache);
+        QCOMPARE(transformSideBytes(m), size_t(2 * sh.numLayers * sh.numKvHeads * sh.headDim * 4));
+        double mean = 0;  // the coded tokens' mean of that channel in layer 2 (value channel 1 * D + 3)
+        for (int t = s.sinkTokens; t < sh.numTokens; ++t) mean += kv.at(KvKind::Value, 2, 1, t, 3);
+        mean /= double(sh.numTokens - s.sinkTokens);
+        QVERIFY(std::fabs(m.block(KvKind::Value, 2).mean[size_t(sh.headDim + 3)] - mean) < 1e-5);
+        for (int level = 1; level <= 2; ++level) {
+            const CodecTrial a = runCodecTrial(kv, off, level), b = runCodecTrial(kv, on, level);
+            const double ea = keyMse(kv, a.decoded), eb = keyMse(kv, b.decoded);
+            QVERIFY2(b.bytes < a.bytes && eb < ea, (std::to_string(b.bytes) + " B, error " + std::to_string(eb) + " vs " +
+                                                    std::to_string(a.bytes) + " B, " + std::to_string(ea)).c_str());
+            QCOMPARE(b.tableBytes, transformSideBytes(m));
+        }
+        QTemporaryDir dir;
+        const std::string path = (dir.path() + "/m.kvc").toStdString();
+        writeKvc(kv, on, path);
+        QCOMPARE(decodedCrc(KvcReader::openFile(path)->decodeAll({2})), decodedCrc(runCodecTrial(kv, on, 2).decoded));
+        const std::string ppath = (dir.path() + "/p.json").toStdString();
+        saveProfile(on.profile, ppath);
+        QVERIFY(loadProfile(ppath).transform.adaptMean);
+    }
+
     // fitTransform is fitTransformBlocks + fitTransformLevel per level, byte for byte.
     void fitSplitsIntoLevels()
     {

@@ -315,6 +315,7 @@ void parseTransformJson(const json& t, CodecProfile& p, const std::string& src)
         if (!t.at("rdo_lambda").is_number()) throw inputError(src, "transform.rdo_lambda", "must be a number");
         s.rdoLambda = t.at("rdo_lambda").get<double>();
     }
+    s.adaptMean = getBool(t, "adapt_mean", false, src, "transform");
     p.transformDefaultLevel = getInt(t, "default_level", 1, src);
     if (!t.contains("levels") || !t.at("levels").is_array() || t.at("levels").empty() || t.at("levels").size() > 64)
         throw inputError(src, "transform.levels", "must be an array of 1 to 64 levels");
@@ -465,6 +466,7 @@ std::string profileToJson(const CodecProfile& p)
             t["importance_power"] = s.importancePower;
         }
         if (s.rdoLambda != 0) t["rdo_lambda"] = s.rdoLambda;
+        if (s.adaptMean) t["adapt_mean"] = true;
         t["default_level"] = p.transformDefaultLevel;
         json tl = json::array();
         for (const TransformLevel& l : p.transformLevels) {

@@ -79,6 +79,13 @@
 //    calibrated tables are counted twice: with nearest rounding, then with this rule and the
 //    first tables' lengths.
 //
+// 9. Per-cache means (adapt_mean, off by default; encoder only, the decoder is unchanged). Text of
+//    another genre shifts the mean of many channels away from the calibration's (measured on
+//    SmolLM2: the shift is most of what a second-moment estimate about the calibrated mean
+//    loses). With adapt_mean the block's mean becomes the mean of the cache's coded tokens (RoPE
+//    undone for keys); basis, variances, steps and tables stay calibrated. The C means of every
+//    block are counted in the size (transformSideBytes), as 4-byte floats, the form they travel in.
+//
 // Where the side information lives: a TransformModel (means, A, steps, tables per level) is fitted
 // by `kvscope-cli calibrate --codec transform` on calibration caches and stored in the profile;
 // the container carries the model it was encoded with (transform section, FORMAT.md) so every
@@ -131,6 +138,10 @@ struct TransformSettings {
     // to nearest (default), kappa > 0 = choose between nearest and one step toward zero by
     // (z/Delta - q)^2 + kappa (ln 2 / 6) bits(q). Calibration counts its tables with the same rule.
     double rdoLambda = 0.0;  // 0..16
+    // Per-cache means (READ ME FIRST, 9), encoder-side like the above: the calibrated model's means
+    // are replaced by the means of the cache being coded; the new means travel in the container's
+    // model and count as side information (4 bytes per channel and block).
+    bool adaptMean = false;
     bool operator==(const TransformSettings& o) const;
 };
 
@@ -184,6 +195,7 @@ struct TransformModel {
     std::vector<double> keyTheta, valueTheta;            // (levels) t per level, for reports
     std::vector<std::vector<TransformLevelBlock>> levels;  // [level - 1][kind * L + layer]
     bool fittedOnCache = false;  // statistics from the cache being coded (its bytes count as side information)
+    bool meansFromCache = false;  // a calibrated model whose means were re-estimated on the cache (adapt_mean)
 
     int channels() const { return heads * headDim; }
     int numLevels() const { return int(levels.size()); }
@@ -248,7 +260,8 @@ inline int rdoSymbol(double x, int sym, int M, const float* bits, double kappa)
 size_t transformModelBytes(const TransformModel& m);
 // What a model fitted on the cache itself adds to that cache's size: everything but the decode
 // matrices, which a hadamard or identity basis derives from the seed and the model's weights.
-// 0 for calibrated models (per-model data, like calibrated tables).
+// For a calibrated model: 0 (per-model data, like calibrated tables), or the means when they were
+// re-estimated on the cache (adapt_mean).
 size_t transformSideBytes(const TransformModel& m);
 
 // Linear algebra used by the fit (exposed for tests). Symmetric eigendecomposition by cyclic

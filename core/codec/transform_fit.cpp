@@ -229,6 +229,26 @@ std::vector<uint16_t> laplaceTable(double variance, double step, int M)
     return buildProbTable(counts.data(), A).freq;
 }
 
+// READ ME FIRST, 9: the block means of a calibrated model replaced by those of kv's coded tokens
+// (past the sinks; with m's RoPE, which is kv's, undone for keys). Blocks whose cache rows are
+// empty keep the calibrated mean.
+void adaptMeans(TransformModel& m, const KvSet& kv)
+{
+    const int L = m.numLayers, C = m.channels();
+    detail::parallelUnits(2 * L, [&](int u) {
+        const KvKind kind = u < L ? KvKind::Key : KvKind::Value;
+        size_t n = 0;
+        const std::vector<float> rows = gatherRows(m.settings, {&kv}, kind, u % L, &n);
+        if (n == 0) return;
+        std::vector<double> sum(static_cast<size_t>(C), 0.0);
+        for (size_t t = 0; t < n; ++t)
+            for (int c = 0; c < C; ++c) sum[size_t(c)] += rows[t * C + size_t(c)];
+        std::vector<float>& mean = m.blocks[size_t(u)].mean;
+        for (int c = 0; c < C; ++c) mean[size_t(c)] = float(sum[size_t(c)] / double(n));
+    });
+    m.meansFromCache = true;
+}
+
 }  // namespace
 
 // Quantizes one component value: the symbol and (for escapes) the exact integer.
@@ -419,6 +439,7 @@ void prepareTransform(CodecParams& p, const KvSet& kv, const std::string& source
         m.settings.importanceQuantile = s.importanceQuantile;
         m.settings.importancePower = s.importancePower;
         m.settings.rdoLambda = s.rdoLambda;
+        m.settings.adaptMean = s.adaptMean;
         if (m.numLevels() != int(pr.transformLevels.size()))
             throw inputError(source, "transform.levels", "the calibrated model has " + std::to_string(m.numLevels()) +
                                                              " levels, the profile lists " + std::to_string(pr.transformLevels.size()) +
@@ -451,6 +472,7 @@ void prepareTransform(CodecParams& p, const KvSet& kv, const std::string& source
         m.ropeInvFreq = kv.ropeInvFreq;
         m.ropePosition0 = kv.ropePosition0;
     }
+    if (s.adaptMean && !m.fittedOnCache) adaptMeans(m, kv);
     p.transform = std::make_shared<const TransformModel>(std::move(m));
 }
 

@@ -110,6 +110,7 @@ size_t transformModelBytes(const TransformModel& m)
 
 size_t transformSideBytes(const TransformModel& m)
 {
+    if (m.meansFromCache) return 2 * size_t(m.numLayers) * size_t(m.channels()) * sizeof(float);
     if (!m.fittedOnCache) return 0;
     const size_t matrices = 2 * size_t(m.numLayers) * size_t(m.channels()) * size_t(m.channels()) * 2;
     return transformModelBytes(m) - matrices;

@@ -26,7 +26,8 @@ std::string hex64(uint64_t v)
 }
 
 // FNV-1a of the ladder's canonical JSON: its switches and levels, without the calibrated model,
-// the measured figures and the default level (none of which changes what is fitted).
+// the measured figures, the default level and adapt_mean (none of which changes what is fitted:
+// adapt_mean replaces the means when a cache is encoded).
 std::string ladderDigest(const CodecProfile& p)
 {
     CodecProfile bare = p;
@@ -35,6 +36,7 @@ std::string ladderDigest(const CodecProfile& p)
     for (TransformLevel& l : bare.transformLevels) l.measuredJson.clear();
     json j = json::parse(profileToJson(bare));
     j["transform"].erase("default_level");  // which level is the default does not change the fit
+    j["transform"].erase("adapt_mean");
     const std::string text = j["transform"].dump() + j["chunk_tokens"].dump();
     uint64_t h = 1469598103934665603ull;
     for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
@@ -81,7 +83,7 @@ DefaultTransform findDefaultTransform(const std::string& fingerprint)
 namespace {
 
 // d.cachePath when it holds a fit of d's ladder for this fingerprint, else "" (read once; the
-// ladder's default level and measured figures are copied in when they changed).
+// ladder's default level, adapt_mean and measured figures are copied in when they changed).
 std::string usableCache(const DefaultTransform& d, const std::string& fingerprint)
 {
     if (!isRegularFile(d.cachePath)) return "";
@@ -93,11 +95,13 @@ std::string usableCache(const DefaultTransform& d, const std::string& fingerprin
         if (j.value("/calibration/ladder_digest"_json_pointer, std::string()) != d.ladderDigest) return "";
         // The same fit; the shipped ladder's default level and measured figures may be newer.
         const CodecProfile& ladder = d.ladder;
-        bool stale = p.transformDefaultLevel != ladder.transformDefaultLevel;
+        bool stale = p.transformDefaultLevel != ladder.transformDefaultLevel ||
+                     p.transform.adaptMean != ladder.transform.adaptMean;
         for (size_t l = 0; l < p.transformLevels.size(); ++l)
             stale = stale || p.transformLevels[l].measuredJson != ladder.transformLevels[l].measuredJson;
         if (stale) {
             p.transformDefaultLevel = ladder.transformDefaultLevel;
+            p.transform.adaptMean = ladder.transform.adaptMean;
             for (size_t l = 0; l < p.transformLevels.size(); ++l) p.transformLevels[l].measuredJson = ladder.transformLevels[l].measuredJson;
             json k = json::parse(profileToJson(p));
             k["calibration"] = j["calibration"];

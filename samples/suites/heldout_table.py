@@ -27,7 +27,9 @@ import sys
 # transform_hi: more levels of the same ladder measured by a later run (same rows, same keys).
 # transform_uniform(_hi): the ladder before its per-layer shape (every layer of a kind at the same
 # water level), kept as the comparison the layer shape is judged against.
-FAMILIES = ["baselines", "cachegen", "tuned", "transform", "transform_hi", "transform_uniform", "transform_uniform_hi"]
+# transform_mean: the same ladder with per-cache means (adapt_mean, its side bytes counted).
+FAMILIES = ["baselines", "cachegen", "tuned", "transform", "transform_hi", "transform_mean", "transform_uniform",
+            "transform_uniform_hi"]
 # Rows of one family that continue another (more levels of the same ladder).
 SAME_AS = {"transform_hi": "transform", "transform_uniform_hi": "transform_uniform"}
 
@@ -46,6 +48,8 @@ def row_key(family, r):
         return ("cachegen tuned", r["level"])
     if SAME_AS.get(family, family) == "transform_uniform":
         return ("transform, uniform layers", r["level"])
+    if family == "transform_mean":
+        return ("transform, per-cache means", r["level"])
     return (r["codec"], r["level"])
 
 
