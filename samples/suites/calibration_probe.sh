@@ -5,6 +5,7 @@
 #   generic  technical_note + long_4k (the shipped calibration)
 #   nocode   generic + the first item of inventory, narrative and meetings (wider, still no code)
 #   code     the first two items of code.json (in genre: what calibrating on the genre would buy)
+#   generic+mean  generic with per-cache means ("adapt_mean": true, the means counted in the size)
 # Prints bits/value and the reconstruction RMS of each level. A proxy (unweighted RMS, one
 # context), not the iso-quality bar: it says where to look, the suites say what passes.
 #
@@ -40,7 +41,9 @@ cal() { name=$1; shift; "$CLI" calibrate --codec transform "$@" --profile "$W/la
 cal generic "$TN" "$L4"
 cal nocode "$TN" "$L4" "$I1" "$N1" "$M1"
 cal code "$C1" "$C2"
-for name in generic nocode code; do
+python3 -c "import json,sys; p=json.load(open(sys.argv[1])); p['transform']['adapt_mean']=True; json.dump(p,open(sys.argv[2],'w'))" \
+    "$W/generic.json" "$W/generic+mean.json"
+for name in generic nocode code generic+mean; do
     "$CLI" encode "$HELD" --codec transform --profile "$W/$name.json" --out "$W/$name.kvc" --verify --json |
         python3 -c "
 import json, sys
