@@ -759,6 +759,78 @@ private slots:
                     policies[1].toObject()["mean_kl"].toDouble());
     }
 
+    // Issue 32: the oracle on a constant-rate link where the answer is known. Decode and the
+    // question's prefill are modelled (a fast custom target), so a fixed level's TTFT is its bytes
+    // over the link rate and little else. First every level meets a loose SLO: the oracle is the
+    // level with the lowest KL, and each level's regret is its KL minus that one. Then the link is
+    // set so that level 3 needs 2 s and the SLO sits halfway between level 2's time and level 3's:
+    // the oracle must be level 2 on every run.
+    void streamOracle()
+    {
+        if (!QFile::exists(QString::fromStdString(defaultModelPath())))
+            QSKIP("the default model is absent (installer/fetch_model.sh fetches it)");
+        const QString context = KVSCOPE_SOURCE_DIR "/samples/contexts/story.txt";
+        const QString dir = m_dir.path() + "/oracle";
+        auto stream = [&](const QStringList& extra) {
+            QProcess cli;
+            cli.start(kCli, QStringList{"stream", "--context", context, "--target-prefill", "1000000", "--target-decode",
+                                        "1000", "--quality-tokens", "2", "--threads", "1", "--json"} + extra);
+            cli.waitForFinished(900000);
+            const QByteArray err = cli.readAllStandardError();
+            if (cli.exitCode() != 0) qWarning("%s", err.constData());
+            return QJsonDocument::fromJson(cli.readAllStandardOutput()).object();
+        };
+        const QJsonObject loose = stream({"--bandwidth", "2Gbit", "--slo", "60", "--policy", "level:1,level:2,level:3",
+                                          "--workdir", dir});
+        QCOMPARE(loose["oracle_source"].toString().left(6), QString("replay"));
+        const QJsonArray fixed = loose["policies"].toArray();
+        QCOMPARE(fixed.size(), 3);
+        double kl[4] = {}, bytes[4] = {};
+        int best = 0;
+        for (int l = 1; l <= 3; ++l) {
+            const QJsonObject p = fixed[l - 1].toObject();
+            QVERIFY(p["slo_met"].toBool());
+            kl[l] = p["mean_kl"].toDouble();
+            for (const QJsonValue& c : p["chunks"].toArray()) bytes[l] += c.toObject()["bytes"].toDouble();
+            if (best == 0 || kl[l] < kl[best]) best = l;
+        }
+        QVERIFY2(kl[3] < kl[2] && kl[2] < kl[1], "more bits, less distortion");
+        QVERIFY(bytes[2] < 0.9 * bytes[3]);  // room on each side of the SLO below
+        for (int l = 1; l <= 3; ++l) {
+            const QJsonObject run = fixed[l - 1].toObject()["runs"].toArray()[0].toObject();
+            QCOMPARE(run["oracle_level"].toInt(), best);
+            QCOMPARE(run["oracle_kl"].toDouble(), kl[best]);
+            QVERIFY(std::abs(run["regret_kl"].toDouble() - (kl[l] - kl[best])) < 1e-12);
+            QCOMPARE(fixed[l - 1].toObject()["oracle_level"].toInt(), best);
+        }
+
+        // Level 3 takes 2 s on this link; the SLO sits halfway to level 2's time.
+        const double rate = bytes[3] / 2.0;  // bytes/s
+        const double slo = (bytes[2] / rate + bytes[3] / rate) / 2;
+        const QJsonObject tight = stream({"--bandwidth", QString::number(qint64(rate * 8 / 1000)) + "kbit", "--slo",
+                                          QString::number(slo, 'f', 3), "--policy", "adaptive,level:3", "--runs", "2",
+                                          "--store", dir + "/context.cachegen.kvc," + dir + "/context.int8.kvc"});
+        const QJsonArray policies = tight["policies"].toArray();
+        QCOMPARE(policies.size(), 2);
+        QVERIFY(!policies[1].toObject()["slo_met"].toBool());  // level 3 misses
+        for (const QJsonValue& pv : policies) {
+            const QJsonObject p = pv.toObject();
+            for (const QJsonValue& rv : p["runs"].toArray()) {
+                const QJsonObject run = rv.toObject();
+                QCOMPARE(run["oracle_level"].toInt(), 2);
+                QVERIFY(std::abs(run["oracle_kl"].toDouble() - kl[2]) <= 1e-9 * kl[2]);
+                QVERIFY(std::abs(run["regret_kl"].toDouble() - (run["quality"].toObject()["kl"].toDouble() - kl[2])) < 1e-12);
+            }
+            QCOMPARE(p["oracle_level"].toInt(), 2);
+            QCOMPARE(p["oracle_runs"].toInt(), 2);
+        }
+        std::printf("ORACLE level KL %.5f / %.5f / %.5f, bytes %.0f / %.0f / %.0f; SLO %.3f s at %.0f B/s: oracle level 2, "
+                    "adaptive hit %.2f, KL %.5f, regret %+.5f\n",
+                    kl[1], kl[2], kl[3], bytes[1], bytes[2], bytes[3], slo, rate,
+                    policies[0].toObject()["slo_hit_rate"].toDouble(), policies[0].toObject()["mean_kl"].toDouble(),
+                    policies[0].toObject()["regret_kl"].toDouble());
+    }
+
     // kvscope-cli stream on the default model: the JSON contract, the pacing invariant over the
     // run, adaptive meeting an easy SLO under a bandwidth drop, and a server dying mid-stream.
     void streamCli()

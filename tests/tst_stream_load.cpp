@@ -1,7 +1,8 @@
 // The chunk server under load: 16 streaming clients sharing one shaped bottleneck get max-min fair
 // shares while misbehaving peers (a reader that stops reading, garbage and oversized frames,
-// disconnects mid-reply) come and go, memory stays bounded; and the Redis store serves reads
-// while other contexts are pushed concurrently.
+// disconnects mid-reply) come and go, memory stays bounded; 16 clients keep fetching whole
+// contexts in time while 200 slowloris peers and a connect flood try to lock them out; and the
+// Redis store serves reads while other contexts are pushed concurrently.
 #include "testmain.h"
 #include "stream_cases.h"
 
@@ -19,7 +20,9 @@
 #include <QProcess>
 #include <QTemporaryDir>
 
+#include <algorithm>
 #include <atomic>
+#include <deque>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -187,6 +190,129 @@ private slots:
         QVERIFY(garbage > 5 && oversized > 5 && cut > 5);
         QVERIFY(server->stats().errorFrames >= uint64_t(garbage + oversized));
         QVERIFY2(rssPeak - rss0 < 256 * 1024, std::to_string(rssPeak - rss0).c_str());  // bounded: no growth with time
+        QVERIFY(!server->dead());
+    }
+
+    // Issue 32: 200 slowloris peers (3 bytes of a frame header, then silence; reconnecting when
+    // dropped) and a connect flood (400 plain connections held open, a new one every 10 ms) run
+    // while 16 clients each fetch the whole context over and over, every run on a new connection.
+    // Default limits but a 2 s frame timeout, so the test sees several generations of slowloris.
+    // Every run must get every chunk byte-exact within 2 s: 4.8x the fair-share time of a round
+    // (16 x 1 MiB at 40 MB/s = 0.42 s), where before the server refused everyone for 30 s.
+    void hostilePeers()
+    {
+        constexpr int kClients = 16, kSlow = 200, kFlood = 400;
+        constexpr double kRate = 40e6, kRunDeadline = 2.0, kAttackFirst = 1.0, kLegitSeconds = 8.0;
+        const KvSet kv = syntheticKv(8, 4, 128, 12);  // fp16 chunks of 16 tokens: 8 x 128 KiB
+        const std::string file = encode(kv, CodecId::Fp16, 16, path("hostile.kvc"));
+        const auto reader = KvcReader::openFile(file);
+        const std::string ctx = kvcContextKey(*reader);
+        const int chunks = reader->params().numChunks();
+        std::vector<std::vector<uint8_t>> expected;
+        for (int ch = 0; ch < chunks; ++ch) expected.push_back(reader->readChunk(ch, 1));
+        ServerOptions o;
+        o.link = LinkSchedule::constant(kRate);
+        o.frameTimeout = 2.0;
+        QVERIFY(o.maxConnections < kSlow + kFlood + kClients);  // the table overflows: eviction is exercised
+        auto server = std::make_unique<ChunkServer>(std::shared_ptr<ChunkStore>(openStore(file)), o);
+        server->start();
+        const int port = server->port();
+
+        std::atomic<bool> stop{false};
+        std::atomic<int> slowConnects{0}, slowTold{0}, floodConnects{0};
+        std::thread slowloris([&] {
+            std::vector<Socket> peers(kSlow);
+            while (!stop) {
+                for (Socket& s : peers) {
+                    if (stop) break;
+                    try {
+                        if (!s.valid()) {
+                            s = Socket::connectTcp("127.0.0.1", port, 0.5);
+                            s.sendAll("KVS", 3, monoSeconds() + 0.5);
+                            ++slowConnects;
+                        } else if (s.waitReadable(monoSeconds())) {
+                            uint8_t h[kFrameHeaderBytes];
+                            s.recvAll(h, sizeof h, monoSeconds() + 0.5);  // the error frame's header
+                            FrameType t;
+                            uint32_t n;
+                            std::string why;
+                            if (parseFrameHeader(h, &t, &n, &why) && t == FrameType::Error) ++slowTold;
+                            s.close();
+                        }
+                    } catch (const std::exception&) {
+                        s.close();
+                    }
+                }
+                std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            }
+        });
+        std::thread flood([&] {
+            std::deque<Socket> held;
+            while (!stop) {
+                try {
+                    held.push_back(Socket::connectTcp("127.0.0.1", port, 0.5));
+                    ++floodConnects;
+                    if (held.size() > size_t(kFlood)) held.pop_front();
+                } catch (const std::exception&) {
+                }
+                std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            }
+        });
+        std::this_thread::sleep_for(std::chrono::duration<double>(kAttackFirst));
+
+        std::vector<int> runs(kClients), hits(kClients);
+        std::vector<double> worst(kClients);
+        std::vector<std::string> failures(kClients);
+        std::vector<std::thread> clients;
+        const double until = monoSeconds() + kLegitSeconds;
+        for (int c = 0; c < kClients; ++c)
+            clients.emplace_back([&, c] {
+                while (monoSeconds() < until) {
+                    const double t0 = monoSeconds();
+                    ++runs[size_t(c)];
+                    try {
+                        ChunkClient client("127.0.0.1", port, ClientOptions{kRunDeadline, kRunDeadline});
+                        for (int ch = 0; ch < chunks; ++ch)
+                            client.send(request(FrameType::ChunkRequest, ctx, CodecId::Fp16, (ch + c) % chunks, 1));
+                        for (int ch = 0; ch < chunks; ++ch) {
+                            const Reply r = client.receive(1 << 20, t0 + kRunDeadline);
+                            if (r.type != FrameType::Chunk || r.payload != expected[size_t((ch + c) % chunks)])
+                                throw Error("chunk " + std::to_string((ch + c) % chunks) + ": bytes differ");
+                        }
+                        ++hits[size_t(c)];
+                        worst[size_t(c)] = std::max(worst[size_t(c)], monoSeconds() - t0);
+                    } catch (const std::exception& e) {
+                        failures[size_t(c)] = "client " + std::to_string(c) + " run " + std::to_string(runs[size_t(c)]) +
+                                              ": " + e.what();
+                    }
+                }
+            });
+        for (auto& t : clients) t.join();
+        const ServerStats during = server->stats();
+        stop = true;
+        slowloris.join();
+        flood.join();
+
+        int allRuns = 0, allHits = 0;
+        double slowest = 0;
+        for (int c = 0; c < kClients; ++c) {
+            allRuns += runs[size_t(c)];
+            allHits += hits[size_t(c)];
+            slowest = std::max(slowest, worst[size_t(c)]);
+        }
+        std::printf("HOSTILE 16 clients: %d of %d runs in time (hit %.3f), slowest %.3f s of %.1f s; %d slowloris connects "
+                    "(%d told why), %d flood connects; server: %llu evicted, %llu refused, %llu frame timeouts, %llu "
+                    "open at the end\n",
+                    allHits, allRuns, double(allHits) / allRuns, slowest, kRunDeadline, slowConnects.load(), slowTold.load(),
+                    floodConnects.load(), (unsigned long long)during.evicted, (unsigned long long)during.refused,
+                    (unsigned long long)during.frameTimeouts, (unsigned long long)during.open);
+        for (int c = 0; c < kClients; ++c) QVERIFY2(failures[size_t(c)].empty(), failures[size_t(c)].c_str());
+        for (int c = 0; c < kClients; ++c) QVERIFY2(runs[size_t(c)] >= 4, std::to_string(runs[size_t(c)]).c_str());
+        QCOMPARE(allHits, allRuns);
+        QVERIFY(during.evicted > 0);                          // the flood filled the table
+        QVERIFY(during.frameTimeouts >= uint64_t(2 * kSlow));  // every slowloris dropped, more than once
+        QVERIFY(slowTold > 0);                                 // with an error frame saying why
+        QVERIFY(during.open <= uint64_t(o.maxConnections));
         QVERIFY(!server->dead());
     }
 

@@ -6,6 +6,7 @@
 // int8 file of the same context), a folder of them, or redis://HOST:PORT/PREFIX filled by `push`.
 // Without --store, the context's KV is encoded with cachegen and int8 into --workdir.
 #include "cli_codec.h"
+#include "cli_stream.h"
 #include "cli_grammar.h"
 #include "cli_common.h"
 
@@ -75,68 +76,6 @@ struct LinkOpts {
         return LinkSchedule::constant(125e9);
     }
 };
-
-json resultJson(const StreamResult& r)
-{
-    auto part = [](const TtftPart& p) { return json{{"seconds", p.seconds}, {"source", p.modelled ? "modelled" : "measured"}}; };
-    json chunks = json::array();
-    for (const ChunkEvent& e : r.chunks) {
-        json c = {{"index", e.index},
-                  {"bytes", e.bytes},
-                  {"sent_s", e.sentS},
-                  {"first_byte_s", e.firstByteS},
-                  {"arrived_s", e.arrivedS},
-                  {"job_start_s", e.jobStartS},
-                  {"decoded_s", e.decodedS},
-                  {"job_s", e.jobSeconds},
-                  {"attempts", e.attempts},
-                  {"source", e.local ? "local" : e.level == 0 ? "tokens" : "link"}};
-        if (e.throughputEstimate > 0) {
-            c["throughput_estimate_Bps"] = e.throughputEstimate;
-            c["predicted_ttft_s"] = e.predictedTtftS;
-        }
-        if (e.level == 0) c["level"] = "text";
-        else c["level"] = e.level;
-        if (!e.note.empty()) c["note"] = e.note;
-        chunks.push_back(c);
-    }
-    return json{
-        {"policy", r.policy},
-        {"ttft_s", r.ttftSeconds},
-        {"slo_s", r.sloSeconds},
-        {"slo_met", r.sloMet},
-        {"ttft_parts",
-         {{"transfer", part(r.transfer)},
-          {"decode", part(r.decode)},
-          {"recompute", part(r.recompute)},
-          {"kv_load", part(r.kvLoad)},
-          {"prefill", part(r.prefill)},
-          {"first_token", part(r.firstToken)}}},
-        {"busy_s", {{"decode", r.decodeBusySeconds}, {"recompute", r.recomputeBusySeconds}}},
-        {"chunks", chunks},
-        {"link",
-         {{"delivered_bytes", r.deliveredBytes},
-          {"capacity_bytes", r.capacityBytes},
-          {"seconds", r.linkSeconds},
-          {"utilisation", r.capacityBytes > 0 ? number(double(r.deliveredBytes) / r.capacityBytes) : json(nullptr)},
-          {"backlogged_capacity_bytes", r.backloggedCapacityBytes},
-          {"pacer_idle_lost_bytes", r.idleLostBytes},
-          {"pacer_busy_lost_bytes", r.busyLostBytes},
-          {"pacer_busy_capacity_bytes", r.busyCapacityBytes},
-          // While backlogged: inside the pacer's busy periods only (a reply queued or being sent),
-          // so a plan's own idle stretches (text recompute, no request due) do not count.
-          {"busy_utilisation", r.busyCapacityBytes > 0 ? number(1.0 - r.busyLostBytes / r.busyCapacityBytes) : json(nullptr)},
-          {"backlogged_utilisation", r.backloggedCapacityBytes > 0
-                                         ? number(double(r.backloggedDeliveredBytes) / r.backloggedCapacityBytes)
-                                         : json(nullptr)}}},
-        {"quality",
-         {{"token_agreement", r.tokenAgreement},
-          {"first_token_match", r.firstTokenMatch},
-          {"tokens", r.tokens},
-          {"text", r.text}}},
-        {"log", r.log},
-    };
-}
 
 // The question asked after a context: --question, else the "question" of the sidecar X.json
 // next to X.txt, else a generic one.
@@ -213,6 +152,7 @@ struct StreamOpts {
     LinkOpts link;
     double slo = 0, targetPrefill = 0, targetDecode = 0, targetKvBytes = 0, stallTimeout = 2.0;
     int runs = 1, qualityTokens = 32, window = 0, horizon = 5;
+    bool noOracle = false;
 };
 
 void addStreamOptions(CLI::App* sub, StreamOpts& o)
@@ -253,6 +193,8 @@ void addStreamOptions(CLI::App* sub, StreamOpts& o)
     sub->add_option("--quality", o.quality, "kl: KL and delta PPL of every run's cache (eval quality module); agreement: answers only")
         ->check(CLI::IsMember({"kl", "agreement"}))->capture_default_str();
     sub->add_option("--fault", o.faults, "server faults: die:N, corrupt:N, stall:N (N = chunk reply from 0)");
+    sub->add_flag("--no-oracle", o.noOracle,
+                  "skip the oracle replays (every fixed level again on each run's link); oracle_level, oracle_kl and regret_kl are then null");
     sub->add_option("--stall-timeout", o.stallTimeout, "seconds without a byte before a fetch counts as stalled")
         ->capture_default_str();
     sub->add_option("--quality-tokens", o.qualityTokens, "greedy tokens compared with the original")->capture_default_str();
@@ -440,65 +382,66 @@ void addStreamCommand(CLI::App& app, Output& out)
             if (it == qualityMemo.end()) it = qualityMemo.emplace(key, qref->measure(*res.cache, false)).first;
             return &it->second;
         };
-        json results = json::array();
-        for (const Policy& p : policies) {
+        // Every policy's runs first, then the oracle's replays: the replays must not change what the
+        // policies' runs see (adaptive carries its throughput estimate from one run to the next).
+        std::vector<PolicyRuns> done(policies.size());
+        auto runOnce = [&](const Policy& p, int r, PolicyRuns& into, bool replay) {
+            // A dead server (fault) stays dead for the rest of the command, as it would.
+            const double offset = schedule.isTrace() ? schedule.tracePeriodSeconds() * r / o->runs : 0.0;
             so.policy = p;
-            std::vector<double> ttfts;
-            json runs = json::array();
-            int met = 0;
-            double agreementSum = 0, klSum = 0, pplSum = 0, utilSum = 0, busyUtilSum = 0;
-            int measured = 0, utilRuns = 0, busyUtilRuns = 0;
-            for (int r = 0; r < o->runs; ++r) {
-                // A dead server (fault) stays dead for the rest of the command, as it would.
-                const double offset = schedule.isTrace() ? schedule.tracePeriodSeconds() * r / o->runs : 0.0;
-                if (kernel) kernel->start(offset);
-                StreamResult res = streamer.run(so, kernel ? &shadow : &server->pacer(), offset);
-                if (kernel) kernel->stopShaping();
-                const Quality* q = measureQuality(res);
-                res.cache.reset();
-                std::fprintf(stderr, "stream: %-9s run %d: TTFT %.3f s (%s SLO %.3f s), agreement %.2f%s\n",
-                             p.name().c_str(), r + 1, res.ttftSeconds, res.sloMet ? "meets" : "misses", o->slo,
-                             res.tokenAgreement, q ? (", KL " + std::to_string(q->kl)).c_str() : "");
-                ttfts.push_back(res.ttftSeconds);
-                met += res.sloMet;
-                agreementSum += res.tokenAgreement;
-                json j = resultJson(res);
-                j["link_offset_s"] = offset;
-                if (q) {
-                    j["quality"]["kl"] = q->kl;
-                    j["quality"]["delta_ppl_pct"] = q->deltaPplPct;
-                    klSum += q->kl;
-                    pplSum += q->deltaPplPct;
-                    ++measured;
-                }
-                if (res.capacityBytes > 0) {
-                    utilSum += double(res.deliveredBytes) / res.capacityBytes;
-                    ++utilRuns;
-                }
-                if (res.busyCapacityBytes > 0) {
-                    busyUtilSum += 1.0 - res.busyLostBytes / res.busyCapacityBytes;
-                    ++busyUtilRuns;
-                }
-                runs.push_back(j);
+            if (kernel) kernel->start(offset);
+            StreamResult res = streamer.run(so, kernel ? &shadow : &server->pacer(), offset);
+            if (kernel) kernel->stopShaping();
+            const Quality* q = measureQuality(res);
+            res.cache.reset();
+            std::fprintf(stderr, "stream: %-9s %s %d: TTFT %.3f s (%s SLO %.3f s), agreement %.2f%s\n", p.name().c_str(),
+                         replay ? "oracle replay" : "run", r + 1, res.ttftSeconds, res.sloMet ? "meets" : "misses", o->slo,
+                         res.tokenAgreement, q ? (", KL " + std::to_string(q->kl)).c_str() : "");
+            json j = resultJson(res);
+            j["link_offset_s"] = offset;
+            if (q) {
+                j["quality"]["kl"] = q->kl;
+                j["quality"]["delta_ppl_pct"] = q->deltaPplPct;
             }
-            std::vector<double> sorted = ttfts;
-            std::sort(sorted.begin(), sorted.end());
-            json summary = runs.front();
-            summary["runs"] = runs;
-            summary["ttft_median_s"] = sorted[sorted.size() / 2];
-            summary["slo_hit_rate"] = double(met) / double(o->runs);
-            summary["mean_token_agreement"] = agreementSum / double(o->runs);
-            summary["mean_kl"] = measured ? number(klSum / measured) : json(nullptr);
-            summary["mean_delta_ppl_pct"] = measured ? number(pplSum / measured) : json(nullptr);
-            summary["mean_utilisation"] = utilRuns ? number(utilSum / utilRuns) : json(nullptr);
-            summary["mean_busy_utilisation"] = busyUtilRuns ? number(busyUtilSum / busyUtilRuns) : json(nullptr);
-            summary["ttft_mean_s"] = [&] {
-                double t = 0;
-                for (double x : ttfts) t += x;
-                return t / double(ttfts.size());
-            }();
-            results.push_back(summary);
+            into.runs.push_back(j);
+            into.ttfts.push_back(res.ttftSeconds);
+            into.kl.push_back(q ? q->kl : -1.0);
+            into.met.push_back(res.sloMet);
+        };
+        for (size_t pi = 0; pi < policies.size(); ++pi)
+            for (int r = 0; r < o->runs; ++r) runOnce(policies[pi], r, done[pi], false);
+
+        // The oracle: each fixed level on each run's link offset (a policy's own runs where the
+        // command already made them), the lowest KL among those that met the SLO.
+        std::string oracleSource = "replay: every fixed level run again at each run's link offset";
+        if (!qref) oracleSource = "none: needs --quality kl";
+        else if (!o->faults.empty()) oracleSource = "none: not with --fault (the replays would meet the faults)";
+        else if (o->noOracle) oracleSource = "none: --no-oracle";
+        std::vector<Oracle> oracle(size_t(o->runs));
+        if (oracleSource.rfind("replay", 0) == 0) {
+            const int levels = streamer.cachegen().params().numLevels();
+            for (int l = 1; l <= levels; ++l) {
+                Policy fixed;
+                fixed.kind = Policy::Level;
+                fixed.level = l;
+                const PolicyRuns* have = nullptr;
+                for (size_t pi = 0; pi < policies.size(); ++pi)
+                    if (policies[pi].kind == Policy::Level && policies[pi].level == l) have = &done[pi];
+                PolicyRuns replay;
+                if (!have) {
+                    for (int r = 0; r < o->runs; ++r) runOnce(fixed, r, replay, true);
+                    have = &replay;
+                }
+                for (int r = 0; r < o->runs; ++r) {
+                    const Oracle now = oracleOf({LevelOutcome{oracle[size_t(r)].level, true, oracle[size_t(r)].kl},
+                                                 LevelOutcome{l, bool(have->met[size_t(r)]), have->kl[size_t(r)]}});
+                    oracle[size_t(r)] = now;
+                }
+            }
         }
+
+        json results = json::array();
+        for (PolicyRuns& pr : done) results.push_back(policySummary(pr, oracle));
         server->stop();
         if (!tmpdir.empty()) {
             for (const std::string& f : splitList(store)) std::remove(f.c_str());
@@ -532,6 +475,7 @@ void addStreamCommand(CLI::App& app, Output& out)
                                     {"weight_pass_s", so.target.weightPassSeconds >= 0 ? number(so.target.weightPassSeconds) : json(nullptr)},
                                     {"kv_bytes_per_token", so.target.kvBytesPerToken > 0 ? json(so.target.kvBytesPerToken) : json(nullptr)},
                                     {"citation", so.target.citation}};
+        j["oracle_source"] = oracleSource;
         j["link_mode"] = linkMode;
         if (kernel) {
             j["kernel_link"] = kernel->describe();
@@ -566,8 +510,8 @@ void addServeCommand(CLI::App& app, Output& out)
     auto* sub = app.add_subcommand("serve", "Serve KV chunks from a store over TCP, through a shaped link");
     struct Opts {
         std::string store, host = "127.0.0.1", faults;
-        int port = 0;
-        double seconds = 0, idleTimeout = 30;
+        int port = 0, maxConnections = ServerOptions{}.maxConnections;
+        double seconds = 0, idleTimeout = ServerOptions{}.idleTimeout, frameTimeout = ServerOptions{}.frameTimeout;
         LinkOpts link;
     };
     auto o = std::make_shared<Opts>();
@@ -576,6 +520,12 @@ void addServeCommand(CLI::App& app, Output& out)
     sub->add_option("--port", o->port, "port (0 = any free port, printed on stderr)")->capture_default_str();
     o->link.add(sub, false);
     sub->add_option("--idle-timeout", o->idleTimeout, "seconds before a silent peer is dropped")->capture_default_str();
+    sub->add_option("--frame-timeout", o->frameTimeout,
+                    "seconds a request frame may take from its first byte to its last (slow peers are dropped)")
+        ->capture_default_str()->check(CLI::PositiveNumber);
+    sub->add_option("--max-connections", o->maxConnections,
+                    "open connections at most; when full, a newcomer replaces the longest-idle connection owed nothing")
+        ->capture_default_str()->check(CLI::Range(1, 100000));
     sub->add_option("--fault", o->faults, "die:N, corrupt:N, stall:N (N = chunk reply from 0)");
     sub->add_option("--seconds", o->seconds, "stop after this long (0 = until SIGINT/SIGTERM)")->capture_default_str();
     addJsonFlag(sub, out, "print one JSON object when the server stops");
@@ -587,6 +537,8 @@ void addServeCommand(CLI::App& app, Output& out)
         srv.link = o->link.schedule();
         srv.rttSeconds = o->link.rttMs / 1000.0;
         srv.idleTimeout = o->idleTimeout;
+        srv.frameTimeout = o->frameTimeout;
+        srv.maxConnections = o->maxConnections;
         if (!o->faults.empty()) srv.faults = parseFaults(o->faults);
         std::shared_ptr<ChunkStore> store(openStore(o->store));
         ChunkServer server(store, srv);
@@ -601,8 +553,16 @@ void addServeCommand(CLI::App& app, Output& out)
             std::this_thread::sleep_for(std::chrono::milliseconds(50));
         server.stop();
         const ServerStats s = server.stats();
-        const json j = {{"port", server.port()},          {"connections", s.connections}, {"requests", s.requests},
-                        {"error_frames", s.errorFrames}, {"chunk_replies", s.chunkReplies}, {"bytes_sent", s.bytesSent}};
+        const json j = {{"port", server.port()},
+                        {"connections", s.connections},
+                        {"requests", s.requests},
+                        {"error_frames", s.errorFrames},
+                        {"chunk_replies", s.chunkReplies},
+                        {"bytes_sent", s.bytesSent},
+                        {"evicted", s.evicted},
+                        {"refused", s.refused},
+                        {"frame_timeouts", s.frameTimeouts},
+                        {"idle_timeouts", s.idleTimeouts}};
         out.emit(j, [](const json& j) { std::printf("%s\n", j.dump().c_str()); });
     });
 }

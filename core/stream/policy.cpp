@@ -36,4 +36,17 @@ Policy parsePolicy(const std::string& text)
     return p;
 }
 
+Oracle oracleOf(const std::vector<LevelOutcome>& outcomes)
+{
+    Oracle best;
+    for (const LevelOutcome& o : outcomes) {
+        if (!o.sloMet || o.kl < 0) continue;
+        if (best.level == 0 || o.kl < best.kl || (o.kl == best.kl && o.level < best.level)) {
+            best.level = o.level;
+            best.kl = o.kl;
+        }
+    }
+    return best;
+}
+
 }  // namespace kvscope

@@ -111,7 +111,8 @@ Socket Socket::listenTcp(const std::string& host, int port)
     const std::string who = host + ":" + std::to_string(port);
     if (::bind(s.m_fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0)
         throw Error(who + ": bind: " + std::strerror(errno));
-    if (::listen(s.m_fd, 64) != 0) throw Error(who + ": listen: " + std::strerror(errno));
+    // A deep backlog: a connect flood must not keep legitimate connects waiting in SYN retries.
+    if (::listen(s.m_fd, SOMAXCONN) != 0) throw Error(who + ": listen: " + std::strerror(errno));
     return s;
 }
 
@@ -126,10 +127,17 @@ int Socket::localPort() const
 Socket Socket::accept(double deadline) const
 {
     if (!waitFor(m_fd, POLLIN, deadline)) return Socket();
+    return acceptNow();
+}
+
+Socket Socket::acceptNow() const
+{
     Socket c(::accept4(m_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (c.valid()) {
+        const int saved = errno;
         const int one = 1;
         ::setsockopt(c.m_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        errno = saved;
     }
     return c;
 }

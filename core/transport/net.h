@@ -47,6 +47,9 @@ public:
     int localPort() const;
     // Waits for a connection until the deadline; returns an invalid socket on timeout.
     Socket accept(double deadline) const;
+    // A connection already waiting, without blocking; an invalid socket when none is (or accept
+    // failed: errno says why, EMFILE when out of descriptors).
+    Socket acceptNow() const;
 
     // Writes all n bytes before `deadline` (monotonic seconds). Throws NetError.
     void sendAll(const void* data, size_t n, double deadline) const;
