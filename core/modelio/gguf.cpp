@@ -7,7 +7,7 @@
 #include "modelio/gguf.h"
 
 #include "common/error.h"
-#include "common/file_io.h"
+#include "modelio/mapped_source.h"
 #include "common/half.h"
 
 #include <sys/mman.h>
@@ -249,11 +249,7 @@ uint64_t GgufTensorInfo::elements() const
     return n;
 }
 
-struct GgufFile::Impl {
-    std::string path;
-    MappedFile file;
-    const uint8_t* map = nullptr;  // file.data()
-    uint64_t size = 0;             // file.size()
+struct GgufFile::Impl : MappedSource {
     uint32_t version = 0;
     uint64_t alignment = kDefaultAlignment;
     uint64_t dataOffset = 0;
@@ -417,10 +413,7 @@ GgufFile::~GgufFile() = default;
 GgufFile GgufFile::open(const std::string& path)
 {
     auto impl = std::make_unique<Impl>();
-    impl->path = path;
-    impl->file = MappedFile::open(path);
-    impl->map = impl->file.data();
-    impl->size = impl->file.size();
+    impl->mapFile(path);
     impl->parse();
     return GgufFile(std::move(impl));
 }

@@ -3,7 +3,7 @@
 #include "modelio/safetensors.h"
 
 #include "common/error.h"
-#include "common/file_io.h"
+#include "modelio/mapped_source.h"
 #include "common/half.h"
 
 #include <algorithm>
@@ -81,11 +81,7 @@ uint64_t SafetensorsTensor::elements() const
     return n;
 }
 
-struct SafetensorsFile::Impl {
-    std::string path;
-    MappedFile file;
-    const uint8_t* map = nullptr;  // file.data()
-    uint64_t size = 0;             // file.size()
+struct SafetensorsFile::Impl : MappedSource {
     uint64_t dataOffset = 0;
     std::vector<SafetensorsTensor> tensors;
     std::unordered_map<std::string, size_t> byName;
@@ -212,10 +208,7 @@ SafetensorsFile::~SafetensorsFile() = default;
 SafetensorsFile SafetensorsFile::open(const std::string& path)
 {
     auto impl = std::make_unique<Impl>();
-    impl->path = path;
-    impl->file = MappedFile::open(path);
-    impl->map = impl->file.data();
-    impl->size = impl->file.size();
+    impl->mapFile(path);
     impl->parse();
     return SafetensorsFile(std::move(impl));
 }
