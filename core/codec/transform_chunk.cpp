@@ -36,15 +36,6 @@ bool rawToken(const TransformModel& m, int T, int absolute)
     return absolute < m.settings.sinkTokens || absolute >= T - m.settings.recentTokens;
 }
 
-void putVarint(std::vector<uint8_t>& out, uint64_t v)
-{
-    while (v >= 0x80) {
-        out.push_back(uint8_t(v | 0x80));
-        v >>= 7;
-    }
-    out.push_back(uint8_t(v));
-}
-
 // Fixed-width symbols, escapes and folded tables: the rules the GPU decoder shares
 // (codec/escape_rules.h, codec/fold_rules.h).
 using hd::bitsFor;
@@ -171,7 +162,6 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
         for (int r = 0; r < R; ++r) rowClass[size_t(r)] = cls[size_t(t0 + codedTokens[size_t(r)])];
     }
     std::vector<uint8_t> sym(size_t(R) * K);
-    std::vector<float> v(static_cast<size_t>(C));
     // RD rounding (READ ME FIRST, 8): code lengths per (class, component) of the tables in use.
     const bool rdo = m.settings.rdoLambda > 0 && entropyUsesTables(m.settings.entropy);
     std::vector<std::vector<float>> bits;  // [class * K + k]
@@ -184,30 +174,49 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
                     transformCodeLengths(c == 0 ? lb.freq[size_t(k)] : foldedFreq(lb.freq[size_t(k)], Mf, c, Mf));
             }
     }
-    for (int r = 0; r < R; ++r) {
-        const int t = codedTokens[size_t(r)];
-        for (int h = 0; h < H; ++h)
-            for (int d = 0; d < D; ++d) v[size_t(h * D + d)] = x[(size_t(h) * n + t) * D + d] - b.mean[size_t(h * D + d)];
+    // The forward transform of the coded components as a product of tiles of tokens with the
+    // encode rows transposed, eT (C, Kp); then per row the quantisation (escapes in token, then
+    // component order) and, with RD rounding, the choice among the interior symbols.
+    const TileKernels kernels = kernelsFor(simdPath());
+    const int Kp = forwardStride(K);
+    thread_local std::vector<float> eT, v, z;
+    eT.assign(size_t(C) * Kp, 0.0f);
+    for (int k = 0; k < K; ++k) {
+        const float* e = &b.encode[size_t(coded[size_t(k)]) * C];
+        for (int c = 0; c < C; ++c) eT[size_t(c) * Kp + size_t(k)] = e[c];
+    }
+    std::vector<double> div(size_t(kImportanceClasses) * K);  // [class * K + k]: Delta_j 2^class
+    std::vector<int> folded(size_t(kImportanceClasses) * K);  // [class * K + k]: the folded max |q|
+    for (int c = 0; c < kImportanceClasses; ++c)
         for (int k = 0; k < K; ++k) {
             const int j = coded[size_t(k)];
-            const float* e = &b.encode[size_t(j) * C];
-            float z = 0;
-            for (int c = 0; c < C; ++c) z += e[c] * v[size_t(c)];
-            const int c = rowClass[size_t(r)];
-            const int M = foldedMax(lb.maxQ[size_t(j)], c);
-            const double qd = std::nearbyint(double(z) / (double(lb.step[size_t(j)]) * double(1 << c)));
-            const int64_t q = int64_t(std::max(-2147483647.0, std::min(2147483647.0, qd)));
-            int s;
-            if (q <= -M || q >= M) {
-                s = q < 0 ? 0 : 2 * M;
-                putVarint(out.escapes, uint64_t(q < 0 ? (uint64_t(-q) << 1) - 1 : uint64_t(q) << 1));
-            } else {
-                s = int(q) + M;
-                if (rdo)
-                    s = rdoSymbol(double(z) / (double(lb.step[size_t(j)]) * double(1 << c)), s, M,
-                                  bits[size_t(c) * K + size_t(k)].data(), m.settings.rdoLambda);
+            div[size_t(c) * K + size_t(k)] = double(lb.step[size_t(j)]) * double(1 << c);
+            folded[size_t(c) * K + size_t(k)] = foldedMax(lb.maxQ[size_t(j)], c);
+        }
+    constexpr int kForwardTile = 64;
+    v.resize(size_t(kForwardTile) * C);
+    z.resize(size_t(kForwardTile) * Kp);
+    for (int r0 = 0; r0 < R; r0 += kForwardTile) {
+        const int nt = std::min(kForwardTile, R - r0);
+        for (int i = 0; i < nt; ++i) {
+            const int t = codedTokens[size_t(r0 + i)];
+            for (int h = 0; h < H; ++h)
+                for (int d = 0; d < D; ++d)
+                    v[size_t(i) * C + size_t(h * D + d)] = x[(size_t(h) * n + t) * D + d] - b.mean[size_t(h * D + d)];
+        }
+        kernels.forward(ForwardTile{v.data(), eT.data(), z.data(), nt, C, Kp});
+        for (int i = 0; i < nt; ++i) {
+            const int r = r0 + i, c = rowClass[size_t(r)];
+            uint8_t* row = &sym[size_t(r) * K];
+            const float* zr = &z[size_t(i) * Kp];
+            kernels.quantize(zr, &div[size_t(c) * K], &folded[size_t(c) * K], K, row, out.escapes);
+            if (!rdo) continue;
+            for (int k = 0; k < K; ++k) {
+                const int M = folded[size_t(c) * K + size_t(k)];
+                if (row[k] == 0 || row[k] == 2 * M) continue;  // escapes stay
+                row[k] = uint8_t(rdoSymbol(double(zr[k]) / div[size_t(c) * K + size_t(k)], row[k], M,
+                                           bits[size_t(c) * K + size_t(k)].data(), m.settings.rdoLambda));
             }
-            sym[size_t(r) * K + size_t(k)] = uint8_t(s);
         }
     }
     if (imp) {  // 2 bits per coded token, LSB first

@@ -11,6 +11,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace kvscope::detail {
@@ -240,16 +241,134 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void dequantAvx512(const ui
 }
 #endif
 
+
+// ---- the encoder: forward transform over a tile of tokens, quantisation of a row -----------------
+
+void forwardScalar(const ForwardTile& t)
+{
+    for (int i = 0; i < t.nt; ++i) {
+        const float* v = t.v + size_t(i) * t.C;
+        float* z = t.z + size_t(i) * t.Kp;
+        for (int k = 0; k < t.Kp; ++k) {
+            float s = 0;
+            for (int c = 0; c < t.C; ++c) s += t.eT[size_t(c) * t.Kp + k] * v[c];
+            z[k] = s;
+        }
+    }
+}
+
+void putVarint(std::vector<uint8_t>& out, uint64_t v)
+{
+    while (v >= 0x80) {
+        out.push_back(uint8_t(v | 0x80));
+        v >>= 7;
+    }
+    out.push_back(uint8_t(v));
+}
+
+void quantizeScalarFrom(const float* z, const double* div, const int* M, int from, int K, uint8_t* sym,
+                        std::vector<uint8_t>& escapes)
+{
+    for (int k = from; k < K; ++k) {
+        const double qd = std::nearbyint(double(z[k]) / div[k]);
+        const int64_t q = int64_t(std::max(-2147483647.0, std::min(2147483647.0, qd)));
+        if (q <= -M[k] || q >= M[k]) {
+            sym[k] = uint8_t(q < 0 ? 0 : 2 * M[k]);
+            putVarint(escapes, uint64_t(q < 0 ? (uint64_t(-q) << 1) - 1 : uint64_t(q) << 1));
+        } else {
+            sym[k] = uint8_t(int(q) + M[k]);
+        }
+    }
+}
+
+void quantizeScalar(const float* z, const double* div, const int* M, int K, uint8_t* sym, std::vector<uint8_t>& escapes)
+{
+    quantizeScalarFrom(z, div, M, 0, K, sym, escapes);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+// I tokens x J vectors of 8 components in registers while every channel goes by.
+template <int J>
+__attribute__((target("avx2"))) void forwardAvx2Cols(const ForwardTile& t, int k0)
+{
+    constexpr int I = 4;
+    for (int i0 = 0; i0 < t.nt; i0 += I) {
+        const int ni = std::min(I, t.nt - i0);
+        const float* v[I];
+#pragma GCC unroll 4
+        for (int i = 0; i < I; ++i) v[i] = t.v + size_t(i0 + std::min(i, ni - 1)) * t.C;  // past nt: repeats, not stored
+        __m256 acc[I][J];
+#pragma GCC unroll 4
+        for (int i = 0; i < I; ++i)
+#pragma GCC unroll 3
+            for (int j = 0; j < J; ++j) acc[i][j] = _mm256_setzero_ps();
+        const float* e = t.eT + k0;
+        for (int c = 0; c < t.C; ++c, e += t.Kp) {
+            __m256 a[J];
+#pragma GCC unroll 3
+            for (int j = 0; j < J; ++j) a[j] = _mm256_loadu_ps(e + 8 * j);
+#pragma GCC unroll 4
+            for (int i = 0; i < I; ++i) {
+                const __m256 x = _mm256_broadcast_ss(v[i] + c);
+#pragma GCC unroll 3
+                for (int j = 0; j < J; ++j) acc[i][j] = _mm256_add_ps(acc[i][j], _mm256_mul_ps(a[j], x));
+            }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < I; ++i)
+#pragma GCC unroll 3
+            for (int j = 0; j < J; ++j)
+                if (i < ni) _mm256_storeu_ps(t.z + size_t(i0 + i) * t.Kp + k0 + 8 * j, acc[i][j]);
+    }
+}
+
+__attribute__((target("avx2"))) void forwardAvx2(const ForwardTile& t)
+{
+    int k0 = 0;
+    for (; k0 + 24 <= t.Kp; k0 += 24) forwardAvx2Cols<3>(t, k0);
+    if (t.Kp - k0 == 16) forwardAvx2Cols<2>(t, k0);
+    if (t.Kp - k0 == 8) forwardAvx2Cols<1>(t, k0);
+}
+
+// 4 components at a time in double, the scalar loop's division and rounding (to nearest, even:
+// nearbyint's default mode); a group holding an escape (or a value that is not finite) is done by
+// the scalar loop, so escapes keep their order.
+__attribute__((target("avx2"))) void quantizeAvx2(const float* z, const double* div, const int* M, int K, uint8_t* sym,
+                                                  std::vector<uint8_t>& escapes)
+{
+    int k = 0;
+    for (; k + 4 <= K; k += 4) {
+        const __m256d q = _mm256_round_pd(_mm256_div_pd(_mm256_cvtps_pd(_mm_loadu_ps(z + k)), _mm256_loadu_pd(div + k)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m128i m = _mm_loadu_si128(reinterpret_cast<const __m128i*>(M + k));
+        const __m256d md = _mm256_cvtepi32_pd(m);
+        const __m256d inside = _mm256_and_pd(_mm256_cmp_pd(q, md, _CMP_LT_OQ),
+                                             _mm256_cmp_pd(q, _mm256_sub_pd(_mm256_setzero_pd(), md), _CMP_GT_OQ));
+        if (_mm256_movemask_pd(inside) != 0xf) {
+            quantizeScalarFrom(z, div, M, k, k + 4, sym, escapes);
+            continue;
+        }
+        const __m128i s = _mm_add_epi32(_mm256_cvtpd_epi32(q), m);
+        const __m128i b = _mm_shuffle_epi8(s, _mm_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
+        const int w = _mm_cvtsi128_si32(b);
+        std::memcpy(sym + k, &w, 4);
+    }
+    quantizeScalarFrom(z, div, M, k, K, sym, escapes);
+}
+#endif
+
 }  // namespace
 
 TileKernels kernelsFor(SimdPath path)
 {
 #if defined(__x86_64__) || defined(__i386__)
-    if (path == SimdPath::Avx512) return {dequantAvx512, accumulateAvx512};
-    if (path == SimdPath::Avx2) return {dequantAvx2, accumulateAvx2};
+    // The encoder's AVX-512 path is its AVX2 one (the forward transform is bound by the
+    // multiply-adds either way, and it gives the same bytes).
+    if (path == SimdPath::Avx512) return {dequantAvx512, accumulateAvx512, forwardAvx2, quantizeAvx2};
+    if (path == SimdPath::Avx2) return {dequantAvx2, accumulateAvx2, forwardAvx2, quantizeAvx2};
 #endif
     (void)path;
-    return {dequantScalar, accumulateScalar};
+    return {dequantScalar, accumulateScalar, forwardScalar, quantizeScalar};
 }
 
 }  // namespace kvscope::detail

@@ -1,7 +1,8 @@
-// Internal to codec/: the transform decoder's kernels (transform_kernels.cpp) as
-// transform_chunk.cpp's decodeBlock calls them: a row's dequantisation (symbols and escapes to
-// components) and a tile's inverse transform, scalar, AVX2 or AVX-512 (simd_path.h). Every path
-// gives the same bytes (transform_chunk.cpp says why).
+// Internal to codec/: the transform codec's kernels (transform_kernels.cpp) as transform_chunk.cpp
+// calls them: for the decoder a row's dequantisation (symbols and escapes to components) and a
+// tile's inverse transform, for the encoder a tile's forward transform and a row's quantisation;
+// scalar, AVX2 or AVX-512 (simd_path.h). Every path gives the same bytes (transform_chunk.cpp
+// says why).
 #pragma once
 
 #include "codec/escape_rules.h"
@@ -10,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace kvscope::detail {
 
@@ -48,11 +50,29 @@ struct EscapeReader {
     }
 };
 
-// The decoder's kernels on a SIMD path (simd_path.h): a row's dequantisation and a tile's
-// inverse transform.
+// The encoder's forward transform over a tile of tokens: z[i * Kp + k] = sum over c ascending of
+// eT[c * Kp + k] * v[i * C + c] for i < nt, k < Kp, starting from +0, one rounded multiply and
+// one rounded add per term: the order of a plain dot product, so every path gives its bytes.
+// eT is the encode rows of the coded components, transposed (C, Kp); Kp = K rounded up to a
+// multiple of 8, the padding columns 0.
+struct ForwardTile {
+    const float* v;   // (nt, C) x - mean, keys with RoPE undone
+    const float* eT;  // (C, Kp)
+    float* z;         // (nt, Kp)
+    int nt, C, Kp;
+};
+constexpr int forwardStride(int K) { return (K + 7) / 8 * 8; }
+
+// The codec's kernels on a SIMD path (simd_path.h).
 struct TileKernels {
+    // Decoder: a row's dequantisation and a tile's inverse transform.
     void (*dequant)(const uint8_t* sym, const int* M, const float* step, float mult, int K, float* z, EscapeReader& esc);
     void (*accumulate)(const Tile&);
+    // Encoder: a tile's forward transform, and a row's quantisation with rounding to nearest:
+    // sym[k] = rint(z[k] / div[k]) + M[k] (div = step 2^class, in double), the edge symbol and a
+    // zigzag varint appended to escapes when |q| >= M[k], in k order.
+    void (*forward)(const ForwardTile&);
+    void (*quantize)(const float* z, const double* div, const int* M, int K, uint8_t* sym, std::vector<uint8_t>& escapes);
 };
 
 TileKernels kernelsFor(SimdPath path);
