@@ -10,6 +10,11 @@
 // says when adding the zero terms is exact). Every output sums the same terms in the same order
 // with the same roundings as the plain loop (this file and transform_kernels.cpp are compiled
 // with -ffp-contract=off, so no multiply-add is fused), so every path gives the same bytes.
+//
+// The encoder's forward transform (encodeBlock) is the same product the other way round: z_t =
+// E (x_t - mean) for the coded rows of E = A^{-1}, over tiles of tokens with those rows
+// transposed, every z summed over the channels in ascending order from +0 (a plain dot
+// product's order), so every path gives the payload bytes of the scalar loop.
 #include "codec/codec_detail.h"
 #include "codec/escape_rules.h"
 #include "codec/fold_rules.h"
@@ -345,13 +350,14 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
 
     // The decode columns of the coded components (TransformBlock::columns) and the channels
     // [lo_k, hi_k) outside which column k is all +-0.
-    std::vector<const float*> col(static_cast<size_t>(K));
+    thread_local std::vector<float> col;  // (K, C)
+    col.resize(size_t(K) * C);
     std::vector<float> step(static_cast<size_t>(K));
     std::vector<int> lo(static_cast<size_t>(K)), hi(static_cast<size_t>(K));
     bool finite = true;
     for (int k = 0; k < K; ++k) {
         const int j = coded[size_t(k)];
-        col[size_t(k)] = b.columns.data() + size_t(j) * C;
+        std::memcpy(&col[size_t(k) * C], b.columns.data() + size_t(j) * C, sizeof(float) * size_t(C));
         step[size_t(k)] = lb.step[size_t(j)];
         finite = finite && step[size_t(k)] < FLT_MAX / 17179869184.0f;  // 2^34: |q| < 2^31, class <= 3
         lo[size_t(k)] = b.colLo[size_t(j)];

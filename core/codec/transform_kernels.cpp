@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace kvscope::detail {
 
@@ -23,7 +24,7 @@ namespace {
 void accumulateScalar(const Tile& t)
 {
     for (int k = 0; k < t.K; ++k) {
-        const float* a = t.col[k];
+        const float* a = t.col + size_t(k) * t.C;
         for (int i = 0; i < t.nt; ++i) {
             const float z = t.zq[size_t(i) * t.K + k];
             if (z == 0.0f) continue;
@@ -43,7 +44,7 @@ void accumulateScalar(const Tile& t)
 __attribute__((target("avx2"))) void accumulateAvx2From(const Tile& t, int from)
 {
     for (int k = 0; k < t.K; ++k) {
-        const float* a = t.col[k];
+        const float* a = t.col + size_t(k) * t.C;
         const int lo = std::max(t.lo[k], from), hi = t.hi[k];
         if (lo >= hi) continue;
         for (int i = 0; i < t.nt; ++i) {
@@ -60,43 +61,68 @@ __attribute__((target("avx2"))) void accumulateAvx2From(const Tile& t, int from)
 }
 
 // AVX2 with Tile::plain (see the AVX-512 sums below for why adding the zero terms is exact): the
-// sums of 2 tokens x 32 channels in 8 registers while every component goes by; the channels past
-// the last whole group of 32 take the store-based loop.
+// sums of 4 tokens x 8 J channels in 4 J registers while every component goes by (J = 3: 12
+// sums, each term one load of the column shared by 4 tokens); the channels past the last whole
+// group of 8 take the store-based loop.
+// One group of 8 J channels (J = 1 or 2), 4 tokens at a time. The sums are named variables, not
+// an array: GCC kept an array of them on the stack.
+template <int J>
+__attribute__((target("avx2"))) void accumulateAvx2Group(const Tile& t, const float* zT, int g0)
+{
+    constexpr int G = 8 * J;
+    for (int i0 = 0; i0 < t.nt; i0 += 4, zT += size_t(4) * t.K) {
+        const int ni = std::min(4, t.nt - i0);
+        float* v0 = t.v + size_t(i0) * t.C + g0;
+        float* v1 = t.v + size_t(i0 + std::min(1, ni - 1)) * t.C + g0;
+        float* v2 = t.v + size_t(i0 + std::min(2, ni - 1)) * t.C + g0;
+        float* v3 = t.v + size_t(i0 + std::min(3, ni - 1)) * t.C + g0;
+        __m256 s00 = _mm256_loadu_ps(v0), s10 = _mm256_loadu_ps(v1), s20 = _mm256_loadu_ps(v2), s30 = _mm256_loadu_ps(v3);
+        __m256 s01 = s00, s11 = s10, s21 = s20, s31 = s30;
+        if (J == 2) {
+            s01 = _mm256_loadu_ps(v0 + 8), s11 = _mm256_loadu_ps(v1 + 8), s21 = _mm256_loadu_ps(v2 + 8), s31 = _mm256_loadu_ps(v3 + 8);
+        }
+        const float* a = t.col + g0;
+        const float* z = zT;
+        for (int k = 0; k < t.K; ++k, a += t.C, z += 4) {
+            if (t.hi[k] <= g0 || t.lo[k] >= g0 + G) continue;  // the column is +-0 over the group
+            const __m256 a0 = _mm256_loadu_ps(a);
+            const __m256 a1 = J == 2 ? _mm256_loadu_ps(a + 8) : a0;
+            __m256 zz = _mm256_broadcast_ss(z);
+            s00 = _mm256_add_ps(s00, _mm256_mul_ps(a0, zz));
+            if (J == 2) s01 = _mm256_add_ps(s01, _mm256_mul_ps(a1, zz));
+            zz = _mm256_broadcast_ss(z + 1);
+            s10 = _mm256_add_ps(s10, _mm256_mul_ps(a0, zz));
+            if (J == 2) s11 = _mm256_add_ps(s11, _mm256_mul_ps(a1, zz));
+            zz = _mm256_broadcast_ss(z + 2);
+            s20 = _mm256_add_ps(s20, _mm256_mul_ps(a0, zz));
+            if (J == 2) s21 = _mm256_add_ps(s21, _mm256_mul_ps(a1, zz));
+            zz = _mm256_broadcast_ss(z + 3);
+            s30 = _mm256_add_ps(s30, _mm256_mul_ps(a0, zz));
+            if (J == 2) s31 = _mm256_add_ps(s31, _mm256_mul_ps(a1, zz));
+        }
+        // Rows past nt were computed on a copy of the last row: stored last, in reverse, so the
+        // real row's sums land last.
+        if (J == 2) _mm256_storeu_ps(v3 + 8, s31), _mm256_storeu_ps(v2 + 8, s21), _mm256_storeu_ps(v1 + 8, s11);
+        _mm256_storeu_ps(v3, s30), _mm256_storeu_ps(v2, s20), _mm256_storeu_ps(v1, s10);
+        if (J == 2) _mm256_storeu_ps(v0 + 8, s01);
+        _mm256_storeu_ps(v0, s00);
+    }
+}
+
 __attribute__((target("avx2"))) void accumulateAvx2(const Tile& t)
 {
     if (!t.plain) return accumulateAvx2From(t, 0);
-    constexpr int G = 32, I = 2;
-    const int whole = t.C / G * G;
-    for (int g0 = 0; g0 < whole; g0 += G)
-        for (int i0 = 0; i0 < t.nt; i0 += I) {
-            const int ni = std::min(I, t.nt - i0);
-            __m256 acc[I][4];
-#pragma GCC unroll 2
-            for (int i = 0; i < I; ++i)
-#pragma GCC unroll 4
-                for (int j = 0; j < 4; ++j)
-                    acc[i][j] = i < ni ? _mm256_loadu_ps(t.v + size_t(i0 + i) * t.C + g0 + 8 * j) : _mm256_setzero_ps();
-            for (int k = 0; k < t.K; ++k) {
-                if (t.hi[k] <= g0 || t.lo[k] >= g0 + G) continue;  // the column is +-0 over the group
-                const float* a = t.col[k] + g0;
-                const __m256 a0 = _mm256_loadu_ps(a), a1 = _mm256_loadu_ps(a + 8), a2 = _mm256_loadu_ps(a + 16),
-                             a3 = _mm256_loadu_ps(a + 24);
-#pragma GCC unroll 2
-                for (int i = 0; i < I; ++i) {
-                    const __m256 zz = _mm256_set1_ps(i < ni ? t.zq[size_t(i0 + i) * t.K + k] : 0.0f);
-                    acc[i][0] = _mm256_add_ps(acc[i][0], _mm256_mul_ps(a0, zz));
-                    acc[i][1] = _mm256_add_ps(acc[i][1], _mm256_mul_ps(a1, zz));
-                    acc[i][2] = _mm256_add_ps(acc[i][2], _mm256_mul_ps(a2, zz));
-                    acc[i][3] = _mm256_add_ps(acc[i][3], _mm256_mul_ps(a3, zz));
-                }
-            }
-#pragma GCC unroll 2
-            for (int i = 0; i < I; ++i)
-#pragma GCC unroll 4
-                for (int j = 0; j < 4; ++j)
-                    if (i < ni) _mm256_storeu_ps(t.v + size_t(i0 + i) * t.C + g0 + 8 * j, acc[i][j]);
-        }
-    if (whole < t.C) accumulateAvx2From(t, whole);
+    // The components of each 4 tokens interleaved, zT[(i0 / 4) K 4 + 4 k + i], so that one
+    // pointer reaches them all (4 pointers and 12 sums do not fit the registers together).
+    thread_local std::vector<float> zT;
+    const int blocks = (t.nt + 3) / 4;
+    zT.assign(size_t(blocks) * 4 * t.K, 0.0f);
+    for (int i = 0; i < t.nt; ++i)
+        for (int k = 0; k < t.K; ++k) zT[(size_t(i / 4) * t.K + k) * 4 + size_t(i % 4)] = t.zq[size_t(i) * t.K + k];
+    int g0 = 0;
+    for (; g0 + 16 <= t.C; g0 += 16) accumulateAvx2Group<2>(t, zT.data(), g0);
+    for (; g0 + 8 <= t.C; g0 += 8) accumulateAvx2Group<1>(t, zT.data(), g0);
+    if (g0 < t.C) accumulateAvx2From(t, g0);
 }
 
 // AVX-512: the sums of 4 tokens x 64 channels stay in 16 registers while every component goes
@@ -133,13 +159,13 @@ __attribute__((target("avx512f"))) void accumulateAvx512Sums(const Tile& t)
                 __m512 a[4];
                 if constexpr (Plain) {
 #pragma GCC unroll 4
-                    for (int j = 0; j < 4; ++j) a[j] = _mm512_maskz_loadu_ps(inC[j], t.col[k] + g0 + 16 * j);
+                    for (int j = 0; j < 4; ++j) a[j] = _mm512_maskz_loadu_ps(inC[j], t.col + size_t(k) * t.C + g0 + 16 * j);
                 } else {
                     const uint64_t range = (hi - lo == 64 ? ~uint64_t(0) : ((uint64_t(1) << (hi - lo)) - 1)) << lo;
 #pragma GCC unroll 4
                     for (int j = 0; j < 4; ++j) {
                         cm[j] = __mmask16(range >> (16 * j)) & inC[j];
-                        a[j] = _mm512_maskz_loadu_ps(cm[j], t.col[k] + g0 + 16 * j);
+                        a[j] = _mm512_maskz_loadu_ps(cm[j], t.col + size_t(k) * t.C + g0 + 16 * j);
                     }
                 }
 #pragma GCC unroll 4
@@ -325,8 +351,7 @@ __attribute__((target("avx2"))) void forwardAvx2Cols(const ForwardTile& t, int k
 __attribute__((target("avx2"))) void forwardAvx2(const ForwardTile& t)
 {
     int k0 = 0;
-    for (; k0 + 24 <= t.Kp; k0 += 24) forwardAvx2Cols<3>(t, k0);
-    if (t.Kp - k0 == 16) forwardAvx2Cols<2>(t, k0);
+    for (; k0 + 16 <= t.Kp; k0 += 16) forwardAvx2Cols<2>(t, k0);
     if (t.Kp - k0 == 8) forwardAvx2Cols<1>(t, k0);
 }
 

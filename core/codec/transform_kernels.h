@@ -15,15 +15,15 @@
 
 namespace kvscope::detail {
 
-constexpr int kTileTokens = 8;  // tokens whose sums share one read of each decode column
+constexpr int kTileTokens = 64;  // tokens whose sums share one read of each decode column
 
 // For each token i < nt of the tile and each component k < K in ascending order with
-// z = zq[i * K + k] != 0: v[i * C + c] += col[k][c] * z for c in [lo[k], hi[k]), one rounded
+// z = zq[i * K + k] != 0: v[i * C + c] += col[k * C + c] * z for c in [lo[k], hi[k]), one rounded
 // multiply and one rounded add per term. The paths differ only in how many channels one
 // instruction takes.
 struct Tile {
     float* v;
-    const float* const* col;  // K decode columns (TransformBlock::columns rows), C channels each
+    const float* col;  // (K, C): the decode columns of the coded components (TransformBlock::columns rows)
     const float* zq;
     const int* lo;
     const int* hi;
