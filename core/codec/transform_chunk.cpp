@@ -131,9 +131,17 @@ std::vector<double> chunkRopeTable(const TransformModel& m, int t0, int n)
     return cs;
 }
 
+// A block before its entropy coding: the fp16 tokens, the escapes, the symbols of the coded
+// tokens (R x K) and each coded token's class.
+struct TransformQuantized {
+    BlockPayload out;  // raw and escapes filled
+    std::vector<uint8_t> sym, rowClass;
+    int R = 0, K = 0;
+};
+
 // rope: chunkRopeTable of the chunk (keys are rotated back with it when the model undoes RoPE).
-BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int layer, int level, int t0, int n,
-                         const double* rope)
+TransformQuantized quantizeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int layer, int level, int t0, int n,
+                             const double* rope)
 {
     const TransformModel& m = *p.transform;
     const int H = m.heads, D = m.headDim, C = H * D, T = p.shape.numTokens;
@@ -141,7 +149,8 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
     const TransformLevelBlock& lb = m.levelBlock(level, kind, layer);
     std::vector<float> x;
     readBlock(kv, kind, layer, t0, n, x);  // (H, n, D)
-    BlockPayload out;
+    TransformQuantized qb;
+    BlockPayload& out = qb.out;
     std::vector<int> codedTokens;
     for (int t = 0; t < n; ++t) {
         if (!rawToken(m, T, t0 + t)) {
@@ -161,12 +170,15 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
     const std::vector<int> coded = codedList(lb);
     const int K = int(coded.size()), R = int(codedTokens.size());
     const bool imp = m.settings.tokenImportance;
-    std::vector<uint8_t> rowClass(static_cast<size_t>(R), 0);
+    qb.R = R, qb.K = K;
+    std::vector<uint8_t>& rowClass = qb.rowClass;
+    rowClass.assign(static_cast<size_t>(R), 0);
     if (imp) {
         const std::vector<uint8_t> cls = importanceClasses(m, kv, layer);
         for (int r = 0; r < R; ++r) rowClass[size_t(r)] = cls[size_t(t0 + codedTokens[size_t(r)])];
     }
-    std::vector<uint8_t> sym(size_t(R) * K);
+    std::vector<uint8_t>& sym = qb.sym;
+    sym.resize(size_t(R) * K);
     // RD rounding (READ ME FIRST, 8): code lengths per (class, component) of the tables in use.
     const bool rdo = m.settings.rdoLambda > 0 && entropyUsesTables(m.settings.entropy);
     std::vector<std::vector<float>> bits;  // [class * K + k]
@@ -224,6 +236,21 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
             }
         }
     }
+    return qb;
+}
+
+BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int layer, int level, int t0, int n,
+                         const double* rope)
+{
+    const TransformModel& m = *p.transform;
+    const TransformLevelBlock& lb = m.levelBlock(level, kind, layer);
+    TransformQuantized qb = quantizeBlock(p, kv, kind, layer, level, t0, n, rope);
+    BlockPayload& out = qb.out;
+    const std::vector<uint8_t>& sym = qb.sym;
+    const std::vector<uint8_t>& rowClass = qb.rowClass;
+    const int R = qb.R, K = qb.K;
+    const bool imp = m.settings.tokenImportance;
+    const std::vector<int> coded = codedList(lb);
     if (imp) {  // 2 bits per coded token, LSB first
         std::vector<uint8_t> packed(size_t(R + 3) / 4, 0);
         for (int r = 0; r < R; ++r) packed[size_t(r) / 4] |= uint8_t(rowClass[size_t(r)] << (2 * (r % 4)));
@@ -270,7 +297,7 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
             }
         if (bits > 0) out.stream.push_back(uint8_t(acc));
     }
-    return out;
+    return std::move(qb.out);
 }
 
 // rope: chunkRopeTable of the chunk (keys are rotated with it when the model undoes RoPE).
@@ -436,6 +463,36 @@ std::vector<uint8_t> encodeTransformChunk(const CodecParams& p, const KvSet& kv,
         out.insert(out.end(), b.stream.begin(), b.stream.end());
     }
     return out;
+}
+
+std::vector<TransformSymbols> transformBlockSymbols(const CodecParams& p, const KvSet& kv, KvKind kind, int layer, int level,
+                                                   int chunk)
+{
+    KVSCOPE_ASSERT(p.transform);
+    std::vector<TransformSymbols> out;
+    if (!entropyUsesTables(p.transform->settings.entropy)) return out;
+    const int t0 = p.chunkStart(chunk), n = p.chunkLength(chunk);
+    const std::vector<double> rope = chunkRopeTable(*p.transform, t0, n);
+    const TransformQuantized qb = quantizeBlock(p, kv, kind, layer, level, t0, n, rope.data());
+    for (int c = 0; c < kImportanceClasses; ++c) {
+        TransformSymbols m;
+        m.cls = c;
+        m.cols = qb.K;
+        for (int r = 0; r < qb.R; ++r)
+            if (qb.rowClass[size_t(r)] == c) {
+                m.sym.insert(m.sym.end(), qb.sym.begin() + std::ptrdiff_t(size_t(r) * qb.K),
+                             qb.sym.begin() + std::ptrdiff_t(size_t(r + 1) * qb.K));
+                ++m.rows;
+            }
+        if (m.rows > 0) out.push_back(std::move(m));
+    }
+    return out;
+}
+
+void transformCodingTables(const CodecParams& p, KvKind kind, int layer, int level, int cls, bool forDecoding,
+                           std::vector<CodingTable>& tables)
+{
+    buildClassTables(p.transform->levelBlock(level, kind, layer), cls, forDecoding, tables);
 }
 
 void decodeTransformChunk(const CodecParams& p, const uint8_t* data, size_t size, int chunk, int level, KvSet& out,
