@@ -197,10 +197,11 @@ TransformQuantized quantizeBlock(const CodecParams& p, const KvSet& kv, KvKind k
     const TileKernels kernels = kernelsFor(simdPath());
     const int Kp = forwardStride(K);
     thread_local std::vector<float> eT, v, z;
-    eT.assign(size_t(C) * Kp, 0.0f);
-    for (int k = 0; k < K; ++k) {
-        const float* e = &b.encode[size_t(coded[size_t(k)]) * C];
-        for (int c = 0; c < C; ++c) eT[size_t(c) * Kp + size_t(k)] = e[c];
+    eT.resize(size_t(C) * Kp);
+    for (int c = 0; c < C; ++c) {  // rows written in order, the padding 0
+        float* row = &eT[size_t(c) * Kp];
+        for (int k = 0; k < K; ++k) row[k] = b.encode[size_t(coded[size_t(k)]) * C + size_t(c)];
+        for (int k = K; k < Kp; ++k) row[k] = 0.0f;
     }
     std::vector<double> div(size_t(kImportanceClasses) * K);  // [class * K + k]: Delta_j 2^class
     std::vector<int> folded(size_t(kImportanceClasses) * K);  // [class * K + k]: the folded max |q|
