@@ -64,64 +64,64 @@ __attribute__((target("avx2"))) void accumulateAvx2From(const Tile& t, int from)
 // sums of 4 tokens x 8 J channels in 4 J registers while every component goes by (J = 3: 12
 // sums, each term one load of the column shared by 4 tokens); the channels past the last whole
 // group of 8 take the store-based loop.
-// One group of 8 J channels (J = 1 or 2), 4 tokens at a time. The sums are named variables, not
-// an array: GCC kept an array of them on the stack.
-template <int J>
+// One group of 16 channels, 6 tokens at a time (12 sums, 2 column vectors, the broadcast and a
+// product: the 16 registers). The sums are named variables, not an array: GCC kept an array of
+// them on the stack.
 __attribute__((target("avx2"))) void accumulateAvx2Group(const Tile& t, const float* zT, int g0)
 {
-    constexpr int G = 8 * J;
-    for (int i0 = 0; i0 < t.nt; i0 += 4, zT += size_t(4) * t.K) {
-        const int ni = std::min(4, t.nt - i0);
+    constexpr int I = 6, G = 16;
+    for (int i0 = 0; i0 < t.nt; i0 += I, zT += size_t(I) * t.K) {
+        const int ni = std::min(I, t.nt - i0);
         float* v0 = t.v + size_t(i0) * t.C + g0;
         float* v1 = t.v + size_t(i0 + std::min(1, ni - 1)) * t.C + g0;
         float* v2 = t.v + size_t(i0 + std::min(2, ni - 1)) * t.C + g0;
         float* v3 = t.v + size_t(i0 + std::min(3, ni - 1)) * t.C + g0;
-        __m256 s00 = _mm256_loadu_ps(v0), s10 = _mm256_loadu_ps(v1), s20 = _mm256_loadu_ps(v2), s30 = _mm256_loadu_ps(v3);
-        __m256 s01 = s00, s11 = s10, s21 = s20, s31 = s30;
-        if (J == 2) {
-            s01 = _mm256_loadu_ps(v0 + 8), s11 = _mm256_loadu_ps(v1 + 8), s21 = _mm256_loadu_ps(v2 + 8), s31 = _mm256_loadu_ps(v3 + 8);
-        }
+        float* v4 = t.v + size_t(i0 + std::min(4, ni - 1)) * t.C + g0;
+        float* v5 = t.v + size_t(i0 + std::min(5, ni - 1)) * t.C + g0;
+        __m256 s00 = _mm256_loadu_ps(v0), s01 = _mm256_loadu_ps(v0 + 8);
+        __m256 s10 = _mm256_loadu_ps(v1), s11 = _mm256_loadu_ps(v1 + 8);
+        __m256 s20 = _mm256_loadu_ps(v2), s21 = _mm256_loadu_ps(v2 + 8);
+        __m256 s30 = _mm256_loadu_ps(v3), s31 = _mm256_loadu_ps(v3 + 8);
+        __m256 s40 = _mm256_loadu_ps(v4), s41 = _mm256_loadu_ps(v4 + 8);
+        __m256 s50 = _mm256_loadu_ps(v5), s51 = _mm256_loadu_ps(v5 + 8);
         const float* a = t.col + g0;
         const float* z = zT;
-        for (int k = 0; k < t.K; ++k, a += t.C, z += 4) {
+        for (int k = 0; k < t.K; ++k, a += t.C, z += I) {
             if (t.hi[k] <= g0 || t.lo[k] >= g0 + G) continue;  // the column is +-0 over the group
-            const __m256 a0 = _mm256_loadu_ps(a);
-            const __m256 a1 = J == 2 ? _mm256_loadu_ps(a + 8) : a0;
-            __m256 zz = _mm256_broadcast_ss(z);
-            s00 = _mm256_add_ps(s00, _mm256_mul_ps(a0, zz));
-            if (J == 2) s01 = _mm256_add_ps(s01, _mm256_mul_ps(a1, zz));
-            zz = _mm256_broadcast_ss(z + 1);
-            s10 = _mm256_add_ps(s10, _mm256_mul_ps(a0, zz));
-            if (J == 2) s11 = _mm256_add_ps(s11, _mm256_mul_ps(a1, zz));
-            zz = _mm256_broadcast_ss(z + 2);
-            s20 = _mm256_add_ps(s20, _mm256_mul_ps(a0, zz));
-            if (J == 2) s21 = _mm256_add_ps(s21, _mm256_mul_ps(a1, zz));
-            zz = _mm256_broadcast_ss(z + 3);
-            s30 = _mm256_add_ps(s30, _mm256_mul_ps(a0, zz));
-            if (J == 2) s31 = _mm256_add_ps(s31, _mm256_mul_ps(a1, zz));
+            const __m256 a0 = _mm256_loadu_ps(a), a1 = _mm256_loadu_ps(a + 8);
+#define KVS_ROW(i)                                               \
+    {                                                            \
+        const __m256 zz = _mm256_broadcast_ss(z + i);            \
+        s##i##0 = _mm256_add_ps(s##i##0, _mm256_mul_ps(a0, zz)); \
+        s##i##1 = _mm256_add_ps(s##i##1, _mm256_mul_ps(a1, zz)); \
+    }
+            KVS_ROW(0) KVS_ROW(1) KVS_ROW(2) KVS_ROW(3) KVS_ROW(4) KVS_ROW(5)
+#undef KVS_ROW
         }
-        // Rows past nt were computed on a copy of the last row: stored last, in reverse, so the
-        // real row's sums land last.
-        if (J == 2) _mm256_storeu_ps(v3 + 8, s31), _mm256_storeu_ps(v2 + 8, s21), _mm256_storeu_ps(v1 + 8, s11);
-        _mm256_storeu_ps(v3, s30), _mm256_storeu_ps(v2, s20), _mm256_storeu_ps(v1, s10);
-        if (J == 2) _mm256_storeu_ps(v0 + 8, s01);
-        _mm256_storeu_ps(v0, s00);
+        // Rows past nt were computed on a copy of the last row: stored first, so that the real
+        // row's sums land last.
+        _mm256_storeu_ps(v5, s50), _mm256_storeu_ps(v5 + 8, s51);
+        _mm256_storeu_ps(v4, s40), _mm256_storeu_ps(v4 + 8, s41);
+        _mm256_storeu_ps(v3, s30), _mm256_storeu_ps(v3 + 8, s31);
+        _mm256_storeu_ps(v2, s20), _mm256_storeu_ps(v2 + 8, s21);
+        _mm256_storeu_ps(v1, s10), _mm256_storeu_ps(v1 + 8, s11);
+        _mm256_storeu_ps(v0, s00), _mm256_storeu_ps(v0 + 8, s01);
     }
 }
 
 __attribute__((target("avx2"))) void accumulateAvx2(const Tile& t)
 {
     if (!t.plain) return accumulateAvx2From(t, 0);
-    // The components of each 4 tokens interleaved, zT[(i0 / 4) K 4 + 4 k + i], so that one
-    // pointer reaches them all (4 pointers and 12 sums do not fit the registers together).
+    // The components of each 6 tokens interleaved, zT[(i0 / 6) K 6 + 6 k + i], so that one
+    // pointer reaches them all (6 pointers and 12 sums do not fit the registers together); 0 past nt.
+    constexpr int I = 6;
     thread_local std::vector<float> zT;
-    const int blocks = (t.nt + 3) / 4;
-    zT.assign(size_t(blocks) * 4 * t.K, 0.0f);
+    const int blocks = (t.nt + I - 1) / I;
+    zT.assign(size_t(blocks) * I * t.K, 0.0f);
     for (int i = 0; i < t.nt; ++i)
-        for (int k = 0; k < t.K; ++k) zT[(size_t(i / 4) * t.K + k) * 4 + size_t(i % 4)] = t.zq[size_t(i) * t.K + k];
+        for (int k = 0; k < t.K; ++k) zT[(size_t(i / I) * t.K + k) * I + size_t(i % I)] = t.zq[size_t(i) * t.K + k];
     int g0 = 0;
-    for (; g0 + 16 <= t.C; g0 += 16) accumulateAvx2Group<2>(t, zT.data(), g0);
-    for (; g0 + 8 <= t.C; g0 += 8) accumulateAvx2Group<1>(t, zT.data(), g0);
+    for (; g0 + 16 <= t.C; g0 += 16) accumulateAvx2Group(t, zT.data(), g0);
     if (g0 < t.C) accumulateAvx2From(t, g0);
 }
 
