@@ -2,6 +2,8 @@
 
 #include "codec/codec_detail.h"
 #include "codec/simd_path.h"
+#include "codec/symbol_stream.h"
+#include "codec/transform.h"
 
 #include "common/error.h"
 #include "common/half.h"
@@ -158,10 +160,138 @@ CodecBenchResult benchZstd(const KvSet& kv, const CodecParams& p, const BenchOpt
     return r;
 }
 
+namespace {
+
+// htscodecs' rANS 32x16 order 0 on `streams` byte strings (sym(i, &n) gives stream i), in the
+// timed passes of bestOf: the same call for every codec's symbols. Returns its bytes.
+template <typename Streams>
+uint64_t benchHtscodecs(int streams, Streams sym, const BenchOptions& opt, double* encS, double* decS)
+{
+    std::vector<std::vector<uint8_t>> hts(static_cast<size_t>(streams));
+    std::vector<std::vector<uint8_t>> back(static_cast<size_t>(streams));
+    const int order = 0 | RANS_ORDER_X32;
+    *encS = bestOf(opt.repeats, [&] {
+#pragma omp parallel for schedule(dynamic, 4)
+        for (int s = 0; s < streams; ++s) {
+            unsigned n = 0;
+            uint8_t* in = sym(s, &n);
+            auto& o = hts[size_t(s)];
+            o.resize(rans_compress_bound_4x16(n, order));
+            unsigned outSize = unsigned(o.size());
+            const unsigned char* res = rans_compress_to_4x16(in, n, o.data(), &outSize, order);
+            KVSCOPE_ASSERT(res);
+            o.resize(outSize);
+        }
+    });
+    *decS = bestOf(opt.repeats, [&] {
+#pragma omp parallel for schedule(dynamic, 4)
+        for (int s = 0; s < streams; ++s) {
+            unsigned n = 0;
+            sym(s, &n);
+            auto& o = back[size_t(s)];
+            o.resize(n);
+            unsigned outSize = n;
+            const unsigned char* res = rans_uncompress_to_4x16(hts[size_t(s)].data(), unsigned(hts[size_t(s)].size()), o.data(), &outSize);
+            KVSCOPE_ASSERT(res && outSize == n);
+        }
+    });
+    uint64_t bytes = 0;
+    for (int s = 0; s < streams; ++s) {
+        unsigned n = 0;
+        const uint8_t* in = sym(s, &n);
+        KVSCOPE_ASSERT(std::memcmp(back[size_t(s)].data(), in, n) == 0);
+        bytes += hts[size_t(s)].size();
+    }
+    return bytes;
+}
+
+// The transform codec's entropy stage: every (chunk, kind, layer) block's symbol matrices (one
+// per token class) coded with the level's calibrated tables by the profile's entropy choice
+// (rans: 4 states, rans32: 32 states on the SIMD kernels), as the codec codes them. Tables are
+// per level, not per chunk: built once outside the timing, and the blocks go (kind, layer)-major
+// so that a block's tables stay in cache.
+EntropyBenchResult benchEntropyTransform(const KvSet& kv, const CodecParams& p, int level, const BenchOptions& opt)
+{
+    using namespace detail;
+    const int L = p.shape.numLayers, chunks = p.numChunks(), units = chunks * 2 * L;
+    const bool w32 = p.transform->settings.entropy == TransformEntropy::Rans32;
+    // Unit u = (kind, layer) * chunks + chunk.
+    std::vector<std::vector<TransformSymbols>> mats(static_cast<size_t>(units));
+    parallelUnits(units, [&](int u) {
+        const int kl = u / chunks;
+        mats[size_t(u)] = transformBlockSymbols(p, kv, kKinds[kl / L], kl % L, level, u % chunks);
+    });
+    constexpr int kClasses = 4;
+    std::vector<std::vector<CodingTable>> enc(size_t(2) * L * kClasses), dec(size_t(2) * L * kClasses);
+    for (int u = 0; u < units; ++u)
+        for (const TransformSymbols& m : mats[size_t(u)]) {
+            const int kl = u / chunks;
+            const size_t ti = size_t(kl) * kClasses + size_t(m.cls);
+            if (!enc[ti].empty()) continue;
+            transformCodingTables(p, kKinds[kl / L], kl % L, level, m.cls, false, enc[ti]);
+            transformCodingTables(p, kKinds[kl / L], kl % L, level, m.cls, true, dec[ti]);
+        }
+    struct Ref {
+        int unit;
+        size_t index;
+    };
+    std::vector<Ref> list;  // every matrix, in unit order
+    for (int u = 0; u < units; ++u)
+        for (size_t i = 0; i < mats[size_t(u)].size(); ++i) list.push_back({u, i});
+    const int streams = int(list.size());
+    auto tablesOf = [&](const Ref& r, bool decoding) {
+        const size_t ti = size_t(r.unit / chunks) * kClasses + size_t(mats[size_t(r.unit)][r.index].cls);
+        return decoding ? dec[ti].data() : enc[ti].data();
+    };
+    std::vector<std::vector<uint8_t>> coded(static_cast<size_t>(streams)), back(static_cast<size_t>(streams));
+    EntropyBenchResult r;
+    const double encS = bestOf(opt.repeats, [&] {
+        parallelUnits(streams, [&](int i) {
+            const TransformSymbols& m = mats[size_t(list[size_t(i)].unit)][list[size_t(i)].index];
+            coded[size_t(i)].clear();
+            (w32 ? encodeSymbolMatrixW32 : encodeSymbolMatrix)(m.sym.data(), m.rows, m.cols, tablesOf(list[size_t(i)], false),
+                                                                coded[size_t(i)]);
+        });
+    });
+    const double decS = bestOf(opt.repeats, [&] {
+        parallelUnits(streams, [&](int i) {
+            const TransformSymbols& m = mats[size_t(list[size_t(i)].unit)][list[size_t(i)].index];
+            back[size_t(i)].resize(m.sym.size());
+            (w32 ? decodeSymbolMatrixW32 : decodeSymbolMatrix)(coded[size_t(i)].data(), coded[size_t(i)].size(), m.rows, m.cols,
+                                                                tablesOf(list[size_t(i)], true), back[size_t(i)].data(), "bench");
+        });
+    });
+    for (int i = 0; i < streams; ++i) {
+        const TransformSymbols& m = mats[size_t(list[size_t(i)].unit)][list[size_t(i)].index];
+        KVSCOPE_ASSERT(back[size_t(i)] == m.sym);
+        r.symbols += m.sym.size();
+        r.bytes += coded[size_t(i)].size();
+    }
+    double hEnc = 0, hDec = 0;
+    r.htsBytes = benchHtscodecs(
+        streams,
+        [&](int i, unsigned* n) {
+            auto& m = mats[size_t(list[size_t(i)].unit)][list[size_t(i)].index];
+            *n = unsigned(m.sym.size());
+            return m.sym.data();
+        },
+        opt, &hEnc, &hDec);
+    const double mb = double(r.symbols) / 1e6;
+    r.encodeMBps = mb / encS;
+    r.decodeMBps = mb / decS;
+    r.htsEncodeMBps = mb / hEnc;
+    r.htsDecodeMBps = mb / hDec;
+    r.simd = simdPathName(simdPath());
+    return r;
+}
+
+}  // namespace
+
 EntropyBenchResult benchEntropy(const KvSet& kv, const CodecParams& p, int level, const BenchOptions& opt)
 {
     using namespace detail;
     ThreadScope threads(opt.threads);
+    if (p.codec == CodecId::Transform) return benchEntropyTransform(kv, p, level, opt);
     KVSCOPE_ASSERT(p.codec == CodecId::CacheGen);
     const int L = p.shape.numLayers, H = p.shape.numKvHeads, C = tablesPerRole(p), roles = numRoles(p);
     const bool perHead = perHeadTables(p);
@@ -255,46 +385,15 @@ EntropyBenchResult benchEntropy(const KvSet& kv, const CodecParams& p, int level
     }
 
     // htscodecs on the same streams: (unit, head) -> one rans_compress_to_4x16 call.
-    const int streams = units * H;
-    std::vector<std::vector<uint8_t>> hts(static_cast<size_t>(streams));
-    std::vector<std::vector<uint8_t>> htsBack(static_cast<size_t>(streams));
-    const int order = 0 | RANS_ORDER_X32;
-    auto streamSymbols = [&](int s, unsigned* n) {
-        const QuantizedBlock& q = blocks[size_t(s / H)];
-        *n = unsigned(q.sym.size() / size_t(H));
-        return const_cast<uint8_t*>(q.sym.data()) + size_t(s % H) * *n;
-    };
-    const double henc = bestOf(opt.repeats, [&] {
-#pragma omp parallel for schedule(dynamic, 4)
-        for (int s = 0; s < streams; ++s) {
-            unsigned n = 0;
-            uint8_t* in = streamSymbols(s, &n);
-            auto& o = hts[size_t(s)];
-            o.resize(rans_compress_bound_4x16(n, order));
-            unsigned outSize = unsigned(o.size());
-            const unsigned char* res = rans_compress_to_4x16(in, n, o.data(), &outSize, order);
-            KVSCOPE_ASSERT(res);
-            o.resize(outSize);
-        }
-    });
-    const double hdec = bestOf(opt.repeats, [&] {
-#pragma omp parallel for schedule(dynamic, 4)
-        for (int s = 0; s < streams; ++s) {
-            unsigned n = 0;
-            streamSymbols(s, &n);
-            auto& o = htsBack[size_t(s)];
-            o.resize(n);
-            unsigned outSize = n;
-            const unsigned char* res = rans_uncompress_to_4x16(hts[size_t(s)].data(), unsigned(hts[size_t(s)].size()), o.data(), &outSize);
-            KVSCOPE_ASSERT(res && outSize == n);
-        }
-    });
-    for (int s = 0; s < streams; ++s) {
-        unsigned n = 0;
-        const uint8_t* in = streamSymbols(s, &n);
-        KVSCOPE_ASSERT(std::memcmp(htsBack[size_t(s)].data(), in, n) == 0);
-        r.htsBytes += hts[size_t(s)].size();
-    }
+    double henc = 0, hdec = 0;
+    r.htsBytes = benchHtscodecs(
+        units * H,
+        [&](int s, unsigned* n) {
+            const QuantizedBlock& q = blocks[size_t(s / H)];
+            *n = unsigned(q.sym.size() / size_t(H));
+            return const_cast<uint8_t*>(q.sym.data()) + size_t(s % H) * *n;
+        },
+        opt, &henc, &hdec);
     const double mb = double(r.symbols) / 1e6;
     r.encodeMBps = mb / enc;
     r.decodeMBps = mb / dec;

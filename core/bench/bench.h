@@ -28,6 +28,9 @@ int benchThreads(const BenchOptions& opt);
 // The entropy stage alone on the quantised symbols of every (chunk, kind, layer, head) stream:
 // ours (v2 streams plus, in-band, counting, building and parsing the tables) next to htscodecs'
 // rANS 32x16 order-0 on the very same symbol streams, same threads. MB of symbols (1 byte each).
+// For the transform codec: every (chunk, kind, layer) block's symbol matrices with the level's
+// calibrated tables (built outside the timing) in the profile's entropy layout (rans or rans32),
+// htscodecs on the same matrices.
 struct EntropyBenchResult {
     double encodeMBps = 0, decodeMBps = 0;        // ours
     double htsEncodeMBps = 0, htsDecodeMBps = 0;  // htscodecs rans_compress_to_4x16, order 0 | X32

@@ -301,5 +301,16 @@ void decodeBaselineChunk(const CodecParams& p, const uint8_t* data, size_t size,
 std::vector<uint8_t> encodeTransformChunk(const CodecParams& p, const KvSet& kv, int chunk, int level);
 void decodeTransformChunk(const CodecParams& p, const uint8_t* data, size_t size, int chunk, int level, KvSet& out,
                           const std::string& where);
+// The entropy stage's input (bench codec): the symbols of one (kind, layer) block of a chunk, one
+// matrix per token class present (rows: that class's coded tokens, cols: the coded components),
+// and the tables class `cls` is coded with (built for decoding or encoding). Empty for entropy "fixed".
+struct TransformSymbols {
+    int cls = 0, rows = 0, cols = 0;
+    std::vector<uint8_t> sym;  // (rows, cols)
+};
+std::vector<TransformSymbols> transformBlockSymbols(const CodecParams& p, const KvSet& kv, KvKind kind, int layer, int level,
+                                                   int chunk);
+void transformCodingTables(const CodecParams& p, KvKind kind, int layer, int level, int cls, bool forDecoding,
+                           std::vector<CodingTable>& tables);
 
 }  // namespace kvscope::detail

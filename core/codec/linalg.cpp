@@ -85,14 +85,22 @@ std::vector<double> invertMatrix(const std::vector<double>& a, int n, const std:
             m[size_t(col) * n + k] *= r;
             inv[size_t(col) * n + k] *= r;
         }
+        // Columns <= col of m are never read again (later pivots and factors come from columns
+        // > col), so only the rest is updated; each entry takes the same rounded multiply and
+        // subtract in any vector width (no contraction in this file), so the inverse is the
+        // plain loop's to the bit.
+        const double* __restrict mc = &m[size_t(col) * n];
+        const double* __restrict ic = &inv[size_t(col) * n];
         for (int row = 0; row < n; ++row) {
             if (row == col) continue;
             const double f = m[size_t(row) * n + col];
             if (f == 0) continue;
-            for (int k = 0; k < n; ++k) {
-                m[size_t(row) * n + k] -= f * m[size_t(col) * n + k];
-                inv[size_t(row) * n + k] -= f * inv[size_t(col) * n + k];
-            }
+            double* __restrict mr = &m[size_t(row) * n];
+            double* __restrict ir = &inv[size_t(row) * n];
+#pragma omp simd
+            for (int k = col + 1; k < n; ++k) mr[k] -= f * mc[k];
+#pragma omp simd
+            for (int k = 0; k < n; ++k) ir[k] -= f * ic[k];
         }
     }
     return inv;

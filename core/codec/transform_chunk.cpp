@@ -10,6 +10,11 @@
 // says when adding the zero terms is exact). Every output sums the same terms in the same order
 // with the same roundings as the plain loop (this file and transform_kernels.cpp are compiled
 // with -ffp-contract=off, so no multiply-add is fused), so every path gives the same bytes.
+//
+// The encoder's forward transform (encodeBlock) is the same product the other way round: z_t =
+// E (x_t - mean) for the coded rows of E = A^{-1}, over tiles of tokens with those rows
+// transposed, every z summed over the channels in ascending order from +0 (a plain dot
+// product's order), so every path gives the payload bytes of the scalar loop.
 #include "codec/codec_detail.h"
 #include "codec/escape_rules.h"
 #include "codec/fold_rules.h"
@@ -34,15 +39,6 @@ namespace {
 bool rawToken(const TransformModel& m, int T, int absolute)
 {
     return absolute < m.settings.sinkTokens || absolute >= T - m.settings.recentTokens;
-}
-
-void putVarint(std::vector<uint8_t>& out, uint64_t v)
-{
-    while (v >= 0x80) {
-        out.push_back(uint8_t(v | 0x80));
-        v >>= 7;
-    }
-    out.push_back(uint8_t(v));
 }
 
 // Fixed-width symbols, escapes and folded tables: the rules the GPU decoder shares
@@ -135,9 +131,17 @@ std::vector<double> chunkRopeTable(const TransformModel& m, int t0, int n)
     return cs;
 }
 
+// A block before its entropy coding: the fp16 tokens, the escapes, the symbols of the coded
+// tokens (R x K) and each coded token's class.
+struct TransformQuantized {
+    BlockPayload out;  // raw and escapes filled
+    std::vector<uint8_t> sym, rowClass;
+    int R = 0, K = 0;
+};
+
 // rope: chunkRopeTable of the chunk (keys are rotated back with it when the model undoes RoPE).
-BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int layer, int level, int t0, int n,
-                         const double* rope)
+TransformQuantized quantizeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int layer, int level, int t0, int n,
+                             const double* rope)
 {
     const TransformModel& m = *p.transform;
     const int H = m.heads, D = m.headDim, C = H * D, T = p.shape.numTokens;
@@ -145,7 +149,8 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
     const TransformLevelBlock& lb = m.levelBlock(level, kind, layer);
     std::vector<float> x;
     readBlock(kv, kind, layer, t0, n, x);  // (H, n, D)
-    BlockPayload out;
+    TransformQuantized qb;
+    BlockPayload& out = qb.out;
     std::vector<int> codedTokens;
     for (int t = 0; t < n; ++t) {
         if (!rawToken(m, T, t0 + t)) {
@@ -165,13 +170,15 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
     const std::vector<int> coded = codedList(lb);
     const int K = int(coded.size()), R = int(codedTokens.size());
     const bool imp = m.settings.tokenImportance;
-    std::vector<uint8_t> rowClass(static_cast<size_t>(R), 0);
+    qb.R = R, qb.K = K;
+    std::vector<uint8_t>& rowClass = qb.rowClass;
+    rowClass.assign(static_cast<size_t>(R), 0);
     if (imp) {
         const std::vector<uint8_t> cls = importanceClasses(m, kv, layer);
         for (int r = 0; r < R; ++r) rowClass[size_t(r)] = cls[size_t(t0 + codedTokens[size_t(r)])];
     }
-    std::vector<uint8_t> sym(size_t(R) * K);
-    std::vector<float> v(static_cast<size_t>(C));
+    std::vector<uint8_t>& sym = qb.sym;
+    sym.resize(size_t(R) * K);
     // RD rounding (READ ME FIRST, 8): code lengths per (class, component) of the tables in use.
     const bool rdo = m.settings.rdoLambda > 0 && entropyUsesTables(m.settings.entropy);
     std::vector<std::vector<float>> bits;  // [class * K + k]
@@ -184,32 +191,67 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
                     transformCodeLengths(c == 0 ? lb.freq[size_t(k)] : foldedFreq(lb.freq[size_t(k)], Mf, c, Mf));
             }
     }
-    for (int r = 0; r < R; ++r) {
-        const int t = codedTokens[size_t(r)];
-        for (int h = 0; h < H; ++h)
-            for (int d = 0; d < D; ++d) v[size_t(h * D + d)] = x[(size_t(h) * n + t) * D + d] - b.mean[size_t(h * D + d)];
+    // The forward transform of the coded components as a product of tiles of tokens with the
+    // encode rows transposed, eT (C, Kp); then per row the quantisation (escapes in token, then
+    // component order) and, with RD rounding, the choice among the interior symbols.
+    const TileKernels kernels = kernelsFor(simdPath());
+    const int Kp = forwardStride(K);
+    thread_local std::vector<float> eT, v, z;
+    eT.resize(size_t(C) * Kp);
+    for (int c = 0; c < C; ++c) {  // rows written in order, the padding 0
+        float* row = &eT[size_t(c) * Kp];
+        for (int k = 0; k < K; ++k) row[k] = b.encode[size_t(coded[size_t(k)]) * C + size_t(c)];
+        for (int k = K; k < Kp; ++k) row[k] = 0.0f;
+    }
+    std::vector<double> div(size_t(kImportanceClasses) * K);  // [class * K + k]: Delta_j 2^class
+    std::vector<int> folded(size_t(kImportanceClasses) * K);  // [class * K + k]: the folded max |q|
+    for (int c = 0; c < kImportanceClasses; ++c)
         for (int k = 0; k < K; ++k) {
             const int j = coded[size_t(k)];
-            const float* e = &b.encode[size_t(j) * C];
-            float z = 0;
-            for (int c = 0; c < C; ++c) z += e[c] * v[size_t(c)];
-            const int c = rowClass[size_t(r)];
-            const int M = foldedMax(lb.maxQ[size_t(j)], c);
-            const double qd = std::nearbyint(double(z) / (double(lb.step[size_t(j)]) * double(1 << c)));
-            const int64_t q = int64_t(std::max(-2147483647.0, std::min(2147483647.0, qd)));
-            int s;
-            if (q <= -M || q >= M) {
-                s = q < 0 ? 0 : 2 * M;
-                putVarint(out.escapes, uint64_t(q < 0 ? (uint64_t(-q) << 1) - 1 : uint64_t(q) << 1));
-            } else {
-                s = int(q) + M;
-                if (rdo)
-                    s = rdoSymbol(double(z) / (double(lb.step[size_t(j)]) * double(1 << c)), s, M,
-                                  bits[size_t(c) * K + size_t(k)].data(), m.settings.rdoLambda);
+            div[size_t(c) * K + size_t(k)] = double(lb.step[size_t(j)]) * double(1 << c);
+            folded[size_t(c) * K + size_t(k)] = foldedMax(lb.maxQ[size_t(j)], c);
+        }
+    constexpr int kForwardTile = 64;
+    v.resize(size_t(kForwardTile) * C);
+    z.resize(size_t(kForwardTile) * Kp);
+    for (int r0 = 0; r0 < R; r0 += kForwardTile) {
+        const int nt = std::min(kForwardTile, R - r0);
+        for (int i = 0; i < nt; ++i) {
+            const int t = codedTokens[size_t(r0 + i)];
+            for (int h = 0; h < H; ++h)
+                for (int d = 0; d < D; ++d)
+                    v[size_t(i) * C + size_t(h * D + d)] = x[(size_t(h) * n + t) * D + d] - b.mean[size_t(h * D + d)];
+        }
+        kernels.forward(ForwardTile{v.data(), eT.data(), z.data(), nt, C, Kp});
+        for (int i = 0; i < nt; ++i) {
+            const int r = r0 + i, c = rowClass[size_t(r)];
+            uint8_t* row = &sym[size_t(r) * K];
+            const float* zr = &z[size_t(i) * Kp];
+            kernels.quantize(zr, &div[size_t(c) * K], &folded[size_t(c) * K], K, row, out.escapes);
+            if (!rdo) continue;
+            for (int k = 0; k < K; ++k) {
+                const int M = folded[size_t(c) * K + size_t(k)];
+                if (row[k] == 0 || row[k] == 2 * M) continue;  // escapes stay
+                row[k] = uint8_t(rdoSymbol(double(zr[k]) / div[size_t(c) * K + size_t(k)], row[k], M,
+                                           bits[size_t(c) * K + size_t(k)].data(), m.settings.rdoLambda));
             }
-            sym[size_t(r) * K + size_t(k)] = uint8_t(s);
         }
     }
+    return qb;
+}
+
+BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int layer, int level, int t0, int n,
+                         const double* rope)
+{
+    const TransformModel& m = *p.transform;
+    const TransformLevelBlock& lb = m.levelBlock(level, kind, layer);
+    TransformQuantized qb = quantizeBlock(p, kv, kind, layer, level, t0, n, rope);
+    BlockPayload& out = qb.out;
+    const std::vector<uint8_t>& sym = qb.sym;
+    const std::vector<uint8_t>& rowClass = qb.rowClass;
+    const int R = qb.R, K = qb.K;
+    const bool imp = m.settings.tokenImportance;
+    const std::vector<int> coded = codedList(lb);
     if (imp) {  // 2 bits per coded token, LSB first
         std::vector<uint8_t> packed(size_t(R + 3) / 4, 0);
         for (int r = 0; r < R; ++r) packed[size_t(r) / 4] |= uint8_t(rowClass[size_t(r)] << (2 * (r % 4)));
@@ -256,7 +298,7 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
             }
         if (bits > 0) out.stream.push_back(uint8_t(acc));
     }
-    return out;
+    return std::move(qb.out);
 }
 
 // rope: chunkRopeTable of the chunk (keys are rotated with it when the model undoes RoPE).
@@ -336,13 +378,14 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
 
     // The decode columns of the coded components (TransformBlock::columns) and the channels
     // [lo_k, hi_k) outside which column k is all +-0.
-    std::vector<const float*> col(static_cast<size_t>(K));
+    thread_local std::vector<float> col;  // (K, C)
+    col.resize(size_t(K) * C);
     std::vector<float> step(static_cast<size_t>(K));
     std::vector<int> lo(static_cast<size_t>(K)), hi(static_cast<size_t>(K));
     bool finite = true;
     for (int k = 0; k < K; ++k) {
         const int j = coded[size_t(k)];
-        col[size_t(k)] = b.columns.data() + size_t(j) * C;
+        std::memcpy(&col[size_t(k) * C], b.columns.data() + size_t(j) * C, sizeof(float) * size_t(C));
         step[size_t(k)] = lb.step[size_t(j)];
         finite = finite && step[size_t(k)] < FLT_MAX / 17179869184.0f;  // 2^34: |q| < 2^31, class <= 3
         lo[size_t(k)] = b.colLo[size_t(j)];
@@ -421,6 +464,36 @@ std::vector<uint8_t> encodeTransformChunk(const CodecParams& p, const KvSet& kv,
         out.insert(out.end(), b.stream.begin(), b.stream.end());
     }
     return out;
+}
+
+std::vector<TransformSymbols> transformBlockSymbols(const CodecParams& p, const KvSet& kv, KvKind kind, int layer, int level,
+                                                   int chunk)
+{
+    KVSCOPE_ASSERT(p.transform);
+    std::vector<TransformSymbols> out;
+    if (!entropyUsesTables(p.transform->settings.entropy)) return out;
+    const int t0 = p.chunkStart(chunk), n = p.chunkLength(chunk);
+    const std::vector<double> rope = chunkRopeTable(*p.transform, t0, n);
+    const TransformQuantized qb = quantizeBlock(p, kv, kind, layer, level, t0, n, rope.data());
+    for (int c = 0; c < kImportanceClasses; ++c) {
+        TransformSymbols m;
+        m.cls = c;
+        m.cols = qb.K;
+        for (int r = 0; r < qb.R; ++r)
+            if (qb.rowClass[size_t(r)] == c) {
+                m.sym.insert(m.sym.end(), qb.sym.begin() + std::ptrdiff_t(size_t(r) * qb.K),
+                             qb.sym.begin() + std::ptrdiff_t(size_t(r + 1) * qb.K));
+                ++m.rows;
+            }
+        if (m.rows > 0) out.push_back(std::move(m));
+    }
+    return out;
+}
+
+void transformCodingTables(const CodecParams& p, KvKind kind, int layer, int level, int cls, bool forDecoding,
+                           std::vector<CodingTable>& tables)
+{
+    buildClassTables(p.transform->levelBlock(level, kind, layer), cls, forDecoding, tables);
 }
 
 void decodeTransformChunk(const CodecParams& p, const uint8_t* data, size_t size, int chunk, int level, KvSet& out,

@@ -444,11 +444,12 @@ void prepareTransform(CodecParams& p, const KvSet& kv, const std::string& source
             throw inputError(source, "transform.levels", "the calibrated model has " + std::to_string(m.numLevels()) +
                                                              " levels, the profile lists " + std::to_string(pr.transformLevels.size()) +
                                                              ": recalibrate");
-        for (TransformBlock& b : m.blocks) {
+        detail::parallelUnits(int(m.blocks.size()), [&](int u) {
+            TransformBlock& b = m.blocks[size_t(u)];
             std::vector<double> a(b.decode.begin(), b.decode.end());
             const std::vector<double> inv = invertMatrix(a, m.channels(), source + ": transform.model");
             b.encode.assign(inv.begin(), inv.end());
-        }
+        });
     } else {
         // No calibration: statistics from the cache itself, a data-independent basis, and
         // parametric tables (they need no counts that would have to travel).

@@ -11,7 +11,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace kvscope::detail {
 
@@ -22,7 +24,7 @@ namespace {
 void accumulateScalar(const Tile& t)
 {
     for (int k = 0; k < t.K; ++k) {
-        const float* a = t.col[k];
+        const float* a = t.col + size_t(k) * t.C;
         for (int i = 0; i < t.nt; ++i) {
             const float z = t.zq[size_t(i) * t.K + k];
             if (z == 0.0f) continue;
@@ -42,7 +44,7 @@ void accumulateScalar(const Tile& t)
 __attribute__((target("avx2"))) void accumulateAvx2From(const Tile& t, int from)
 {
     for (int k = 0; k < t.K; ++k) {
-        const float* a = t.col[k];
+        const float* a = t.col + size_t(k) * t.C;
         const int lo = std::max(t.lo[k], from), hi = t.hi[k];
         if (lo >= hi) continue;
         for (int i = 0; i < t.nt; ++i) {
@@ -59,43 +61,73 @@ __attribute__((target("avx2"))) void accumulateAvx2From(const Tile& t, int from)
 }
 
 // AVX2 with Tile::plain (see the AVX-512 sums below for why adding the zero terms is exact): the
-// sums of 2 tokens x 32 channels in 8 registers while every component goes by; the channels past
-// the last whole group of 32 take the store-based loop.
+// sums of 4 tokens x 8 J channels in 4 J registers while every component goes by (J = 3: 12
+// sums, each term one load of the column shared by 4 tokens); the channels past the last whole
+// group of 8 take the store-based loop.
+// One group of 16 channels, 6 tokens at a time (12 sums, 2 column vectors, the broadcast and a
+// product: the 16 registers). The sums are named variables, not an array: GCC kept an array of
+// them on the stack.
+template <bool Dense>
+__attribute__((target("avx2"))) void accumulateAvx2Group(const Tile& t, const float* zT, int g0)
+{
+    constexpr int I = 6, G = 16;
+    for (int i0 = 0; i0 < t.nt; i0 += I, zT += size_t(I) * t.K) {
+        const int ni = std::min(I, t.nt - i0);
+        float* v0 = t.v + size_t(i0) * t.C + g0;
+        float* v1 = t.v + size_t(i0 + std::min(1, ni - 1)) * t.C + g0;
+        float* v2 = t.v + size_t(i0 + std::min(2, ni - 1)) * t.C + g0;
+        float* v3 = t.v + size_t(i0 + std::min(3, ni - 1)) * t.C + g0;
+        float* v4 = t.v + size_t(i0 + std::min(4, ni - 1)) * t.C + g0;
+        float* v5 = t.v + size_t(i0 + std::min(5, ni - 1)) * t.C + g0;
+        __m256 s00 = _mm256_loadu_ps(v0), s01 = _mm256_loadu_ps(v0 + 8);
+        __m256 s10 = _mm256_loadu_ps(v1), s11 = _mm256_loadu_ps(v1 + 8);
+        __m256 s20 = _mm256_loadu_ps(v2), s21 = _mm256_loadu_ps(v2 + 8);
+        __m256 s30 = _mm256_loadu_ps(v3), s31 = _mm256_loadu_ps(v3 + 8);
+        __m256 s40 = _mm256_loadu_ps(v4), s41 = _mm256_loadu_ps(v4 + 8);
+        __m256 s50 = _mm256_loadu_ps(v5), s51 = _mm256_loadu_ps(v5 + 8);
+        const float* a = t.col + g0;
+        const float* z = zT;
+        for (int k = 0; k < t.K; ++k, a += t.C, z += I) {
+            if (!Dense && (t.hi[k] <= g0 || t.lo[k] >= g0 + G)) continue;  // the column is +-0 over the group
+            const __m256 a0 = _mm256_loadu_ps(a), a1 = _mm256_loadu_ps(a + 8);
+#define KVS_ROW(i)                                               \
+    {                                                            \
+        const __m256 zz = _mm256_broadcast_ss(z + i);            \
+        s##i##0 = _mm256_add_ps(s##i##0, _mm256_mul_ps(a0, zz)); \
+        s##i##1 = _mm256_add_ps(s##i##1, _mm256_mul_ps(a1, zz)); \
+    }
+            KVS_ROW(0) KVS_ROW(1) KVS_ROW(2) KVS_ROW(3) KVS_ROW(4) KVS_ROW(5)
+#undef KVS_ROW
+        }
+        // Rows past nt were computed on a copy of the last row: stored first, so that the real
+        // row's sums land last.
+        _mm256_storeu_ps(v5, s50), _mm256_storeu_ps(v5 + 8, s51);
+        _mm256_storeu_ps(v4, s40), _mm256_storeu_ps(v4 + 8, s41);
+        _mm256_storeu_ps(v3, s30), _mm256_storeu_ps(v3 + 8, s31);
+        _mm256_storeu_ps(v2, s20), _mm256_storeu_ps(v2 + 8, s21);
+        _mm256_storeu_ps(v1, s10), _mm256_storeu_ps(v1 + 8, s11);
+        _mm256_storeu_ps(v0, s00), _mm256_storeu_ps(v0 + 8, s01);
+    }
+}
+
 __attribute__((target("avx2"))) void accumulateAvx2(const Tile& t)
 {
     if (!t.plain) return accumulateAvx2From(t, 0);
-    constexpr int G = 32, I = 2;
-    const int whole = t.C / G * G;
-    for (int g0 = 0; g0 < whole; g0 += G)
-        for (int i0 = 0; i0 < t.nt; i0 += I) {
-            const int ni = std::min(I, t.nt - i0);
-            __m256 acc[I][4];
-#pragma GCC unroll 2
-            for (int i = 0; i < I; ++i)
-#pragma GCC unroll 4
-                for (int j = 0; j < 4; ++j)
-                    acc[i][j] = i < ni ? _mm256_loadu_ps(t.v + size_t(i0 + i) * t.C + g0 + 8 * j) : _mm256_setzero_ps();
-            for (int k = 0; k < t.K; ++k) {
-                if (t.hi[k] <= g0 || t.lo[k] >= g0 + G) continue;  // the column is +-0 over the group
-                const float* a = t.col[k] + g0;
-                const __m256 a0 = _mm256_loadu_ps(a), a1 = _mm256_loadu_ps(a + 8), a2 = _mm256_loadu_ps(a + 16),
-                             a3 = _mm256_loadu_ps(a + 24);
-#pragma GCC unroll 2
-                for (int i = 0; i < I; ++i) {
-                    const __m256 zz = _mm256_set1_ps(i < ni ? t.zq[size_t(i0 + i) * t.K + k] : 0.0f);
-                    acc[i][0] = _mm256_add_ps(acc[i][0], _mm256_mul_ps(a0, zz));
-                    acc[i][1] = _mm256_add_ps(acc[i][1], _mm256_mul_ps(a1, zz));
-                    acc[i][2] = _mm256_add_ps(acc[i][2], _mm256_mul_ps(a2, zz));
-                    acc[i][3] = _mm256_add_ps(acc[i][3], _mm256_mul_ps(a3, zz));
-                }
-            }
-#pragma GCC unroll 2
-            for (int i = 0; i < I; ++i)
-#pragma GCC unroll 4
-                for (int j = 0; j < 4; ++j)
-                    if (i < ni) _mm256_storeu_ps(t.v + size_t(i0 + i) * t.C + g0 + 8 * j, acc[i][j]);
-        }
-    if (whole < t.C) accumulateAvx2From(t, whole);
+    // The components of each 6 tokens interleaved, zT[(i0 / 6) K 6 + 6 k + i], so that one
+    // pointer reaches them all (6 pointers and 12 sums do not fit the registers together); 0 past nt.
+    constexpr int I = 6;
+    thread_local std::vector<float> zT;
+    const int blocks = (t.nt + I - 1) / I;
+    zT.assign(size_t(blocks) * I * t.K, 0.0f);
+    for (int i = 0; i < t.nt; ++i)
+        for (int k = 0; k < t.K; ++k) zT[(size_t(i / I) * t.K + k) * I + size_t(i % I)] = t.zq[size_t(i) * t.K + k];
+    int g0 = 0;
+    // Dense: no column is +-0 over a whole group (bases across heads), so no test per term.
+    bool dense = true;
+    for (int k = 0; k < t.K && dense; ++k) dense = t.lo[k] < 16 && t.hi[k] > t.C / 16 * 16 - 16;
+    for (; g0 + 16 <= t.C; g0 += 16)
+        dense ? accumulateAvx2Group<true>(t, zT.data(), g0) : accumulateAvx2Group<false>(t, zT.data(), g0);
+    if (g0 < t.C) accumulateAvx2From(t, g0);
 }
 
 // AVX-512: the sums of 4 tokens x 64 channels stay in 16 registers while every component goes
@@ -132,13 +164,13 @@ __attribute__((target("avx512f"))) void accumulateAvx512Sums(const Tile& t)
                 __m512 a[4];
                 if constexpr (Plain) {
 #pragma GCC unroll 4
-                    for (int j = 0; j < 4; ++j) a[j] = _mm512_maskz_loadu_ps(inC[j], t.col[k] + g0 + 16 * j);
+                    for (int j = 0; j < 4; ++j) a[j] = _mm512_maskz_loadu_ps(inC[j], t.col + size_t(k) * t.C + g0 + 16 * j);
                 } else {
                     const uint64_t range = (hi - lo == 64 ? ~uint64_t(0) : ((uint64_t(1) << (hi - lo)) - 1)) << lo;
 #pragma GCC unroll 4
                     for (int j = 0; j < 4; ++j) {
                         cm[j] = __mmask16(range >> (16 * j)) & inC[j];
-                        a[j] = _mm512_maskz_loadu_ps(cm[j], t.col[k] + g0 + 16 * j);
+                        a[j] = _mm512_maskz_loadu_ps(cm[j], t.col + size_t(k) * t.C + g0 + 16 * j);
                     }
                 }
 #pragma GCC unroll 4
@@ -240,16 +272,133 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void dequantAvx512(const ui
 }
 #endif
 
+
+// ---- the encoder: forward transform over a tile of tokens, quantisation of a row -----------------
+
+void forwardScalar(const ForwardTile& t)
+{
+    for (int i = 0; i < t.nt; ++i) {
+        const float* v = t.v + size_t(i) * t.C;
+        float* z = t.z + size_t(i) * t.Kp;
+        for (int k = 0; k < t.Kp; ++k) {
+            float s = 0;
+            for (int c = 0; c < t.C; ++c) s += t.eT[size_t(c) * t.Kp + k] * v[c];
+            z[k] = s;
+        }
+    }
+}
+
+void putVarint(std::vector<uint8_t>& out, uint64_t v)
+{
+    while (v >= 0x80) {
+        out.push_back(uint8_t(v | 0x80));
+        v >>= 7;
+    }
+    out.push_back(uint8_t(v));
+}
+
+void quantizeScalarFrom(const float* z, const double* div, const int* M, int from, int K, uint8_t* sym,
+                        std::vector<uint8_t>& escapes)
+{
+    for (int k = from; k < K; ++k) {
+        const double qd = std::nearbyint(double(z[k]) / div[k]);
+        const int64_t q = int64_t(std::max(-2147483647.0, std::min(2147483647.0, qd)));
+        if (q <= -M[k] || q >= M[k]) {
+            sym[k] = uint8_t(q < 0 ? 0 : 2 * M[k]);
+            putVarint(escapes, uint64_t(q < 0 ? (uint64_t(-q) << 1) - 1 : uint64_t(q) << 1));
+        } else {
+            sym[k] = uint8_t(int(q) + M[k]);
+        }
+    }
+}
+
+void quantizeScalar(const float* z, const double* div, const int* M, int K, uint8_t* sym, std::vector<uint8_t>& escapes)
+{
+    quantizeScalarFrom(z, div, M, 0, K, sym, escapes);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+// I tokens x J vectors of 8 components in registers while every channel goes by.
+template <int J>
+__attribute__((target("avx2"))) void forwardAvx2Cols(const ForwardTile& t, int k0)
+{
+    constexpr int I = 4;
+    for (int i0 = 0; i0 < t.nt; i0 += I) {
+        const int ni = std::min(I, t.nt - i0);
+        const float* v[I];
+#pragma GCC unroll 4
+        for (int i = 0; i < I; ++i) v[i] = t.v + size_t(i0 + std::min(i, ni - 1)) * t.C;  // past nt: repeats, not stored
+        __m256 acc[I][J];
+#pragma GCC unroll 4
+        for (int i = 0; i < I; ++i)
+#pragma GCC unroll 3
+            for (int j = 0; j < J; ++j) acc[i][j] = _mm256_setzero_ps();
+        const float* e = t.eT + k0;
+        for (int c = 0; c < t.C; ++c, e += t.Kp) {
+            __m256 a[J];
+#pragma GCC unroll 3
+            for (int j = 0; j < J; ++j) a[j] = _mm256_loadu_ps(e + 8 * j);
+#pragma GCC unroll 4
+            for (int i = 0; i < I; ++i) {
+                const __m256 x = _mm256_broadcast_ss(v[i] + c);
+#pragma GCC unroll 3
+                for (int j = 0; j < J; ++j) acc[i][j] = _mm256_add_ps(acc[i][j], _mm256_mul_ps(a[j], x));
+            }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < I; ++i)
+#pragma GCC unroll 3
+            for (int j = 0; j < J; ++j)
+                if (i < ni) _mm256_storeu_ps(t.z + size_t(i0 + i) * t.Kp + k0 + 8 * j, acc[i][j]);
+    }
+}
+
+__attribute__((target("avx2"))) void forwardAvx2(const ForwardTile& t)
+{
+    int k0 = 0;
+    for (; k0 + 16 <= t.Kp; k0 += 16) forwardAvx2Cols<2>(t, k0);
+    if (t.Kp - k0 == 8) forwardAvx2Cols<1>(t, k0);
+}
+
+// 4 components at a time in double, the scalar loop's division and rounding (to nearest, even:
+// nearbyint's default mode); a group holding an escape (or a value that is not finite) is done by
+// the scalar loop, so escapes keep their order.
+__attribute__((target("avx2"))) void quantizeAvx2(const float* z, const double* div, const int* M, int K, uint8_t* sym,
+                                                  std::vector<uint8_t>& escapes)
+{
+    int k = 0;
+    for (; k + 4 <= K; k += 4) {
+        const __m256d q = _mm256_round_pd(_mm256_div_pd(_mm256_cvtps_pd(_mm_loadu_ps(z + k)), _mm256_loadu_pd(div + k)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m128i m = _mm_loadu_si128(reinterpret_cast<const __m128i*>(M + k));
+        const __m256d md = _mm256_cvtepi32_pd(m);
+        const __m256d inside = _mm256_and_pd(_mm256_cmp_pd(q, md, _CMP_LT_OQ),
+                                             _mm256_cmp_pd(q, _mm256_sub_pd(_mm256_setzero_pd(), md), _CMP_GT_OQ));
+        if (_mm256_movemask_pd(inside) != 0xf) {
+            quantizeScalarFrom(z, div, M, k, k + 4, sym, escapes);
+            continue;
+        }
+        const __m128i s = _mm_add_epi32(_mm256_cvtpd_epi32(q), m);
+        const __m128i b = _mm_shuffle_epi8(s, _mm_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
+        const int w = _mm_cvtsi128_si32(b);
+        std::memcpy(sym + k, &w, 4);
+    }
+    quantizeScalarFrom(z, div, M, k, K, sym, escapes);
+}
+#endif
+
 }  // namespace
 
 TileKernels kernelsFor(SimdPath path)
 {
 #if defined(__x86_64__) || defined(__i386__)
-    if (path == SimdPath::Avx512) return {dequantAvx512, accumulateAvx512};
-    if (path == SimdPath::Avx2) return {dequantAvx2, accumulateAvx2};
+    // The encoder's AVX-512 path is its AVX2 one (the forward transform is bound by the
+    // multiply-adds either way, and it gives the same bytes).
+    if (path == SimdPath::Avx512) return {dequantAvx512, accumulateAvx512, forwardAvx2, quantizeAvx2};
+    if (path == SimdPath::Avx2) return {dequantAvx2, accumulateAvx2, forwardAvx2, quantizeAvx2};
 #endif
     (void)path;
-    return {dequantScalar, accumulateScalar};
+    return {dequantScalar, accumulateScalar, forwardScalar, quantizeScalar};
 }
 
 }  // namespace kvscope::detail

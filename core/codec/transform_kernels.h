@@ -1,7 +1,8 @@
-// Internal to codec/: the transform decoder's kernels (transform_kernels.cpp) as
-// transform_chunk.cpp's decodeBlock calls them: a row's dequantisation (symbols and escapes to
-// components) and a tile's inverse transform, scalar, AVX2 or AVX-512 (simd_path.h). Every path
-// gives the same bytes (transform_chunk.cpp says why).
+// Internal to codec/: the transform codec's kernels (transform_kernels.cpp) as transform_chunk.cpp
+// calls them: for the decoder a row's dequantisation (symbols and escapes to components) and a
+// tile's inverse transform, for the encoder a tile's forward transform and a row's quantisation;
+// scalar, AVX2 or AVX-512 (simd_path.h). Every path gives the same bytes (transform_chunk.cpp
+// says why).
 #pragma once
 
 #include "codec/escape_rules.h"
@@ -10,18 +11,19 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace kvscope::detail {
 
-constexpr int kTileTokens = 8;  // tokens whose sums share one read of each decode column
+constexpr int kTileTokens = 64;  // tokens whose sums share one read of each decode column
 
 // For each token i < nt of the tile and each component k < K in ascending order with
-// z = zq[i * K + k] != 0: v[i * C + c] += col[k][c] * z for c in [lo[k], hi[k]), one rounded
+// z = zq[i * K + k] != 0: v[i * C + c] += col[k * C + c] * z for c in [lo[k], hi[k]), one rounded
 // multiply and one rounded add per term. The paths differ only in how many channels one
 // instruction takes.
 struct Tile {
     float* v;
-    const float* const* col;  // K decode columns (TransformBlock::columns rows), C channels each
+    const float* col;  // (K, C): the decode columns of the coded components (TransformBlock::columns rows)
     const float* zq;
     const int* lo;
     const int* hi;
@@ -48,11 +50,29 @@ struct EscapeReader {
     }
 };
 
-// The decoder's kernels on a SIMD path (simd_path.h): a row's dequantisation and a tile's
-// inverse transform.
+// The encoder's forward transform over a tile of tokens: z[i * Kp + k] = sum over c ascending of
+// eT[c * Kp + k] * v[i * C + c] for i < nt, k < Kp, starting from +0, one rounded multiply and
+// one rounded add per term: the order of a plain dot product, so every path gives its bytes.
+// eT is the encode rows of the coded components, transposed (C, Kp); Kp = K rounded up to a
+// multiple of 8, the padding columns 0.
+struct ForwardTile {
+    const float* v;   // (nt, C) x - mean, keys with RoPE undone
+    const float* eT;  // (C, Kp)
+    float* z;         // (nt, Kp)
+    int nt, C, Kp;
+};
+constexpr int forwardStride(int K) { return (K + 7) / 8 * 8; }
+
+// The codec's kernels on a SIMD path (simd_path.h).
 struct TileKernels {
+    // Decoder: a row's dequantisation and a tile's inverse transform.
     void (*dequant)(const uint8_t* sym, const int* M, const float* step, float mult, int K, float* z, EscapeReader& esc);
     void (*accumulate)(const Tile&);
+    // Encoder: a tile's forward transform, and a row's quantisation with rounding to nearest:
+    // sym[k] = rint(z[k] / div[k]) + M[k] (div = step 2^class, in double), the edge symbol and a
+    // zigzag varint appended to escapes when |q| >= M[k], in k order.
+    void (*forward)(const ForwardTile&);
+    void (*quantize)(const float* z, const double* div, const int* M, int K, uint8_t* sym, std::vector<uint8_t>& escapes);
 };
 
 TileKernels kernelsFor(SimdPath path);
