@@ -14,7 +14,8 @@ Level choice, two ways:
     default_level);
   - leave one genre out: for each genre G, the smallest level passing on all the other genres,
     judged on G (what a user gets on a genre nobody measured).
-With --profile P (the shipped transform ladder), also writes into P what the rows measured: per
+With --profile P (the shipped transform ladder), also writes into P what the rows measured (the
+`transform, per-cache means` rows when P has "adapt_mean": true, else the `transform` rows): per
 transform level "measured" (bits/value, x int8, pooled KL, the genres it passes on; the streamer's
 planner reads mean_kl) and "default_level" = the smallest level that passes on every genre.
 Standard library only.
@@ -77,6 +78,22 @@ def ci(v):
     return f" [{v[0]:.2f}, {v[1]:.2f}]"
 
 
+def ladder_note(out):
+    """What the page says about the transform ladder: OUT_DIR/ladder.txt when the runs used another
+    ladder than the default model's shipped one."""
+    path = os.path.join(out, "ladder.txt")
+    if os.path.exists(path):
+        return " ".join(open(path).read().split())
+    return ("The transform codec is calibrated on `technical_note` and `long_4k` "
+            "(samples/contexts); its per-layer water levels come from sensitivities measured on the same two "
+            "contexts (samples/profiles/make_ladder.py) and its levels are fixed multipliers of one base level: "
+            "none of these genres was seen by the calibration or the ladder. `transform, uniform layers` is "
+            "the ladder before the per-layer shape (every layer of a kind at one water level; levels 1-5 at "
+            "keys t = 0.1, 0.05, 0.025, 0.012, 0.006, values 10x finer). `transform, per-cache means` is the "
+            "shipped ladder with `adapt_mean` on (the cache's means replace the calibrated ones; they count in "
+            "the size).")
+
+
 def main():
     args = sys.argv[1:]
     page = "docs/results/iso_quality.md"
@@ -107,12 +124,7 @@ def main():
         lines.append("")
     lines.append(f"Model: {next((r['model'] for r in runs.values()), '?')}. Rule ({iso.get('rule', 'iso-quality')}): "
                  f"a row passes when |pooled delta PPL| <= {max_ppl:g} %, accuracy >= fp16 - {100 * max_drop:g} points and "
-                 f"McNemar p >= {alpha:g}. The transform codec is calibrated on `technical_note` and `long_4k` "
-                 "(samples/contexts); its per-layer water levels come from sensitivities measured on the same two "
-                 "contexts (samples/profiles/make_ladder.py) and its levels are fixed multipliers of one base level: "
-                 "none of these genres was seen by the calibration or the ladder. `transform, uniform layers` is "
-                 "the ladder before the per-layer shape (every layer of a kind at one water level; levels 1-5 at "
-                 "keys t = 0.1, 0.05, 0.025, 0.012, 0.006, values 10x finer).")
+                 f"McNemar p >= {alpha:g}. " + ladder_note(out))
     lines.append("")
 
     # rows[(codec, level)][genre] = row json
@@ -241,9 +253,13 @@ def main():
     if profile and len(have) > 1:
         p = json.load(open(profile))
         levels = p["transform"]["levels"]
+        # The rows of the ladder as it ships: with per-cache means when its adapt_mean is on.
+        shipped = "transform, per-cache means" if p["transform"].get("adapt_mean") else "transform"
+        for lv in levels:
+            lv.pop("measured", None)
         passing = []
         for k in keys:
-            if k[0] != "transform" or "_every" not in rows[k] or not 1 <= k[1] <= len(levels):
+            if k[0] != shipped or "_every" not in rows[k] or not 1 <= k[1] <= len(levels):
                 continue
             rs = [rows[k][g] for g in have]
             T = sum(fp16[g][2] for g in have)
