@@ -30,6 +30,7 @@ p.pop("layer_shape", None)
 p["transform"]["levels"] = [{"name": "t 0.1/0.01", "key_theta": 0.1, "value_theta": 0.01},
                             {"name": "t 0.05/0.005", "key_theta": 0.05, "value_theta": 0.005}]
 p["transform"]["default_level"] = 1
+p["transform"]["adapt_mean"] = False  # the shipped ladder's per-cache means: only the generic+mean row
 json.dump(p, open(f"{w}/ladder.json", "w"), indent=1)
 PY
 kv() { [ -s "$W/$1.h5" ] || "$CLI" capture --context "$2" --out "$W/$1.h5" --threads 1 >/dev/null; echo "$W/$1.h5"; }
