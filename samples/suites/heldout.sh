@@ -13,9 +13,9 @@
 #   TRANSFORM_LEVELS, CACHEGEN_LEVELS, TUNED_LEVELS  levels of the transform ladder and of the
 #               CacheGen default and tuned profiles (default all); ROWS=transform_hi measures
 #               TRANSFORM_HI_LEVELS (default 4,5) of the ladder into <genre>.transform_hi.json
-#               (heldout_table.py merges them with the transform rows); ROWS=transform_mean
-#               measures TRANSFORM_MEAN_LEVELS (default 3,4) of the calibrated ladder with per-cache
-#               means ("adapt_mean": true; the means count in the size)
+#               (heldout_table.py merges them with the transform rows); ROWS=transform_nomean
+#               measures TRANSFORM_NOMEAN_LEVELS (default 4,5) of the calibrated ladder with its
+#               per-cache means off ("adapt_mean": false, how the ladder shipped before)
 # Runs can go side by side (two shells, different ROWS or GENRES): a row being measured is
 # locked (<row>.json.lock) and the other shell skips it.
 #
@@ -51,14 +51,15 @@ for g in $GENRES; do
         case $r in
         transform) "$CLI" $E --codec transform --baselines none --levels "${TRANSFORM_LEVELS:-all}" > "$f.tmp" ;;
         transform_hi) "$CLI" $E --codec transform --baselines none --levels "${TRANSFORM_HI_LEVELS:-4,5}" > "$f.tmp" ;;
-        transform_mean)
-            # The calibrated ladder (made by the transform rows' first run) with adapt_mean on.
-            cached=$(ls "${XDG_CACHE_HOME:-$HOME/.cache}"/kvscope/profiles/*.transform.json 2>/dev/null | head -1)
-            [ -n "$cached" ] || { echo "heldout: run ROWS=transform first (it calibrates the ladder)" >&2; exit 2; }
-            python3 -c "import json,sys; p=json.load(open(sys.argv[1])); p['transform']['adapt_mean']=True; json.dump(p,open(sys.argv[2],'w'))" \
+        transform_nomean)
+            # The calibrated ladder (made by the transform rows' first run) with adapt_mean off.
+            fp=$(python3 -c "import json; print(json.load(open('samples/profiles/smollm2-135m-instruct.transform.json'))['model_fingerprint'])")
+            cached="${XDG_CACHE_HOME:-$HOME/.cache}/kvscope/profiles/$fp.transform.json"
+            [ -s "$cached" ] || { echo "heldout: run ROWS=transform first (it calibrates the ladder)" >&2; exit 2; }
+            python3 -c "import json,sys; p=json.load(open(sys.argv[1])); p['transform']['adapt_mean']=False; json.dump(p,open(sys.argv[2],'w'))" \
                 "$cached" "$f.profile"
             "$CLI" $E --codec transform --profile "$f.profile" --baselines none \
-                --levels "${TRANSFORM_MEAN_LEVELS:-3,4}" > "$f.tmp"
+                --levels "${TRANSFORM_NOMEAN_LEVELS:-4,5}" > "$f.tmp"
             rm -f "$f.profile" ;;
         cachegen)  "$CLI" $E --codec cachegen --baselines none --levels "${CACHEGEN_LEVELS:-all}" > "$f.tmp" ;;
         tuned)     "$CLI" $E --codec cachegen --profile samples/profiles/smollm2-135m-instruct.json --baselines none \

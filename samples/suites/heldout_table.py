@@ -14,9 +14,8 @@ Level choice, two ways:
     default_level);
   - leave one genre out: for each genre G, the smallest level passing on all the other genres,
     judged on G (what a user gets on a genre nobody measured).
-With --profile P (the shipped transform ladder), also writes into P what the rows measured (the
-`transform, per-cache means` rows when P has "adapt_mean": true, else the `transform` rows): per
-transform level "measured" (bits/value, x int8, pooled KL, the genres it passes on; the streamer's
+With --profile P (the shipped transform ladder), also writes into P what the `transform` rows
+measured: per transform level "measured" (bits/value, x int8, pooled KL, the genres it passes on; the streamer's
 planner reads mean_kl) and "default_level" = the smallest level that passes on every genre.
 Standard library only.
 """
@@ -25,14 +24,16 @@ import math
 import os
 import sys
 
-# transform_hi: more levels of the same ladder measured by a later run (same rows, same keys).
+# transform: the shipped ladder as it ships (per-cache means on, "adapt_mean": true, their side
+# bytes counted); transform_hi: more levels of it measured by a later run (same rows, same keys).
+# transform_nomean(_hi): the same ladder with adapt_mean off (what it shipped as before).
 # transform_uniform(_hi): the ladder before its per-layer shape (every layer of a kind at the same
 # water level), kept as the comparison the layer shape is judged against.
-# transform_mean: the same ladder with per-cache means (adapt_mean, its side bytes counted).
-FAMILIES = ["baselines", "cachegen", "tuned", "transform", "transform_hi", "transform_mean", "transform_uniform",
-            "transform_uniform_hi"]
+FAMILIES = ["baselines", "cachegen", "tuned", "transform", "transform_hi", "transform_nomean", "transform_nomean_hi",
+            "transform_uniform", "transform_uniform_hi"]
 # Rows of one family that continue another (more levels of the same ladder).
-SAME_AS = {"transform_hi": "transform", "transform_uniform_hi": "transform_uniform"}
+SAME_AS = {"transform_hi": "transform", "transform_nomean_hi": "transform_nomean",
+           "transform_uniform_hi": "transform_uniform"}
 
 
 def mcnemar_p(b, c):
@@ -49,8 +50,8 @@ def row_key(family, r):
         return ("cachegen tuned", r["level"])
     if SAME_AS.get(family, family) == "transform_uniform":
         return ("transform, uniform layers", r["level"])
-    if family == "transform_mean":
-        return ("transform, per-cache means", r["level"])
+    if SAME_AS.get(family, family) == "transform_nomean":
+        return ("transform, no per-cache means", r["level"])
     return (r["codec"], r["level"])
 
 
@@ -89,9 +90,9 @@ def ladder_note(out):
             "contexts (samples/profiles/make_ladder.py) and its levels are fixed multipliers of one base level: "
             "none of these genres was seen by the calibration or the ladder. `transform, uniform layers` is "
             "the ladder before the per-layer shape (every layer of a kind at one water level; levels 1-5 at "
-            "keys t = 0.1, 0.05, 0.025, 0.012, 0.006, values 10x finer). `transform, per-cache means` is the "
-            "shipped ladder with `adapt_mean` on (the cache's means replace the calibrated ones; they count in "
-            "the size).")
+            "keys t = 0.1, 0.05, 0.025, 0.012, 0.006, values 10x finer). The `transform` rows code with "
+            "per-cache means (`adapt_mean`, as the ladder ships: the cache's means replace the calibrated ones "
+            "and count in the size); `transform, no per-cache means` is the same ladder without them.")
 
 
 def main():
@@ -253,13 +254,11 @@ def main():
     if profile and len(have) > 1:
         p = json.load(open(profile))
         levels = p["transform"]["levels"]
-        # The rows of the ladder as it ships: with per-cache means when its adapt_mean is on.
-        shipped = "transform, per-cache means" if p["transform"].get("adapt_mean") else "transform"
         for lv in levels:
             lv.pop("measured", None)
         passing = []
         for k in keys:
-            if k[0] != shipped or "_every" not in rows[k] or not 1 <= k[1] <= len(levels):
+            if k[0] != "transform" or "_every" not in rows[k] or not 1 <= k[1] <= len(levels):
                 continue
             rs = [rows[k][g] for g in have]
             T = sum(fp16[g][2] for g in have)
