@@ -162,6 +162,18 @@ CodecBenchResult benchZstd(const KvSet& kv, const CodecParams& p, const BenchOpt
 
 namespace {
 
+// The rates of an entropy bench from its best times (seconds) over r.symbols symbols, and the
+// decoder path that ran.
+void setRates(EntropyBenchResult& r, double encS, double decS, double htsEncS, double htsDecS)
+{
+    const double mb = double(r.symbols) / 1e6;
+    r.encodeMBps = mb / encS;
+    r.decodeMBps = mb / decS;
+    r.htsEncodeMBps = mb / htsEncS;
+    r.htsDecodeMBps = mb / htsDecS;
+    r.simd = simdPathName(simdPath());
+}
+
 // htscodecs' rANS 32x16 order 0 on `streams` byte strings (sym(i, &n) gives stream i), in the
 // timed passes of bestOf: the same call for every codec's symbols. Returns its bytes.
 template <typename Streams>
@@ -276,12 +288,7 @@ EntropyBenchResult benchEntropyTransform(const KvSet& kv, const CodecParams& p, 
             return m.sym.data();
         },
         opt, &hEnc, &hDec);
-    const double mb = double(r.symbols) / 1e6;
-    r.encodeMBps = mb / encS;
-    r.decodeMBps = mb / decS;
-    r.htsEncodeMBps = mb / hEnc;
-    r.htsDecodeMBps = mb / hDec;
-    r.simd = simdPathName(simdPath());
+    setRates(r, encS, decS, hEnc, hDec);
     return r;
 }
 
@@ -394,12 +401,7 @@ EntropyBenchResult benchEntropy(const KvSet& kv, const CodecParams& p, int level
             return const_cast<uint8_t*>(q.sym.data()) + size_t(s % H) * *n;
         },
         opt, &henc, &hdec);
-    const double mb = double(r.symbols) / 1e6;
-    r.encodeMBps = mb / enc;
-    r.decodeMBps = mb / dec;
-    r.htsEncodeMBps = mb / henc;
-    r.htsDecodeMBps = mb / hdec;
-    r.simd = simdPathName(simdPath());
+    setRates(r, enc, dec, henc, hdec);
     return r;
 }
 

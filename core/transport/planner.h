@@ -53,7 +53,8 @@
 //    once sent, cannot be taken back.
 //  - Before any chunk has been measured there is no estimate: the first request goes at the
 //    file's default level and at most chunk 0 is recomputed meanwhile, unless a prior estimate (the
-//    previous run's, kept by the Streamer) is given, which is then discounted by kPriorDiscount.
+//    previous run's, kept by the Streamer) is given, which is then scaled by kPriorDiscount
+//    (stream/stream_run.cpp; 1.0 now: the prior is taken as it is).
 #pragma once
 
 #include <cstdint>
