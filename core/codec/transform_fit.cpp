@@ -98,16 +98,25 @@ void weightRoots(const TransformSettings& s, const std::vector<const KvSet*>& ca
     }
 }
 
+// The mean of each of the C columns of n rows (row-major), summed in row order in double; zeros
+// when n is 0.
+std::vector<double> rowMeans(const std::vector<float>& rows, size_t n, int C)
+{
+    std::vector<double> mean(static_cast<size_t>(C), 0.0);
+    for (size_t r = 0; r < n; ++r)
+        for (int c = 0; c < C; ++c) mean[size_t(c)] += rows[r * C + size_t(c)];
+    for (double& m : mean) m /= double(std::max<size_t>(n, 1));
+    return mean;
+}
+
 // Mean, decode matrix (rounded to fp16) and variances of one block from its calibration rows.
 TransformBlock fitBlock(const TransformSettings& s, const std::vector<const KvSet*>& caches, KvKind kind, int layer,
                         const std::vector<float>& rows, size_t n)
 {
     const KvShape& sh = caches.front()->shape();
     const int H = sh.numKvHeads, D = sh.headDim, C = H * D;
-    std::vector<double> mean(static_cast<size_t>(C), 0.0), cov(size_t(C) * C, 0.0);
-    for (size_t r = 0; r < n; ++r)
-        for (int c = 0; c < C; ++c) mean[size_t(c)] += rows[r * C + size_t(c)];
-    for (double& m : mean) m /= double(std::max<size_t>(n, 1));
+    const std::vector<double> mean = rowMeans(rows, n, C);
+    std::vector<double> cov(size_t(C) * C, 0.0);
     std::vector<double> d(static_cast<size_t>(C));
     for (size_t r = 0; r < n; ++r) {
         for (int c = 0; c < C; ++c) d[size_t(c)] = rows[r * C + size_t(c)] - mean[size_t(c)];
@@ -240,11 +249,8 @@ void adaptMeans(TransformModel& m, const KvSet& kv)
         size_t n = 0;
         const std::vector<float> rows = gatherRows(m.settings, {&kv}, kind, u % L, &n);
         if (n == 0) return;
-        std::vector<double> sum(static_cast<size_t>(C), 0.0);
-        for (size_t t = 0; t < n; ++t)
-            for (int c = 0; c < C; ++c) sum[size_t(c)] += rows[t * C + size_t(c)];
-        std::vector<float>& mean = m.blocks[size_t(u)].mean;
-        for (int c = 0; c < C; ++c) mean[size_t(c)] = float(sum[size_t(c)] / double(n));
+        const std::vector<double> mean = rowMeans(rows, n, C);
+        m.blocks[size_t(u)].mean.assign(mean.begin(), mean.end());
     });
     m.meansFromCache = true;
 }
