@@ -179,6 +179,7 @@ TransformQuantized quantizeBlock(const CodecParams& p, const KvSet& kv, KvKind k
     }
     std::vector<uint8_t>& sym = qb.sym;
     sym.resize(size_t(R) * K);
+    if (K == 0) return qb;  // every component below the water level: nothing to transform or quantise
     // RD rounding (READ ME FIRST, 8): code lengths per (class, component) of the tables in use.
     const bool rdo = m.settings.rdoLambda > 0 && entropyUsesTables(m.settings.entropy);
     std::vector<std::vector<float>> bits;  // [class * K + k]
@@ -199,7 +200,7 @@ TransformQuantized quantizeBlock(const CodecParams& p, const KvSet& kv, KvKind k
     thread_local std::vector<float> eT, v, z;
     eT.resize(size_t(C) * Kp);
     for (int c = 0; c < C; ++c) {  // rows written in order, the padding 0
-        float* row = &eT[size_t(c) * Kp];
+        float* row = eT.data() + size_t(c) * Kp;
         for (int k = 0; k < K; ++k) row[k] = b.encode[size_t(coded[size_t(k)]) * C + size_t(c)];
         for (int k = K; k < Kp; ++k) row[k] = 0.0f;
     }
@@ -225,8 +226,8 @@ TransformQuantized quantizeBlock(const CodecParams& p, const KvSet& kv, KvKind k
         kernels.forward(ForwardTile{v.data(), eT.data(), z.data(), nt, C, Kp});
         for (int i = 0; i < nt; ++i) {
             const int r = r0 + i, c = rowClass[size_t(r)];
-            uint8_t* row = &sym[size_t(r) * K];
-            const float* zr = &z[size_t(i) * Kp];
+            uint8_t* row = sym.data() + size_t(r) * K;
+            const float* zr = z.data() + size_t(i) * Kp;
             kernels.quantize(zr, &div[size_t(c) * K], &folded[size_t(c) * K], K, row, out.escapes);
             if (!rdo) continue;
             for (int k = 0; k < K; ++k) {
