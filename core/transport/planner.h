@@ -10,8 +10,8 @@
 //    being the estimate in force when the chunk was requested; each error counted as at most
 //    kMaxError, so one absurd prediction cannot crush the estimate). One sample cannot move the
 //    estimate by more than kBand: a reply that sat in the socket while the client was busy (its
-//    span looks tiny: 1,020 MB/s measured on a 137 MB/s link) or a sender thread descheduled for a
-//    few milliseconds (45.7 MB/s) is held to the band, while a lasting change moves the median and
+//    span looks tiny: many times the link's rate) or a sender thread descheduled for a few ms (a
+//    fraction of it; figures: docs/streaming.md) is held to the band, while a lasting change moves the median and
 //    passes within ceil(kHistory / 2) samples. The harmonic mean is dominated by the slow samples;
 //    the discount shrinks the estimate when the link has recently been less predictable. (The
 //    streamer also caps it with the rate so far of a reply that has been arriving slowly for a
