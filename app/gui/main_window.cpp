@@ -407,7 +407,7 @@ void MainWindow::openDemo()
 {
     const QString modelPath = QFile::decodeName(QByteArray::fromStdString(defaultModelPath()));
     if (!QFileInfo(modelPath).isFile()) {
-        m_synthNote = tr("Demo: the default model is not installed (%1; installer/setup.sh fetches it), so this "
+        m_synthNote = tr("Demo: the default model is not installed (%1; kvscope-cli fetch-model smollm2 fetches it), so this "
                          "is a synthetic KV cache, not a captured one.")
                           .arg(modelPath);
         openSynthetic(SyntheticSpec{});
