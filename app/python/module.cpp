@@ -20,6 +20,7 @@
 
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -186,11 +187,23 @@ std::shared_ptr<KvSet> fromArrays(const py::object& keys, const py::object& valu
     return kv;
 }
 
+// A buffer's bytes in place (bytes, bytearray, a C-contiguous numpy array or memoryview); `info`
+// holds the buffer, so they stay valid while it lives.
+std::pair<const uint8_t*, size_t> bufferSpan(const py::buffer_info& info)
+{
+    py::ssize_t expect = info.itemsize;
+    for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+        if (info.shape[size_t(d)] > 1 && info.strides[size_t(d)] != expect) throw Error("data: the buffer is not contiguous");
+        expect *= info.shape[size_t(d)];
+    }
+    return {static_cast<const uint8_t*>(info.ptr), size_t(info.size) * size_t(info.itemsize)};
+}
+
 std::vector<uint8_t> bufferBytes(const py::object& data)
 {
     const py::buffer_info info = py::buffer(data).request();
-    const auto* p = static_cast<const uint8_t*>(info.ptr);
-    return std::vector<uint8_t>(p, p + size_t(info.size) * size_t(info.itemsize));
+    const auto [p, n] = bufferSpan(info);
+    return std::vector<uint8_t>(p, p + n);
 }
 
 std::vector<int> levelsArg(const py::object& level)
@@ -369,7 +382,14 @@ PYBIND11_MODULE(_kvscope, m)
        "--profile, --chunk-tokens, ...). level=N keeps CacheGen level N alone (a profile listing only that level).");
 
     m.def("decode", [](const py::object& data, const py::object& level, const std::string& name) {
-        const std::shared_ptr<KvcReader> r = openContainer(data, name);
+        if (isPath(data)) return decodeReader(*openContainer(data, name), level);
+        const py::buffer_info info = py::buffer(data).request();  // read in place, not copied
+        const auto [p, n] = bufferSpan(info);
+        std::unique_ptr<KvcReader> r;
+        {
+            py::gil_scoped_release nogil;
+            r = KvcReader::fromBuffer(p, n, name);
+        }
         return decodeReader(*r, level);
     }, py::arg("data"), py::arg("level") = py::none(), py::kw_only(), py::arg("name") = "<bytes>",
        "Decodes a .kvc container (bytes or a path) as `kvscope-cli decode --level`: level None = the file's default, an "

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <optional>
 
 namespace kvscope {
 
@@ -111,12 +112,13 @@ private:
     bool m_committed = false;
 };
 
-}  // namespace
+using PutBytes = std::function<void(const void* data, size_t size, uint64_t offset)>;
 
-KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const std::string& path,
-                        const std::vector<LevelTables>* calibrated, const Progress& progress)
+// The one writer of the format: every byte goes through put(data, size, offset), payloads first,
+// then the sections, the header last (at offset 0). `path` names the output in messages.
+KvcWriteReport writeKvcTo(const PutBytes& put, const KvSet& kv, const CodecParams& p, const std::string& path,
+                          const std::vector<LevelTables>* calibrated, const Progress& progress)
 {
-    const auto t0 = std::chrono::steady_clock::now();
     KVSCOPE_ASSERT(kv.shape() == p.shape && kv.dtype() == p.dtype);
     if (p.codec == CodecId::CacheGen) {
         validateProfile(p.profile, "profile");
@@ -150,7 +152,6 @@ KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const std::string
         }
     }
 
-    TempFile file(path);
     KvcWriteReport rep;
     rep.levelBytes.assign(size_t(levels), 0);
     rep.levelTableBytes.assign(size_t(levels), 0);
@@ -160,7 +161,7 @@ KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const std::string
         for (int l = 1; l <= levels; ++l, step()) {
             const std::vector<uint8_t> payload = encodeChunk(p, kv, c, l, shared ? &tables[size_t(l - 1)] : nullptr);
             if (payload.size() > UINT32_MAX) throw inputError(path, "chunk " + std::to_string(c), "payload over 4 GiB; use smaller chunks");
-            file.pwriteAll(payload.data(), payload.size(), offset);
+            put(payload.data(), payload.size(), offset);
             index.u64(offset);
             index.u32(uint32_t(payload.size()));
             index.u32(crc32(payload.data(), payload.size()));
@@ -195,7 +196,7 @@ KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const std::string
         refs[s].size = uint32_t(sections[s].b.size());
         refs[s].crc = crc32(sections[s].b.data(), sections[s].b.size());
         if (sections[s].b.size() > UINT32_MAX) throw inputError(path, kSectionNames[s], "section over 4 GiB");
-        file.pwriteAll(sections[s].b.data(), sections[s].b.size(), offset);
+        put(sections[s].b.data(), sections[s].b.size(), offset);
         offset += sections[s].b.size();
     }
     // Version 1.1: the transform codec's model, referenced from the header's reserved bytes.
@@ -205,7 +206,7 @@ KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const std::string
         serializeTransformModel(*p.transform, t);
         if (t.size() > UINT32_MAX) throw inputError(path, "transform section", "section over 4 GiB");
         transformRef = {offset, uint32_t(t.size()), crc32(t.data(), t.size())};
-        file.pwriteAll(t.data(), t.size(), offset);
+        put(t.data(), t.size(), offset);
         offset += t.size();
     }
 
@@ -245,10 +246,40 @@ KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const std::string
     while (h.b.size() < kKvcHeaderSize - 4) h.u8(0);
     h.u32(crc32(h.b.data(), h.b.size()));
     KVSCOPE_ASSERT(h.b.size() == kKvcHeaderSize);
-    file.pwriteAll(h.b.data(), h.b.size(), 0);
-    file.commit();
-
+    put(h.b.data(), h.b.size(), 0);
     rep.fileBytes = offset;
+    return rep;
+}
+
+}  // namespace
+
+KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& params, const std::string& path,
+                        const std::vector<LevelTables>* calibrated, const Progress& progress)
+{
+    const auto t0 = std::chrono::steady_clock::now();
+    std::optional<TempFile> file;  // created at the first byte, after the checks and the calibration pass
+    const PutBytes put = [&](const void* data, size_t n, uint64_t offset) {
+        if (!file) file.emplace(path);
+        file->pwriteAll(data, n, offset);
+    };
+    KvcWriteReport rep = writeKvcTo(put, kv, params, path, calibrated, progress);
+    KVSCOPE_ASSERT(file);  // the header at least was written
+    file->commit();
+    rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return rep;
+}
+
+KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& params, std::vector<uint8_t>& out,
+                        const std::vector<LevelTables>* calibrated, const Progress& progress)
+{
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<uint8_t> b;
+    const PutBytes put = [&b](const void* data, size_t n, uint64_t offset) {
+        if (b.size() < offset + n) b.resize(size_t(offset + n));
+        if (n) std::memcpy(b.data() + offset, data, n);
+    };
+    KvcWriteReport rep = writeKvcTo(put, kv, params, "<memory>", calibrated, progress);
+    out = std::move(b);
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return rep;
 }
@@ -273,7 +304,18 @@ std::unique_ptr<KvcReader> KvcReader::fromMemory(std::vector<uint8_t> bytes, con
     std::unique_ptr<KvcReader> r(new KvcReader());
     r->m_name = name;
     r->m_memory = std::move(bytes);
+    r->m_data = r->m_memory.data();
     r->m_fileSize = r->m_memory.size();
+    r->parse();
+    return r;
+}
+
+std::unique_ptr<KvcReader> KvcReader::fromBuffer(const uint8_t* data, size_t size, const std::string& name)
+{
+    std::unique_ptr<KvcReader> r(new KvcReader());
+    r->m_name = name;
+    r->m_data = data;
+    r->m_fileSize = size;
     r->parse();
     return r;
 }
@@ -294,7 +336,7 @@ void KvcReader::readAt(uint64_t offset, size_t size, uint8_t* dst, const std::st
                 throw Error(where(what) + ": the chunk payloads are not part of this skeleton");
             offset -= m_holeEnd - kKvcHeaderSize;
         }
-        if (size) std::memcpy(dst, m_memory.data() + offset, size);
+        if (size) std::memcpy(dst, m_data + offset, size);
         return;
     }
     while (size > 0) {
@@ -544,6 +586,7 @@ std::unique_ptr<KvcReader> KvcReader::fromSkeleton(std::vector<uint8_t> bytes, c
     std::unique_ptr<KvcReader> r(new KvcReader());
     r->m_name = name;
     r->m_memory = std::move(bytes);
+    r->m_data = r->m_memory.data();
     r->m_fileSize = declared;
     r->m_holeEnd = kKvcHeaderSize + (declared - r->m_memory.size());
     r->parse();

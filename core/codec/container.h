@@ -43,6 +43,10 @@ struct KvcWriteReport {
 // Memory: the payloads of one chunk beyond kv. Throws kvscope::Error on I/O failure or bad values.
 KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& params, const std::string& path,
                         const std::vector<LevelTables>* calibrated = nullptr, const Progress& progress = {});
+// The same bytes into `out` (replaced on success, untouched on failure): no file, no fsync. Both
+// writers are one implementation; messages name the output "<memory>".
+KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& params, std::vector<uint8_t>& out,
+                        const std::vector<LevelTables>* calibrated = nullptr, const Progress& progress = {});
 
 // Reads a .kvc from a file or from memory. The constructor validates the header, the sections
 // and the whole index (every chunk inside the file) before anything else; chunk CRCs are checked
@@ -51,6 +55,8 @@ class KvcReader {
 public:
     static std::unique_ptr<KvcReader> openFile(const std::string& path);
     static std::unique_ptr<KvcReader> fromMemory(std::vector<uint8_t> bytes, const std::string& name);
+    // Over a caller's bytes, not copied: they must outlive the reader and not change.
+    static std::unique_ptr<KvcReader> fromBuffer(const uint8_t* data, size_t size, const std::string& name);
     ~KvcReader();
 
     const CodecParams& params() const { return m_params; }
@@ -107,6 +113,7 @@ private:
     std::string m_name;
     int m_fd = -1;
     std::vector<uint8_t> m_memory;
+    const uint8_t* m_data = nullptr;  // the bytes of a reader in memory: m_memory's, or fromBuffer's
     uint64_t m_fileSize = 0;
     uint64_t m_sectionsStart = 0;  // offset of the first section (payloads end there)
     uint64_t m_holeEnd = 0;        // skeletons: file offsets [header, m_holeEnd) are absent

@@ -327,6 +327,64 @@ class Errors(unittest.TestCase):
             c.read_chunk(3, 1)
 
 
+class DefaultTransform(unittest.TestCase):
+    """encode(kv, codec="transform") without a profile: the CLI's default ladder, same bytes."""
+
+    FINGERPRINT = "2b5d3154c5afb0c8"  # the SmolLM2 ladder's (samples/profiles/smollm2-135m-instruct.transform.json)
+
+    def kv_with_rope(self):
+        try:
+            import h5py
+        except ImportError:
+            self.skipTest("h5py is not installed")
+        path = Files.path("smol-rope.h5")
+        if not os.path.exists(path):
+            kv = kvscope.read_kv(Files.path("smol.h5"))
+            kv.model_fingerprint = self.FINGERPRINT
+            kv.write(path)
+            with h5py.File(path, "r+") as f:  # RoPE parameters, as a capture of the model writes them
+                f.create_dataset("rope_inv_freq", data=100000.0 ** (-np.arange(32, dtype=np.float32) / 32))
+        return path
+
+    def encode_both(self, path, cache_home):
+        old = os.environ.get("XDG_CACHE_HOME")
+        os.environ["XDG_CACHE_HOME"] = cache_home  # read by the CLI and by the module
+        try:
+            out = Files.path("dt.kvc")
+            _, _, err = cli("encode", path, "--out", out, "--codec", "transform")
+            ours = kvscope.encode(kvscope.read_kv(path), codec="transform")
+        finally:
+            if old is None:
+                del os.environ["XDG_CACHE_HOME"]
+            else:
+                os.environ["XDG_CACHE_HOME"] = old
+        theirs = read(out)
+        self.assertTrue(ours == theirs, "kvscope.encode(codec='transform') differs from kvscope-cli encode --codec transform")
+        return ours, "no calibrated transform profile" not in err
+
+    def test_uncalibrated_and_calibrated_ladder(self):
+        path = self.kv_with_rope()
+        with tempfile.TemporaryDirectory(prefix="kvscope-xdg-") as empty:
+            fitted, calibrated = self.encode_both(path, empty)
+            self.assertFalse(calibrated)
+        # The user's calibrated copy of the ladder (written once by eval/stream with the model).
+        home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        cached = os.path.join(home, "kvscope", "profiles", self.FINGERPRINT + ".transform.json")
+        if not os.path.exists(cached):
+            self.skipTest(f"no calibrated default ladder in {cached} (kvscope-cli eval --codec transform makes it)")
+        with tempfile.TemporaryDirectory(prefix="kvscope-xdg-") as home2:
+            os.makedirs(os.path.join(home2, "kvscope", "profiles"))
+            with open(cached, "rb") as src, open(os.path.join(home2, "kvscope", "profiles", self.FINGERPRINT + ".transform.json"), "wb") as dst:
+                dst.write(src.read())
+            ladder, calibrated = self.encode_both(path, home2)
+        if not calibrated:
+            self.skipTest(f"{cached} is a fit of an older ladder (the CLI refits it with the model)")
+        self.assertNotEqual(ladder, fitted)  # the calibrated model, not a fit on this cache
+        with open(os.path.join(SOURCE_DIR, "samples", "profiles", "smollm2-135m-instruct.transform.json")) as f:
+            levels = len(json.load(f)["transform"]["levels"])
+        self.assertEqual(kvscope.Container(ladder).num_levels, levels)
+
+
 class Example(unittest.TestCase):
     def test_sample_runs(self):
         # samples/python/example.py on a KV file: every level's size and error, the baselines.
