@@ -273,7 +273,11 @@ KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& params, std::vector<
                         const std::vector<LevelTables>* calibrated, const Progress& progress)
 {
     const auto t0 = std::chrono::steady_clock::now();
+    // Reserved at the cache's own size and an eighth (address space: pages are touched only as they
+    // are written), so that a container of compressed levels never grows and copies itself.
+    const size_t raw = size_t(params.shape.totalValues()) * dtypeSize(params.dtype);
     std::vector<uint8_t> b;
+    b.reserve(raw + raw / 8 + (size_t(1) << 20));
     const PutBytes put = [&b](const void* data, size_t n, uint64_t offset) {
         if (b.size() < offset + n) b.resize(size_t(offset + n));
         if (n) std::memcpy(b.data() + offset, data, n);
@@ -633,6 +637,13 @@ KvSet KvcReader::decodeAll(const std::vector<int>& levels, const Progress& progr
             const int level = levels.size() == 1 ? levels[0] : levels[size_t(c)];
             const std::string place = "chunk " + std::to_string(c) + " level " + std::to_string(level);
             try {
+                if (m_data && m_holeEnd == 0 && level >= 1 && level <= m_params.numLevels()) {
+                    // A whole file in memory: decoded in place, its CRC checked as readChunk does.
+                    const IndexEntry& e = m_index[size_t(c) * m_params.numLevels() + size_t(level - 1)];
+                    if (crc32(m_data + e.offset, e.size) != e.crc) throw Error(where(place) + ": CRC mismatch (corrupt chunk)");
+                    batch.push_back({c, level, m_data + e.offset, e.size, where(place)});
+                    continue;
+                }
                 bytes.push_back(readChunk(c, level));
                 batch.push_back({c, level, bytes.back().data(), bytes.back().size(), where(place)});
             } catch (...) {
