@@ -226,9 +226,16 @@ std::shared_ptr<KvcReader> openContainer(const py::object& data, const std::stri
     return KvcReader::fromMemory(std::move(bytes), name);
 }
 
-std::shared_ptr<KvSet> decodeReader(const KvcReader& r, const py::object& level)
+// Decodes into `out` (a KV of the file's shape and dtype) when it is given, else into a new KV.
+std::shared_ptr<KvSet> decodeReader(const KvcReader& r, const py::object& level, const py::object& out = py::none())
 {
     const std::vector<int> levels = kvscope::python::checkedLevels(r, levelsArg(level));
+    if (!out.is_none()) {
+        std::shared_ptr<KvSet> kv = out.cast<std::shared_ptr<KvSet>>();
+        py::gil_scoped_release nogil;
+        r.decodeAllInto(levels, *kv);
+        return kv;
+    }
     py::gil_scoped_release nogil;
     return std::make_shared<KvSet>(r.decodeAll(levels));
 }
@@ -381,8 +388,8 @@ PYBIND11_MODULE(_kvscope, m)
        "Compresses kv into a .kvc container: the bytes `kvscope-cli encode` writes with the same options (--codec, "
        "--profile, --chunk-tokens, ...). level=N keeps CacheGen level N alone (a profile listing only that level).");
 
-    m.def("decode", [](const py::object& data, const py::object& level, const std::string& name) {
-        if (isPath(data)) return decodeReader(*openContainer(data, name), level);
+    m.def("decode", [](const py::object& data, const py::object& level, const std::string& name, const py::object& out) {
+        if (isPath(data)) return decodeReader(*openContainer(data, name), level, out);
         const py::buffer_info info = py::buffer(data).request();  // read in place, not copied
         const auto [p, n] = bufferSpan(info);
         std::unique_ptr<KvcReader> r;
@@ -390,10 +397,11 @@ PYBIND11_MODULE(_kvscope, m)
             py::gil_scoped_release nogil;
             r = KvcReader::fromBuffer(p, n, name);
         }
-        return decodeReader(*r, level);
-    }, py::arg("data"), py::arg("level") = py::none(), py::kw_only(), py::arg("name") = "<bytes>",
+        return decodeReader(*r, level, out);
+    }, py::arg("data"), py::arg("level") = py::none(), py::kw_only(), py::arg("name") = "<bytes>", py::arg("out") = py::none(),
        "Decodes a .kvc container (bytes or a path) as `kvscope-cli decode --level`: level None = the file's default, an "
-       "int for every chunk, or a list with one level per chunk.");
+       "int for every chunk, or a list with one level per chunk. out=KV (the file's shape and dtype) decodes into that "
+       "cache instead of a new one, and returns it.");
 
     m.def("stats", [](const KvSet& kv, int deltaGroup, int bins, bool perChannel) {
         json j;
@@ -481,8 +489,8 @@ PYBIND11_MODULE(_kvscope, m)
             const std::vector<uint8_t> b = r.readChunk(chunk, level);
             return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
         }, py::arg("chunk"), py::arg("level"), "the payload of (chunk, level), its CRC checked")
-        .def("decode", [](const KvcReader& r, const py::object& level) { return decodeReader(r, level); },
-             py::arg("level") = py::none(), "as kvscope.decode")
+        .def("decode", [](const KvcReader& r, const py::object& level, const py::object& out) { return decodeReader(r, level, out); },
+             py::arg("level") = py::none(), py::kw_only(), py::arg("out") = py::none(), "as kvscope.decode")
         .def("__repr__", [](const KvcReader& r) {
             return "<kvscope.Container " + r.name() + ": " + kvscope::codecName(r.params().codec) + ", " +
                    std::to_string(r.params().numChunks()) + " chunks x " + std::to_string(r.params().numLevels()) + " levels>";

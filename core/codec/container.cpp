@@ -617,10 +617,26 @@ KvSet KvcReader::decodeAll(const std::vector<int>& levels, const Progress& progr
         throw Error(where("header") + ": the decoded cache would take " + std::to_string(outBytes) +
                     " bytes, over the limit of " + std::to_string(m_maxOutput));
     KvSet out(m_params.shape, m_params.dtype);
+    decodeAllInto(levels, out, progress);
+    return out;
+}
+
+void KvcReader::decodeAllInto(const std::vector<int>& levels, KvSet& out, const Progress& progress) const
+{
+    const int chunks = m_params.numChunks();
+    if (levels.size() != 1 && int(levels.size()) != chunks)
+        throw Error(where("levels") + ": give one level, or one per chunk (" + std::to_string(chunks) + ")");
+    if (!(out.shape() == m_params.shape) || out.dtype() != m_params.dtype)
+        throw Error(where("output") + ": the cache to decode into is not of the file's shape and dtype");
     out.modelName = m_modelName;
     out.modelFingerprint = m_fingerprint;
     out.context = m_context;
     out.tokens = m_tokens;
+    out.ropeInvFreq.clear();  // as decodeAll returns it: the file carries none of these
+    out.ropePosition0 = 0;
+    out.querySq.clear();
+    out.valueWeight.clear();
+    out.attnMass.clear();
     // Batches of chunks through decodeChunks (unit by unit across the batch: shared tables are
     // prepared once per batch and unit); progress is reported per batch.
     const bool shared = m_params.codec == CodecId::CacheGen && m_params.profile.tables == TableMode::Shared;
@@ -654,7 +670,6 @@ KvSet KvcReader::decodeAll(const std::vector<int>& levels, const Progress& progr
         if (readError) std::rethrow_exception(readError);
         if (progress && !progress(double(c1) / chunks)) throw Cancelled();
     }
-    return out;
 }
 
 }  // namespace kvscope

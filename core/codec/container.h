@@ -93,6 +93,10 @@ public:
     // Decodes every chunk, chunk i at levels[i] (one entry = that level for every chunk).
     // Refuses (kvscope::Error) when the decoded cache would exceed maxOutputBytes().
     KvSet decodeAll(const std::vector<int>& levels, const Progress& progress = {}) const;
+    // The same into `out`, which must have the file's shape and dtype (else kvscope::Error): no
+    // allocation, for decoding again and again. Its metadata becomes the file's, as decodeAll's; when
+    // it throws (a corrupt chunk), out holds the chunks decoded before.
+    void decodeAllInto(const std::vector<int>& levels, KvSet& out, const Progress& progress = {}) const;
 
     // Largest decoded cache decodeAll will allocate (default 64 GiB); a header declaring more is
     // refused before allocation, so a hostile file cannot exhaust memory.

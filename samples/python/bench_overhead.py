@@ -11,7 +11,8 @@ same cache, also as the calling thread's CPU time, best of R rounds interleaved 
 prints the ratio. It also sets `kvscope.encode(kv)` (every level) beside the library call that
 `kvscope-cli encode --json` times (`encode_s`: writeKvc to the file, wall clock, fsync included),
 and `kvscope.decode` beside `kvscope-cli decode --json` (`decode_s`: KvcReader::decodeAll, a new
-cache allocated, CRCs checked, as in Python). Without a KV file it synthesises a 4096-token cache of SmolLM2-135M's shape
+cache allocated, CRCs checked, as in Python), and `kvscope.decode(..., out=kv)`, which decodes
+into an existing cache as the library benchmark does. Without a KV file it synthesises a 4096-token cache of SmolLM2-135M's shape
 (30 layers, 3 KV heads of 64). Single-threaded on both sides (OMP_NUM_THREADS=1).
 """
 
@@ -59,7 +60,7 @@ def main():
     data = kvscope.encode(kv)  # every level; decode reads level `level` of it
 
     lib_enc = lib_dec = py_enc = py_dec = py_enc_wall = py_dec_wall = float("inf")
-    file_enc = py_all = file_dec = float("inf")
+    file_enc = py_all = file_dec = py_into = float("inf")
     kvc = os.path.join(tmp.name, "all.kvc")
     with open(kvc, "wb") as f:
         f.write(data)
@@ -87,6 +88,8 @@ def main():
         py_enc, py_enc_wall = min(py_enc, c), min(py_enc_wall, w)
         c, w, _ = best_cpu(lambda: kvscope.decode(data, level=level), a.repeats)
         py_dec, py_dec_wall = min(py_dec, c), min(py_dec_wall, w)
+        out = kvscope.decode(data, level=level)
+        py_into = min(py_into, best_cpu(lambda: kvscope.decode(data, level=level, out=out), a.repeats)[0])
 
     print(f"{path}: {kv}, level {level}, {len(one)} bytes at that level alone")
     print(f"encode: library {lib_enc:.3f} s, kvscope.encode {py_enc:.3f} s CPU ({py_enc_wall:.3f} s wall): "
@@ -95,6 +98,8 @@ def main():
           f"x{py_all / file_enc:.3f} ({100 * (py_all / file_enc - 1):+.1f} %)")
     print(f"decode: library {lib_dec:.3f} s, kvscope.decode {py_dec:.3f} s CPU ({py_dec_wall:.3f} s wall): "
           f"x{py_dec / lib_dec:.3f} ({100 * (py_dec / lib_dec - 1):+.1f} %)")
+    print(f"decode into an existing KV (out=): kvscope.decode {py_into:.3f} s CPU: x{py_into / lib_dec:.3f} "
+          f"({100 * (py_into / lib_dec - 1):+.1f} %)")
     print(f"decode, level {level} of the container: kvscope-cli decode's decodeAll {file_dec:.3f} s wall, kvscope.decode "
           f"{py_dec_wall:.3f} s wall: x{py_dec_wall / file_dec:.3f} ({100 * (py_dec_wall / file_dec - 1):+.1f} %)")
 

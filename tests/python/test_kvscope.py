@@ -117,6 +117,19 @@ class EncodeMatchesCli(unittest.TestCase):
 
 
 class DecodeMatchesCli(unittest.TestCase):
+    def test_into_an_existing_cache(self):
+        kv = kvscope.read_kv(Files.path("float16.h5"))
+        data = kvscope.encode(kv)
+        out = kvscope.decode(data, level=1)
+        again = kvscope.decode(data, level=3, out=out)
+        self.assertIs(again, out)
+        self.assertTrue(out.same_bytes(kvscope.decode(data, level=3)))
+        self.assertIs(kvscope.Container(data).decode(2, out=out), out)
+        self.assertTrue(out.same_bytes(kvscope.decode(data, level=2)))
+        small = kvscope.read_kv(Files.path("float32.h5"))
+        with self.assertRaisesRegex(kvscope.Error, r"^<bytes>: output: the cache to decode into is not of the file's shape and dtype$"):
+            kvscope.decode(data, out=small)
+
     def test_levels(self):
         for dtype in ("float16", "bfloat16"):
             src = Files.path(f"{dtype}.h5")
