@@ -33,7 +33,7 @@ void keepOneLevel(CodecParams& p, int level, const std::string& source)
 
 }  // namespace
 
-std::vector<uint8_t> encodeToBytes(const KvSet& kv, const EncodeOptions& o)
+uint64_t encodeTo(const KvSet& kv, const EncodeOptions& o, const KvcPut& put)
 {
     cli::ProfileOptions po;
     po.codec = o.codec;
@@ -63,9 +63,7 @@ std::vector<uint8_t> encodeToBytes(const KvSet& kv, const EncodeOptions& o)
     const bool fromProfile = shared && p.profile.hasCalibratedTables();
     std::vector<LevelTables> calibrated;
     if (fromProfile) calibrated = profileTables(p, po.source());
-    std::vector<uint8_t> bytes;  // the file writer's bytes, in memory
-    writeKvc(kv, p, bytes, fromProfile ? &calibrated : nullptr);
-    return bytes;
+    return writeKvc(kv, p, put, "<bytes>", fromProfile ? &calibrated : nullptr).fileBytes;
 }
 
 std::vector<int> checkedLevels(const KvcReader& r, const std::vector<int>& levels)

@@ -18,6 +18,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -258,6 +259,44 @@ py::dict levelDict(const kvscope::CodecLevel& l)
     return d;
 }
 
+// kvscope.encode's bytes, written by the container writer straight into the bytes object: it is
+// allocated at the cache's size and an eighth (address space; pages are touched as they are
+// written) and shrunk to the container's size (realloc, which moves no data for large blocks). A
+// container that outgrows it (tiny caches, whose in-band tables outweigh the values) continues in
+// a vector, copied into a new bytes object once.
+py::bytes encodeToPyBytes(const KvSet& kv, const kvscope::python::EncodeOptions& o)
+{
+    const size_t raw = kv.tensorBytes() * 2 * size_t(kv.shape().numLayers);
+    const size_t cap = raw + raw / 8 + 256;
+    PyObject* obj = PyBytes_FromStringAndSize(nullptr, py::ssize_t(cap));
+    if (!obj) throw py::error_already_set();
+    py::object holder = py::reinterpret_steal<py::object>(obj);
+    char* buf = PyBytes_AS_STRING(obj);
+    std::vector<uint8_t> spill;  // used once the container outgrows cap
+    bool spilled = false;
+    uint64_t size = 0;
+    const kvscope::KvcPut put = [&](const void* data, size_t n, uint64_t offset) {
+        if (!spilled && offset + n <= cap) {
+            std::memcpy(buf + offset, data, n);
+            return;
+        }
+        if (!spilled) {
+            spill.assign(buf, buf + std::min<uint64_t>(offset, cap));
+            spilled = true;
+        }
+        if (spill.size() < offset + n) spill.resize(size_t(offset + n));
+        std::memcpy(spill.data() + offset, data, n);
+    };
+    {
+        py::gil_scoped_release nogil;
+        size = kvscope::python::encodeTo(kv, o, put);
+    }
+    if (spilled) return py::bytes(reinterpret_cast<const char*>(spill.data()), size_t(size));
+    obj = holder.release().ptr();
+    if (_PyBytes_Resize(&obj, py::ssize_t(size)) != 0) throw py::error_already_set();  // frees obj on failure
+    return py::reinterpret_steal<py::bytes>(obj);
+}
+
 // A loaded profile file: read-only, so that encode(profile=...) can hand its path to the CLI's
 // option handling and stay byte-identical to `kvscope-cli encode --profile`.
 struct Profile {
@@ -375,12 +414,7 @@ PYBIND11_MODULE(_kvscope, m)
         o.keyQuantizer = keyQuantizer;
         o.valueQuantizer = valueQuantizer;
         o.forceProfile = forceProfile;
-        std::vector<uint8_t> bytes;
-        {
-            py::gil_scoped_release nogil;
-            bytes = kvscope::python::encodeToBytes(kv, o);
-        }
-        return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+        return encodeToPyBytes(kv, o);
     }, py::arg("kv"), py::arg("codec") = "cachegen", py::arg("profile") = py::none(), py::arg("level") = py::none(), py::kw_only(),
        py::arg("chunk_tokens") = py::none(), py::arg("delta_group") = py::none(), py::arg("anchor_bins") = py::none(),
        py::arg("tables") = "", py::arg("table_scope") = "", py::arg("key_quantizer") = "", py::arg("value_quantizer") = "",

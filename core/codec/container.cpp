@@ -112,12 +112,11 @@ private:
     bool m_committed = false;
 };
 
-using PutBytes = std::function<void(const void* data, size_t size, uint64_t offset)>;
+}  // namespace
 
-// The one writer of the format: every byte goes through put(data, size, offset), payloads first,
-// then the sections, the header last (at offset 0). `path` names the output in messages.
-KvcWriteReport writeKvcTo(const PutBytes& put, const KvSet& kv, const CodecParams& p, const std::string& path,
-                          const std::vector<LevelTables>* calibrated, const Progress& progress)
+// The one writer of the format; the file and the byte vector are two `put`s.
+KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const KvcPut& put, const std::string& path,
+                        const std::vector<LevelTables>* calibrated, const Progress& progress)
 {
     KVSCOPE_ASSERT(kv.shape() == p.shape && kv.dtype() == p.dtype);
     if (p.codec == CodecId::CacheGen) {
@@ -251,18 +250,16 @@ KvcWriteReport writeKvcTo(const PutBytes& put, const KvSet& kv, const CodecParam
     return rep;
 }
 
-}  // namespace
-
 KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& params, const std::string& path,
                         const std::vector<LevelTables>* calibrated, const Progress& progress)
 {
     const auto t0 = std::chrono::steady_clock::now();
     std::optional<TempFile> file;  // created at the first byte, after the checks and the calibration pass
-    const PutBytes put = [&](const void* data, size_t n, uint64_t offset) {
+    const KvcPut put = [&](const void* data, size_t n, uint64_t offset) {
         if (!file) file.emplace(path);
         file->pwriteAll(data, n, offset);
     };
-    KvcWriteReport rep = writeKvcTo(put, kv, params, path, calibrated, progress);
+    KvcWriteReport rep = writeKvc(kv, params, put, path, calibrated, progress);
     KVSCOPE_ASSERT(file);  // the header at least was written
     file->commit();
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -278,11 +275,11 @@ KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& params, std::vector<
     const size_t raw = size_t(params.shape.totalValues()) * dtypeSize(params.dtype);
     std::vector<uint8_t> b;
     b.reserve(raw + raw / 8 + (size_t(1) << 20));
-    const PutBytes put = [&b](const void* data, size_t n, uint64_t offset) {
+    const KvcPut put = [&b](const void* data, size_t n, uint64_t offset) {
         if (b.size() < offset + n) b.resize(size_t(offset + n));
         if (n) std::memcpy(b.data() + offset, data, n);
     };
-    KvcWriteReport rep = writeKvcTo(put, kv, params, "<memory>", calibrated, progress);
+    KvcWriteReport rep = writeKvc(kv, params, put, "<memory>", calibrated, progress);
     out = std::move(b);
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return rep;

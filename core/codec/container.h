@@ -43,9 +43,16 @@ struct KvcWriteReport {
 // Memory: the payloads of one chunk beyond kv. Throws kvscope::Error on I/O failure or bad values.
 KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& params, const std::string& path,
                         const std::vector<LevelTables>* calibrated = nullptr, const Progress& progress = {});
-// The same bytes into `out` (replaced on success, untouched on failure): no file, no fsync. Both
-// writers are one implementation; messages name the output "<memory>".
+// The same bytes into `out` (replaced on success, untouched on failure): no file, no fsync;
+// messages name the output "<memory>".
 KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& params, std::vector<uint8_t>& out,
+                        const std::vector<LevelTables>* calibrated = nullptr, const Progress& progress = {});
+
+// The writer both of them are: every byte of the file goes to put(data, size, offset), the chunk
+// payloads first (in index order, from offset kKvcHeaderSize on), then the sections, and the header
+// last, at offset 0. rep.fileBytes is the file's size; `name` names the output in messages.
+using KvcPut = std::function<void(const void* data, size_t size, uint64_t offset)>;
+KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& params, const KvcPut& put, const std::string& name,
                         const std::vector<LevelTables>* calibrated = nullptr, const Progress& progress = {});
 
 // Reads a .kvc from a file or from memory. The constructor validates the header, the sections
