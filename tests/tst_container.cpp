@@ -524,6 +524,11 @@ void TestContainer::goldenDecodes()
     QVERIFY2(gotMem == expect, qPrintable(firstByteDifference(gotMem, expect)));
     for (int c = 0; c < p.numChunks(); ++c)
         for (int l = 1; l <= p.numLevels(); ++l) QVERIFY(r->readChunk(c, l) == m->readChunk(c, l));
+
+    const Bytes file = readAll(path);  // a caller's buffer, not copied
+    const auto b = KvcReader::fromBuffer(file.data(), file.size(), "buffer");
+    const Bytes gotBuf = rawFp16(b->decodeAll(g.levels));
+    QVERIFY2(gotBuf == expect, qPrintable(firstByteDifference(gotBuf, expect)));
 }
 
 void TestContainer::encoderIsDeterministic_data() { goldenDecodes_data(); }
@@ -541,6 +546,14 @@ void TestContainer::encoderIsDeterministic()
     const Bytes again = readAll(path), golden = readAll(kGoldenDir + "/" + g.name + ".kvc");
     QCOMPARE(rep.fileBytes, uint64_t(again.size()));
     QVERIFY2(again == golden, qPrintable(firstByteDifference(again, golden)));
+
+    // The in-memory writer (kvscope.encode's) is the same writer: the same bytes and figures.
+    Bytes mem = {1, 2, 3};
+    const KvcWriteReport memRep = writeKvc(goldenKv(g.shape, 2024), goldenParams(g, g.shape), mem);
+    QVERIFY2(mem == golden, qPrintable(firstByteDifference(mem, golden)));
+    QCOMPARE(memRep.fileBytes, rep.fileBytes);
+    QVERIFY(memRep.levelBytes == rep.levelBytes);
+    QVERIFY(memRep.levelTableBytes == rep.levelTableBytes);
 }
 
 void TestContainer::goldenFilesAreSmall()
@@ -696,6 +709,9 @@ void TestContainer::cancelledWriteLeavesNothing()
     QVERIFY_THROWS_EXCEPTION(Cancelled, writeKvc(kv, p, path.toStdString(), nullptr, cancelHalfway));
     QVERIFY(readAll(path) == (Bytes{1, 2, 3}));
     QCOMPARE(QDir(dir.path()).entryList(QDir::Files | QDir::Hidden).size(), 1);
+    Bytes mem{4, 5};
+    QVERIFY_THROWS_EXCEPTION(Cancelled, writeKvc(kv, p, mem, nullptr, cancelHalfway));
+    QVERIFY(mem == (Bytes{4, 5}));  // untouched
 
     // Progress is reported up to 1 and the write then succeeds.
     double last = 0;

@@ -2,48 +2,17 @@
 
 #include "cli_codec.h"
 #include "cli_stats.h"
+#include "eval/transform_default.h"
 #include "kv/kv_compare.h"
 #include "kv/kv_stats.h"
 
 #include <cmath>
-#include <cstdlib>
-#include <fstream>
-#include <iterator>
-#include <unistd.h>
 
 namespace kvscope::python {
 
 using json = nlohmann::json;
 
 namespace {
-
-// A private directory under TMPDIR for one encode; removed with everything in it.
-class TempDir {
-public:
-    TempDir()
-    {
-        const char* base = std::getenv("TMPDIR");
-        std::string tmpl = std::string(base && *base ? base : "/tmp") + "/kvscope-py-XXXXXX";
-        if (!::mkdtemp(tmpl.data())) throw Error(tmpl + ": cannot create a temporary directory");
-        m_path = tmpl;
-    }
-    ~TempDir()
-    {
-        ::unlink(file().c_str());
-        ::rmdir(m_path.c_str());
-    }
-    std::string file() const { return m_path + "/out.kvc"; }
-
-private:
-    std::string m_path;
-};
-
-std::vector<uint8_t> readAll(const std::string& path)
-{
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw Error(path + ": cannot read the container just written");
-    return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
 
 // Keeps level `level` of a CacheGen profile (and its calibrated tables) as the only level.
 void keepOneLevel(CodecParams& p, int level, const std::string& source)
@@ -64,7 +33,7 @@ void keepOneLevel(CodecParams& p, int level, const std::string& source)
 
 }  // namespace
 
-std::vector<uint8_t> encodeToBytes(const KvSet& kv, const EncodeOptions& o)
+uint64_t encodeTo(const KvSet& kv, const EncodeOptions& o, const KvcPut& put)
 {
     cli::ProfileOptions po;
     po.codec = o.codec;
@@ -77,6 +46,15 @@ std::vector<uint8_t> encodeToBytes(const KvSet& kv, const EncodeOptions& o)
     po.keyQuantizer = o.keyQuantizer;
     po.valueQuantizer = o.valueQuantizer;
     po.forceProfile = o.forceProfile;
+    if (po.codec == "transform" && po.profilePath.empty()) {
+        // As cli::withDefaultTransform without a model (`encode`): the default ladder's calibrated
+        // profile from the user's cache when it is there, else the transform fitted on this cache.
+        try {
+            po.profilePath = cachedDefaultTransform(kv.modelFingerprint);
+        } catch (const Error&) {
+            // no shipped ladder: the CLI notes it and fits on the cache; so does this
+        }
+    }
     CodecParams p = po.params(kv);
     if (o.level) keepOneLevel(p, o.level, po.source());
     // As `encode` (cmd_codec.cpp): shared tables from the profile when it carries them, otherwise
@@ -85,9 +63,7 @@ std::vector<uint8_t> encodeToBytes(const KvSet& kv, const EncodeOptions& o)
     const bool fromProfile = shared && p.profile.hasCalibratedTables();
     std::vector<LevelTables> calibrated;
     if (fromProfile) calibrated = profileTables(p, po.source());
-    TempDir dir;
-    writeKvc(kv, p, dir.file(), fromProfile ? &calibrated : nullptr);
-    return readAll(dir.file());
+    return writeKvc(kv, p, put, "<bytes>", fromProfile ? &calibrated : nullptr).fileBytes;
 }
 
 std::vector<int> checkedLevels(const KvcReader& r, const std::vector<int>& levels)

@@ -28,8 +28,10 @@ struct EncodeOptions {
 
 // The bytes `kvscope-cli encode KV --out X.kvc` writes to X.kvc with the same options (level = 0).
 // With a level, the container holds that CacheGen level alone, as if the profile listed only it.
-// Throws kvscope::Error with the CLI's message on bad options, a profile that does not fit, I/O.
-std::vector<uint8_t> encodeToBytes(const KvSet& kv, const EncodeOptions& o);
+// Every byte goes to put (writeKvc's KvcPut: kvscope.encode writes them into its bytes object);
+// returns the container's size. Throws kvscope::Error with the CLI's message on bad options or a
+// profile that does not fit.
+uint64_t encodeTo(const KvSet& kv, const EncodeOptions& o, const KvcPut& put);
 
 // The levels `kvscope-cli decode --level` accepts: none = the file's default, one for every chunk,
 // or one per chunk. Throws kvscope::Error "name: level N does not exist (the file has M)".

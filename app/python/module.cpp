@@ -18,8 +18,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -186,11 +188,23 @@ std::shared_ptr<KvSet> fromArrays(const py::object& keys, const py::object& valu
     return kv;
 }
 
+// A buffer's bytes in place (bytes, bytearray, a C-contiguous numpy array or memoryview); `info`
+// holds the buffer, so they stay valid while it lives.
+std::pair<const uint8_t*, size_t> bufferSpan(const py::buffer_info& info)
+{
+    py::ssize_t expect = info.itemsize;
+    for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+        if (info.shape[size_t(d)] > 1 && info.strides[size_t(d)] != expect) throw Error("data: the buffer is not contiguous");
+        expect *= info.shape[size_t(d)];
+    }
+    return {static_cast<const uint8_t*>(info.ptr), size_t(info.size) * size_t(info.itemsize)};
+}
+
 std::vector<uint8_t> bufferBytes(const py::object& data)
 {
     const py::buffer_info info = py::buffer(data).request();
-    const auto* p = static_cast<const uint8_t*>(info.ptr);
-    return std::vector<uint8_t>(p, p + size_t(info.size) * size_t(info.itemsize));
+    const auto [p, n] = bufferSpan(info);
+    return std::vector<uint8_t>(p, p + n);
 }
 
 std::vector<int> levelsArg(const py::object& level)
@@ -213,9 +227,16 @@ std::shared_ptr<KvcReader> openContainer(const py::object& data, const std::stri
     return KvcReader::fromMemory(std::move(bytes), name);
 }
 
-std::shared_ptr<KvSet> decodeReader(const KvcReader& r, const py::object& level)
+// Decodes into `out` (a KV of the file's shape and dtype) when it is given, else into a new KV.
+std::shared_ptr<KvSet> decodeReader(const KvcReader& r, const py::object& level, const py::object& out = py::none())
 {
     const std::vector<int> levels = kvscope::python::checkedLevels(r, levelsArg(level));
+    if (!out.is_none()) {
+        std::shared_ptr<KvSet> kv = out.cast<std::shared_ptr<KvSet>>();
+        py::gil_scoped_release nogil;
+        r.decodeAllInto(levels, *kv);
+        return kv;
+    }
     py::gil_scoped_release nogil;
     return std::make_shared<KvSet>(r.decodeAll(levels));
 }
@@ -236,6 +257,44 @@ py::dict levelDict(const kvscope::CodecLevel& l)
     d["value_bins"] = l.valueBins;
     d["measured"] = l.measuredJson.empty() ? py::object(py::dict()) : toPython(json::parse(l.measuredJson));
     return d;
+}
+
+// kvscope.encode's bytes, written by the container writer straight into the bytes object: it is
+// allocated at the cache's size and an eighth (address space; pages are touched as they are
+// written) and shrunk to the container's size (realloc, which moves no data for large blocks). A
+// container that outgrows it (tiny caches, whose in-band tables outweigh the values) continues in
+// a vector, copied into a new bytes object once.
+py::bytes encodeToPyBytes(const KvSet& kv, const kvscope::python::EncodeOptions& o)
+{
+    const size_t raw = kv.tensorBytes() * 2 * size_t(kv.shape().numLayers);
+    const size_t cap = raw + raw / 8 + 256;
+    PyObject* obj = PyBytes_FromStringAndSize(nullptr, py::ssize_t(cap));
+    if (!obj) throw py::error_already_set();
+    py::object holder = py::reinterpret_steal<py::object>(obj);
+    char* buf = PyBytes_AS_STRING(obj);
+    std::vector<uint8_t> spill;  // used once the container outgrows cap
+    bool spilled = false;
+    uint64_t size = 0;
+    const kvscope::KvcPut put = [&](const void* data, size_t n, uint64_t offset) {
+        if (!spilled && offset + n <= cap) {
+            std::memcpy(buf + offset, data, n);
+            return;
+        }
+        if (!spilled) {
+            spill.assign(buf, buf + std::min<uint64_t>(offset, cap));
+            spilled = true;
+        }
+        if (spill.size() < offset + n) spill.resize(size_t(offset + n));
+        std::memcpy(spill.data() + offset, data, n);
+    };
+    {
+        py::gil_scoped_release nogil;
+        size = kvscope::python::encodeTo(kv, o, put);
+    }
+    if (spilled) return py::bytes(reinterpret_cast<const char*>(spill.data()), size_t(size));
+    obj = holder.release().ptr();
+    if (_PyBytes_Resize(&obj, py::ssize_t(size)) != 0) throw py::error_already_set();  // frees obj on failure
+    return py::reinterpret_steal<py::bytes>(obj);
 }
 
 // A loaded profile file: read-only, so that encode(profile=...) can hand its path to the CLI's
@@ -355,12 +414,7 @@ PYBIND11_MODULE(_kvscope, m)
         o.keyQuantizer = keyQuantizer;
         o.valueQuantizer = valueQuantizer;
         o.forceProfile = forceProfile;
-        std::vector<uint8_t> bytes;
-        {
-            py::gil_scoped_release nogil;
-            bytes = kvscope::python::encodeToBytes(kv, o);
-        }
-        return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+        return encodeToPyBytes(kv, o);
     }, py::arg("kv"), py::arg("codec") = "cachegen", py::arg("profile") = py::none(), py::arg("level") = py::none(), py::kw_only(),
        py::arg("chunk_tokens") = py::none(), py::arg("delta_group") = py::none(), py::arg("anchor_bins") = py::none(),
        py::arg("tables") = "", py::arg("table_scope") = "", py::arg("key_quantizer") = "", py::arg("value_quantizer") = "",
@@ -368,12 +422,20 @@ PYBIND11_MODULE(_kvscope, m)
        "Compresses kv into a .kvc container: the bytes `kvscope-cli encode` writes with the same options (--codec, "
        "--profile, --chunk-tokens, ...). level=N keeps CacheGen level N alone (a profile listing only that level).");
 
-    m.def("decode", [](const py::object& data, const py::object& level, const std::string& name) {
-        const std::shared_ptr<KvcReader> r = openContainer(data, name);
-        return decodeReader(*r, level);
-    }, py::arg("data"), py::arg("level") = py::none(), py::kw_only(), py::arg("name") = "<bytes>",
+    m.def("decode", [](const py::object& data, const py::object& level, const std::string& name, const py::object& out) {
+        if (isPath(data)) return decodeReader(*openContainer(data, name), level, out);
+        const py::buffer_info info = py::buffer(data).request();  // read in place, not copied
+        const auto [p, n] = bufferSpan(info);
+        std::unique_ptr<KvcReader> r;
+        {
+            py::gil_scoped_release nogil;
+            r = KvcReader::fromBuffer(p, n, name);
+        }
+        return decodeReader(*r, level, out);
+    }, py::arg("data"), py::arg("level") = py::none(), py::kw_only(), py::arg("name") = "<bytes>", py::arg("out") = py::none(),
        "Decodes a .kvc container (bytes or a path) as `kvscope-cli decode --level`: level None = the file's default, an "
-       "int for every chunk, or a list with one level per chunk.");
+       "int for every chunk, or a list with one level per chunk. out=KV (the file's shape and dtype) decodes into that "
+       "cache instead of a new one, and returns it.");
 
     m.def("stats", [](const KvSet& kv, int deltaGroup, int bins, bool perChannel) {
         json j;
@@ -461,8 +523,8 @@ PYBIND11_MODULE(_kvscope, m)
             const std::vector<uint8_t> b = r.readChunk(chunk, level);
             return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
         }, py::arg("chunk"), py::arg("level"), "the payload of (chunk, level), its CRC checked")
-        .def("decode", [](const KvcReader& r, const py::object& level) { return decodeReader(r, level); },
-             py::arg("level") = py::none(), "as kvscope.decode")
+        .def("decode", [](const KvcReader& r, const py::object& level, const py::object& out) { return decodeReader(r, level, out); },
+             py::arg("level") = py::none(), py::kw_only(), py::arg("out") = py::none(), "as kvscope.decode")
         .def("__repr__", [](const KvcReader& r) {
             return "<kvscope.Container " + r.name() + ": " + kvscope::codecName(r.params().codec) + ", " +
                    std::to_string(r.params().numChunks()) + " chunks x " + std::to_string(r.params().numLevels()) + " levels>";

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <optional>
 
 namespace kvscope {
 
@@ -113,10 +114,10 @@ private:
 
 }  // namespace
 
-KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const std::string& path,
+// The one writer of the format; the file and the byte vector are two `put`s.
+KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const KvcPut& put, const std::string& path,
                         const std::vector<LevelTables>* calibrated, const Progress& progress)
 {
-    const auto t0 = std::chrono::steady_clock::now();
     KVSCOPE_ASSERT(kv.shape() == p.shape && kv.dtype() == p.dtype);
     if (p.codec == CodecId::CacheGen) {
         validateProfile(p.profile, "profile");
@@ -150,7 +151,6 @@ KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const std::string
         }
     }
 
-    TempFile file(path);
     KvcWriteReport rep;
     rep.levelBytes.assign(size_t(levels), 0);
     rep.levelTableBytes.assign(size_t(levels), 0);
@@ -160,7 +160,7 @@ KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const std::string
         for (int l = 1; l <= levels; ++l, step()) {
             const std::vector<uint8_t> payload = encodeChunk(p, kv, c, l, shared ? &tables[size_t(l - 1)] : nullptr);
             if (payload.size() > UINT32_MAX) throw inputError(path, "chunk " + std::to_string(c), "payload over 4 GiB; use smaller chunks");
-            file.pwriteAll(payload.data(), payload.size(), offset);
+            put(payload.data(), payload.size(), offset);
             index.u64(offset);
             index.u32(uint32_t(payload.size()));
             index.u32(crc32(payload.data(), payload.size()));
@@ -195,7 +195,7 @@ KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const std::string
         refs[s].size = uint32_t(sections[s].b.size());
         refs[s].crc = crc32(sections[s].b.data(), sections[s].b.size());
         if (sections[s].b.size() > UINT32_MAX) throw inputError(path, kSectionNames[s], "section over 4 GiB");
-        file.pwriteAll(sections[s].b.data(), sections[s].b.size(), offset);
+        put(sections[s].b.data(), sections[s].b.size(), offset);
         offset += sections[s].b.size();
     }
     // Version 1.1: the transform codec's model, referenced from the header's reserved bytes.
@@ -205,7 +205,7 @@ KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const std::string
         serializeTransformModel(*p.transform, t);
         if (t.size() > UINT32_MAX) throw inputError(path, "transform section", "section over 4 GiB");
         transformRef = {offset, uint32_t(t.size()), crc32(t.data(), t.size())};
-        file.pwriteAll(t.data(), t.size(), offset);
+        put(t.data(), t.size(), offset);
         offset += t.size();
     }
 
@@ -245,10 +245,42 @@ KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const std::string
     while (h.b.size() < kKvcHeaderSize - 4) h.u8(0);
     h.u32(crc32(h.b.data(), h.b.size()));
     KVSCOPE_ASSERT(h.b.size() == kKvcHeaderSize);
-    file.pwriteAll(h.b.data(), h.b.size(), 0);
-    file.commit();
-
+    put(h.b.data(), h.b.size(), 0);
     rep.fileBytes = offset;
+    return rep;
+}
+
+KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& params, const std::string& path,
+                        const std::vector<LevelTables>* calibrated, const Progress& progress)
+{
+    const auto t0 = std::chrono::steady_clock::now();
+    std::optional<TempFile> file;  // created at the first byte, after the checks and the calibration pass
+    const KvcPut put = [&](const void* data, size_t n, uint64_t offset) {
+        if (!file) file.emplace(path);
+        file->pwriteAll(data, n, offset);
+    };
+    KvcWriteReport rep = writeKvc(kv, params, put, path, calibrated, progress);
+    KVSCOPE_ASSERT(file);  // the header at least was written
+    file->commit();
+    rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return rep;
+}
+
+KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& params, std::vector<uint8_t>& out,
+                        const std::vector<LevelTables>* calibrated, const Progress& progress)
+{
+    const auto t0 = std::chrono::steady_clock::now();
+    // Reserved at the cache's own size and an eighth (address space: pages are touched only as they
+    // are written), so that a container of compressed levels never grows and copies itself.
+    const size_t raw = size_t(params.shape.totalValues()) * dtypeSize(params.dtype);
+    std::vector<uint8_t> b;
+    b.reserve(raw + raw / 8 + (size_t(1) << 20));
+    const KvcPut put = [&b](const void* data, size_t n, uint64_t offset) {
+        if (b.size() < offset + n) b.resize(size_t(offset + n));
+        if (n) std::memcpy(b.data() + offset, data, n);
+    };
+    KvcWriteReport rep = writeKvc(kv, params, put, "<memory>", calibrated, progress);
+    out = std::move(b);
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return rep;
 }
@@ -273,7 +305,18 @@ std::unique_ptr<KvcReader> KvcReader::fromMemory(std::vector<uint8_t> bytes, con
     std::unique_ptr<KvcReader> r(new KvcReader());
     r->m_name = name;
     r->m_memory = std::move(bytes);
+    r->m_data = r->m_memory.data();
     r->m_fileSize = r->m_memory.size();
+    r->parse();
+    return r;
+}
+
+std::unique_ptr<KvcReader> KvcReader::fromBuffer(const uint8_t* data, size_t size, const std::string& name)
+{
+    std::unique_ptr<KvcReader> r(new KvcReader());
+    r->m_name = name;
+    r->m_data = data;
+    r->m_fileSize = size;
     r->parse();
     return r;
 }
@@ -294,7 +337,7 @@ void KvcReader::readAt(uint64_t offset, size_t size, uint8_t* dst, const std::st
                 throw Error(where(what) + ": the chunk payloads are not part of this skeleton");
             offset -= m_holeEnd - kKvcHeaderSize;
         }
-        if (size) std::memcpy(dst, m_memory.data() + offset, size);
+        if (size) std::memcpy(dst, m_data + offset, size);
         return;
     }
     while (size > 0) {
@@ -544,6 +587,7 @@ std::unique_ptr<KvcReader> KvcReader::fromSkeleton(std::vector<uint8_t> bytes, c
     std::unique_ptr<KvcReader> r(new KvcReader());
     r->m_name = name;
     r->m_memory = std::move(bytes);
+    r->m_data = r->m_memory.data();
     r->m_fileSize = declared;
     r->m_holeEnd = kKvcHeaderSize + (declared - r->m_memory.size());
     r->parse();
@@ -570,10 +614,26 @@ KvSet KvcReader::decodeAll(const std::vector<int>& levels, const Progress& progr
         throw Error(where("header") + ": the decoded cache would take " + std::to_string(outBytes) +
                     " bytes, over the limit of " + std::to_string(m_maxOutput));
     KvSet out(m_params.shape, m_params.dtype);
+    decodeAllInto(levels, out, progress);
+    return out;
+}
+
+void KvcReader::decodeAllInto(const std::vector<int>& levels, KvSet& out, const Progress& progress) const
+{
+    const int chunks = m_params.numChunks();
+    if (levels.size() != 1 && int(levels.size()) != chunks)
+        throw Error(where("levels") + ": give one level, or one per chunk (" + std::to_string(chunks) + ")");
+    if (!(out.shape() == m_params.shape) || out.dtype() != m_params.dtype)
+        throw Error(where("output") + ": the cache to decode into is not of the file's shape and dtype");
     out.modelName = m_modelName;
     out.modelFingerprint = m_fingerprint;
     out.context = m_context;
     out.tokens = m_tokens;
+    out.ropeInvFreq.clear();  // as decodeAll returns it: the file carries none of these
+    out.ropePosition0 = 0;
+    out.querySq.clear();
+    out.valueWeight.clear();
+    out.attnMass.clear();
     // Batches of chunks through decodeChunks (unit by unit across the batch: shared tables are
     // prepared once per batch and unit); progress is reported per batch.
     const bool shared = m_params.codec == CodecId::CacheGen && m_params.profile.tables == TableMode::Shared;
@@ -590,6 +650,13 @@ KvSet KvcReader::decodeAll(const std::vector<int>& levels, const Progress& progr
             const int level = levels.size() == 1 ? levels[0] : levels[size_t(c)];
             const std::string place = "chunk " + std::to_string(c) + " level " + std::to_string(level);
             try {
+                if (m_data && m_holeEnd == 0 && level >= 1 && level <= m_params.numLevels()) {
+                    // A whole file in memory: decoded in place, its CRC checked as readChunk does.
+                    const IndexEntry& e = m_index[size_t(c) * m_params.numLevels() + size_t(level - 1)];
+                    if (crc32(m_data + e.offset, e.size) != e.crc) throw Error(where(place) + ": CRC mismatch (corrupt chunk)");
+                    batch.push_back({c, level, m_data + e.offset, e.size, where(place)});
+                    continue;
+                }
                 bytes.push_back(readChunk(c, level));
                 batch.push_back({c, level, bytes.back().data(), bytes.back().size(), where(place)});
             } catch (...) {
@@ -600,7 +667,6 @@ KvSet KvcReader::decodeAll(const std::vector<int>& levels, const Progress& progr
         if (readError) std::rethrow_exception(readError);
         if (progress && !progress(double(c1) / chunks)) throw Cancelled();
     }
-    return out;
 }
 
 }  // namespace kvscope

@@ -43,6 +43,17 @@ struct KvcWriteReport {
 // Memory: the payloads of one chunk beyond kv. Throws kvscope::Error on I/O failure or bad values.
 KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& params, const std::string& path,
                         const std::vector<LevelTables>* calibrated = nullptr, const Progress& progress = {});
+// The same bytes into `out` (replaced on success, untouched on failure): no file, no fsync;
+// messages name the output "<memory>".
+KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& params, std::vector<uint8_t>& out,
+                        const std::vector<LevelTables>* calibrated = nullptr, const Progress& progress = {});
+
+// The writer both of them are: every byte of the file goes to put(data, size, offset), the chunk
+// payloads first (in index order, from offset kKvcHeaderSize on), then the sections, and the header
+// last, at offset 0. rep.fileBytes is the file's size; `name` names the output in messages.
+using KvcPut = std::function<void(const void* data, size_t size, uint64_t offset)>;
+KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& params, const KvcPut& put, const std::string& name,
+                        const std::vector<LevelTables>* calibrated = nullptr, const Progress& progress = {});
 
 // Reads a .kvc from a file or from memory. The constructor validates the header, the sections
 // and the whole index (every chunk inside the file) before anything else; chunk CRCs are checked
@@ -51,6 +62,8 @@ class KvcReader {
 public:
     static std::unique_ptr<KvcReader> openFile(const std::string& path);
     static std::unique_ptr<KvcReader> fromMemory(std::vector<uint8_t> bytes, const std::string& name);
+    // Over a caller's bytes, not copied: they must outlive the reader and not change.
+    static std::unique_ptr<KvcReader> fromBuffer(const uint8_t* data, size_t size, const std::string& name);
     ~KvcReader();
 
     const CodecParams& params() const { return m_params; }
@@ -87,6 +100,10 @@ public:
     // Decodes every chunk, chunk i at levels[i] (one entry = that level for every chunk).
     // Refuses (kvscope::Error) when the decoded cache would exceed maxOutputBytes().
     KvSet decodeAll(const std::vector<int>& levels, const Progress& progress = {}) const;
+    // The same into `out`, which must have the file's shape and dtype (else kvscope::Error): no
+    // allocation, for decoding again and again. Its metadata becomes the file's, as decodeAll's; when
+    // it throws (a corrupt chunk), out holds the chunks decoded before.
+    void decodeAllInto(const std::vector<int>& levels, KvSet& out, const Progress& progress = {}) const;
 
     // Largest decoded cache decodeAll will allocate (default 64 GiB); a header declaring more is
     // refused before allocation, so a hostile file cannot exhaust memory.
@@ -107,6 +124,7 @@ private:
     std::string m_name;
     int m_fd = -1;
     std::vector<uint8_t> m_memory;
+    const uint8_t* m_data = nullptr;  // the bytes of a reader in memory: m_memory's, or fromBuffer's
     uint64_t m_fileSize = 0;
     uint64_t m_sectionsStart = 0;  // offset of the first section (payloads end there)
     uint64_t m_holeEnd = 0;        // skeletons: file offsets [header, m_holeEnd) are absent

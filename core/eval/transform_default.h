@@ -41,8 +41,12 @@ DefaultTransform findDefaultTransform(const std::string& fingerprint);
 
 // The cached calibrated profile's path when it exists and matches the shipped ladder, else "".
 std::string cachedDefaultTransform(const std::string& fingerprint);
+// The same for a ladder already found: d.cachePath when it holds a fit of d's ladder for this
+// fingerprint, else "" (the ladder's default level, adapt_mean and measured figures are copied
+// into the cache when they changed). These three need no model (transform_default.cpp).
+std::string usableDefaultTransform(const DefaultTransform& d, const std::string& fingerprint);
 
-// The calibrated profile's path: the cache when it matches, else fitted now with `model` on the
+// The calibrated profile's path: the cache when it matches, else fitted now (transform_default_fit.cpp) with `model` on the
 // ladder's contexts and written (atomically) to the cache. `log` receives progress lines;
 // `prefill` (done, total) the tokens of each context's prefill, and returning false cancels it
 // (kvscope::Error, nothing written).

@@ -106,6 +106,17 @@ class EncodeMatchesCli(unittest.TestCase):
                    profile=kvscope.Profile.load(SMOLLM2_PROFILE), force_profile=True)
 
 
+    def test_tiny_and_incompressible(self):
+        # A tiny cache's container outgrows the bytes object kvscope.encode writes into (its in-band
+        # tables outweigh the values); fp16 and zstd come close to it.
+        path = Files.path("tiny.h5")
+        cli("synth", "--out", path, "--layers", "1", "--kv-heads", "1", "--head-dim", "16", "--tokens", "40")
+        for codec in ("cachegen", "fp16", "zstd"):
+            with self.subTest(codec=codec):
+                self.check("tiny.h5", ["--codec", codec], codec=codec)
+        kv = kvscope.read_kv(path)
+        self.assertGreater(len(kvscope.encode(kv)), kv.nbytes * 9 // 8 + 256)
+
     def test_one_level(self):
         kv = kvscope.read_kv(Files.path("float16.h5"))
         whole = kvscope.encode(kv)
@@ -117,6 +128,19 @@ class EncodeMatchesCli(unittest.TestCase):
 
 
 class DecodeMatchesCli(unittest.TestCase):
+    def test_into_an_existing_cache(self):
+        kv = kvscope.read_kv(Files.path("float16.h5"))
+        data = kvscope.encode(kv)
+        out = kvscope.decode(data, level=1)
+        again = kvscope.decode(data, level=3, out=out)
+        self.assertIs(again, out)
+        self.assertTrue(out.same_bytes(kvscope.decode(data, level=3)))
+        self.assertIs(kvscope.Container(data).decode(2, out=out), out)
+        self.assertTrue(out.same_bytes(kvscope.decode(data, level=2)))
+        small = kvscope.read_kv(Files.path("float32.h5"))
+        with self.assertRaisesRegex(kvscope.Error, r"^<bytes>: output: the cache to decode into is not of the file's shape and dtype$"):
+            kvscope.decode(data, out=small)
+
     def test_levels(self):
         for dtype in ("float16", "bfloat16"):
             src = Files.path(f"{dtype}.h5")
@@ -325,6 +349,64 @@ class Errors(unittest.TestCase):
         c = kvscope.Container(kvscope.encode(kv))
         with self.assertRaisesRegex(kvscope.Error, r"chunk 3 does not exist \(the file has 3\)"):
             c.read_chunk(3, 1)
+
+
+class DefaultTransform(unittest.TestCase):
+    """encode(kv, codec="transform") without a profile: the CLI's default ladder, same bytes."""
+
+    FINGERPRINT = "2b5d3154c5afb0c8"  # the SmolLM2 ladder's (samples/profiles/smollm2-135m-instruct.transform.json)
+
+    def kv_with_rope(self):
+        try:
+            import h5py
+        except ImportError:
+            self.skipTest("h5py is not installed")
+        path = Files.path("smol-rope.h5")
+        if not os.path.exists(path):
+            kv = kvscope.read_kv(Files.path("smol.h5"))
+            kv.model_fingerprint = self.FINGERPRINT
+            kv.write(path)
+            with h5py.File(path, "r+") as f:  # RoPE parameters, as a capture of the model writes them
+                f.create_dataset("rope_inv_freq", data=100000.0 ** (-np.arange(32, dtype=np.float32) / 32))
+        return path
+
+    def encode_both(self, path, cache_home):
+        old = os.environ.get("XDG_CACHE_HOME")
+        os.environ["XDG_CACHE_HOME"] = cache_home  # read by the CLI and by the module
+        try:
+            out = Files.path("dt.kvc")
+            _, _, err = cli("encode", path, "--out", out, "--codec", "transform")
+            ours = kvscope.encode(kvscope.read_kv(path), codec="transform")
+        finally:
+            if old is None:
+                del os.environ["XDG_CACHE_HOME"]
+            else:
+                os.environ["XDG_CACHE_HOME"] = old
+        theirs = read(out)
+        self.assertTrue(ours == theirs, "kvscope.encode(codec='transform') differs from kvscope-cli encode --codec transform")
+        return ours, "no calibrated transform profile" not in err
+
+    def test_uncalibrated_and_calibrated_ladder(self):
+        path = self.kv_with_rope()
+        with tempfile.TemporaryDirectory(prefix="kvscope-xdg-") as empty:
+            fitted, calibrated = self.encode_both(path, empty)
+            self.assertFalse(calibrated)
+        # The user's calibrated copy of the ladder (written once by eval/stream with the model).
+        home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        cached = os.path.join(home, "kvscope", "profiles", self.FINGERPRINT + ".transform.json")
+        if not os.path.exists(cached):
+            self.skipTest(f"no calibrated default ladder in {cached} (kvscope-cli eval --codec transform makes it)")
+        with tempfile.TemporaryDirectory(prefix="kvscope-xdg-") as home2:
+            os.makedirs(os.path.join(home2, "kvscope", "profiles"))
+            with open(cached, "rb") as src, open(os.path.join(home2, "kvscope", "profiles", self.FINGERPRINT + ".transform.json"), "wb") as dst:
+                dst.write(src.read())
+            ladder, calibrated = self.encode_both(path, home2)
+        if not calibrated:
+            self.skipTest(f"{cached} is a fit of an older ladder (the CLI refits it with the model)")
+        self.assertNotEqual(ladder, fitted)  # the calibrated model, not a fit on this cache
+        with open(os.path.join(SOURCE_DIR, "samples", "profiles", "smollm2-135m-instruct.transform.json")) as f:
+            levels = len(json.load(f)["transform"]["levels"])
+        self.assertEqual(kvscope.Container(ladder).num_levels, levels)
 
 
 class Example(unittest.TestCase):
