@@ -361,6 +361,76 @@ private slots:
         QVERIFY(loadProfile(ppath).transform.adaptMean);
     }
 
+    // READ ME FIRST, 10: layers 1 and 2 repeat layer 0 (scaled) plus noise, so one PCA across the
+    // three codes their shared part once: fewer bytes at no more error than a PCA per layer, and
+    // every path (in-memory trial, container, token importance, per-cache means) decodes the same.
+    void layerGroups()
+    {
+        auto correlated = [](uint64_t seed) {
+            KvSet kv = syntheticCache(seed, 300, DType::F32);
+            std::mt19937 rng(static_cast<uint32_t>(seed));
+            std::normal_distribution<float> g(0.0f, 1.0f);
+            const KvShape& sh = kv.shape();
+            for (int l = 1; l < sh.numLayers; ++l)
+                for (KvKind k : {KvKind::Key, KvKind::Value})
+                    for (int h = 0; h < sh.numKvHeads; ++h)
+                        for (int t = 0; t < sh.numTokens; ++t)
+                            for (int d = 0; d < sh.headDim; ++d)
+                                kv.set(k, l, h, t, d, kv.at(k, 0, h, t, d) * (1.0f + 0.25f * float(l)) + 0.05f * g(rng));
+            withAttentionMass(kv);
+            return kv;
+        };
+        const KvSet calib = correlated(91), kv = correlated(92);
+        const KvShape& sh = kv.shape();
+        TransformSettings perLayer, grouped;
+        grouped.layerGroup = 3;
+        CodecParams p1 = transformParams(kv, perLayer, {0.03, 0.01}), p3 = transformParams(kv, grouped, {0.03, 0.01});
+        calibrate(p1, {&calib});
+        calibrate(p3, {&calib});
+        prepareTransform(p3, kv, "profile");
+        QCOMPARE(p3.transform->numLayers, 1);
+        QCOMPARE(p3.transform->heads, 3 * sh.numKvHeads);
+        QCOMPARE(p3.transform->settings.layerGroup, 3);
+        for (int level = 1; level <= 2; ++level) {
+            const CodecTrial a = runCodecTrial(kv, p1, level), b = runCodecTrial(kv, p3, level);
+            const double ea = keyMse(kv, a.decoded), eb = keyMse(kv, b.decoded);
+            QVERIFY2(double(b.bytes) < 0.8 * double(a.bytes) && eb < 1.25 * ea,
+                     (std::to_string(b.bytes) + " B, error " + std::to_string(eb) + " vs " + std::to_string(a.bytes) +
+                      " B, " + std::to_string(ea)).c_str());
+        }
+        QTemporaryDir dir;
+        const std::string path = (dir.path() + "/g.kvc").toStdString();
+        writeKvc(kv, p3, path);
+        QCOMPARE(decodedCrc(KvcReader::openFile(path)->decodeAll({2})), decodedCrc(runCodecTrial(kv, p3, 2).decoded));
+        for (int variant = 0; variant < 2; ++variant) {  // encoder-side switches read the group's layers too
+            CodecParams q = p3;
+            q.transform.reset();
+            (variant == 0 ? q.profile.transform.tokenImportance : q.profile.transform.adaptMean) = true;
+            prepareTransform(q, kv, "profile");
+            const CodecTrial t = runCodecTrial(kv, q, 1);
+            QVERIFY(keyMse(kv, t.decoded) < 2.0 * keyMse(kv, runCodecTrial(kv, p3, 1).decoded));
+        }
+        const std::string ppath = (dir.path() + "/p.json").toStdString();
+        saveProfile(p3.profile, ppath);
+        QCOMPARE(loadProfile(ppath).transform.layerGroup, 3);
+        TransformSettings two;
+        two.layerGroup = 2;
+        try {
+            fitTransform(two, p1.profile.transformLevels, {&calib});
+            QFAIL("layer_group 2 of 3 layers was accepted");
+        } catch (const Error& e) {
+            QCOMPARE(std::string(e.what()), std::string("transform: layer_group 2 does not divide the 3 layers"));
+        }
+        try {  // a grouped model does not fit a cache of another layer count
+            KvShape six = sh;
+            six.numLayers = 6;
+            parseTransformModel(p3.profile.transformModel.data(), p3.profile.transformModel.size(), six, "m");
+            QFAIL("a 1 x 3-layer model was accepted for 6 layers");
+        } catch (const Error& e) {
+            QVERIFY2(std::string(e.what()).find("m: the model is for 1 layers x 6 heads") == 0, e.what());
+        }
+    }
+
     // fitTransform is fitTransformBlocks + fitTransformLevel per level, byte for byte.
     void fitSplitsIntoLevels()
     {

@@ -225,7 +225,7 @@ uint64_t benchHtscodecs(int streams, Streams sym, const BenchOptions& opt, doubl
 EntropyBenchResult benchEntropyTransform(const KvSet& kv, const CodecParams& p, int level, const BenchOptions& opt)
 {
     using namespace detail;
-    const int L = p.shape.numLayers, chunks = p.numChunks(), units = chunks * 2 * L;
+    const int L = p.transform->numLayers, chunks = p.numChunks(), units = chunks * 2 * L;  // blocks (layer groups)
     const bool w32 = p.transform->settings.entropy == TransformEntropy::Rans32;
     // Unit u = (kind, layer) * chunks + chunk.
     std::vector<std::vector<TransformSymbols>> mats(static_cast<size_t>(units));

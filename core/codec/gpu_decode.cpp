@@ -24,6 +24,9 @@ std::unique_ptr<GpuCodec> gpuCodec(const CodecParams& p, const std::vector<Level
     if (p.codec == CodecId::Transform) {
         if (!p.transform) throw Error("GPU decode: the transform codec needs its model (transform section)");
         const TransformModel& m = *p.transform;
+        if (m.settings.layerGroup != 1)
+            throw Error("GPU decode: the CUDA transform decoder reads one layer per block; layer_group " +
+                        std::to_string(m.settings.layerGroup) + " decodes on the CPU");
         g->model = p.transform;
         kvscope_cuda_transform& t = g->tf;
         t.rope_undo = m.settings.ropeUndo;

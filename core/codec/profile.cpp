@@ -159,6 +159,8 @@ void validateProfile(const CodecProfile& p, const std::string& src)
         if (!(s.importancePower >= 0 && s.importancePower <= 8))
             throw inputError(src, "transform.importance_power", "is outside 0..8");
         if (!(s.rdoLambda >= 0 && s.rdoLambda <= 16)) throw inputError(src, "transform.rdo_lambda", "is outside 0..16");
+        if (s.layerGroup < 1 || s.layerGroup > 64)
+            throw inputError(src, "transform.layer_group", std::to_string(s.layerGroup) + " is outside 1..64");
         if (p.transformLevels.size() > 64) throw inputError(src, "transform.levels", "more than 64 levels");
         if (p.transformDefaultLevel < 1 || p.transformDefaultLevel > int(p.transformLevels.size()))
             throw inputError(src, "transform.default_level", std::to_string(p.transformDefaultLevel) + " names no level");
@@ -316,6 +318,7 @@ void parseTransformJson(const json& t, CodecProfile& p, const std::string& src)
         s.rdoLambda = t.at("rdo_lambda").get<double>();
     }
     s.adaptMean = getBool(t, "adapt_mean", false, src, "transform");
+    s.layerGroup = getInt(t, "layer_group", 1, src);
     p.transformDefaultLevel = getInt(t, "default_level", 1, src);
     if (!t.contains("levels") || !t.at("levels").is_array() || t.at("levels").empty() || t.at("levels").size() > 64)
         throw inputError(src, "transform.levels", "must be an array of 1 to 64 levels");
@@ -467,6 +470,7 @@ std::string profileToJson(const CodecProfile& p)
         }
         if (s.rdoLambda != 0) t["rdo_lambda"] = s.rdoLambda;
         if (s.adaptMean) t["adapt_mean"] = true;
+        if (s.layerGroup != 1) t["layer_group"] = s.layerGroup;
         t["default_level"] = p.transformDefaultLevel;
         json tl = json::array();
         for (const TransformLevel& l : p.transformLevels) {

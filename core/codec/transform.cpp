@@ -27,7 +27,7 @@ bool TransformSettings::operator==(const TransformSettings& o) const
 {
     return ropeUndo == o.ropeUndo && basis == o.basis && acrossHeads == o.acrossHeads && weighting == o.weighting &&
            allocation == o.allocation && entropy == o.entropy && sinkTokens == o.sinkTokens &&
-           recentTokens == o.recentTokens;
+           recentTokens == o.recentTokens && layerGroup == o.layerGroup;
 }
 
 int TransformModel::codedComponents(int level, KvKind k, int layer) const

@@ -86,6 +86,18 @@
 //    undone for keys); basis, variances, steps and tables stay calibrated. The C means of every
 //    block are counted in the size (transformSideBytes), as 4-byte floats, the form they travel in.
 //
+// 10. Layer groups (layer_group = G, 1 by default). Adjacent layers carry correlated keys and
+//    values (the residual stream changes little from one layer to the next), which a PCA per layer
+//    cannot use. With G > 1 the layers jG .. jG + G - 1 form one block: its channels are those of
+//    its layers side by side (G * H heads, layer-major: block head h' is head h' % H of layer
+//    jG + h' / H), and one PCA, one water level and one symbol stream serve them all. The model
+//    then has L / G layers of G * H heads (G is implied by the cache's shape; L % G == 0). A
+//    level's per-layer scales keep their meaning: the calibration divides each member layer's
+//    weights by rel_l = scale_l / (the geometric mean of the group's scales), taken from the
+//    first level, so that one water level theta_group = t * (that geometric mean) * lambda_bar
+//    is theta_group * rel_l in layer l's own weighted units, as without groups. The cost is on
+//    the decoder: each coded component spans G * C channels, G times the multiply-adds.
+//
 // Where the side information lives: a TransformModel (means, A, steps, tables per level) is fitted
 // by `kvscope-cli calibrate --codec transform` on calibration caches and stored in the profile;
 // the container carries the model it was encoded with (transform section, FORMAT.md) so every
@@ -142,6 +154,8 @@ struct TransformSettings {
     // are replaced by the means of the cache being coded; the new means travel in the container's
     // model and count as side information (4 bytes per channel and block).
     bool adaptMean = false;
+    // Layers per block (READ ME FIRST, 10): 1..64, dividing the cache's layers.
+    int layerGroup = 1;
     bool operator==(const TransformSettings& o) const;
 };
 
@@ -186,6 +200,8 @@ struct TransformLevelBlock {
 std::vector<TransformLevel> defaultTransformLevels();
 
 // Everything a decoder needs besides the chunk payloads (the container's transform section).
+// numLayers and heads are the blocks' (READ ME FIRST, 10): the cache's layers / layer_group and
+// kv_heads * layer_group.
 struct TransformModel {
     TransformSettings settings;
     int numLayers = 0, heads = 0, headDim = 0;
@@ -198,6 +214,8 @@ struct TransformModel {
     bool meansFromCache = false;  // a calibrated model whose means were re-estimated on the cache (adapt_mean)
 
     int channels() const { return heads * headDim; }
+    // Block head h' of block layer j is head h' % cacheHeads() of cache layer j * layerGroup + h' / cacheHeads().
+    int cacheHeads() const { return heads / settings.layerGroup; }
     int numLevels() const { return int(levels.size()); }
     const TransformBlock& block(KvKind k, int layer) const { return blocks[size_t(k) * numLayers + layer]; }
     const TransformLevelBlock& levelBlock(int level, KvKind k, int layer) const
@@ -230,9 +248,18 @@ struct TransformFit {
     std::vector<size_t> counts;
     double meanVariance[2] = {1.0, 1.0};
 };
-TransformFit fitTransformBlocks(const TransformSettings& s, const std::vector<const KvSet*>& caches);
+// With layer_group > 1, `shape` is the level whose per-layer scales weight the layers of a group
+// (READ ME FIRST, 10; nullptr: all layers alike).
+TransformFit fitTransformBlocks(const TransformSettings& s, const std::vector<const KvSet*>& caches,
+                                const TransformLevel* shape = nullptr);
+// The cache as the blocks of layer group G see it: L / G layers of G * H heads (the data, the RoPE,
+// attention mass and, divided by rel_l of the given per-layer scales (empty: 1), the query
+// second moments and value weights). G = 1 returns a plain copy.
+KvSet groupLayers(const KvSet& kv, int G, const std::vector<double>& keyScale = {},
+                  const std::vector<double>& valueScale = {});
 // Steps, alphabets and (rans) counted tables of one level on the fit's rows, per block
 // [kind * L + layer] (counted with the fit's rounding rule, READ ME FIRST 8); throws kvscope::Error when a layer-scale list has the wrong length.
+// With layer groups, a level's scales may list the cache's layers (L * G): a group takes their geometric mean.
 std::vector<TransformLevelBlock> fitTransformLevel(const TransformFit& fit, const TransformLevel& level);
 
 // The model an encoder uses for `kv`: the profile's calibrated model (its RoPE set to kv's), or

@@ -67,14 +67,17 @@ void buildTables(const TransformLevelBlock& lb, bool forDecoding, std::vector<Co
 
 constexpr int kImportanceClasses = 4;  // step multipliers 1, 2, 4, 8
 
-// Class of every token of the cache in `layer` (READ ME FIRST, 7): 0 for raw tokens.
+// Class of every token of the cache in block `layer` (READ ME FIRST, 7; with layer groups the
+// mass of the group's layers adds up): 0 for raw tokens.
 std::vector<uint8_t> importanceClasses(const TransformModel& m, const KvSet& kv, int layer)
 {
-    const int T = kv.shape().numTokens, H = kv.shape().numKvHeads;
-    const std::vector<float>& a = kv.attnMass[size_t(layer)];
+    const int T = kv.shape().numTokens, H = kv.shape().numKvHeads, G = m.settings.layerGroup;
     std::vector<double> w(static_cast<size_t>(T), 0.0);
-    for (int h = 0; h < H; ++h)
-        for (int t = 0; t < T; ++t) w[size_t(t)] += double(a[size_t(h) * T + t]);
+    for (int g = 0; g < G; ++g) {
+        const std::vector<float>& a = kv.attnMass[size_t(layer * G + g)];
+        for (int h = 0; h < H; ++h)
+            for (int t = 0; t < T; ++t) w[size_t(t)] += double(a[size_t(h) * T + t]);
+    }
     std::vector<double> coded;
     for (int t = 0; t < T; ++t)
         if (!rawToken(m, T, t)) coded.push_back(w[size_t(t)]);
@@ -139,6 +142,19 @@ struct TransformQuantized {
     int R = 0, K = 0;
 };
 
+// Tokens [t0, t0 + n) of block `layer` as floats, (m.heads, n, D): the cache's layer, or with layer
+// groups its G layers' heads side by side (READ ME FIRST, 10).
+void readModelBlock(const TransformModel& m, const KvSet& kv, KvKind kind, int layer, int t0, int n, std::vector<float>& x)
+{
+    const int G = m.settings.layerGroup;
+    if (G == 1) return readBlock(kv, kind, layer, t0, n, x);
+    const size_t part = size_t(m.cacheHeads()) * n * m.headDim;
+    x.resize(part * G);
+    for (int g = 0; g < G; ++g)
+        for (int h = 0; h < m.cacheHeads(); ++h)
+            kv.readRows(kind, layer * G + g, h, t0, n, x.data() + size_t(g) * part + size_t(h) * n * m.headDim);
+}
+
 // rope: chunkRopeTable of the chunk (keys are rotated back with it when the model undoes RoPE).
 TransformQuantized quantizeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int layer, int level, int t0, int n,
                              const double* rope)
@@ -148,7 +164,7 @@ TransformQuantized quantizeBlock(const CodecParams& p, const KvSet& kv, KvKind k
     const TransformBlock& b = m.block(kind, layer);
     const TransformLevelBlock& lb = m.levelBlock(level, kind, layer);
     std::vector<float> x;
-    readBlock(kv, kind, layer, t0, n, x);  // (H, n, D)
+    readModelBlock(m, kv, kind, layer, t0, n, x);  // (H, n, D)
     TransformQuantized qb;
     BlockPayload& out = qb.out;
     std::vector<int> codedTokens;
@@ -162,7 +178,8 @@ TransformQuantized quantizeBlock(const CodecParams& p, const KvSet& kv, KvKind k
     }
     for (float v : x)
         if (!std::isfinite(v))
-            throw Error(std::string(kindName(kind)) + " layer " + std::to_string(layer) + ": a value is not finite");
+            throw Error(std::string(kindName(kind)) + (m.settings.layerGroup > 1 ? " layer group " : " layer ") +
+                        std::to_string(layer) + ": a value is not finite");
     if (kind == KvKind::Key && m.settings.ropeUndo)
         for (int h = 0; h < H; ++h)
             applyRopeTable(x.data() + size_t(h) * n * D, n, D, rope, true);
@@ -309,6 +326,7 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
 {
     const TransformModel& m = *p.transform;
     const int H = m.heads, D = m.headDim, C = H * D, T = p.shape.numTokens;
+    const int G = m.settings.layerGroup, Hc = m.cacheHeads();  // block head h: head h % Hc of layer layer * G + h / Hc
     const TransformBlock& b = m.block(kind, layer);
     const TransformLevelBlock& lb = m.levelBlock(level, kind, layer);
     const std::vector<int> coded = codedList(lb);
@@ -426,7 +444,7 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
             for (int h = 0; h < H; ++h) {
                 float* row = &v[size_t(i) * C + size_t(h) * D];
                 if (ropeKeys) applyRopeTable(row, 1, D, rope + size_t(t) * D, false);
-                outKv.writeRows(kind, layer, h, t0 + t, 1, row);
+                outKv.writeRows(kind, layer * G + h / Hc, h % Hc, t0 + t, 1, row);
             }
         }
     }
@@ -435,7 +453,7 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
     for (int t : rawTokens)
         for (int h = 0; h < H; ++h) {
             for (int d = 0; d < D; ++d, ++ri) v[size_t(d)] = halfToFloat(uint16_t(raw[2 * ri] | raw[2 * ri + 1] << 8));
-            outKv.writeRows(kind, layer, h, t0 + t, 1, v.data());
+            outKv.writeRows(kind, layer * G + h / Hc, h % Hc, t0 + t, 1, v.data());
         }
 }
 
@@ -444,7 +462,7 @@ size_t rawBytesPerBlock(const CodecParams& p, int t0, int n)
     const TransformModel& m = *p.transform;
     size_t raw = 0;
     for (int t = 0; t < n; ++t) raw += rawToken(m, p.shape.numTokens, t0 + t);
-    return raw * size_t(p.shape.channels()) * 2;
+    return raw * size_t(m.channels()) * 2;
 }
 
 }  // namespace
@@ -452,7 +470,7 @@ size_t rawBytesPerBlock(const CodecParams& p, int t0, int n)
 std::vector<uint8_t> encodeTransformChunk(const CodecParams& p, const KvSet& kv, int chunk, int level)
 {
     KVSCOPE_ASSERT(p.transform);
-    const int L = p.shape.numLayers, B = 2 * L, t0 = p.chunkStart(chunk), n = p.chunkLength(chunk);
+    const int L = p.transform->numLayers, B = 2 * L, t0 = p.chunkStart(chunk), n = p.chunkLength(chunk);
     std::vector<BlockPayload> blocks(static_cast<size_t>(B));
     const std::vector<double> rope = chunkRopeTable(*p.transform, t0, n);
     parallelUnits(B, [&](int u) { blocks[size_t(u)] = encodeBlock(p, kv, kKinds[u / L], u % L, level, t0, n, rope.data()); });
@@ -501,7 +519,7 @@ void decodeTransformChunk(const CodecParams& p, const uint8_t* data, size_t size
                           const std::string& where)
 {
     if (!p.transform) throw Error(where + ": the transform codec needs its model (transform section)");
-    const int L = p.shape.numLayers, B = 2 * L, t0 = p.chunkStart(chunk), n = p.chunkLength(chunk);
+    const int L = p.transform->numLayers, B = 2 * L, t0 = p.chunkStart(chunk), n = p.chunkLength(chunk);
     Cursor cur{data, data + size, where};
     const uint8_t* sizes = cur.take(8 * size_t(B), "size arrays");
     const size_t raw = rawBytesPerBlock(p, t0, n);
@@ -522,7 +540,8 @@ void decodeTransformChunk(const CodecParams& p, const uint8_t* data, size_t size
     const std::vector<double> rope = chunkRopeTable(*p.transform, t0, n);
     parallelUnits(B, [&](int u) {
         const KvKind kind = kKinds[u / L];
-        const std::string w = where + ": " + kindName(kind) + " layer " + std::to_string(u % L);
+        const std::string w = where + ": " + kindName(kind) + (p.transform->settings.layerGroup > 1 ? " layer group " : " layer ") +
+                              std::to_string(u % L);
         decodeBlock(p, kind, u % L, level, t0, n, rawStart + raw * size_t(u), data + escOff[size_t(u)], escN[size_t(u)],
                     data + strOff[size_t(u)], strN[size_t(u)], rope.data(), out, w);
     });

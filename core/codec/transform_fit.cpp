@@ -241,9 +241,12 @@ std::vector<uint16_t> laplaceTable(double variance, double step, int M)
 // READ ME FIRST, 9: the block means of a calibrated model replaced by those of kv's coded tokens
 // (past the sinks; with m's RoPE, which is kv's, undone for keys). Blocks whose cache rows are
 // empty keep the calibrated mean.
-void adaptMeans(TransformModel& m, const KvSet& kv)
+void adaptMeans(TransformModel& m, const KvSet& kvIn)
 {
     const int L = m.numLayers, C = m.channels();
+    KvSet grouped;
+    if (m.settings.layerGroup > 1) grouped = groupLayers(kvIn, m.settings.layerGroup);
+    const KvSet& kv = m.settings.layerGroup > 1 ? grouped : kvIn;
     detail::parallelUnits(2 * L, [&](int u) {
         const KvKind kind = u < L ? KvKind::Key : KvKind::Value;
         size_t n = 0;
@@ -277,9 +280,91 @@ std::vector<float> transformCodeLengths(const std::vector<uint16_t>& freq)
     return bits;
 }
 
-TransformFit fitTransformBlocks(const TransformSettings& s, const std::vector<const KvSet*>& caches)
+namespace {
+
+// rel_l of READ ME FIRST, 10: each layer's scale over the geometric mean of its group's (1 when
+// the list does not list the L layers: empty, or one scale per block).
+std::vector<double> groupRelativeScales(const std::vector<double>& scale, int L, int G)
 {
-    KVSCOPE_ASSERT(!caches.empty());
+    std::vector<double> rel(static_cast<size_t>(L), 1.0);
+    if (int(scale.size()) != L) return rel;
+    for (int j = 0; j < L / G; ++j) {
+        double logMean = 0;
+        for (int g = 0; g < G; ++g) logMean += std::log(scale[size_t(j * G + g)]) / G;
+        for (int g = 0; g < G; ++g) rel[size_t(j * G + g)] = scale[size_t(j * G + g)] / std::exp(logMean);
+    }
+    return rel;
+}
+
+// A level's per-layer scales for the blocks: the list as it is when it has one per block, the
+// geometric mean of each group's when it lists the cache's layers.
+std::vector<double> blockScales(const std::vector<double>& scale, int blocks, int G)
+{
+    if (G == 1 || int(scale.size()) != blocks * G) return scale;
+    std::vector<double> out(static_cast<size_t>(blocks));
+    for (int j = 0; j < blocks; ++j) {
+        double logMean = 0;
+        for (int g = 0; g < G; ++g) logMean += std::log(scale[size_t(j * G + g)]) / G;
+        out[size_t(j)] = std::exp(logMean);
+    }
+    return out;
+}
+
+}  // namespace
+
+KvSet groupLayers(const KvSet& kv, int G, const std::vector<double>& keyScale, const std::vector<double>& valueScale)
+{
+    const KvShape& sh = kv.shape();
+    const int L = sh.numLayers, H = sh.numKvHeads, D = sh.headDim;
+    KVSCOPE_ASSERT(G >= 1 && L % G == 0);
+    KvShape gs = sh;
+    gs.numLayers = L / G;
+    gs.numKvHeads = H * G;
+    KvSet out(gs, kv.dtype());
+    out.modelName = kv.modelName;
+    out.modelFingerprint = kv.modelFingerprint;
+    out.tokens = kv.tokens;
+    out.ropeInvFreq = kv.ropeInvFreq;
+    out.ropePosition0 = kv.ropePosition0;
+    const std::vector<double> keyRel = groupRelativeScales(keyScale, L, G), valueRel = groupRelativeScales(valueScale, L, G);
+    const bool q = int(kv.querySq.size()) == L, w = int(kv.valueWeight.size()) == L, a = int(kv.attnMass.size()) == L;
+    if (q) out.querySq.resize(size_t(gs.numLayers));
+    if (w) out.valueWeight.resize(size_t(gs.numLayers));
+    if (a) out.attnMass.resize(size_t(gs.numLayers));
+    for (int l = 0; l < L; ++l) {
+        const int j = l / G, g = l % G;
+        for (KvKind k : {KvKind::Key, KvKind::Value})  // (H, T, D) of layer l is heads [g H, (g + 1) H) of block j
+            std::memcpy(out.data(k, j) + size_t(g) * kv.tensorBytes(), kv.data(k, l), kv.tensorBytes());
+        if (q)
+            for (float x : kv.querySq[size_t(l)]) out.querySq[size_t(j)].push_back(float(x / keyRel[size_t(l)]));
+        if (w)
+            for (float x : kv.valueWeight[size_t(l)]) out.valueWeight[size_t(j)].push_back(float(x / valueRel[size_t(l)]));
+        if (a) out.attnMass[size_t(j)].insert(out.attnMass[size_t(j)].end(), kv.attnMass[size_t(l)].begin(), kv.attnMass[size_t(l)].end());
+    }
+    (void)D;
+    return out;
+}
+
+TransformFit fitTransformBlocks(const TransformSettings& s, const std::vector<const KvSet*>& cachesIn,
+                                const TransformLevel* shape)
+{
+    KVSCOPE_ASSERT(!cachesIn.empty());
+    // Layer groups (READ ME FIRST, 10): the fit below runs unchanged on the grouped caches.
+    const int G = s.layerGroup, Lc = cachesIn.front()->shape().numLayers;
+    if (G < 1 || Lc % G != 0)
+        throw Error("transform: layer_group " + std::to_string(G) + " does not divide the " + std::to_string(Lc) + " layers");
+    std::vector<KvSet> grouped;
+    std::vector<const KvSet*> caches = cachesIn;
+    if (G > 1) {
+        for (size_t i = 0; i < cachesIn.size(); ++i)
+            if (cachesIn[i]->shape().numLayers != Lc)
+                throw Error("calibration cache " + std::to_string(i + 1) + ": shape differs from the first cache");
+        grouped.reserve(cachesIn.size());
+        for (const KvSet* kv : cachesIn)
+            grouped.push_back(groupLayers(*kv, G, shape ? shape->keyLayerScale : std::vector<double>{},
+                                          shape ? shape->valueLayerScale : std::vector<double>{}));
+        for (size_t i = 0; i < grouped.size(); ++i) caches[i] = &grouped[i];
+    }
     const KvShape& sh = caches.front()->shape();
     const int L = sh.numLayers, H = sh.numKvHeads, D = sh.headDim, C = H * D;
     for (size_t i = 0; i < caches.size(); ++i) {
@@ -343,11 +428,14 @@ TransformFit fitTransformBlocks(const TransformSettings& s, const std::vector<co
     return fit;
 }
 
-std::vector<TransformLevelBlock> fitTransformLevel(const TransformFit& fit, const TransformLevel& lev)
+std::vector<TransformLevelBlock> fitTransformLevel(const TransformFit& fit, const TransformLevel& levIn)
 {
     const TransformModel& m = fit.model;
     const TransformSettings& s = m.settings;
     const int L = m.numLayers, C = m.channels();
+    TransformLevel lev = levIn;  // with layer groups, one scale per block (READ ME FIRST, 10)
+    lev.keyLayerScale = blockScales(levIn.keyLayerScale, L, s.layerGroup);
+    lev.valueLayerScale = blockScales(levIn.valueLayerScale, L, s.layerGroup);
     const std::vector<std::vector<float>>& rows = fit.rows;
     const std::vector<size_t>& counts = fit.counts;
     for (const std::vector<double>* sc : {&lev.keyLayerScale, &lev.valueLayerScale})
@@ -402,7 +490,7 @@ TransformModel fitTransform(const TransformSettings& s, const std::vector<Transf
                             const std::vector<const KvSet*>& caches)
 {
     if (levels.empty() || levels.size() > 64) throw Error("transform: need 1 to 64 levels");
-    TransformFit fit = fitTransformBlocks(s, caches);
+    TransformFit fit = fitTransformBlocks(s, caches, &levels.front());
     for (const TransformLevel& lev : levels) {
         std::vector<TransformLevelBlock> lbs = fitTransformLevel(fit, lev);
         fit.model.keyTheta.push_back(lev.keyTheta);

@@ -143,12 +143,16 @@ TransformModel parseTransformModel(const uint8_t* data, size_t size, const KvSha
             throw Error(where + ": importance_quantile or importance_power out of range");
     }
     const uint32_t L = r.u32("num_layers"), H = r.u32("heads"), D = r.u32("head_dim"), levels = r.u32("num_levels");
-    if (int(L) != shape.numLayers || int(H) != shape.numKvHeads || int(D) != shape.headDim)
+    // Layer groups (transform.h, READ ME FIRST 10): G = the cache's layers over the model's, each
+    // block holding the heads of its G layers.
+    const uint32_t G = L > 0 && shape.numLayers > 0 && uint32_t(shape.numLayers) % L == 0 ? uint32_t(shape.numLayers) / L : 0;
+    if (G < 1 || G > 64 || uint64_t(H) != uint64_t(G) * uint64_t(shape.numKvHeads) || int(D) != shape.headDim)
         throw Error(where + ": the model is for " + std::to_string(L) + " layers x " + std::to_string(H) + " heads x " +
                     std::to_string(D) + ", the cache has " + std::to_string(shape.numLayers) + " x " +
                     std::to_string(shape.numKvHeads) + " x " + std::to_string(shape.headDim));
     if (levels < 1 || levels > 64) throw Error(where + ": num_levels " + std::to_string(levels) + " is outside 1..64");
     m.numLayers = int(L), m.heads = int(H), m.headDim = int(D);
+    s.layerGroup = int(G);
     const size_t C = size_t(H) * D;
     const uint32_t ropeN = r.u32("rope table size");
     if (ropeN != 0 && ropeN != D / 2) throw Error(where + ": rope table of " + std::to_string(ropeN) + " entries for head_dim " + std::to_string(D));

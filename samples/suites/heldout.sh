@@ -15,7 +15,10 @@
 #               TRANSFORM_HI_LEVELS (default 4,5) of the ladder into <genre>.transform_hi.json
 #               (heldout_table.py merges them with the transform rows); ROWS=transform_nomean
 #               measures TRANSFORM_NOMEAN_LEVELS (default 4,5) of the calibrated ladder with its
-#               per-cache means off ("adapt_mean": false, how the ladder shipped before)
+#               per-cache means off ("adapt_mean": false, how the ladder shipped before);
+#               ROWS=transform_grouped measures TRANSFORM_GROUPED_LEVELS (default 2,3,4,5) of the
+#               calibrated profile TRANSFORM_GROUPED_PROFILE (the ladder with "layer_group" set,
+#               calibrated by `kvscope-cli calibrate --codec transform`, see docs/transform.md)
 # Runs can go side by side (two shells, different ROWS or GENRES): a row being measured is
 # locked (<row>.json.lock) and the other shell skips it.
 #
@@ -61,6 +64,10 @@ for g in $GENRES; do
             "$CLI" $E --codec transform --profile "$f.profile" --baselines none \
                 --levels "${TRANSFORM_NOMEAN_LEVELS:-4,5}" > "$f.tmp"
             rm -f "$f.profile" ;;
+        transform_grouped)
+            [ -s "${TRANSFORM_GROUPED_PROFILE:-}" ] || { echo "heldout: set TRANSFORM_GROUPED_PROFILE to a calibrated profile" >&2; exit 2; }
+            "$CLI" $E --codec transform --profile "$TRANSFORM_GROUPED_PROFILE" --baselines none \
+                --levels "${TRANSFORM_GROUPED_LEVELS:-2,3,4,5}" > "$f.tmp" ;;
         cachegen)  "$CLI" $E --codec cachegen --baselines none --levels "${CACHEGEN_LEVELS:-all}" > "$f.tmp" ;;
         tuned)     "$CLI" $E --codec cachegen --profile samples/profiles/smollm2-135m-instruct.json --baselines none \
                        --levels "${TUNED_LEVELS:-all}" > "$f.tmp" ;;

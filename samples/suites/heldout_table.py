@@ -29,8 +29,10 @@ import sys
 # transform_nomean(_hi): the same ladder with adapt_mean off (what it shipped as before).
 # transform_uniform(_hi): the ladder before its per-layer shape (every layer of a kind at the same
 # water level), kept as the comparison the layer shape is judged against.
+# transform_grouped: a calibrated profile of the ladder with "layer_group" set (one PCA across
+# adjacent layers), run with TRANSFORM_GROUPED_PROFILE.
 FAMILIES = ["baselines", "cachegen", "tuned", "transform", "transform_hi", "transform_nomean", "transform_nomean_hi",
-            "transform_uniform", "transform_uniform_hi"]
+            "transform_uniform", "transform_uniform_hi", "transform_grouped"]
 # Rows of one family that continue another (more levels of the same ladder).
 SAME_AS = {"transform_hi": "transform", "transform_nomean_hi": "transform_nomean",
            "transform_uniform_hi": "transform_uniform"}
@@ -52,6 +54,8 @@ def row_key(family, r):
         return ("transform, uniform layers", r["level"])
     if SAME_AS.get(family, family) == "transform_nomean":
         return ("transform, no per-cache means", r["level"])
+    if family == "transform_grouped":
+        return ("transform, layer groups", r["level"])
     return (r["codec"], r["level"])
 
 
