@@ -413,6 +413,9 @@ private slots:
         const std::string ppath = (dir.path() + "/p.json").toStdString();
         saveProfile(p3.profile, ppath);
         QCOMPARE(loadProfile(ppath).transform.layerGroup, 3);
+        CodecProfile bad = p3.profile;
+        bad.transform.layerGroup = 0;
+        kvscope_test::expectError("p.json", [&] { validateProfile(bad, "p.json"); }, "transform.layer_group");
         TransformSettings two;
         two.layerGroup = 2;
         try {

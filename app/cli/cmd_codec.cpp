@@ -230,9 +230,15 @@ std::vector<double> parseThetas(const std::string& s, const char* opt)
 // calibrate --codec transform: fits the transform model for the profile's switches and levels
 // (or --thetas) and stores it in the profile.
 void calibrateTransformCommand(CodecProfile pr, const std::vector<const KvSet*>& caches, const std::string& thetas,
-                               const std::string& valueThetas, const std::string& path, Output& out)
+                               const std::string& valueThetas, int layerGroup, const std::string& path, Output& out)
 {
     const double t0 = nowSeconds();
+    if (layerGroup > 0) {
+        const int L = caches.front()->shape().numLayers;
+        if (layerGroup > 64 || L % layerGroup != 0)
+            throw Error("--layer-group: " + std::to_string(layerGroup) + " does not divide the " + std::to_string(L) + " layers (1..64)");
+        pr.transform.layerGroup = layerGroup;
+    }
     if (!thetas.empty()) {
         const std::vector<double> k = parseThetas(thetas, "--thetas");
         const std::vector<double> v = valueThetas.empty() ? k : parseThetas(valueThetas, "--value-thetas");
@@ -268,7 +274,8 @@ void calibrateTransformCommand(CodecProfile pr, const std::vector<const KvSet*>&
                           {"key_coded_fraction", coded[0] / all}, {"value_coded_fraction", coded[1] / all}});
     }
     out.emit({{"file", path}, {"codec", "transform"}, {"caches", caches.size()}, {"model_bytes", pr.transformModel.size()},
-              {"basis", basisName(m.settings.basis)}, {"levels", levels}, {"seconds", nowSeconds() - t0}},
+              {"basis", basisName(m.settings.basis)}, {"layer_group", m.settings.layerGroup}, {"levels", levels},
+              {"seconds", nowSeconds() - t0}},
              [](const json& r) {
                  std::printf("wrote %s: transform model of %llu bytes (%s) from %d caches\n", r["file"].get<std::string>().c_str(),
                              (unsigned long long)r["model_bytes"].get<uint64_t>(), r["basis"].get<std::string>().c_str(),
@@ -288,6 +295,7 @@ void addCalibrateCommand(CLI::App& app, Output& out)
     struct Opts {
         std::vector<std::string> inputs;
         std::string out, thetas, valueThetas;
+        int layerGroup = 0;
         ProfileOptions profile;
     };
     auto o = std::make_shared<Opts>();
@@ -298,6 +306,8 @@ void addCalibrateCommand(CLI::App& app, Output& out)
     sub->add_option("--thetas", o->thetas,
                     "transform: relative water levels t, one level each, coarsest first (default 0.1,0.05,0.025,0.012,0.006)");
     sub->add_option("--value-thetas", o->valueThetas, "transform: t for values per level (default: --thetas)");
+    sub->add_option("--layer-group", o->layerGroup,
+                    "transform: layers per block, one PCA across G adjacent layers (default: the profile's layer_group, 1)");
     setExample(sub, "kvscope-cli calibrate --codec transform a.h5 b.h5 --out tp.json --thetas 0.03,0.01");
     sub->callback([o, &out] {
         if (o->profile.codec != "cachegen" && o->profile.codec != "transform")
@@ -316,7 +326,7 @@ void addCalibrateCommand(CLI::App& app, Output& out)
         for (const KvSet& kv : caches) ptrs.push_back(&kv);
         if (o->profile.codec == "transform") {
             calibrateTransformCommand(*o->profile.loadedProfile(caches.front()), ptrs, o->thetas, o->valueThetas,
-                                      o->out, out);
+                                      o->layerGroup, o->out, out);
             return;
         }
         ProfileOptions po = o->profile;
