@@ -364,10 +364,12 @@ private slots:
     // READ ME FIRST, 10: layers 1 and 2 repeat layer 0 (scaled) plus noise, so one PCA across the
     // three codes their shared part once: fewer bytes at no more error than a PCA per layer, and
     // every path (in-memory trial, container, token importance, per-cache means) decodes the same.
+    // The grouped block has 3 x 2 x 64 = 384 channels, so its fit takes the BLAS and LAPACK path
+    // (linalg.h kBlasOrder) and the per-layer one (128) the loops and Jacobi.
     void layerGroups()
     {
         auto correlated = [](uint64_t seed) {
-            KvSet kv = syntheticCache(seed, 300, DType::F32);
+            KvSet kv = syntheticCache(seed, 300, DType::F32, 2, 64);
             std::mt19937 rng(static_cast<uint32_t>(seed));
             std::normal_distribution<float> g(0.0f, 1.0f);
             const KvShape& sh = kv.shape();
@@ -430,7 +432,7 @@ private slots:
             parseTransformModel(p3.profile.transformModel.data(), p3.profile.transformModel.size(), six, "m");
             QFAIL("a 1 x 3-layer model was accepted for 6 layers");
         } catch (const Error& e) {
-            QVERIFY2(std::string(e.what()).find("m: the model is for 1 layers x 6 heads") == 0, e.what());
+            QVERIFY2(std::string(e.what()).find("m: the model is for 1 layers x 6 heads x 64") == 0, e.what());
         }
     }
 
@@ -474,6 +476,7 @@ private slots:
         QTest::newRow("8") << 8;
         QTest::newRow("64") << 64;
         QTest::newRow("192") << 192;
+        QTest::newRow("320 (LAPACK)") << 320;  // linalg.h kBlasOrder and beyond
     }
     void eigenOrthonormal()
     {

@@ -19,12 +19,21 @@ namespace {
 // faster than the cyclic Jacobi below, whose O(n^3) per sweep runs down columns. Smaller blocks
 // (every per-layer block of the models shipped here) keep Jacobi, which is accurate to the last
 // bits on small eigenvalues and keeps their fits byte for byte what they were.
-constexpr int kLapackOrder = 256;
+constexpr int kLapackOrder = detail::kBlasOrder;
 
 // LAPACK's dsyevd (liblapack3, the Fortran interface): eigenvalues ascending in w and, column-
 // major, the eigenvectors as the columns of a, which row-major are its rows.
 extern "C" void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda, double* w,
                         double* work, const int* lwork, int* iwork, const int* liwork, int* info);
+// BLAS (libblas3 or the BLAS that LAPACK brings, the Fortran interface), column-major.
+extern "C" void dgemm_(const char* ta, const char* tb, const int* m, const int* n, const int* k, const double* alpha,
+                       const double* a, const int* lda, const double* b, const int* ldb, const double* beta, double* c,
+                       const int* ldc);
+extern "C" void sgemm_(const char* ta, const char* tb, const int* m, const int* n, const int* k, const float* alpha,
+                       const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
+                       const int* ldc);
+extern "C" void dsyrk_(const char* uplo, const char* trans, const int* n, const int* k, const double* alpha, const double* a,
+                       const int* lda, const double* beta, double* c, const int* ldc);
 
 void lapackEigen(const std::vector<double>& a, int n, std::vector<double>& values, std::vector<double>& vectors)
 {
@@ -182,8 +191,38 @@ void sqrtPair(const std::vector<double>& m, int n, std::vector<double>& root, st
     }
 }
 
+// Row-major c = a op(b) is column-major c^T = op(b)^T a^T: b's memory as the first operand
+// (transposed when op(b) = b^T), a's as the second.
+void gemm(bool transB, int m, int n, int k, const double* a, const double* b, double* c)
+{
+    const double one = 1.0, zero = 0.0;
+    const int ldb = transB ? k : n;
+    dgemm_(transB ? "T" : "N", "N", &n, &m, &k, &one, b, &ldb, a, &k, &zero, c, &n);
+}
+
+void gemm(bool transB, int m, int n, int k, const float* a, const float* b, float* c)
+{
+    const float one = 1.0f, zero = 0.0f;
+    const int ldb = transB ? k : n;
+    sgemm_(transB ? "T" : "N", "N", &n, &m, &k, &one, b, &ldb, a, &k, &zero, c, &n);
+}
+
+// x row-major (rows x n) is column-major X (n x rows); X X^T = x^T x.
+void gram(int rows, int n, double alpha, const double* x, double* c)
+{
+    const double zero = 0.0;
+    dsyrk_("U", "N", &n, &rows, &alpha, x, &n, &zero, c, &n);
+    for (int i = 0; i < n; ++i)  // column-major upper = row-major lower: mirror it up
+        for (int j = i + 1; j < n; ++j) c[size_t(i) * n + j] = c[size_t(j) * n + i];
+}
+
 std::vector<double> matmul(const std::vector<double>& a, const std::vector<double>& b, int n)
 {
+    if (n >= kBlasOrder) {
+        std::vector<double> c(size_t(n) * n);
+        gemm(false, n, n, n, a.data(), b.data(), c.data());
+        return c;
+    }
     std::vector<double> c(size_t(n) * n, 0.0);
     for (int i = 0; i < n; ++i)
         for (int k = 0; k < n; ++k) {

@@ -23,5 +23,15 @@ void sqrtPair(const std::vector<double>& m, int n, std::vector<double>& root, st
 // a b (n x n each).
 std::vector<double> matmul(const std::vector<double>& a, const std::vector<double>& b, int n);
 
+// Orders from which the fit hands its dense products and its eigendecomposition to BLAS and
+// LAPACK (linalg.cpp): the large blocks of layer groups and 7B-wide layers. Smaller blocks keep
+// the loops here, so their fits stay byte for byte what they were.
+constexpr int kBlasOrder = 256;
+// Row-major c (m x n) = a (m x k) b (k x n), or a b^T with b (n x k) when transB: BLAS dgemm/sgemm.
+void gemm(bool transB, int m, int n, int k, const double* a, const double* b, double* c);
+void gemm(bool transB, int m, int n, int k, const float* a, const float* b, float* c);
+// Row-major c (n x n) = alpha x^T x for x (rows x n), both triangles filled: BLAS dsyrk.
+void gram(int rows, int n, double alpha, const double* x, double* c);
+
 }  // namespace detail
 }  // namespace kvscope

@@ -116,21 +116,29 @@ TransformBlock fitBlock(const TransformSettings& s, const std::vector<const KvSe
     const KvShape& sh = caches.front()->shape();
     const int H = sh.numKvHeads, D = sh.headDim, C = H * D;
     const std::vector<double> mean = rowMeans(rows, n, C);
+    const bool blas = C >= detail::kBlasOrder;  // large blocks: the products below go to BLAS (linalg.h)
     std::vector<double> cov(size_t(C) * C, 0.0);
-    std::vector<double> d(static_cast<size_t>(C));
-    for (size_t r = 0; r < n; ++r) {
-        for (int c = 0; c < C; ++c) d[size_t(c)] = rows[r * C + size_t(c)] - mean[size_t(c)];
-        for (int i = 0; i < C; ++i) {
-            const double x = d[size_t(i)];
-            double* row = &cov[size_t(i) * C];
-            for (int j = i; j < C; ++j) row[j] += x * d[size_t(j)];
+    if (blas) {
+        std::vector<double> centred(n * size_t(C));
+        for (size_t r = 0; r < n; ++r)
+            for (int c = 0; c < C; ++c) centred[r * C + size_t(c)] = rows[r * C + size_t(c)] - mean[size_t(c)];
+        detail::gram(int(n), C, 1.0 / double(std::max<size_t>(n, 1)), centred.data(), cov.data());
+    } else {
+        std::vector<double> d(static_cast<size_t>(C));
+        for (size_t r = 0; r < n; ++r) {
+            for (int c = 0; c < C; ++c) d[size_t(c)] = rows[r * C + size_t(c)] - mean[size_t(c)];
+            for (int i = 0; i < C; ++i) {
+                const double x = d[size_t(i)];
+                double* row = &cov[size_t(i) * C];
+                for (int j = i; j < C; ++j) row[j] += x * d[size_t(j)];
+            }
         }
+        for (int i = 0; i < C; ++i)
+            for (int j = i; j < C; ++j) {
+                cov[size_t(i) * C + j] /= double(std::max<size_t>(n, 1));
+                cov[size_t(j) * C + i] = cov[size_t(i) * C + j];
+            }
     }
-    for (int i = 0; i < C; ++i)
-        for (int j = i; j < C; ++j) {
-            cov[size_t(i) * C + j] /= double(std::max<size_t>(n, 1));
-            cov[size_t(j) * C + i] = cov[size_t(i) * C + j];
-        }
     std::vector<double> root, invRoot;
     weightRoots(s, caches, kind, layer, root, invRoot);
     const std::vector<double> wcov = matmul(matmul(root, cov, C), root, C);  // W^1/2 S W^1/2
@@ -160,25 +168,41 @@ TransformBlock fitBlock(const TransformSettings& s, const std::vector<const KvSe
     TransformBlock b;
     b.mean.assign(mean.begin(), mean.end());
     b.variance.resize(size_t(C));
-    for (int j = 0; j < C; ++j) {  // lambda_j = b_j^T S' b_j
-        double v = 0;
-        const double* bj = &basis[size_t(j) * C];
-        for (int i = 0; i < C; ++i) {
-            if (bj[i] == 0) continue;
-            double t = 0;
-            for (int k = 0; k < C; ++k) t += wcov[size_t(i) * C + k] * bj[k];
-            v += bj[i] * t;
+    if (blas) {  // lambda_j = b_j^T S' b_j: the rows of B S' dotted with those of B
+        std::vector<double> bs(size_t(C) * C);
+        detail::gemm(false, C, C, C, basis.data(), wcov.data(), bs.data());
+        for (int j = 0; j < C; ++j) {
+            double v = 0;
+            for (int i = 0; i < C; ++i) v += bs[size_t(j) * C + i] * basis[size_t(j) * C + i];
+            b.variance[size_t(j)] = float(std::max(0.0, v));
         }
-        b.variance[size_t(j)] = float(std::max(0.0, v));
+    } else {
+        for (int j = 0; j < C; ++j) {  // lambda_j = b_j^T S' b_j
+            double v = 0;
+            const double* bj = &basis[size_t(j) * C];
+            for (int i = 0; i < C; ++i) {
+                if (bj[i] == 0) continue;
+                double t = 0;
+                for (int k = 0; k < C; ++k) t += wcov[size_t(i) * C + k] * bj[k];
+                v += bj[i] * t;
+            }
+            b.variance[size_t(j)] = float(std::max(0.0, v));
+        }
     }
     // A = W^{-1/2} B^T, rounded to fp16 as stored.
     b.decode.assign(size_t(C) * C, 0.0f);
-    for (int i = 0; i < C; ++i)
-        for (int j = 0; j < C; ++j) {
-            double a = 0;
-            for (int k = 0; k < C; ++k) a += invRoot[size_t(i) * C + k] * basis[size_t(j) * C + k];
-            b.decode[size_t(i) * C + j] = halfToFloat(floatToHalf(float(a)));
-        }
+    if (blas) {
+        std::vector<double> a(size_t(C) * C);
+        detail::gemm(true, C, C, C, invRoot.data(), basis.data(), a.data());
+        for (size_t i = 0; i < a.size(); ++i) b.decode[i] = halfToFloat(floatToHalf(float(a[i])));
+    } else {
+        for (int i = 0; i < C; ++i)
+            for (int j = 0; j < C; ++j) {
+                double a = 0;
+                for (int k = 0; k < C; ++k) a += invRoot[size_t(i) * C + k] * basis[size_t(j) * C + k];
+                b.decode[size_t(i) * C + j] = halfToFloat(floatToHalf(float(a)));
+            }
+    }
     prepareDecodeColumns(b);
     return b;
 }
@@ -412,6 +436,13 @@ TransformFit fitTransformBlocks(const TransformSettings& s, const std::vector<co
         std::vector<float>& r = rows[size_t(u)];
         const std::vector<float>& e = m.blocks[size_t(u)].encode;
         std::vector<float> x(static_cast<size_t>(C));
+        if (C >= detail::kBlasOrder) {  // z = (x - mean) E^T over all rows at once
+            std::vector<float> centred(r.size());
+            for (size_t t = 0; t < counts[size_t(u)]; ++t)
+                for (int c = 0; c < C; ++c) centred[t * C + size_t(c)] = r[t * C + size_t(c)] - b.mean[size_t(c)];
+            if (counts[size_t(u)] > 0) detail::gemm(true, int(counts[size_t(u)]), C, C, centred.data(), e.data(), r.data());
+            return;
+        }
         for (size_t t = 0; t < counts[size_t(u)]; ++t) {
             float* row = &r[t * C];
             for (int c = 0; c < C; ++c) x[size_t(c)] = row[c] - b.mean[size_t(c)];
