@@ -99,6 +99,19 @@ py::array tensorArray(const std::shared_ptr<KvSet>& kv, KvKind kind, int layer, 
     return py::array(dt, shape, strides, data, py::cast(kv));
 }
 
+// One layer's attention statistics (KvSet::querySq, valueWeight, attnMass) as a float32 array of
+// `shape`, or None when the cache has none for that layer.
+py::object statArray(const KvSet& kv, const std::vector<std::vector<float>>& stat, int layer, std::vector<py::ssize_t> shape)
+{
+    checkLayer(kv, layer);
+    if (size_t(layer) >= stat.size() || stat[size_t(layer)].empty()) return py::none();
+    const std::vector<float>& v = stat[size_t(layer)];
+    py::array_t<float> out(shape);
+    if (size_t(out.size()) != v.size()) throw Error("layer " + std::to_string(layer) + ": statistics of an unexpected size");
+    std::memcpy(out.mutable_data(), v.data(), v.size() * sizeof(float));
+    return std::move(out);
+}
+
 DType dtypeArg(const std::string& s)
 {
     DType t;
@@ -366,6 +379,29 @@ PYBIND11_MODULE(_kvscope, m)
         .def_readwrite("context", &KvSet::context)
         .def_readwrite("model_name", &KvSet::modelName)
         .def_readwrite("model_fingerprint", &KvSet::modelFingerprint)
+        .def("query_sq", [](const KvSet& kv, int layer) {
+            const KvShape& s = kv.shape();
+            return statArray(kv, kv.querySq, layer, {s.numKvHeads, s.headDim});
+        }, py::arg("layer"),
+           "(kv_heads, head_dim) float32 copy: mean over the prefill's queries of the squared query, summed over each "
+           "KV head's query heads (what the transform codec weights key errors by); None when not captured.")
+        .def("value_weight", [](const KvSet& kv, int layer) {
+            const KvShape& s = kv.shape();
+            return statArray(kv, kv.valueWeight, layer, {s.numKvHeads, s.headDim, s.headDim});
+        }, py::arg("layer"), "(kv_heads, head_dim, head_dim) float32 copy: sum of W_o^T W_o over each KV head's query heads; None when not captured.")
+        .def("attn_mass", [](const KvSet& kv, int layer) {
+            const KvShape& s = kv.shape();
+            return statArray(kv, kv.attnMass, layer, {s.numKvHeads, s.numTokens});
+        }, py::arg("layer"),
+           "(kv_heads, tokens) float32 copy: the mean attention probability each token received during the prefill "
+           "(capture with attn_mass); None when not captured.")
+        .def_property_readonly("rope_inv_freq", [](const KvSet& kv) -> py::object {
+            if (kv.ropeInvFreq.empty()) return py::none();
+            py::array_t<float> out(py::ssize_t(kv.ropeInvFreq.size()));
+            std::memcpy(out.mutable_data(), kv.ropeInvFreq.data(), kv.ropeInvFreq.size() * sizeof(float));
+            return std::move(out);
+        }, "(head_dim / 2) float32: the RoPE the keys carry (None when unknown)")
+        .def_property_readonly("rope_position0", [](const KvSet& kv) { return kv.ropePosition0; })
         .def("same_bytes", [](const KvSet& a, const KvSet& b) { return kvscope::sameBytes(a, b); }, py::arg("other"),
              "True when both have the same shape, dtype and stored bytes (metadata is not compared).")
         .def("__repr__", [](const KvSet& kv) {

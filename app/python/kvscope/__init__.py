@@ -9,9 +9,18 @@ The same core as ``kvscope-cli`` (no second implementation)::
     kv2 = kvscope.decode(data, level=1)       # as `kvscope-cli decode X.kvc --level 1`
     print(kvscope.compare(kv, kv2)["max_abs_error"])
 
+The model runtime (libtorch) is a second native module, loaded when ``kvscope.Model`` or
+``kvscope.eval_suite`` is first used, so ``import kvscope`` and the codec load no torch::
+
+    model = kvscope.Model()                   # the embedded default, as kvscope-cli resolves --model
+    kv = model.capture(text)                  # the cache of `kvscope-cli capture`
+    print(model.generate("Who is it about?", kv=kvscope.decode(kvscope.encode(kv))))
+
 ``kvscope.hf`` (imported on demand: it needs torch and transformers) holds a Hugging Face cache
 that keeps the prefix compressed. See docs/python.md.
 """
+
+from typing import TYPE_CHECKING
 
 from ._kvscope import (
     KV,
@@ -38,3 +47,21 @@ __all__ = [
     "stats",
     "synthetic",
 ]
+
+# The runtime part (kvscope._kvscope_runtime: libtorch), imported on first use (PEP 562). Not in
+# __all__, so that `from kvscope import *` stays free of torch too.
+_RUNTIME = ("Model", "eval_suite")
+if TYPE_CHECKING:
+    from ._kvscope_runtime import Model, eval_suite  # noqa: F401
+
+
+def __getattr__(name):
+    if name in _RUNTIME:
+        from . import _kvscope_runtime
+
+        return getattr(_kvscope_runtime, name)
+    raise AttributeError(f"module 'kvscope' has no attribute '{name}'")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_RUNTIME))
