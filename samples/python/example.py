@@ -68,9 +68,9 @@ def main():
     if model is not None:
         # The question after the cached context, as `kvscope-cli generate --kv` asks it.
         print(f"Q: {args.question}")
-        print(f"  original: {model.generate(args.question, kv=kv, max_new_tokens=24)!r}")
+        print(f"  original: {model.generate(args.question, kv=kv, max_new_tokens=16)!r}")
         for level in range(1, c.num_levels + 1):
-            answer = model.generate(args.question, kv=kvscope.decode(data, level=level), max_new_tokens=24)
+            answer = model.generate(args.question, kv=kvscope.decode(data, level=level), max_new_tokens=16)
             print(f"  level {level}:  {answer!r}")
 
     if args.plot:
