@@ -272,42 +272,28 @@ py::dict levelDict(const kvscope::CodecLevel& l)
     return d;
 }
 
-// kvscope.encode's bytes, written by the container writer straight into the bytes object: it is
-// allocated at the cache's size and an eighth (address space; pages are touched as they are
-// written) and shrunk to the container's size (realloc, which moves no data for large blocks). A
-// container that outgrows it (tiny caches, whose in-band tables outweigh the values) continues in
-// a vector, copied into a new bytes object once.
+// kvscope.encode's bytes: the container writer fills a buffer kept between calls (one per thread,
+// since the GIL is released meanwhile), copied once into the bytes object. Writing straight into
+// a new bytes object of the cache's size costs more: every page of that fresh mapping faults in
+// as it is written (docs/python.md, "Overhead"), while the kept buffer's pages are already there
+// and the copy lands in memory the allocator reuses. A buffer over kKeepBytes is let go after
+// the call, so a huge container leaves no huge buffer behind.
 py::bytes encodeToPyBytes(const KvSet& kv, const kvscope::python::EncodeOptions& o)
 {
-    const size_t raw = kv.tensorBytes() * 2 * size_t(kv.shape().numLayers);
-    const size_t cap = raw + raw / 8 + 256;
-    PyObject* obj = PyBytes_FromStringAndSize(nullptr, py::ssize_t(cap));
-    if (!obj) throw py::error_already_set();
-    py::object holder = py::reinterpret_steal<py::object>(obj);
-    char* buf = PyBytes_AS_STRING(obj);
-    std::vector<uint8_t> spill;  // used once the container outgrows cap
-    bool spilled = false;
+    constexpr size_t kKeepBytes = size_t(256) << 20;
+    thread_local std::vector<uint8_t> buf;
     uint64_t size = 0;
     const kvscope::KvcPut put = [&](const void* data, size_t n, uint64_t offset) {
-        if (!spilled && offset + n <= cap) {
-            std::memcpy(buf + offset, data, n);
-            return;
-        }
-        if (!spilled) {
-            spill.assign(buf, buf + std::min<uint64_t>(offset, cap));
-            spilled = true;
-        }
-        if (spill.size() < offset + n) spill.resize(size_t(offset + n));
-        std::memcpy(spill.data() + offset, data, n);
+        if (buf.size() < offset + n) buf.resize(std::max<size_t>(size_t(offset + n), buf.size() + buf.size() / 2));
+        std::memcpy(buf.data() + offset, data, n);
     };
     {
         py::gil_scoped_release nogil;
         size = kvscope::python::encodeTo(kv, o, put);
     }
-    if (spilled) return py::bytes(reinterpret_cast<const char*>(spill.data()), size_t(size));
-    obj = holder.release().ptr();
-    if (_PyBytes_Resize(&obj, py::ssize_t(size)) != 0) throw py::error_already_set();  // frees obj on failure
-    return py::reinterpret_steal<py::bytes>(obj);
+    py::bytes out(reinterpret_cast<const char*>(buf.data()), size_t(size));
+    if (buf.size() > kKeepBytes) std::vector<uint8_t>().swap(buf);
+    return out;
 }
 
 // A loaded profile file: read-only, so that encode(profile=...) can hand its path to the CLI's
