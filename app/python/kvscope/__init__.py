@@ -20,8 +20,6 @@ The model runtime (libtorch) is a second native module, loaded when ``kvscope.Mo
 that keeps the prefix compressed. See docs/python.md.
 """
 
-from typing import TYPE_CHECKING
-
 from ._kvscope import (
     KV,
     Container,
@@ -51,14 +49,21 @@ __all__ = [
 # The runtime part (kvscope._kvscope_runtime: libtorch), imported on first use (PEP 562). Not in
 # __all__, so that `from kvscope import *` stays free of torch too.
 _RUNTIME = ("Model", "eval_suite")
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~30 ms); checkers know the name
 if TYPE_CHECKING:
     from ._kvscope_runtime import Model, eval_suite  # noqa: F401
 
 
 def __getattr__(name):
     if name in _RUNTIME:
-        from . import _kvscope_runtime
-
+        try:
+            from . import _kvscope_runtime
+        except ImportError as e:
+            raise ImportError(
+                f"kvscope.{name} needs the runtime module kvscope._kvscope_runtime (libtorch), which this install "
+                "lacks: build it with the CMake build (KVSCOPE_PYTHON_RUNTIME=ON, the default) or "
+                "pip install . -Ccmake.define.KVSCOPE_PYTHON_RUNTIME=ON"
+            ) from e
         return getattr(_kvscope_runtime, name)
     raise AttributeError(f"module 'kvscope' has no attribute '{name}'")
 
