@@ -62,7 +62,7 @@ def __getattr__(name):
             raise ImportError(
                 f"kvscope.{name} needs the runtime module kvscope._kvscope_runtime (libtorch), which this install "
                 "lacks: build it with the CMake build (KVSCOPE_PYTHON_RUNTIME=ON, the default) or "
-                "pip install . -Ccmake.define.KVSCOPE_PYTHON_RUNTIME=ON"
+                "pip install . --config-settings=cmake.define.KVSCOPE_PYTHON_RUNTIME=ON"
             ) from e
         return getattr(_kvscope_runtime, name)
     raise AttributeError(f"module 'kvscope' has no attribute '{name}'")
