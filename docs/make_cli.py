@@ -53,8 +53,8 @@ One grammar for every command (defined once, in `app/cli/cli_grammar.h`):
     kvscope-cli COMMAND [INPUT...] [OPTIONS]
 
 - **Inputs are positional**: the KV file of `stats`, `encode` and `bench codec` (and the optional
-  original KV of `stream`), the KV files of `calibrate`, the container of `decode`, `verify` and
-  `push`, the model of `info` (or `--model`).
+  original KV of `stream` and cached context of `generate`), the KV files of `calibrate`, the
+  container of `decode`, `verify` and `push`, the model of `info` (or `--model`).
 - **Options come in one group per noun**, each added by one helper, so a spelling means the same
   wherever it appears; `--help` shows each group under its heading:
   - *Model* (every command that loads a model): `--model`, `--tokenizer`, `--threads`,

@@ -1,6 +1,7 @@
 // `info`, `tokenize`, `generate` and `capture`: the model runtime from the command line.
 #include "cli_common.h"
 #include "cli_grammar.h"
+#include "cli_model.h"
 
 #include "eval/samples.h"
 
@@ -23,6 +24,80 @@ json idsJson(const std::vector<int32_t>& ids) { return json(ids); }
 
 }  // namespace
 
+json modelInfoJson(const Model& m)
+{
+    const LlamaSpec& s = m.spec();
+    const ModelConfig& c = s.config;
+    const int64_t kvBytesPerToken = 2LL * c.numLayers * c.numKvHeads * c.headDim * 2;
+    return {
+        {"path", m.path()},
+        {"name", s.name},
+        {"format", s.format},
+        {"architecture", c.architecture},
+        {"model_type", c.modelType},
+        {"num_layers", c.numLayers},
+        {"hidden_size", c.hiddenSize},
+        {"intermediate_size", c.intermediateSize},
+        {"num_heads", c.numHeads},
+        {"num_kv_heads", c.numKvHeads},
+        {"head_dim", c.headDim},
+        {"vocab_size", c.vocabSize},
+        {"max_position_embeddings", c.maxPositionEmbeddings},
+        {"rope_theta", c.ropeTheta},
+        {"rope_scaling", c.rope.type.empty() ? "none" : c.rope.type},
+        {"rms_norm_eps", c.rmsNormEps},
+        {"sliding_window", c.slidingWindow},
+        {"tied_embeddings", s.tiedEmbeddings},
+        {"qkv_bias", s.qkvBias},
+        {"parameters", s.parameters},
+        {"weight_types", s.weightTypes},
+        {"fingerprint", m.runtime().fingerprint()},
+        {"tokenizer", m.tokenizer().description()},
+        {"bos_id", m.tokenizer().bosId()},
+        {"eos_id", m.tokenizer().eosId()},
+        {"chat", m.isChat()},
+        {"kv_bytes_per_token_fp16", kvBytesPerToken},
+        {"runtime", m.runtime().describe()},
+        {"load_s", m.loadSeconds()},
+    };
+}
+
+KvSet captureContext(const Model& m, const std::string& text, const ProgressFn& progress, double* prefillSeconds)
+{
+    const std::vector<int32_t> tokens = m.contextTokens(text);
+    InferenceSession session(m.runtime());
+    const double t0 = nowSeconds();
+    session.append(tokens, nullptr, nullptr, progress);
+    if (prefillSeconds) *prefillSeconds = nowSeconds() - t0;
+    KvSet kv = session.exportKv();
+    kv.context = text;
+    return kv;
+}
+
+json generateJson(const Model& m, const GenerateRequest& r)
+{
+    if (r.maxNew < 1) throw Error("--max-new-tokens must be at least 1");
+    InferenceSession session(m.runtime());
+    if (r.kv) session.loadKv(*r.kv);
+    const std::vector<int32_t> prompt = r.kv ? m.questionTokens(r.prompt) : m.promptTokens(r.prompt, r.chat);
+    const double t0 = nowSeconds();
+    const Generation g = generate(session, prompt, r.maxNew, r.sampling, r.noStop ? std::vector<int32_t>{} : m.stopIds());
+    const double seconds = nowSeconds() - t0;
+    const double decodeSeconds = seconds - g.firstTokenSeconds;
+    return {
+        {"prompt_tokens", idsJson(prompt)},
+        {"cached_tokens", r.kv ? r.kv->shape().numTokens : 0},
+        {"tokens", idsJson(g.tokens)},
+        {"text", m.tokenizer().decode(g.tokens, true)},
+        {"stopped_at_eos", g.stoppedAtEos},
+        {"load_s", m.loadSeconds()},
+        {"first_token_s", g.firstTokenSeconds},
+        {"prefill_tokens_per_s", number(double(prompt.size()) / g.firstTokenSeconds)},
+        {"decode_tokens_per_s", number(g.tokens.size() > 1 ? double(g.tokens.size() - 1) / decodeSeconds : NAN)},
+        {"runtime", m.runtime().describe()},
+    };
+}
+
 void addInfoCommand(CLI::App& app, Output& out)
 {
     auto* sub = app.add_subcommand("info", "Summary of a model (architecture, sizes, tokenizer)");
@@ -33,40 +108,7 @@ void addInfoCommand(CLI::App& app, Output& out)
     setExample(sub, "kvscope-cli info ~/.cache/kvscope/models/gemma-3-270m-q4_k_m.gguf --json");
     sub->callback([o, &out] {
         const std::unique_ptr<Model> m = o->open();
-        const LlamaSpec& s = m->spec();
-        const ModelConfig& c = s.config;
-        const int64_t kvBytesPerToken = 2LL * c.numLayers * c.numKvHeads * c.headDim * 2;
-        const json j = {
-            {"path", m->path()},
-            {"name", s.name},
-            {"format", s.format},
-            {"architecture", c.architecture},
-            {"model_type", c.modelType},
-            {"num_layers", c.numLayers},
-            {"hidden_size", c.hiddenSize},
-            {"intermediate_size", c.intermediateSize},
-            {"num_heads", c.numHeads},
-            {"num_kv_heads", c.numKvHeads},
-            {"head_dim", c.headDim},
-            {"vocab_size", c.vocabSize},
-            {"max_position_embeddings", c.maxPositionEmbeddings},
-            {"rope_theta", c.ropeTheta},
-            {"rope_scaling", c.rope.type.empty() ? "none" : c.rope.type},
-            {"rms_norm_eps", c.rmsNormEps},
-            {"sliding_window", c.slidingWindow},
-            {"tied_embeddings", s.tiedEmbeddings},
-            {"qkv_bias", s.qkvBias},
-            {"parameters", s.parameters},
-            {"weight_types", s.weightTypes},
-            {"fingerprint", m->runtime().fingerprint()},
-            {"tokenizer", m->tokenizer().description()},
-            {"bos_id", m->tokenizer().bosId()},
-            {"eos_id", m->tokenizer().eosId()},
-            {"chat", m->isChat()},
-            {"kv_bytes_per_token_fp16", kvBytesPerToken},
-            {"runtime", m->runtime().describe()},
-            {"load_s", m->loadSeconds()},
-        };
+        const json j = modelInfoJson(*m);
         out.emit(j, [](const json& j) {
             std::printf("%s (%s, %s)\n", j["name"].get<std::string>().c_str(), j["architecture"].get<std::string>().c_str(),
                         j["format"].get<std::string>().c_str());
@@ -119,6 +161,7 @@ void addGenerateCommand(CLI::App& app, Output& out)
         SamplingOptions sampling;
         bool chat = false;
         bool raw = false;
+        std::string kv;
     };
     auto o = std::make_shared<Opts>();
     o->add(sub);
@@ -129,28 +172,26 @@ void addGenerateCommand(CLI::App& app, Output& out)
     sub->add_option("--seed", o->sampling.seed, "sampling seed")->capture_default_str();
     sub->add_flag("--chat", o->chat, "wrap the prompt in the model's chat format (ChatML models)");
     sub->add_flag("--no-stop", o->raw, "do not stop at EOS / end-of-turn tokens");
+    sub->add_option("KV", o->kv,
+                    "a captured context to continue (KV file of `capture`, or a decoded one): the prompt is asked after it "
+                    "as the question, as eval and stream ask theirs (--chat is then not consulted)");
     addJsonFlag(sub, out);
     setExample(sub, "kvscope-cli generate --prompt \"What is the capital of France?\" --chat --max-new-tokens 30");
     sub->callback([o, &out] {
         if (o->maxNew < 1) throw Error("--max-new-tokens must be at least 1");
+        GenerateRequest r;
+        r.prompt = o->prompt;
+        r.maxNew = o->maxNew;
+        r.sampling = o->sampling;
+        r.chat = o->chat;
+        r.noStop = o->raw;
+        KvSet cached;
+        if (!o->kv.empty()) {
+            cached = readKvH5(o->kv);
+            r.kv = &cached;
+        }
         const std::unique_ptr<Model> m = o->open();
-        const std::vector<int32_t> prompt = m->promptTokens(o->prompt, o->chat);
-        InferenceSession session(m->runtime());
-        const double t0 = nowSeconds();
-        const Generation g = generate(session, prompt, o->maxNew, o->sampling, o->raw ? std::vector<int32_t>{} : m->stopIds());
-        const double seconds = nowSeconds() - t0;
-        const double decodeSeconds = seconds - g.firstTokenSeconds;
-        const json j = {
-            {"prompt_tokens", idsJson(prompt)},
-            {"tokens", idsJson(g.tokens)},
-            {"text", m->tokenizer().decode(g.tokens, true)},
-            {"stopped_at_eos", g.stoppedAtEos},
-            {"load_s", m->loadSeconds()},
-            {"first_token_s", g.firstTokenSeconds},
-            {"prefill_tokens_per_s", number(double(prompt.size()) / g.firstTokenSeconds)},
-            {"decode_tokens_per_s", number(g.tokens.size() > 1 ? double(g.tokens.size() - 1) / decodeSeconds : NAN)},
-            {"runtime", m->runtime().describe()},
-        };
+        const json j = generateJson(*m, r);
         out.emit(j, [](const json& j) { std::printf("%s\n", j["text"].get<std::string>().c_str()); });
     });
 }
@@ -173,20 +214,15 @@ void addCaptureCommand(CLI::App& app, Output& out)
         if (o->gzip < 0 || o->gzip > 9) throw Error("--gzip must be in 0..9");
         const std::string text = loadSampleContext(o->context).text;  // a sample id or a file
         const std::unique_ptr<Model> m = o->open();
-        const std::vector<int32_t> tokens = m->contextTokens(text);
-        std::fprintf(stderr, "prefill of %zu tokens\n", tokens.size());
-        InferenceSession session(m->runtime());
-        const double t0 = nowSeconds();
         int lastPct = -1;
-        session.append(tokens, nullptr, nullptr, [&](int done, int total) {
+        double prefill = 0;
+        const KvSet kv = captureContext(*m, text, [&](int done, int total) {
+            if (lastPct < 0) std::fprintf(stderr, "prefill of %d tokens\n", total);
             const int pct = int(100.0 * done / total);
             if (pct / 10 != lastPct / 10) std::fprintf(stderr, "  %d%% (%d/%d tokens)\n", pct, done, total);
             lastPct = pct;
             return true;
-        });
-        const double prefill = nowSeconds() - t0;
-        KvSet kv = session.exportKv();
-        kv.context = text;
+        }, &prefill);
         H5WriteOptions wo;
         wo.gzipLevel = o->gzip;
         writeKvH5(kv, o->outPath, wo);

@@ -99,6 +99,19 @@ py::array tensorArray(const std::shared_ptr<KvSet>& kv, KvKind kind, int layer, 
     return py::array(dt, shape, strides, data, py::cast(kv));
 }
 
+// One layer's attention statistics (KvSet::querySq, valueWeight, attnMass) as a float32 array of
+// `shape`, or None when the cache has none for that layer.
+py::object statArray(const KvSet& kv, const std::vector<std::vector<float>>& stat, int layer, std::vector<py::ssize_t> shape)
+{
+    checkLayer(kv, layer);
+    if (size_t(layer) >= stat.size() || stat[size_t(layer)].empty()) return py::none();
+    const std::vector<float>& v = stat[size_t(layer)];
+    py::array_t<float> out(shape);
+    if (size_t(out.size()) != v.size()) throw Error("layer " + std::to_string(layer) + ": statistics of an unexpected size");
+    std::memcpy(out.mutable_data(), v.data(), v.size() * sizeof(float));
+    return std::move(out);
+}
+
 DType dtypeArg(const std::string& s)
 {
     DType t;
@@ -259,42 +272,28 @@ py::dict levelDict(const kvscope::CodecLevel& l)
     return d;
 }
 
-// kvscope.encode's bytes, written by the container writer straight into the bytes object: it is
-// allocated at the cache's size and an eighth (address space; pages are touched as they are
-// written) and shrunk to the container's size (realloc, which moves no data for large blocks). A
-// container that outgrows it (tiny caches, whose in-band tables outweigh the values) continues in
-// a vector, copied into a new bytes object once.
+// kvscope.encode's bytes: the container writer fills a buffer kept between calls (one per thread,
+// since the GIL is released meanwhile), copied once into the bytes object. Writing straight into
+// a new bytes object of the cache's size costs more: every page of that fresh mapping faults in
+// as it is written (docs/python.md, "Overhead"), while the kept buffer's pages are already there
+// and the copy lands in memory the allocator reuses. A buffer over kKeepBytes is let go after
+// the call, so a huge container leaves no huge buffer behind.
 py::bytes encodeToPyBytes(const KvSet& kv, const kvscope::python::EncodeOptions& o)
 {
-    const size_t raw = kv.tensorBytes() * 2 * size_t(kv.shape().numLayers);
-    const size_t cap = raw + raw / 8 + 256;
-    PyObject* obj = PyBytes_FromStringAndSize(nullptr, py::ssize_t(cap));
-    if (!obj) throw py::error_already_set();
-    py::object holder = py::reinterpret_steal<py::object>(obj);
-    char* buf = PyBytes_AS_STRING(obj);
-    std::vector<uint8_t> spill;  // used once the container outgrows cap
-    bool spilled = false;
+    constexpr size_t kKeepBytes = size_t(256) << 20;
+    thread_local std::vector<uint8_t> buf;
     uint64_t size = 0;
     const kvscope::KvcPut put = [&](const void* data, size_t n, uint64_t offset) {
-        if (!spilled && offset + n <= cap) {
-            std::memcpy(buf + offset, data, n);
-            return;
-        }
-        if (!spilled) {
-            spill.assign(buf, buf + std::min<uint64_t>(offset, cap));
-            spilled = true;
-        }
-        if (spill.size() < offset + n) spill.resize(size_t(offset + n));
-        std::memcpy(spill.data() + offset, data, n);
+        if (buf.size() < offset + n) buf.resize(std::max<size_t>(size_t(offset + n), buf.size() + buf.size() / 2));
+        std::memcpy(buf.data() + offset, data, n);
     };
     {
         py::gil_scoped_release nogil;
         size = kvscope::python::encodeTo(kv, o, put);
     }
-    if (spilled) return py::bytes(reinterpret_cast<const char*>(spill.data()), size_t(size));
-    obj = holder.release().ptr();
-    if (_PyBytes_Resize(&obj, py::ssize_t(size)) != 0) throw py::error_already_set();  // frees obj on failure
-    return py::reinterpret_steal<py::bytes>(obj);
+    py::bytes out(reinterpret_cast<const char*>(buf.data()), size_t(size));
+    if (buf.size() > kKeepBytes) std::vector<uint8_t>().swap(buf);
+    return out;
 }
 
 // A loaded profile file: read-only, so that encode(profile=...) can hand its path to the CLI's
@@ -366,6 +365,29 @@ PYBIND11_MODULE(_kvscope, m)
         .def_readwrite("context", &KvSet::context)
         .def_readwrite("model_name", &KvSet::modelName)
         .def_readwrite("model_fingerprint", &KvSet::modelFingerprint)
+        .def("query_sq", [](const KvSet& kv, int layer) {
+            const KvShape& s = kv.shape();
+            return statArray(kv, kv.querySq, layer, {s.numKvHeads, s.headDim});
+        }, py::arg("layer"),
+           "(kv_heads, head_dim) float32 copy: mean over the prefill's queries of the squared query, summed over each "
+           "KV head's query heads (what the transform codec weights key errors by); None when not captured.")
+        .def("value_weight", [](const KvSet& kv, int layer) {
+            const KvShape& s = kv.shape();
+            return statArray(kv, kv.valueWeight, layer, {s.numKvHeads, s.headDim, s.headDim});
+        }, py::arg("layer"), "(kv_heads, head_dim, head_dim) float32 copy: sum of W_o^T W_o over each KV head's query heads; None when not captured.")
+        .def("attn_mass", [](const KvSet& kv, int layer) {
+            const KvShape& s = kv.shape();
+            return statArray(kv, kv.attnMass, layer, {s.numKvHeads, s.numTokens});
+        }, py::arg("layer"),
+           "(kv_heads, tokens) float32 copy: the mean attention probability each token received during the prefill "
+           "(capture with attn_mass); None when not captured.")
+        .def_property_readonly("rope_inv_freq", [](const KvSet& kv) -> py::object {
+            if (kv.ropeInvFreq.empty()) return py::none();
+            py::array_t<float> out(py::ssize_t(kv.ropeInvFreq.size()));
+            std::memcpy(out.mutable_data(), kv.ropeInvFreq.data(), kv.ropeInvFreq.size() * sizeof(float));
+            return std::move(out);
+        }, "(head_dim / 2) float32: the RoPE the keys carry (None when unknown)")
+        .def_property_readonly("rope_position0", [](const KvSet& kv) { return kv.ropePosition0; })
         .def("same_bytes", [](const KvSet& a, const KvSet& b) { return kvscope::sameBytes(a, b); }, py::arg("other"),
              "True when both have the same shape, dtype and stored bytes (metadata is not compared).")
         .def("__repr__", [](const KvSet& kv) {

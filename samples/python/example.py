@@ -1,10 +1,13 @@
 """kvscope from Python, end to end: a KV cache, its statistics, every codec level, a plot.
 
     PYTHONPATH=build/dev/python /usr/bin/python3 samples/python/example.py [KV.h5] [--plot out.png]
+    PYTHONPATH=build/dev/python /usr/bin/python3 samples/python/example.py --model [MODEL] [--context TEXT_FILE]
 
 Without a KV file it uses the synthetic cache `kvscope-cli synth` makes (8 layers, 4 heads of 64,
-1024 tokens). With --plot and matplotlib installed it draws the per-layer key/value absmax and
-the token-locality ratio (CacheGen's first observation).
+1024 tokens). With --model (no path: the embedded default) it captures a short context with the
+model instead, and after the codec levels asks a question from each decoded cache (kvscope.Model:
+the runtime module, libtorch). With --plot and matplotlib installed it draws the per-layer
+key/value absmax and the token-locality ratio (CacheGen's first observation).
 """
 
 import argparse
@@ -13,14 +16,31 @@ import numpy as np
 
 import kvscope
 
+CONTEXT = ("The lighthouse on Skerry Point was built in 1871 by the engineer Ada Morven. Its lamp burned whale oil "
+           "until 1902, when a paraffin burner replaced it, and the keeper's logbook records every storm since.")
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("kv", nargs="?", help="KV file (HDF5); default: a synthetic cache")
     ap.add_argument("--plot", help="write a PNG of per-layer statistics (needs matplotlib)")
+    ap.add_argument("--model", nargs="?", const="", help="capture the context with this model (no path: the embedded default)")
+    ap.add_argument("--context", help="UTF-8 text file to capture with --model (default: a short built-in text)")
+    ap.add_argument("--question", default="Who built the lighthouse, and when?", help="asked from each decoded cache")
+    ap.add_argument("--threads", type=int, default=1, help="the model's CPU threads (0 = all cores)")
     args = ap.parse_args()
 
-    kv = kvscope.read_kv(args.kv) if args.kv else kvscope.synthetic()
+    model = None
+    if args.model is not None:
+        model = kvscope.Model(args.model or None, threads=args.threads)  # imports the runtime module
+        print(model)
+        text = CONTEXT
+        if args.context:
+            with open(args.context, encoding="utf-8") as f:
+                text = f.read()
+        kv = model.capture(text)  # the cache of `kvscope-cli capture --context FILE`
+    else:
+        kv = kvscope.read_kv(args.kv) if args.kv else kvscope.synthetic()
     print(kv)
 
     # The arrays are views of the cache (no copy); the cache lives while they do.
@@ -44,6 +64,14 @@ def main():
         d = kvscope.encode(kv, codec=codec)
         err = kvscope.compare(kv, kvscope.decode(d))
         print(f"  {codec:7s}: {len(d):9d} bytes  {fp16_bytes / len(d):5.2f}x vs fp16  max abs error {err['max_abs_error']:.4g}")
+
+    if model is not None:
+        # The question after the cached context, as `kvscope-cli generate --kv` asks it.
+        print(f"Q: {args.question}")
+        print(f"  original: {model.generate(args.question, kv=kv, max_new_tokens=16)!r}")
+        for level in range(1, c.num_levels + 1):
+            answer = model.generate(args.question, kv=kvscope.decode(data, level=level), max_new_tokens=16)
+            print(f"  level {level}:  {answer!r}")
 
     if args.plot:
         try:

@@ -54,6 +54,17 @@ class KV:
         """'float16', 'bfloat16' or 'float32'"""
     @property
     def nbytes(self) -> int: ...
+    def query_sq(self, layer: int) -> Optional[np.ndarray]:
+        """(kv_heads, head_dim) float32: mean squared query per KV head (after a capture); None when absent."""
+    def value_weight(self, layer: int) -> Optional[np.ndarray]:
+        """(kv_heads, head_dim, head_dim) float32: sum of W_o^T W_o per KV head; None when absent."""
+    def attn_mass(self, layer: int) -> Optional[np.ndarray]:
+        """(kv_heads, tokens) float32: mean attention each token received (Model(attn_mass=True)); None when absent."""
+    @property
+    def rope_inv_freq(self) -> Optional[np.ndarray]:
+        """(head_dim / 2) float32: the RoPE the keys carry; None when unknown."""
+    @property
+    def rope_position0(self) -> int: ...
     def same_bytes(self, other: "KV") -> bool: ...
 
 class Container:
