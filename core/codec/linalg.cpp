@@ -161,8 +161,8 @@ __attribute__((target("avx2"))) void replayAvx2(const PanelSteps& ps, double* x,
 }  // namespace
 
 // Gauss-Jordan with partial pivoting, in panels of kPanel pivot columns, so that a row goes
-// through the cache once per panel rather than once per pivot (the plain loop was memory-bound:
-// 1.5-1.7 s of CPU for a 960 x 960 inverse). Per panel: its steps run on the panel's own columns
+// through the cache once per panel rather than once per pivot (the plain loop is memory-bound on
+// a layer group's blocks; figures in docs/transform.md#speed). Per panel: its steps run on the panel's own columns
 // of m (they alone decide the pivots and give each row's factor f = m[row][col] at step col);
 // then the same steps are replayed on the columns right of the panel and on inv (replayPanel),
 // and the panel's row swaps are applied. Every entry takes the rounded operations of the plain
