@@ -21,8 +21,10 @@
 #include <QFile>
 #include <QTemporaryDir>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 
 using namespace kvscope;
@@ -506,6 +508,70 @@ private slots:
         }
         QVERIFY2(orth < 1e-10, std::to_string(orth).c_str());
         QVERIFY2(resid < 1e-10, std::to_string(resid).c_str());
+    }
+
+    // invertMatrix works in panels of pivots (linalg.cpp); the encoder's bytes rest on its
+    // inverse being the plain pivot-by-pivot Gauss-Jordan's to the bit, on every SIMD path. The
+    // plain loop is written out here as the reference (x86-64 has no FMA at its baseline, so
+    // this file's a - f * b is the same two roundings as linalg.cpp's). Orders across and within
+    // panels, with row swaps (random matrices), without (a heavy diagonal), and with zero factors.
+    void inverseMatchesPlainLoop_data()
+    {
+        QTest::addColumn<int>("n");
+        QTest::addColumn<int>("kind");  // 0 random, 1 diagonal-heavy (no swaps), 2 a third of entries 0
+        QTest::newRow("1") << 1 << 0;
+        QTest::newRow("31") << 31 << 0;
+        QTest::newRow("33 no swaps") << 33 << 1;
+        QTest::newRow("100 zeros") << 100 << 2;
+        QTest::newRow("300") << 300 << 0;
+    }
+    void inverseMatchesPlainLoop()
+    {
+        QFETCH(int, n);
+        QFETCH(int, kind);
+        std::mt19937_64 rng{uint64_t(n * 3 + kind)};
+        std::normal_distribution<double> g(0.0, 1.0);
+        std::vector<double> a(size_t(n) * n);
+        for (double& x : a) x = kind == 2 && rng() % 3 == 0 ? 0.0 : g(rng);
+        if (kind == 1)
+            for (int i = 0; i < n; ++i) a[size_t(i) * n + i] += 1000.0;
+        std::vector<double> m = a, ref(size_t(n) * n, 0.0);
+        for (int i = 0; i < n; ++i) ref[size_t(i) * n + i] = 1.0;
+        for (int col = 0; col < n; ++col) {
+            int piv = col;
+            for (int r = col + 1; r < n; ++r)
+                if (std::fabs(m[size_t(r) * n + col]) > std::fabs(m[size_t(piv) * n + col])) piv = r;
+            for (int k = 0; k < n; ++k) {
+                std::swap(m[size_t(piv) * n + k], m[size_t(col) * n + k]);
+                std::swap(ref[size_t(piv) * n + k], ref[size_t(col) * n + k]);
+            }
+            const double r = 1.0 / m[size_t(col) * n + col];
+            for (int k = 0; k < n; ++k) m[size_t(col) * n + k] *= r, ref[size_t(col) * n + k] *= r;
+            for (int row = 0; row < n; ++row) {
+                const double f = m[size_t(row) * n + col];
+                if (row == col || f == 0) continue;
+                for (int k = col + 1; k < n; ++k) m[size_t(row) * n + k] -= f * m[size_t(col) * n + k];
+                for (int k = 0; k < n; ++k) ref[size_t(row) * n + k] -= f * ref[size_t(col) * n + k];
+            }
+        }
+        const SimdPath saved = simdPath();
+        for (SimdPath path : {SimdPath::Scalar, SimdPath::Avx2, SimdPath::Avx512}) {
+            if (!simdPathSupported(path)) continue;
+            setSimdPath(path);
+            const std::vector<double> inv = invertMatrix(a, n, "m");
+            QVERIFY2(std::memcmp(inv.data(), ref.data(), sizeof(double) * ref.size()) == 0, simdPathName(path));
+        }
+        setSimdPath(saved);
+        double err = 0;  // and it is an inverse
+        for (int i = 0; i < n; ++i)
+            for (int j = 0; j < n; ++j) {
+                double d = 0;
+                for (int k = 0; k < n; ++k) d += a[size_t(i) * n + k] * ref[size_t(k) * n + j];
+                err = std::max(err, std::fabs(d - (i == j ? 1.0 : 0.0)));
+            }
+        QVERIFY2(err < 1e-8, std::to_string(err).c_str());
+        std::vector<double> singular(9, 1.0);
+        kvscope_test::expectError("m", [&] { invertMatrix(singular, 3, "m"); }, "m: the transform matrix is singular");
     }
 
     void symbolStreamRoundTrip()

@@ -3,6 +3,7 @@
 // linalg.h).
 #include "codec/linalg.h"
 
+#include "codec/simd_path.h"
 #include "codec/transform.h"
 
 #include "common/error.h"
@@ -112,44 +113,124 @@ void symmetricEigen(const std::vector<double>& a, int n, std::vector<double>& va
     }
 }
 
+namespace {
+
+// One panel of Gauss-Jordan steps [c0, c1) as invertMatrix records them, rows named by where they
+// stood when the panel began (its identity): per step the identity of its pivot row, the pivot's
+// reciprocal and every identity's factor (0 for the step's pivot row).
+struct PanelSteps {
+    int n = 0, c0 = 0, c1 = 0;
+    const int* pivotId;    // [col - c0]
+    const double* recip;   // [col - c0]
+    const double* factor;  // [(col - c0) n + id]
+};
+
+// The panel's steps on columns [k0, n) of x (row-major, n x n, rows still at their identities'
+// places), each row's entries taking the plain loop's operations in its order: first the pivot
+// rows in step order (row p of step s: the updates of steps < s, the scaling, then a copy of it,
+// P_s, which is what the plain loop's step s reads), then every row's updates x -= f P_s of the
+// steps left to it (all of them, or those after its own step). P: kPanel x n scratch.
+inline __attribute__((always_inline)) void replayPanel(const PanelSteps& ps, double* x, int k0, double* P,
+                                                       const int* stepOf)
+{
+    const int n = ps.n;
+    auto update = [&](double* __restrict xr, int s0, int s1, int id) {
+        for (int col = s0; col < s1; ++col) {
+            const double f = ps.factor[size_t(col - ps.c0) * n + id];
+            if (f == 0) continue;
+            const double* __restrict pc = P + size_t(col - ps.c0) * n;
+#pragma omp simd
+            for (int k = k0; k < n; ++k) xr[k] -= f * pc[k];
+        }
+    };
+    for (int col = ps.c0; col < ps.c1; ++col) {
+        const int id = ps.pivotId[col - ps.c0];
+        double* __restrict xr = x + size_t(id) * n;
+        update(xr, ps.c0, col, id);
+        const double r = ps.recip[col - ps.c0];
+        double* __restrict pc = P + size_t(col - ps.c0) * n;
+        for (int k = k0; k < n; ++k) pc[k] = xr[k] *= r;
+    }
+    for (int id = 0; id < n; ++id) {
+        const int s = stepOf[id];
+        update(x + size_t(id) * n, s < 0 ? ps.c0 : s + 1, ps.c1, id);
+    }
+}
+
+void replayPlain(const PanelSteps& ps, double* x, int k0, double* P, const int* stepOf) { replayPanel(ps, x, k0, P, stepOf); }
+#if defined(__x86_64__) || defined(__i386__)
+// The same loops in 4-double vectors (an AVX2 target without FMA: the same rounded multiply and
+// subtract per entry).
+__attribute__((target("avx2"))) void replayAvx2(const PanelSteps& ps, double* x, int k0, double* P, const int* stepOf)
+{
+    replayPanel(ps, x, k0, P, stepOf);
+}
+#endif
+
+}  // namespace
+
+// Gauss-Jordan with partial pivoting, in panels of kPanel pivot columns, so that a row goes
+// through the cache once per panel rather than once per pivot (the plain loop is memory-bound on
+// a layer group's blocks; figures in docs/transform.md#speed). Per panel: its steps run on the panel's own columns
+// of m (they alone decide the pivots and give each row's factor f = m[row][col] at step col);
+// then the same steps are replayed on the columns right of the panel and on inv (replayPanel),
+// and the panel's row swaps are applied. Every entry takes the rounded operations of the plain
+// pivot-by-pivot loop in the same order (no contraction in this file, any vector width), so the
+// inverse, and so the encoder's bytes, are that loop's to the bit.
 std::vector<double> invertMatrix(const std::vector<double>& a, int n, const std::string& what)
 {
+    constexpr int kPanel = 32;
     std::vector<double> m = a, inv(size_t(n) * n, 0.0);
     for (int i = 0; i < n; ++i) inv[size_t(i) * n + i] = 1.0;
     double scale = 0;
     for (double x : a) scale = std::max(scale, std::fabs(x));
-    for (int col = 0; col < n; ++col) {
-        int piv = col;
-        for (int r = col + 1; r < n; ++r)
-            if (std::fabs(m[size_t(r) * n + col]) > std::fabs(m[size_t(piv) * n + col])) piv = r;
-        const double pv = m[size_t(piv) * n + col];
-        if (!(std::fabs(pv) > 1e-12 * scale)) throw Error(what + ": the transform matrix is singular");
-        if (piv != col)
-            for (int k = 0; k < n; ++k) {
-                std::swap(m[size_t(piv) * n + k], m[size_t(col) * n + k]);
-                std::swap(inv[size_t(piv) * n + k], inv[size_t(col) * n + k]);
+    std::vector<int> pivots(static_cast<size_t>(kPanel)), pivotId(static_cast<size_t>(kPanel));
+    std::vector<int> who(static_cast<size_t>(n)), stepOf(static_cast<size_t>(n), -1);  // identity at each place; pivot step of each identity
+    std::vector<double> recip(static_cast<size_t>(kPanel)), factor(size_t(kPanel) * n), P(size_t(kPanel) * n);
+    auto replay = replayPlain;
+#if defined(__x86_64__) || defined(__i386__)
+    if (simdPath() != SimdPath::Scalar) replay = replayAvx2;
+#endif
+    for (int c0 = 0; c0 < n; c0 += kPanel) {
+        const int c1 = std::min(n, c0 + kPanel);
+        for (int i = 0; i < n; ++i) who[size_t(i)] = i;
+        for (int col = c0; col < c1; ++col) {
+            int piv = col;
+            for (int r = col + 1; r < n; ++r)
+                if (std::fabs(m[size_t(r) * n + col]) > std::fabs(m[size_t(piv) * n + col])) piv = r;
+            const double pv = m[size_t(piv) * n + col];
+            if (!(std::fabs(pv) > 1e-12 * scale)) throw Error(what + ": the transform matrix is singular");
+            const double r = 1.0 / pv;
+            pivots[size_t(col - c0)] = piv;
+            recip[size_t(col - c0)] = r;
+            // Columns <= col of m are never read again (later pivots and factors come from
+            // columns > col): the step on the panel's columns right of col, in place.
+            if (piv != col) {
+                for (int k = c0; k < c1; ++k) std::swap(m[size_t(piv) * n + k], m[size_t(col) * n + k]);
+                std::swap(who[size_t(piv)], who[size_t(col)]);
             }
-        const double r = 1.0 / pv;
-        for (int k = 0; k < n; ++k) {
-            m[size_t(col) * n + k] *= r;
-            inv[size_t(col) * n + k] *= r;
+            pivotId[size_t(col - c0)] = who[size_t(col)];
+            stepOf[size_t(who[size_t(col)])] = col;
+            double* __restrict mc = &m[size_t(col) * n];
+            for (int k = col + 1; k < c1; ++k) mc[k] *= r;
+            double* f = &factor[size_t(col - c0) * n];
+            for (int row = 0; row < n; ++row) {
+                const double fr = row == col ? 0.0 : m[size_t(row) * n + col];
+                f[who[size_t(row)]] = fr;
+                if (fr == 0) continue;
+                double* __restrict mr = &m[size_t(row) * n];
+                for (int k = col + 1; k < c1; ++k) mr[k] -= fr * mc[k];
+            }
         }
-        // Columns <= col of m are never read again (later pivots and factors come from columns
-        // > col), so only the rest is updated; each entry takes the same rounded multiply and
-        // subtract in any vector width (no contraction in this file), so the inverse is the
-        // plain loop's to the bit.
-        const double* __restrict mc = &m[size_t(col) * n];
-        const double* __restrict ic = &inv[size_t(col) * n];
-        for (int row = 0; row < n; ++row) {
-            if (row == col) continue;
-            const double f = m[size_t(row) * n + col];
-            if (f == 0) continue;
-            double* __restrict mr = &m[size_t(row) * n];
-            double* __restrict ir = &inv[size_t(row) * n];
-#pragma omp simd
-            for (int k = col + 1; k < n; ++k) mr[k] -= f * mc[k];
-#pragma omp simd
-            for (int k = 0; k < n; ++k) ir[k] -= f * ic[k];
+        const PanelSteps ps{n, c0, c1, pivotId.data(), recip.data(), factor.data()};
+        if (c1 < n) replay(ps, m.data(), c1, P.data(), stepOf.data());
+        replay(ps, inv.data(), 0, P.data(), stepOf.data());
+        for (int col = c0; col < c1; ++col) {  // the panel's swaps, in order (m's panel columns are swapped already)
+            const int piv = pivots[size_t(col - c0)];
+            stepOf[size_t(pivotId[size_t(col - c0)])] = -1;
+            if (piv == col) continue;
+            for (int k = c1; k < n; ++k) std::swap(m[size_t(piv) * n + k], m[size_t(col) * n + k]);
+            for (int k = 0; k < n; ++k) std::swap(inv[size_t(piv) * n + k], inv[size_t(col) * n + k]);
         }
     }
     return inv;

@@ -395,16 +395,20 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
             }
     }
 
-    // The decode columns of the coded components (TransformBlock::columns) and the channels
-    // [lo_k, hi_k) outside which column k is all +-0.
-    thread_local std::vector<float> col;  // (K, C)
-    col.resize(size_t(K) * C);
+    // The decode columns of the coded components (TransformBlock::columns: read in place when
+    // the coded components are the first K, as a water level over a sorted basis gives them;
+    // copied otherwise) and the channels [lo_k, hi_k) outside which column k is all +-0.
+    bool prefix = true;
+    for (int k = 0; k < K && prefix; ++k) prefix = coded[size_t(k)] == k;
+    thread_local std::vector<float> colCopy;  // (K, C)
+    if (!prefix) colCopy.resize(size_t(K) * C);
+    const float* col = prefix ? b.columns.data() : colCopy.data();
     std::vector<float> step(static_cast<size_t>(K));
     std::vector<int> lo(static_cast<size_t>(K)), hi(static_cast<size_t>(K));
     bool finite = true;
     for (int k = 0; k < K; ++k) {
         const int j = coded[size_t(k)];
-        std::memcpy(&col[size_t(k) * C], b.columns.data() + size_t(j) * C, sizeof(float) * size_t(C));
+        if (!prefix) std::memcpy(&colCopy[size_t(k) * C], b.columns.data() + size_t(j) * C, sizeof(float) * size_t(C));
         step[size_t(k)] = lb.step[size_t(j)];
         finite = finite && step[size_t(k)] < FLT_MAX / 17179869184.0f;  // 2^34: |q| < 2^31, class <= 3
         lo[size_t(k)] = b.colLo[size_t(j)];
@@ -438,7 +442,7 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
                             K, zq.data() + size_t(i) * K, escapes);
             std::memcpy(&v[size_t(i) * C], b.mean.data(), sizeof(float) * size_t(C));
         }
-        kernels.accumulate(Tile{v.data(), col.data(), zq.data(), lo.data(), hi.data(), nt, K, C, plain});
+        kernels.accumulate(Tile{v.data(), col, zq.data(), lo.data(), hi.data(), nt, K, C, plain});
         for (int i = 0; i < nt; ++i) {
             const int t = codedTokens[size_t(r0 + i)];
             for (int h = 0; h < H; ++h) {
