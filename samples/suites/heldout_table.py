@@ -96,7 +96,10 @@ def ladder_note(out):
             "the ladder before the per-layer shape (every layer of a kind at one water level; levels 1-5 at "
             "keys t = 0.1, 0.05, 0.025, 0.012, 0.006, values 10x finer). The `transform` rows code with "
             "per-cache means (`adapt_mean`, as the ladder ships: the cache's means replace the calibrated ones "
-            "and count in the size); `transform, no per-cache means` is the same ladder without them.")
+            "and count in the size); `transform, no per-cache means` is the same ladder without them. "
+            "`transform, layer groups` is the same ladder with `\"layer_group\": 5` (one PCA, water level and "
+            "symbol stream across 5 adjacent layers, docs/transform.md#layer-groups-layer_group-g), calibrated "
+            "on the same two contexts by `kvscope-cli calibrate --codec transform --layer-group 5`.")
 
 
 def main():
