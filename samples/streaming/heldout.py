@@ -11,7 +11,8 @@ reported on the HELDOUT cells, which share no trace and no context with them:
 Every cell is one `kvscope-cli stream --policy adaptive --runs N --threads 1 --json` with the
 oracle on (every fixed level replayed at each run's link offset), no --codec (the default model's
 calibrated transform ladder). Each cell's JSON is kept in --out as <set>.<trace>.<context>.json;
-a cell whose JSON is there is not run again (delete it to rerun). The table goes to stdout in
+a cell whose JSON is there is not run again (delete it to rerun); --table-only prints the cells
+measured so far. The table goes to stdout in
 markdown: SLO hit, adaptive's mean KL, the per-run oracle's mean KL, their ratio, backlogged
 utilisation, median TTFT, with the date, commit and load average.
 
@@ -103,6 +104,7 @@ def main():
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--out", default="/tmp/kvscope-heldout")
     ap.add_argument("--traces", default=os.path.join(ROOT, "..", "shared", "traces"))
+    ap.add_argument("--table-only", action="store_true", help="print the table of the cells already measured; run none")
     ap.add_argument("extra", nargs="*", help="more stream options after --, e.g. -- --planner-margin 0.1")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -114,6 +116,8 @@ def main():
     rows = []
     for s in sets:
         for trace, context, slo in CELLS[s]:
+            if args.table_only and not os.path.exists(os.path.join(args.out, f"{s}.{trace}.{context}.json")):
+                continue
             j, path = run_cell(args, s, trace, context, slo, ctx, args.extra)
             p = j["policies"][0]
             runs = p["runs"]
