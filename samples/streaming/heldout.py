@@ -105,6 +105,7 @@ def main():
     ap.add_argument("--out", default="/tmp/kvscope-heldout")
     ap.add_argument("--traces", default=os.path.join(ROOT, "..", "shared", "traces"))
     ap.add_argument("--table-only", action="store_true", help="print the table of the cells already measured; run none")
+    ap.add_argument("--only", default="", help="run only the cells of this trace (two shells can share the work)")
     ap.add_argument("extra", nargs="*", help="more stream options after --, e.g. -- --planner-margin 0.1")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -117,6 +118,8 @@ def main():
     for s in sets:
         for trace, context, slo in CELLS[s]:
             if args.table_only and not os.path.exists(os.path.join(args.out, f"{s}.{trace}.{context}.json")):
+                continue
+            if args.only and trace != args.only:
                 continue
             j, path = run_cell(args, s, trace, context, slo, ctx, args.extra)
             p = j["policies"][0]

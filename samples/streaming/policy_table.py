@@ -5,7 +5,7 @@
 
 Columns: SLO hit, mean KL, the per-run oracle's mean KL (null without the oracle), mean KL over
 the oracle's (the goal is <= 1.1), regret, median TTFT, backlogged utilisation (the goal figure),
-and the levels the policy sent, counted over every run's chunks (0 = text recompute).
+and the levels the policy sent, counted over every run's chunks ("text" = recomputed from the tokens).
 """
 import collections
 import json
@@ -33,7 +33,7 @@ def main():
         print(f"| {p['policy']} | {p['slo_hit_rate']:.2f} | {fmt(p.get('mean_kl'))} | {fmt(o)} | {fmt(ratio, 2)} | "
               f"{regret} | "
               f"{p['ttft_median_s']:.3f} s | {fmt(sum(util) / len(util) if util else None, 3)} | "
-              f"{' '.join(f'{k}:{v}' for k, v in sorted(sent.items()))} |")
+              f"{' '.join(f'{k}:{v}' for k, v in sorted(sent.items(), key=lambda kv: str(kv[0])))} |")
 
 
 if __name__ == "__main__":
