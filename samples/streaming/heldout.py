@@ -43,7 +43,9 @@ TRACES = {
 # set -> [(trace, context, SLO seconds)]
 CELLS = {
     "dev": [("tmobile-lte", "gpl9k", 3.0), ("tmobile-lte", "story", 2.0)],
-    "heldout": [("att-lte", "code", 3.0), ("verizon-lte", "narrative", 3.0), ("tmobile-umts", "meetings", 3.0)],
+    # SLOs at the dev cell's 3 s per 1,945 tokens, rounded up to 0.5 s (code: 3,650 tokens; at 3 s
+    # no fixed level met the SLO on 8 of 10 runs, measured 2026-12-04, docs/streaming.md).
+    "heldout": [("att-lte", "code", 6.0), ("verizon-lte", "narrative", 4.0), ("tmobile-umts", "meetings", 4.5)],
 }
 
 
