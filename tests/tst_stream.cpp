@@ -759,6 +759,57 @@ private slots:
                     policies[1].toObject()["mean_kl"].toDouble());
     }
 
+    // Issue 32: without --codec, stream uses the default model's calibrated transform ladder (the
+    // shipped samples/profiles ladder, at least 5 levels), says so, and hands the planner the
+    // ladder's measured KL with the unmeasured levels interpolated: a table that falls with every
+    // level. A model without a ladder of its own (aidreams260K, llama2.c test data) streams
+    // CacheGen's levels and says why.
+    void streamDefaultCodec()
+    {
+        if (!QFile::exists(QString::fromStdString(defaultModelPath())))
+            QSKIP("the default model is absent (installer/fetch_model.sh fetches it)");
+        QProcess cli;
+        cli.start(kCli, {"stream", "--context", KVSCOPE_SOURCE_DIR "/samples/contexts/story.txt", "--bandwidth", "1Gbit",
+                         "--slo", "60", "--policy", "adaptive", "--quality", "agreement", "--quality-tokens", "2",
+                         "--threads", "1", "--json"});
+        QVERIFY(cli.waitForFinished(900000));
+        QVERIFY2(cli.exitCode() == 0, cli.readAllStandardError().constData());
+        const QJsonObject j = QJsonDocument::fromJson(cli.readAllStandardOutput()).object();
+        QCOMPARE(j["codec"].toString(), QString("transform"));
+        QVERIFY2(j["codec_reason"].toString().contains("smollm2-135m-instruct.transform.json"), qPrintable(j["codec_reason"].toString()));
+        QVERIFY(j["codec_profile"].toString().endsWith(".transform.json"));
+        const int levels = j["levels"].toInt();
+        QVERIFY2(levels >= 5, "the shipped ladder has at least 5 levels");
+        QVERIFY2(j["level_distortion_source"].toString().startsWith("profile mean_kl"),
+                 qPrintable(j["level_distortion_source"].toString()));
+        const QJsonArray d = j["level_distortion"].toArray();
+        QCOMPARE(d.size(), levels + 1);
+        for (int l = 2; l <= levels; ++l) QVERIFY2(d[l].toDouble() < d[l - 1].toDouble(), "more bits, less distortion");
+        QVERIFY(j["slo_met"].toBool());
+        for (const QJsonValue& cv : j["chunks"].toArray()) QVERIFY(cv.toObject()["level"].toInt() <= levels);
+
+        const QString tiny = KVSCOPE_SOURCE_DIR "/../shared/models/aidreams260K";
+        if (!QFile::exists(tiny + "/aidreams260K.bin")) QSKIP("../shared/models/aidreams260K is absent (test data)");
+        const QString text = m_dir.path() + "/tiny.txt";
+        {
+            QFile f(text);
+            QVERIFY(f.open(QIODevice::WriteOnly));
+            f.write(QByteArray("Once upon a time there was a little dog who liked to run in the park. ").repeated(6));
+        }
+        QProcess other;
+        other.start(kCli, {"stream", "--model", tiny + "/aidreams260K.bin", "--tokenizer", tiny + "/tok512.bin", "--context", text,
+                           "--bandwidth", "1Gbit", "--slo", "60", "--policy", "level:1", "--quality", "agreement",
+                           "--quality-tokens", "2", "--threads", "1", "--json"});
+        QVERIFY(other.waitForFinished(300000));
+        QVERIFY2(other.exitCode() == 0, other.readAllStandardError().constData());
+        const QJsonObject o = QJsonDocument::fromJson(other.readAllStandardOutput()).object();
+        QCOMPARE(o["codec"].toString(), QString("cachegen"));
+        QCOMPARE(o["levels"].toInt(), 3);
+        QVERIFY2(o["codec_reason"].toString().contains("no transform ladder tuned for this model"), qPrintable(o["codec_reason"].toString()));
+        std::printf("DEFAULT CODEC: %s, %d levels, distortion %s; aidreams260K: %s\n", qPrintable(j["codec"].toString()), levels,
+                    qPrintable(j["level_distortion_source"].toString()), qPrintable(o["codec_reason"].toString()));
+    }
+
     // Issue 32: the oracle on a constant-rate link where the answer is known. Decode and the
     // question's prefill are modelled (a fast custom target), so a fixed level's TTFT is its bytes
     // over the link rate and little else. First every level meets a loose SLO: the oracle is the
@@ -773,8 +824,8 @@ private slots:
         const QString dir = m_dir.path() + "/oracle";
         auto stream = [&](const QStringList& extra) {
             QProcess cli;
-            cli.start(kCli, QStringList{"stream", "--context", context, "--target-prefill", "1000000", "--target-decode",
-                                        "1000", "--quality-tokens", "2", "--threads", "1", "--json"} + extra);
+            cli.start(kCli, QStringList{"stream", "--context", context, "--codec", "cachegen", "--target-prefill", "1000000",
+                                        "--target-decode", "1000", "--quality-tokens", "2", "--threads", "1", "--json"} + extra);
             cli.waitForFinished(900000);
             const QByteArray err = cli.readAllStandardError();
             if (cli.exitCode() != 0) qWarning("%s", err.constData());
@@ -840,7 +891,7 @@ private slots:
             QSKIP("the default model is absent (installer/fetch_model.sh fetches it)");
         const QString context = KVSCOPE_SOURCE_DIR "/samples/contexts/story.txt";
         QProcess cli;
-        cli.start(kCli, {"stream", "--context", context, "--bandwidth", "1Gbit:0.02,50Mbit", "--rtt", "2", "--slo", "60",
+        cli.start(kCli, {"stream", "--context", context, "--codec", "cachegen", "--bandwidth", "1Gbit:0.02,50Mbit", "--rtt", "2", "--slo", "60",
                          "--policy", "adaptive,level:1,int8", "--quality-tokens", "12", "--threads", "1", "--workdir", m_dir.path(),
                          "--json"});
         QVERIFY(cli.waitForFinished(600000));

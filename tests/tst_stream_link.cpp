@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <atomic>
 #include <thread>
 
@@ -407,9 +408,39 @@ private slots:
         std::vector<double> d = levelDistortion({0.03, 0.01}, {2.0, 3.0}, &src);
         QCOMPARE(d, (std::vector<double>{0.0, 0.03, 0.01}));
         QCOMPARE(src, std::string("profile mean_kl"));
-        d = levelDistortion({0.03}, {2.0, 3.0}, &src);  // incomplete: every level falls back
+        d = levelDistortion({0.03}, {2.0, 3.0}, &src);  // one measured level gives no slope: every level falls back
         QCOMPARE(src, std::string("fallback 4^-bpv"));
         QVERIFY(std::abs(d[1] - 1.0 / 16) < 1e-15 && std::abs(d[2] - 1.0 / 64) < 1e-15);
+        // Issue 32: a transform ladder measures some levels only. The others are read off the line
+        // in (bits per value, ln KL) through the nearest measured pair: here KL halves per bit.
+        const double nan = std::numeric_limits<double>::quiet_NaN();
+        d = levelDistortion({nan, 0.01, nan, 0.0025, nan}, {1.0, 2.0, 3.0, 4.0, 5.0}, &src);
+        QCOMPARE(d.size(), size_t(6));
+        QVERIFY(std::abs(d[1] - 0.02) < 1e-12);     // below the measured ones: extrapolated
+        QCOMPARE(d[2], 0.01);                        // measured: as it is
+        QVERIFY(std::abs(d[3] - 0.005) < 1e-12);    // between them
+        QCOMPARE(d[4], 0.0025);
+        QVERIFY(std::abs(d[5] - 0.00125) < 1e-12);  // above: extrapolated
+        QCOMPARE(src, std::string("profile mean_kl; levels 1,3,5 interpolated (ln KL linear in bits per value through the measured levels)"));
+    }
+
+    // Issue 32: a chunk's weight scales its distortion in the planner. Two chunks of 100 tokens,
+    // room for one at level 2 only: the weighted one gets it, wherever it is in the fetch order.
+    void plannerWeights()
+    {
+        PlanInput in;
+        in.distortion = {0.0, 0.03, 0.01};
+        in.chunks = {PlanChunk{100, {0, 100, 200}}, PlanChunk{100, {0, 100, 200}}};
+        in.throughput = 1000;
+        in.slo = 0.3;  // 100 + 200 bytes at 1000 B/s
+        in.chunks[1].weight = 4;
+        PlanResult r = planChunks(in);
+        QVERIFY(r.feasible);
+        QCOMPARE(r.plan, (std::vector<int>{1, 2}));
+        QVERIFY(std::abs(r.distortion - (100 * 0.03 + 4 * 100 * 0.01)) < 1e-12);
+        in.chunks[1].weight = 1;
+        in.chunks[0].weight = 4;
+        QCOMPARE(planChunks(in).plan, (std::vector<int>{2, 1}));
     }
 
     // Fair sharing: two backlogged senders get equal shares; a third that began and stopped asking

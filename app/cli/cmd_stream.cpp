@@ -12,7 +12,9 @@
 
 #include "codec/container.h"
 #include "codec/profile.h"
+#include "eval/stream_codec.h"
 #include "eval/transform_default.h"
+#include "transport/protocol.h"
 #include "common/file_io.h"
 #include "kvio/kv_h5.h"
 #include "model/model.h"
@@ -29,6 +31,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <thread>
 #include <sys/stat.h>
@@ -148,10 +151,12 @@ std::atomic<bool> g_interrupted{false};
 struct StreamOpts {
     ModelOpts model;
     std::string context, question, profile, store, kv, policies = "adaptive", workdir, faults, target, continuation,
-        quality = "kl", codec = "cachegen";
+        quality = "kl", codec;  // codec "": the default (eval/stream_codec.h)
     LinkOpts link;
     double slo = 0, targetPrefill = 0, targetDecode = 0, targetKvBytes = 0, stallTimeout = 2.0;
     int runs = 1, qualityTokens = 32, window = 0, horizon = 5;
+    double plannerMargin = StreamOptions{}.plannerMargin, lastChunkWeight = StreamOptions{}.lastChunkWeight,
+           estimateErrorMargin = StreamOptions{}.estimateErrorMargin;
     bool noOracle = false;
 };
 
@@ -169,9 +174,10 @@ void addStreamOptions(CLI::App* sub, StreamOpts& o)
         ->group(kCodecGroup);
     sub->add_option("--codec", o.codec,
                     "the level-coded encoding that adaptive, text and level:N stream: cachegen or transform (codec 6; "
-                    "with --profile, its calibrated transform model)")
+                    "with --profile, its calibrated transform model). Default: transform with the model's calibrated "
+                    "ladder where the model has one of its own, else cachegen; a --profile with a calibrated transform "
+                    "model, transform; a --store, what it holds for the context")
         ->check(CLI::IsMember({"cachegen", "transform"}))
-        ->capture_default_str()
         ->group(kCodecGroup);
     o.link.add(sub, true);
     sub->add_option("--slo", o.slo, "TTFT target in seconds")->required()->check(CLI::PositiveNumber);
@@ -190,6 +196,15 @@ void addStreamOptions(CLI::App* sub, StreamOpts& o)
     sub->add_option("--window", o.window, "requests in flight at most (0 = the bandwidth-delay product, automatic)")
         ->capture_default_str()->check(CLI::Range(0, 16));
     sub->add_option("--horizon", o.horizon, "adaptive planner look-ahead in chunks")->capture_default_str()->check(CLI::Range(1, 8));
+    sub->add_option("--planner-margin", o.plannerMargin,
+                    "adaptive: plans must meet (1 - this) x the SLO, the room left for throughput estimate error")
+        ->capture_default_str()->check(CLI::Range(0.0, 0.9));
+    sub->add_option("--last-chunk-weight", o.lastChunkWeight,
+                    "adaptive: the context's last chunk's distortion counts this many times another chunk's")
+        ->capture_default_str()->check(CLI::Range(0.0, 100.0));
+    sub->add_option("--estimate-error-margin", o.estimateErrorMargin,
+                    "adaptive: the throughput estimate is discounted by 1 + the recent prediction error, counted as at most this")
+        ->capture_default_str()->check(CLI::Range(0.0, 1.0));
     sub->add_option("--quality", o.quality, "kl: KL and delta PPL of every run's cache (eval quality module); agreement: answers only")
         ->check(CLI::IsMember({"kl", "agreement"}))->capture_default_str();
     sub->add_option("--fault", o.faults, "server faults: die:N, corrupt:N, stall:N (N = chunk reply from 0)");
@@ -218,6 +233,9 @@ StreamOptions streamOptions(const StreamOpts& o)
     so.qualityTokens = std::max(1, o.qualityTokens);
     so.window = o.window;
     so.horizon = o.horizon;
+    so.plannerMargin = o.plannerMargin;
+    so.lastChunkWeight = o.lastChunkWeight;
+    so.estimateErrorMargin = o.estimateErrorMargin;
     so.keepCache = o.quality == "kl";
     return so;
 }
@@ -234,7 +252,7 @@ void addStreamCommand(CLI::App& app, Output& out)
     sub->callback([o, &out] {
         StreamOptions so = streamOptions(*o);
         CodecId codec = CodecId::CacheGen;
-        parseCodecName(o->codec, &codec);
+        if (!o->codec.empty()) parseCodecName(o->codec, &codec);
         std::vector<Policy> policies;
         for (const std::string& p : splitList(o->policies == "all" ? "adaptive,text,int8,level:1,level:2,level:3" : o->policies))
             policies.push_back(parsePolicy(p));
@@ -304,11 +322,36 @@ void addStreamCommand(CLI::App& app, Output& out)
             original.context = text;
         }
 
-        // --codec transform without --profile: the model's calibrated default ladder.
-        std::string profilePath = o->profile;
-        if (codec == CodecId::Transform && profilePath.empty())
-            profilePath = ensureDefaultTransform(*m, [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); });
+        // Which level-coded encoding is streamed, and why (the JSON says both).
+        std::string profilePath = o->profile, codecReason;
+        const auto log = [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); };
         std::string store = o->store, tmpdir;
+        std::shared_ptr<ChunkStore> opened;
+        if (!o->codec.empty()) {
+            codecReason = "--codec " + o->codec;
+            if (codec == CodecId::Transform && profilePath.empty()) {
+                profilePath = ensureDefaultTransform(*m, log);
+                codecReason += " with the model's calibrated default ladder";
+            }
+        } else if (!store.empty()) {
+            // What the store holds for this context: its transform encoding when it has one.
+            opened = std::shared_ptr<ChunkStore>(openStore(store));
+            const std::string key = contextKey(m->runtime().fingerprint(), tokens) + ":" + codecName(CodecId::Transform);
+            const std::vector<std::string> held = opened->contents();
+            if (std::find(held.begin(), held.end(), key) != held.end()) codec = CodecId::Transform;
+            codecReason = std::string("--store holds a ") + codecName(codec) + " encoding of this context";
+        } else if (!profilePath.empty()) {
+            const CodecProfile given = loadProfile(profilePath);
+            if (given.hasTransform() && !given.transformModel.empty()) codec = CodecId::Transform;
+            codecReason = std::string("--profile ") + (codec == CodecId::Transform ? "carries a calibrated transform model"
+                                                                                    : "has no calibrated transform model: its cachegen levels");
+        } else {
+            const StreamCodecChoice c = defaultStreamCodec(*m, log);
+            codec = c.codec;
+            profilePath = c.profilePath;
+            codecReason = c.reason;
+        }
+        std::fprintf(stderr, "stream: streaming %s levels (%s)\n", codecName(codec), codecReason.c_str());
         if (store.empty()) {
             std::string dir = o->workdir;
             if (!dir.empty() && ::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
@@ -320,7 +363,7 @@ void addStreamCommand(CLI::App& app, Output& out)
             }
             store = encodeStore(original, profilePath, dir, codec);
         }
-        auto server = std::make_unique<ChunkServer>(std::shared_ptr<ChunkStore>(openStore(store)), srv);
+        auto server = std::make_unique<ChunkServer>(opened ? opened : std::shared_ptr<ChunkStore>(openStore(store)), srv);
         server->start();
         std::fprintf(stderr, "stream: chunk server on %s:%d, link %s, rtt %g ms, store %s\n", host.c_str(), server->port(),
                      schedule.describe().c_str(), o->link.rttMs, store.c_str());
@@ -328,20 +371,9 @@ void addStreamCommand(CLI::App& app, Output& out)
         Streamer streamer(*m, host, server->port(), tokens, qTokens, original);
         streamer.setCodec(codec);
         if (!profilePath.empty()) {
-            // The levels' measured KL (kvscope-cli tune writes levels[*].measured.mean_kl; for the
-            // transform codec, transform.levels[*].measured).
-            const CodecProfile prof = loadProfile(profilePath);
-            std::vector<std::string> measured;
-            if (codec == CodecId::Transform)
-                for (const TransformLevel& l : prof.transformLevels) measured.push_back(l.measuredJson);
-            else
-                for (const CodecLevel& l : prof.levels) measured.push_back(l.measuredJson);
-            std::vector<double> kl;
-            for (const std::string& m : measured) {
-                const json mj = m.empty() ? json() : json::parse(m, nullptr, false);
-                if (mj.is_object() && mj.contains("mean_kl") && mj["mean_kl"].is_number()) kl.push_back(mj["mean_kl"].get<double>());
-            }
-            if (!kl.empty() && kl.size() == measured.size()) streamer.setLevelKl(kl);
+            // The levels' measured KL (the missing ones are interpolated: planner.h levelDistortion).
+            const std::vector<double> kl = measuredLevelKl(loadProfile(profilePath), codec);
+            if (!kl.empty()) streamer.setLevelKl(kl);
         }
         streamer.prepare(so);
 
@@ -465,6 +497,9 @@ void addStreamCommand(CLI::App& app, Output& out)
         j["rtt_ms"] = o->link.rttMs;
         j["store"] = store;
         j["codec"] = codecName(codec);
+        j["codec_reason"] = codecReason;
+        j["codec_profile"] = profilePath.empty() ? json(nullptr) : json(profilePath);
+        j["levels"] = streamer.cachegen().params().numLevels();
         j["model"] = m->spec().name;
         j["runtime"] = m->runtime().describe();
         j["measured_prefill_tokens_per_s"] = streamer.measuredPrefillTokensPerSecond();
@@ -487,6 +522,8 @@ void addStreamCommand(CLI::App& app, Output& out)
         j["measured_decode_ms_per_chunk"] = 1e3 * streamer.measuredDecodeSecondsPerToken() * streamer.cachegen().params().profile.chunkTokens;
         j["level_distortion"] = streamer.levelDistortion();
         j["level_distortion_source"] = streamer.distortionSource();
+        j["planner"] = {{"margin", so.plannerMargin}, {"last_chunk_weight", so.lastChunkWeight},
+                        {"estimate_error_margin", so.estimateErrorMargin}, {"horizon", so.horizon}};
         if (qref) j["quality_continuation"] = continuationSource;
         out.emit(j, [](const json& j) {
             std::printf("%-10s %9s %9s %9s %9s %9s %6s %9s %10s %8s\n", "policy", "ttft_s", "transfer", "decode",

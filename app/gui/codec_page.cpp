@@ -4,6 +4,7 @@
 #include "tuner_session.h"
 
 #include "eval/samples.h"
+#include "eval/stream_codec.h"
 
 #include <QApplication>
 #include <QClipboard>
@@ -145,6 +146,14 @@ void CodecPage::showStages(bool keepToggles)
 const CodecProfile* CodecPage::ladder() const
 {
     return m_view->profile().transformModel.empty() ? m_session->defaultTransform() : nullptr;
+}
+
+std::shared_ptr<const CodecProfile> CodecPage::streamTransform() const
+{
+    const CodecProfile& p = m_view->profile();
+    if (p.hasTransform() && !p.transformModel.empty()) return std::make_shared<const CodecProfile>(p);
+    if (!ladder() || !m_kv || ownTransformLadder(m_kv->modelFingerprint, nullptr).empty()) return nullptr;
+    return std::make_shared<const CodecProfile>(transformProfile());
 }
 
 CodecProfile CodecPage::transformProfile() const

@@ -51,6 +51,11 @@ public:
     void saveProfile(const QString& path);
     void exportLmcache(const QString& path);
 
+    // What the Stream page's race streams, as `kvscope-cli stream` without --codec
+    // (eval/stream_codec.h): the profile's own calibrated transform, else the open model's
+    // calibrated ladder when the model has a ladder of its own; null: CacheGen's levels.
+    std::shared_ptr<const CodecProfile> streamTransform() const;
+
 signals:
     void taskStarted(const QString& text, int maximum);
     void progressChanged(int value);

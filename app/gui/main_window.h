@@ -104,7 +104,7 @@ public slots:
     // LMCache's CacheGenConfig text of every level of the tuner's profile.
     void exportLmcache(const QString& path) { m_codecPage->exportLmcache(path); }
     // Starts a stream lab run with the view's settings and the tuner's profile.
-    void startStream() { m_streamPage->start(m_codecPage->profile()); }
+    void startStream() { m_streamPage->start(m_codecPage->profile(), m_codecPage->streamTransform()); }
     // The Codec page's rate-distortion points: levels, baselines and (when its stage is on) the
     // transform codec with the stages switched on, scored on the chosen quality source (the
     // held-out continuation, or the quality suite file named on the page). In the background;

@@ -62,10 +62,10 @@ void StreamPage::previewSchedule()
     }
 }
 
-void StreamPage::start(const CodecProfile& profile)
+void StreamPage::start(const CodecProfile& profile, std::shared_ptr<const CodecProfile> transform)
 {
     if (!m_session->isReady() || m_session->isRunning()) return;
-    m_session->start(m_view->config(), profile);
+    m_session->start(m_view->config(), profile, std::move(transform));
 }
 
 void StreamPage::stop() { m_session->stop(); }

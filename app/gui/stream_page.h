@@ -9,6 +9,8 @@
 #include <QObject>
 #include <QString>
 
+#include <memory>
+
 class QWidget;
 
 namespace kvscope {
@@ -25,8 +27,9 @@ public:
     StreamLabView* view() const { return m_view; }
     StreamSession* session() const { return m_session; }
 
-    // A race of the view's settings with `profile`; nothing when no cache is ready or one runs.
-    void start(const CodecProfile& profile);
+    // A race of the view's settings with `profile` (CacheGen's levels), or with `transform`'s
+    // calibrated transform ladder when given; nothing when no cache is ready or one runs.
+    void start(const CodecProfile& profile, std::shared_ptr<const CodecProfile> transform = nullptr);
     void stop();
     // @return false after reporting the error (errorReported).
     bool saveRace(const QString& path);

@@ -4,9 +4,11 @@
 
 #include "codec/chunk_codec.h"
 #include "codec/container.h"
+#include "codec/transform.h"
 #include "eval/quality.h"
 #include "model/model.h"
 #include "transport/link.h"
+#include "transport/protocol.h"
 #include "transport/server.h"
 #include "transport/store.h"
 #include "stream/streamer.h"
@@ -86,6 +88,8 @@ struct StreamSession::Rig {
     std::unique_ptr<QualityReference> quality;  // built once per rig, after the first prepare
     std::string qualitySource;
     int levels = 0;
+    CodecId codec = CodecId::CacheGen;  // the level-coded encoding the streamers fetch
+    std::vector<double> levelKl;        // its levels' measured KL for the planner (NaN: none)
 
     bool alive() const
     {
@@ -105,6 +109,8 @@ struct StreamSession::Rig {
     {
         streamers.push_back(
             std::make_unique<Streamer>(*model, "127.0.0.1", server.port(), kv->tokens, question, *kv));
+        streamers.back()->setCodec(codec);
+        if (!levelKl.empty()) streamers.back()->setLevelKl(levelKl);
         streamers.back()->prepare(StreamOptions{}, "stream lab");
         return *streamers.back();
     }
@@ -203,7 +209,7 @@ const char* modeName(StreamConfig::Mode m)
 
 }  // namespace
 
-void StreamSession::start(const StreamConfig& config, const CodecProfile& profile)
+void StreamSession::start(const StreamConfig& config, const CodecProfile& profile, std::shared_ptr<const CodecProfile> transform)
 {
     if (isRunning() || !isReady()) return;
     const int firstRun = m_runs + 1;
@@ -215,7 +221,7 @@ void StreamSession::start(const StreamConfig& config, const CodecProfile& profil
     const std::shared_ptr<Rig> rig = m_rig;
 
     m_lane->start(tr("Stream: preparing…"), [this, firstRun, model, kv, question, continuation, rig, config,
-                                               profile](JobControl& control) -> std::function<void()> {
+                                               profile, transform](JobControl& control) -> std::function<void()> {
         QStringList policies = config.policies;
         if (policies.isEmpty()) policies << QStringLiteral("adaptive");
         std::vector<Policy> parsed;
@@ -227,7 +233,8 @@ void StreamSession::start(const StreamConfig& config, const CodecProfile& profil
                                 std::to_string(reinterpret_cast<uintptr_t>(model.get())) + "|" +
                                 config.store.toStdString() + "|" + std::to_string(config.rttMs) + "|" +
                                 std::to_string(int(mode)) + "|" + question + "|" + continuation + "|" +
-                                (config.store.isEmpty() ? profileToJson(profile) : std::string());
+                                (config.store.isEmpty() ? profileToJson(transform ? *transform : profile) : std::string()) +
+                                (transform ? "|transform" : "|cachegen");
         if (rig->key != key || !rig->alive()) {
             rig->streamers.clear();
             rig->servers.clear();
@@ -236,25 +243,50 @@ void StreamSession::start(const StreamConfig& config, const CodecProfile& profil
             rig->key.clear();
             rig->model = model;
             rig->kv = kv;
+            // The transform ladder needs the keys' RoPE table to undo it; a cache without one
+            // (written by another stack) streams CacheGen's levels.
+            const bool useTransform = transform && !(transform->transform.ropeUndo &&
+                                                     int(kv->ropeInvFreq.size()) != kv->shape().headDim / 2);
+            rig->codec = useTransform ? CodecId::Transform : CodecId::CacheGen;
+            rig->levelKl = useTransform ? measuredLevelKl(*transform, CodecId::Transform) : measuredLevelKl(profile, CodecId::CacheGen);
             std::string store = config.store.toStdString();
             if (store.empty()) {
-                control.phase(tr("Stream: encoding the cache (cachegen and int8)…"));
+                control.phase(useTransform ? tr("Stream: encoding the cache (transform ladder and int8)…")
+                                           : tr("Stream: encoding the cache (cachegen and int8)…"));
                 rig->dir = std::make_unique<QTemporaryDir>(QDir::temp().filePath(QStringLiteral("kvscope-lab-XXXXXX")));
                 if (!rig->dir->isValid()) throw Error("stream lab: cannot create a temporary folder");
                 CodecParams p;
-                p.codec = CodecId::CacheGen;
+                p.codec = rig->codec;
                 p.shape = kv->shape();
                 p.dtype = kv->dtype();
-                p.profile = profile;
+                p.profile = useTransform ? *transform : profile;
                 p.profile.numLayers = kv->shape().numLayers;
-                p.profile.tables = TableMode::InBand;  // calibrated tables travel with profiles, not here
-                const std::string cg = QFile::encodeName(rig->dir->filePath(QStringLiteral("context.cachegen.kvc"))).toStdString();
+                if (useTransform) {
+                    prepareTransform(p, *kv, "the calibrated transform ladder");
+                } else {
+                    p.profile.tables = TableMode::InBand;  // calibrated tables travel with profiles, not here
+                }
+                const std::string cg = QFile::encodeName(rig->dir->filePath(
+                                                             useTransform ? QStringLiteral("context.transform.kvc")
+                                                                          : QStringLiteral("context.cachegen.kvc"))).toStdString();
                 const std::string i8 = QFile::encodeName(rig->dir->filePath(QStringLiteral("context.int8.kvc"))).toStdString();
                 writeKvc(*kv, p, cg);
-                CodecParams q = p;
+                CodecParams q;
                 q.codec = CodecId::Int8;
+                q.shape = kv->shape();
+                q.dtype = kv->dtype();
+                q.profile = profile;
+                q.profile.numLayers = kv->shape().numLayers;
+                q.profile.chunkTokens = p.profile.chunkTokens;
+                q.profile.tables = TableMode::InBand;
                 writeKvc(*kv, q, i8);
                 store = cg + "," + i8;
+            } else {
+                // The user's store: its transform encoding of this context when it holds one.
+                const std::string want = contextKey(model->runtime().fingerprint(), kv->tokens) + ":" + codecName(CodecId::Transform);
+                const std::vector<std::string> held = openStore(store)->contents();
+                rig->codec = std::find(held.begin(), held.end(), want) != held.end() ? CodecId::Transform : CodecId::CacheGen;
+                if (rig->codec != CodecId::Transform || !useTransform) rig->levelKl.clear();
             }
             if (control.stopped()) throw Error("stream: cancelled");
             rig->store = store;
@@ -302,7 +334,11 @@ void StreamSession::start(const StreamConfig& config, const CodecProfile& profil
         race.config = config;
         race.config.policies = policies;
         race.config.mode = mode;
-        race.cache = QStringLiteral("%1 tokens of %2").arg(kv->shape().numTokens).arg(QString::fromStdString(kv->modelName));
+        race.cache = QStringLiteral("%1 tokens of %2, %3 levels (%4)")
+                         .arg(kv->shape().numTokens)
+                         .arg(QString::fromStdString(kv->modelName))
+                         .arg(rig->levels)
+                         .arg(rig->codec == CodecId::Transform ? tr("transform ladder") : tr("CacheGen"));
         race.available = seriesOf(schedule, std::max(2.0 * config.sloSeconds, 1.0));
         race.qualitySource = QString::fromStdString(rig->qualitySource);
         control.post([this, policies, available = race.available] { emit raceStarted(policies, available); });

@@ -52,7 +52,10 @@ public:
     static std::vector<HardwarePreset> hardwarePresets();
 
 public slots:
-    void start(const kvscope::StreamConfig& config, const kvscope::CodecProfile& profile);
+    // transform: stream its calibrated transform levels instead of profile's CacheGen levels
+    // (the Stream page passes the model's ladder where there is one: CodecPage::streamTransform).
+    void start(const kvscope::StreamConfig& config, const kvscope::CodecProfile& profile,
+               std::shared_ptr<const kvscope::CodecProfile> transform = nullptr);
     void stop();
 
 signals:

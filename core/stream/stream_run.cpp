@@ -19,9 +19,9 @@ constexpr int kMaxWindow = 8;          // requests in flight at most with an aut
 // A previous run's estimate, before anything is measured (planner.h), taken as it is: the first
 // fetch is the last chunk, whose level weighs most on quality, and halving the prior (0.5 until
 // issue 32) sent it at level 1 on links that carried level 3 (docs/streaming.md); the SLO target
-// (kSloSafety) and the re-plan after the first reply remain the margin.
+// (StreamOptions::plannerMargin) and the re-plan after the first reply remain the margin.
 constexpr double kPriorDiscount = 1.0;
-constexpr double kSloSafety = 0.1;     // the planner aims at 90% of the SLO (planner.h)
+
 constexpr double kProgressSeconds = 0.1;  // a reply read this long gives its rate so far to the planner
 constexpr double kJitReplies = 5;        // just-in-time requests where a reply takes 5x the guard or more
 
@@ -135,7 +135,7 @@ StreamRun::AdaptivePlan StreamRun::planAdaptive(double now)
     AdaptivePlan ap;
     PlanResult& pr = ap.plan;
     const int textable = textableCount();
-    double thr = m_estimator.valid() ? m_estimator.estimate() : m_prior;
+    double thr = m_estimator.valid() ? m_estimator.estimate(m_opt.estimateErrorMargin) : m_prior;
     // A reply that has been arriving for a while more slowly than the estimate is the newest
     // evidence of the link: its rate so far caps the estimate. Only after kProgressSeconds,
     // so that a reply of a few milliseconds (reads in bursts) never counts.
@@ -146,11 +146,24 @@ StreamRun::AdaptivePlan StreamRun::planAdaptive(double now)
     }
     pr.predictedTtft = 0;
     if (thr <= 0) {
+        // Nothing known of the link (the command's first run): assume it is just fast enough for
+        // every chunk at the file's default level within the planner's target. The plan then
+        // spends that budget where it counts most (the context's last chunk, fetched first:
+        // lastChunkWeight) instead of sending the blind first fetch at the default level.
+        double bytes = 0, decode = 0;
+        for (int k : m_todo) {
+            bytes += wireBytes(k, std::clamp(m_params.defaultLevel(), 1, m_levels));
+            decode = double(m_params.chunkLength(k)) * m_decodePerToken.load();  // the last decode is not hidden
+        }
+        const double budget = m_opt.sloSeconds * (1.0 - m_opt.plannerMargin) - m_tailSeconds - decode;
+        if (m_inflight.empty()) thr = budget > 0 ? bytes / budget : 0.0;
+    }
+    if (thr <= 0) {
         // Nothing known of the link: the next fetch at the file's default level, and chunk 0
         // recomputed meanwhile if that alone fits the SLO (it overlaps the first fetch).
         pr.choice = std::clamp(m_params.defaultLevel(), 1, m_levels);
         const bool chunk0 = m_textFront == 0 && textable > 0 &&
-                            jobCost(0, 0) + m_tailSeconds <= m_opt.sloSeconds * (1.0 - kSloSafety);
+                            jobCost(0, 0) + m_tailSeconds <= m_opt.sloSeconds * (1.0 - m_opt.plannerMargin);
         pr.textChunks = chunk0 ? 1 : 0;
         if (pr.textChunks == int(m_todo.size())) pr.choice = 0;
         return ap;
@@ -171,6 +184,7 @@ StreamRun::AdaptivePlan StreamRun::planAdaptive(double now)
     for (int k : m_todo) {
         PlanChunk pc;
         pc.tokens = m_params.chunkLength(k);
+        pc.weight = k == m_chunks - 1 ? m_opt.lastChunkWeight : 1.0;
         for (int c = 0; c <= m_levels; ++c) pc.bytes.push_back(wireBytes(k, c));
         in.chunks.push_back(pc);
     }
@@ -188,7 +202,7 @@ StreamRun::AdaptivePlan StreamRun::planAdaptive(double now)
     in.recomputeSecondsPerToken = m_recomputePerToken;
     in.recomputeFloorSeconds = m_recomputeFloor;
     in.tailSeconds = m_tailSeconds;
-    in.slo = m_opt.sloSeconds * (1.0 - kSloSafety);
+    in.slo = m_opt.sloSeconds * (1.0 - m_opt.plannerMargin);
     in.horizon = m_opt.horizon;
     pr = planChunks(in);
     ap.throughput = thr;

@@ -9,11 +9,31 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 
 namespace kvscope {
 
 namespace {
 const std::string kNoJson;
+}
+
+std::vector<double> measuredLevelKl(const CodecProfile& profile, CodecId codec)
+{
+    std::vector<std::string> measured;
+    if (codec == CodecId::Transform)
+        for (const TransformLevel& l : profile.transformLevels) measured.push_back(l.measuredJson);
+    else
+        for (const CodecLevel& l : profile.levels) measured.push_back(l.measuredJson);
+    std::vector<double> kl;
+    bool any = false;
+    for (const std::string& m : measured) {
+        const nlohmann::json j = m.empty() ? nlohmann::json() : nlohmann::json::parse(m, nullptr, false);
+        const bool has = j.is_object() && j.contains("mean_kl") && j["mean_kl"].is_number();
+        kl.push_back(has ? j["mean_kl"].get<double>() : std::numeric_limits<double>::quiet_NaN());
+        any = any || has;
+    }
+    if (!any) kl.clear();
+    return kl;
 }
 
 Streamer::Streamer(const Model& model, std::string host, int port, std::vector<int32_t> contextTokens,
@@ -67,12 +87,12 @@ void Streamer::prepare(const StreamOptions& options, const std::string& logPrefi
             const nlohmann::json j = mj.empty() ? nlohmann::json() : nlohmann::json::parse(mj, nullptr, false);
             if (j.is_object() && j.contains("mean_kl") && j["mean_kl"].is_number()) kl.push_back(j["mean_kl"].get<double>());
             else if (j.is_object() && j.contains("kl") && j["kl"].is_number()) kl.push_back(j["kl"].get<double>());
+            else kl.push_back(std::numeric_limits<double>::quiet_NaN());  // not measured: interpolated (planner.h)
             double bytes = 0;
             for (int c = 0; c < p.numChunks(); ++c) bytes += m_cachegen->chunkBytes(c, l);
             bpv.push_back(8.0 * bytes / (valuesPerToken * double(p.shape.numTokens)));
         }
         if (int(m_levelKl.size()) == p.numLevels()) kl = m_levelKl;  // figures for another level set do not apply
-        if (int(kl.size()) != p.numLevels()) kl.clear();
         m_distortion = kvscope::levelDistortion(kl, bpv, &m_distortionSource);
     }
     // The decode rate here: chunk 0 at the default level, decoded twice (the first pays one-time costs).

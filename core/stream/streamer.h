@@ -71,6 +71,20 @@ struct StreamOptions {
                                  // fixed policies; adaptive: 1 until a chunk is measured, then the
                                  // bandwidth-delay product over the last reply's size, plus 2, at most 8)
     int horizon = 5;             // planner look-ahead, chunks
+    // The adaptive planner's constants (planner.h; how they were set: docs/streaming.md).
+    // plannerMargin: plans must meet (1 - margin) x the SLO, the room left for estimate error
+    // (a request, once sent, cannot be taken back). lastChunkWeight: the context's last chunk's
+    // distortion counts this many times a middle chunk's (PlanChunk::weight): the question and
+    // the continuation attend most to the tokens just before them. Set on the development cell
+    // (gpl9k, T-Mobile x4, transform ladder; docs/streaming.md): the last chunk at level 4 with the
+    // rest at level 7 raised the KL by 0.028, six middle chunks at level 1 by 0.023 (0.004 each),
+    // so the last chunk weighs about 20 middle ones at equal distortion; 16 is a round figure below.
+    // estimateErrorMargin: the throughput estimate is the recent goodputs' harmonic mean divided
+    // by 1 + their largest recent relative prediction error, that error counted as at most this
+    // (planner.h ThroughputEstimator; 1.0 there: the estimate at most halved).
+    double plannerMargin = 0.1;
+    double lastChunkWeight = 16.0;
+    double estimateErrorMargin = 1.0;
     bool keepCache = false;      // return the assembled cache in StreamResult::cache
     // Optional, for live views: called on the run's thread once each chunk's fetch is settled,
     // with the fetch's fields (level, bytes, sent/arrived; job fields 0: its decode may still be
@@ -127,6 +141,11 @@ struct StreamResult {
     bool firstTokenMatch = false;
 };
 
+// The measured KL of each level of a profile for the codec that streams it (transform:
+// transform.levels[*].measured.mean_kl, else levels[*].measured.mean_kl, written by `tune` and the
+// held-out suites), NaN where a level has none; empty when no level has one. For setLevelKl.
+std::vector<double> measuredLevelKl(const CodecProfile& profile, CodecId codec);
+
 // One context served by one ChunkServer (host, port), prepared once, then streamed many times.
 class Streamer {
 public:
@@ -141,9 +160,10 @@ public:
     // answer from the original cache and measures the model's prefill rate. Not part of any TTFT.
     // Throws kvscope::Error when the server has no skeleton of this codec (setCodec) of this context.
     void prepare(const StreamOptions& quality, const std::string& logPrefix = "stream");
-    // The measured KL of each cachegen level (a profile's levels[*].measured.mean_kl; a .kvc does
-    // not carry them). Call before prepare(); without it the planner uses the profile figures
-    // only if the file had them, else the size fallback (planner.h).
+    // The measured KL of each level (a profile's levels[*].measured.mean_kl, or its
+    // transform.levels[*]; NaN for a level without one; a .kvc need not carry them). Call before
+    // prepare(); without it the planner uses the file's figures, the missing ones interpolated,
+    // else the size fallback (planner.h levelDistortion).
     void setLevelKl(std::vector<double> klPerLevel) { m_levelKl = std::move(klPerLevel); }
     // The level-coded encoding the policies adaptive, text and level:N fetch: cachegen (default)
     // or transform (codec 6, whose skeleton carries the transform section: basis, steps, tables).

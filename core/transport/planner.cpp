@@ -50,7 +50,12 @@ double ThroughputEstimator::maxRecentError() const
 
 double ThroughputEstimator::estimate() const
 {
-    return valid() ? harmonicMean() / (1.0 + maxRecentError()) : 0.0;
+    return estimate(kMaxError);
+}
+
+double ThroughputEstimator::estimate(double maxError) const
+{
+    return valid() ? harmonicMean() / (1.0 + std::clamp(maxRecentError(), 0.0, std::max(0.0, maxError))) : 0.0;
 }
 
 namespace {
@@ -86,9 +91,10 @@ PlanResult planChunks(const PlanInput& in)
         }
         horizon = std::max(1, h);
     }
-    // suffixTokens[j]: tokens of chunks j..n-1, for the distortion bound.
+    // suffixTokens[j]: weighted tokens of chunks j..n-1, for the distortion bound.
+    auto weighted = [&](int j) { return double(in.chunks[size_t(j)].tokens) * std::max(0.0, in.chunks[size_t(j)].weight); };
     std::vector<double> suffixTokens(size_t(n) + 1, 0.0);
-    for (int j = n - 1; j >= 0; --j) suffixTokens[size_t(j)] = suffixTokens[size_t(j) + 1] + in.chunks[size_t(j)].tokens;
+    for (int j = n - 1; j >= 0; --j) suffixTokens[size_t(j)] = suffixTokens[size_t(j) + 1] + weighted(j);
 
     double bestTtft = std::numeric_limits<double>::infinity(), bestDist = bestTtft;
     bool bestFeasible = false;
@@ -121,7 +127,7 @@ PlanResult planChunks(const PlanInput& in)
         const PlanChunk& ch = in.chunks[size_t(j)];
         link = std::max(link, earliestReply) + ch.bytes[size_t(c)] / thr;
         worker = std::max(worker, link) + double(ch.tokens) * in.decodeSecondsPerToken;
-        dist += double(ch.tokens) * in.distortion[size_t(c)];
+        dist += weighted(j) * in.distortion[size_t(c)];
     };
 
     for (int k = 0; k <= textable; ++k) {
@@ -130,7 +136,7 @@ PlanResult planChunks(const PlanInput& in)
         double worker = worker0, textDist = 0;
         for (int j = m; j < n; ++j) {
             worker += std::max(in.recomputeFloorSeconds, double(in.chunks[size_t(j)].tokens) * in.recomputeSecondsPerToken);
-            textDist += double(in.chunks[size_t(j)].tokens) * in.distortion[0];
+            textDist += weighted(j) * in.distortion[0];
             plan[size_t(j)] = 0;
         }
         for (const PlanJob& o : in.owed) worker = std::max(worker, o.release) + o.seconds;
@@ -173,11 +179,42 @@ std::vector<double> levelDistortion(const std::vector<double>& measuredKl, const
 {
     const size_t levels = std::max(measuredKl.size(), bitsPerValue.size());
     std::vector<double> d(levels + 1, 0.0);
-    bool measured = measuredKl.size() == levels && levels > 0;
-    for (double k : measuredKl) measured = measured && k > 0 && std::isfinite(k);
+    auto bpv = [&](size_t l) { return l < bitsPerValue.size() ? bitsPerValue[l] : 0.0; };
+    auto has = [&](size_t l) { return l < measuredKl.size() && measuredKl[l] > 0 && std::isfinite(measuredKl[l]); };
+    std::vector<size_t> known;  // measured levels, in level order
     for (size_t l = 0; l < levels; ++l)
-        d[l + 1] = measured ? measuredKl[l] : std::pow(4.0, -(l < bitsPerValue.size() ? bitsPerValue[l] : 0.0));
-    if (source) *source = measured ? "profile mean_kl" : "fallback 4^-bpv";
+        if (has(l)) known.push_back(l);
+    // Fewer than two measured points (or two at the same size) give no slope: the size fallback alone.
+    bool usable = known.size() == levels && levels > 0;
+    if (!usable && known.size() >= 2 && bitsPerValue.size() == levels) {
+        usable = true;
+        for (size_t i = 1; i < known.size(); ++i) usable = usable && bpv(known[i]) > bpv(known[i - 1]);
+    }
+    if (!usable) {
+        for (size_t l = 0; l < levels; ++l) d[l + 1] = std::pow(4.0, -bpv(l));
+        if (source) *source = "fallback 4^-bpv";
+        return d;
+    }
+    std::string interpolated;
+    for (size_t l = 0; l < levels; ++l) {
+        if (has(l)) {
+            d[l + 1] = measuredKl[l];
+            continue;
+        }
+        // ln KL linear in bits per value between the measured levels around l (the nearest pair
+        // at either end): a straight line in the rate-distortion law's coordinates.
+        size_t hi = 1;
+        while (hi + 1 < known.size() && bpv(known[hi]) < bpv(l)) ++hi;
+        const size_t a = known[hi - 1], b = known[hi];
+        double slope = (std::log(measuredKl[b]) - std::log(measuredKl[a])) / (bpv(b) - bpv(a));
+        if (!(slope < 0)) slope = -std::log(4.0);  // noisy figures that rise with size: the law's slope keeps the order
+        d[l + 1] = std::exp(std::log(measuredKl[a]) + slope * (bpv(l) - bpv(a)));
+        interpolated += (interpolated.empty() ? "" : ",") + std::to_string(l + 1);
+    }
+    if (source)
+        *source = interpolated.empty() ? "profile mean_kl"
+                                       : "profile mean_kl; levels " + interpolated +
+                                             " interpolated (ln KL linear in bits per value through the measured levels)";
     return d;
 }
 

@@ -38,7 +38,8 @@
 //    (H = horizon, lowered until levels^H <= kMaxLeaves; fewer near the end), every fetch after the
 //    horizon taking the horizon's last level; branch and bound on distortion and predicted TTFT
 //    (both only grow along a plan). Among plans whose predicted TTFT meets the SLO, the one with
-//    the least total distortion (sum over chunks of tokens x the choice's distortion) wins, ties
+//    the least total distortion (sum over chunks of weight x tokens x the choice's distortion;
+//    PlanChunk::weight) wins, ties
 //    going to the earlier TTFT; when no plan meets the SLO, the one with the earliest TTFT wins. The
 //    streamer commits only the plan's next fetch (when its window has room) and its next text chunk
 //    (only when the worker is about to run out of work, so that the split is decided as late as
@@ -47,9 +48,11 @@
 //    `kvscope-cli tune`), else its measured KL ("kl"), else a fallback from the level's size:
 //    4^-(bits per value), the rate-distortion law of a Gaussian source, so more bits always means
 //    less distortion and the order is the bits-per-value order. Text recompute has distortion 0
-//    (it reproduces the model's own cache). Measured and fallback figures are never mixed: when any
-//    level lacks a measured KL, every level uses the fallback.
-//  - Safety: the streamer plans against 90% of the SLO (kSloSafety in stream/stream_run.cpp): a request,
+//    (it reproduces the model's own cache). Measured and fallback figures are never mixed: a level
+//    without a measured KL gets one interpolated from the measured ones (ln KL linear in bits per
+//    value, the nearest measured pair; a shipped transform ladder measures only some levels), and
+//    only with fewer than two measured levels does every level use the fallback.
+//  - Safety: the streamer plans against 90% of the SLO (StreamOptions::plannerMargin 0.1): a request,
 //    once sent, cannot be taken back.
 //  - Before any chunk has been measured there is no estimate: the first request goes at the
 //    file's default level and at most chunk 0 is recomputed meanwhile, unless a prior estimate (the
@@ -78,6 +81,9 @@ public:
     double harmonicMean() const;  // of the recent samples, each clamped
     double maxRecentError() const;
     double estimate() const;  // harmonicMean / (1 + maxRecentError); 0 when !valid()
+    // The same with the error counted as at most maxError (<= kMaxError): the discount a caller
+    // states as its margin for estimate error.
+    double estimate(double maxError) const;
 
 private:
     // sample held to [m / kBand, m x kBand] (unchanged when m is 0: no samples).
@@ -88,6 +94,7 @@ private:
 struct PlanChunk {
     int tokens = 0;
     std::vector<double> bytes;  // [choice]: 1..L = level (bytes on the wire); [0] unused (text: no request)
+    double weight = 1;          // how much a token's distortion here counts (the context's last chunk: more)
 };
 
 // A job owed to the worker: the decode of a reply in flight.
@@ -120,15 +127,17 @@ struct PlanResult {
     int textChunks = 0;             // the split: the last textChunks of PlanInput::chunks are text
     std::vector<int> plan;          // one choice per chunk of PlanInput::chunks (0 = text)
     double predictedTtft = 0;       // same clock as PlanInput::now
-    double distortion = 0;          // sum of tokens x distortion
+    double distortion = 0;          // sum of weight x tokens x distortion
     bool feasible = false;          // predicted TTFT <= slo
 };
 
 PlanResult planChunks(const PlanInput& in);
 
-// Per-choice distortion for a cachegen file: measuredKl[l-1] when every level has one (> 0),
-// else 4^-(bits per value) from the mean bytes per token of each level. Index 0 (text) is 0.
-// `source` says which ("profile mean_kl" or "fallback 4^-bpv").
+// Per-choice distortion for a level-coded file: measuredKl[l-1] where it is > 0 and finite (NaN or
+// 0: not measured), the missing ones interpolated in ln KL over bitsPerValue (the file's bits per
+// value per level, increasing) when at least two levels are measured; else 4^-(bits per value)
+// for every level. Index 0 (text) is 0. `source` says which ("profile mean_kl", with the
+// interpolated levels named, or "fallback 4^-bpv").
 std::vector<double> levelDistortion(const std::vector<double>& measuredKl, const std::vector<double>& bitsPerValue,
                                     std::string* source);
 
