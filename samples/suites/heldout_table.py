@@ -99,7 +99,7 @@ def ladder_note(out):
             "and count in the size); `transform, no per-cache means` is the same ladder without them. "
             "`transform, layer groups` is the same ladder with `\"layer_group\": 5` (one PCA, water level and "
             "symbol stream across 5 adjacent layers, docs/transform.md#layer-groups-layer_group-g), calibrated "
-            "on the same two contexts by `kvscope-cli calibrate --codec transform --layer-group 5` (levels 3 and 4, "
+            "on the same two contexts by `kvscope-cli calibrate --codec transform --layer-group 5` (levels 3 and 4 on every genre, "
             "measured 2026-12-04 with the CLI of commit 2a7b499 at load average about 9, "
             "`ROWS=transform_grouped TRANSFORM_GROUPED_LEVELS=3,4 TRANSFORM_GROUPED_PROFILE=... sh samples/suites/heldout.sh`).")
 
