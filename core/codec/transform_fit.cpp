@@ -306,20 +306,6 @@ std::vector<float> transformCodeLengths(const std::vector<uint16_t>& freq)
 
 namespace {
 
-// rel_l of READ ME FIRST, 10: each layer's scale over the geometric mean of its group's (1 when
-// the list does not list the L layers: empty, or one scale per block).
-std::vector<double> groupRelativeScales(const std::vector<double>& scale, int L, int G)
-{
-    std::vector<double> rel(static_cast<size_t>(L), 1.0);
-    if (int(scale.size()) != L) return rel;
-    for (int j = 0; j < L / G; ++j) {
-        double logMean = 0;
-        for (int g = 0; g < G; ++g) logMean += std::log(scale[size_t(j * G + g)]) / G;
-        for (int g = 0; g < G; ++g) rel[size_t(j * G + g)] = scale[size_t(j * G + g)] / std::exp(logMean);
-    }
-    return rel;
-}
-
 // A level's per-layer scales for the blocks: the list as it is when it has one per block, the
 // geometric mean of each group's when it lists the cache's layers.
 std::vector<double> blockScales(const std::vector<double>& scale, int blocks, int G)
@@ -334,12 +320,23 @@ std::vector<double> blockScales(const std::vector<double>& scale, int blocks, in
     return out;
 }
 
+// rel_l of READ ME FIRST, 10: each layer's scale over its group's geometric mean (blockScales; 1
+// when the list does not list the L layers: empty, or one scale per block).
+std::vector<double> groupRelativeScales(const std::vector<double>& scale, int L, int G)
+{
+    std::vector<double> rel(static_cast<size_t>(L), 1.0);
+    if (int(scale.size()) != L) return rel;
+    const std::vector<double> group = blockScales(scale, L / G, G);
+    for (int l = 0; l < L; ++l) rel[size_t(l)] = scale[size_t(l)] / group[size_t(l / G)];
+    return rel;
+}
+
 }  // namespace
 
 KvSet groupLayers(const KvSet& kv, int G, const std::vector<double>& keyScale, const std::vector<double>& valueScale)
 {
     const KvShape& sh = kv.shape();
-    const int L = sh.numLayers, H = sh.numKvHeads, D = sh.headDim;
+    const int L = sh.numLayers, H = sh.numKvHeads;
     KVSCOPE_ASSERT(G >= 1 && L % G == 0);
     KvShape gs = sh;
     gs.numLayers = L / G;
@@ -365,7 +362,6 @@ KvSet groupLayers(const KvSet& kv, int G, const std::vector<double>& keyScale, c
             for (float x : kv.valueWeight[size_t(l)]) out.valueWeight[size_t(j)].push_back(float(x / valueRel[size_t(l)]));
         if (a) out.attnMass[size_t(j)].insert(out.attnMass[size_t(j)].end(), kv.attnMass[size_t(l)].begin(), kv.attnMass[size_t(l)].end());
     }
-    (void)D;
     return out;
 }
 
