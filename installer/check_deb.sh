@@ -58,26 +58,53 @@ closure="$work/closure.txt"
 apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks --no-replaces --no-enhances \
     kvscope 2>/dev/null | sed -n 's/^\([^ <][^ ]*\)$/\1/p; s/^ *[A-Za-z-]*Depends: \([^<][^ ]*\)$/\1/p; s/^    \([^ <][^ ]*\)$/\1/p' \
     | sed 's/:.*//' | sort -u > "$closure"
-elves=0
-while read -r f; do
-  [ -f "$f" ] && file -b "$f" | grep -q '^ELF' || continue
-  elves=$((elves + 1))
-  if ldd "$f" | grep -q 'not found'; then
-    ldd "$f" | grep 'not found' >&2
-    die "$f: unresolved libraries"
-  fi
-  while read -r lib; do
-    real="$(readlink -f "$lib")"
-    owner=""
-    for p in "$lib" "$real" "${lib#/usr}" "${real#/usr}" "/usr$lib" "/usr$real"; do
-      owner="$(dpkg -S "$p" 2>/dev/null | head -1 | cut -d: -f1)" && [ -n "$owner" ] && break
-    done
-    [ -n "$owner" ] || die "$f loads $lib, which no package owns"
-    [ "$owner" = kvscope ] || grep -qx "$owner" "$closure" \
-      || die "$f loads $lib from $owner, which the .deb does not depend on (directly or not)"
-  done < <(ldd "$f" | sed -n 's/.*=> \(\/[^ ]*\) .*/\1/p')
-done < <(dpkg -L kvscope)
-say "ok: $elves ELF files, every library they load resolved and owned by one of the $(wc -l < "$closure") packages the .deb pulls in"
+dpkg -L kvscope > "$work/files.txt"
+python3 - "$work/files.txt" "$closure" <<'PY' || die "the .deb's dependencies do not cover what its binaries load"
+import os, subprocess, sys
+files = [l.strip() for l in open(sys.argv[1]) if l.strip()]
+closure = {l.strip() for l in open(sys.argv[2]) if l.strip()}
+elves, libs = [], {}
+for f in files:
+    try:
+        with open(f, "rb") as fh:
+            if fh.read(4) != b"\x7fELF":
+                continue
+    except (IsADirectoryError, FileNotFoundError, PermissionError):
+        continue
+    elves.append(f)
+    out = subprocess.run(["ldd", f], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        if "not found" in line:
+            sys.exit("check_deb: error: %s: %s" % (f, line.strip()))
+        if "=> /" in line:
+            libs.setdefault(line.split("=> ")[1].split()[0], f)
+# Owners in one dpkg query; the database may record a library under /lib or /usr/lib (merged
+# /usr), and an alternative (libblas.so.3) only under the path its symlinks lead to.
+variants = {}
+for lib in libs:
+    for path in {lib, os.path.realpath(lib)}:
+        for v in {path, path[4:] if path.startswith("/usr/") else "/usr" + path}:
+            variants[v] = lib
+out = subprocess.run(["dpkg", "-S"] + sorted(variants), capture_output=True, text=True).stdout
+owner = {}
+for line in out.splitlines():
+    pkgs, _, path = line.partition(": ")
+    if path in variants:
+        owner[variants[path]] = [p.strip().split(":")[0] for p in pkgs.split(",")]
+problems = []
+for lib, f in sorted(libs.items()):
+    if lib not in owner:
+        problems.append("%s loads %s, which no package owns" % (f, lib))
+    elif not any(p == "kvscope" or p in closure for p in owner[lib]):
+        problems.append("%s loads %s from %s, which the .deb does not depend on (directly or not)"
+                        % (f, lib, ", ".join(owner[lib])))
+for p in problems:
+    print("check_deb: error: " + p, file=sys.stderr)
+if problems:
+    sys.exit(1)
+print("check_deb: ok: %d ELF files, the %d libraries they load all resolved, each from one of the %d "
+      "packages the .deb pulls in" % (len(elves), len(libs), len(closure)))
+PY
 
 # A user's first commands: an empty HOME, no XDG folders, the source and build trees hidden.
 home="$work/home"
@@ -110,7 +137,9 @@ assert len(j["sha256"]) == 64, j["sha256"]
 print("check_deb: ok: %s, %.1f MB, sha256 %s" % (j["path"], os.path.getsize(j["path"]) / 1e6, j["sha256"]))
 PY
 as_user "$bin" fetch-model --json > "$work/fetch2.json" 2>/dev/null || die "fetch-model failed the second time"
-say "ok: a second fetch-model finds the model in the cache"
+python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); sys.exit(j["downloaded"] is not False)' "$work/fetch2.json" \
+  || die "a second fetch-model downloaded the model again"
+say "ok: a second fetch-model finds the model in the cache (\"downloaded\": false)"
 
 say "info --json"
 as_user "$bin" info --json > "$work/info.json" || die "info failed"
