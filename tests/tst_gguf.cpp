@@ -544,7 +544,7 @@ private slots:
     void realGemma3MatchesGgufPackage()
     {
         const QString path = QDir::homePath() + "/.cache/kvscope/models/gemma-3-270m-q4_k_m.gguf";
-        if (!QFile::exists(path)) QSKIP("no gemma-3-270m-q4_k_m.gguf: installer/fetch_model.sh gemma3-270m");
+        if (!QFile::exists(path)) QSKIP("no gemma-3-270m-q4_k_m.gguf: kvscope-cli fetch-model gemma3-270m");
         QFile ref(QStringLiteral(KVSCOPE_TEST_DATA "/ggml/gemma3_270m_dequant.txt"));
         QVERIFY(ref.open(QIODevice::ReadOnly | QIODevice::Text));
         const GgufFile f = GgufFile::open(path.toStdString());
@@ -581,7 +581,7 @@ private slots:
     {
         const std::string path = findRealModel();
         if (path.empty())
-            QSKIP("no GGUF found: set KVSCOPE_MODEL_GGUF or put SmolLM2-135M-Instruct.Q4_1.gguf in "
+            QSKIP("no GGUF found: set KVSCOPE_MODEL_GGUF, or kvscope-cli fetch-model puts SmolLM2-135M-Instruct.Q4_1.gguf in "
                   "~/.cache/kvscope/models/");
         const GgufFile f = GgufFile::open(path);
         QCOMPARE(f.getString("general.architecture"), std::string("llama"));

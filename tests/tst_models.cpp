@@ -1,5 +1,5 @@
 // Real checkpoints beyond the default model, against llama.cpp: for each GGUF below that is in
-// the cache (installer/fetch_model.sh NAME), the figures recorded by
+// the cache (kvscope-cli fetch-model NAME), the figures recorded by
 // tests/reference/llamacpp_model_reference.py (llama-cpp-python built from source) in
 // tests/data/reference/<name>_llamacpp.json. Our runtime dequantises to fp32 and runs fp32 with
 // an fp16 cache (as llama.cpp keeps it); llama.cpp multiplies quantised weights with 8-bit
@@ -62,7 +62,9 @@ private slots:
         QFETCH(int, index);
         const Case& c = kCases[index];
         const std::string path = (QDir::homePath() + "/.cache/kvscope/models/" + c.file).toStdString();
-        if (!std::ifstream(path).good()) QSKIP("checkpoint not in ~/.cache/kvscope/models (installer/fetch_model.sh)");
+        if (!std::ifstream(path).good())
+            QSKIP(qPrintable(QString("%1 not in ~/.cache/kvscope/models (kvscope-cli fetch-model NAME; --list names "
+                                     "them)").arg(c.file)));
         QFile f(QString(KVSCOPE_TEST_DATA "/reference/") + c.reference);
         QVERIFY(f.open(QIODevice::ReadOnly));
         const QJsonObject ref = QJsonDocument::fromJson(f.readAll()).object();

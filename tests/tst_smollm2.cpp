@@ -46,7 +46,7 @@ private slots:
     void initTestCase()
     {
         if (!std::ifstream(defaultModelPath()).good())
-            QSKIP("the default model is not in the cache (installer/fetch_model.sh fetches it)");
+            QSKIP("the default model is not in the cache (kvscope-cli fetch-model fetches it)");
         m_ref = reference();
         QVERIFY(!m_ref.isEmpty());
         RuntimeOptions o;

@@ -646,7 +646,7 @@ private slots:
     {
         const std::string modelPath = defaultModelPath();
         if (!QFile::exists(QString::fromStdString(modelPath)))
-            QSKIP("the default model is absent (installer/fetch_model.sh fetches it)");
+            QSKIP("the default model is absent (kvscope-cli fetch-model fetches it)");
         RuntimeOptions ro;
         ro.threads = 1;
         const std::unique_ptr<Model> m = Model::open("", "", ro);
@@ -736,7 +736,7 @@ private slots:
     void streamCliTransform()
     {
         if (!QFile::exists(QString::fromStdString(defaultModelPath())))
-            QSKIP("the default model is absent (installer/fetch_model.sh fetches it)");
+            QSKIP("the default model is absent (kvscope-cli fetch-model fetches it)");
         QProcess cli;
         cli.start(kCli, {"stream", "--context", KVSCOPE_SOURCE_DIR "/samples/contexts/story.txt", "--codec", "transform",
                          "--bandwidth", "400Mbit", "--rtt", "2", "--slo", "60", "--policy", "level:1,level:3",
@@ -767,7 +767,7 @@ private slots:
     void streamDefaultCodec()
     {
         if (!QFile::exists(QString::fromStdString(defaultModelPath())))
-            QSKIP("the default model is absent (installer/fetch_model.sh fetches it)");
+            QSKIP("the default model is absent (kvscope-cli fetch-model fetches it)");
         QProcess cli;
         cli.start(kCli, {"stream", "--context", KVSCOPE_SOURCE_DIR "/samples/contexts/story.txt", "--bandwidth", "1Gbit",
                          "--slo", "60", "--policy", "adaptive", "--quality", "agreement", "--quality-tokens", "2",
@@ -819,7 +819,7 @@ private slots:
     void streamOracle()
     {
         if (!QFile::exists(QString::fromStdString(defaultModelPath())))
-            QSKIP("the default model is absent (installer/fetch_model.sh fetches it)");
+            QSKIP("the default model is absent (kvscope-cli fetch-model fetches it)");
         const QString context = KVSCOPE_SOURCE_DIR "/samples/contexts/story.txt";
         const QString dir = m_dir.path() + "/oracle";
         auto stream = [&](const QStringList& extra) {
@@ -888,7 +888,7 @@ private slots:
     {
         const std::string model = defaultModelPath();
         if (!QFile::exists(QString::fromStdString(model)))
-            QSKIP("the default model is absent (installer/fetch_model.sh fetches it)");
+            QSKIP("the default model is absent (kvscope-cli fetch-model fetches it)");
         const QString context = KVSCOPE_SOURCE_DIR "/samples/contexts/story.txt";
         QProcess cli;
         cli.start(kCli, {"stream", "--context", context, "--codec", "cachegen", "--bandwidth", "1Gbit:0.02,50Mbit", "--rtt", "2", "--slo", "60",

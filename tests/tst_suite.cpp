@@ -184,7 +184,7 @@ private slots:
 
     void referenceFromTheModel()
     {
-        if (!modelPresent()) QSKIP("the default model is not in the cache (installer/setup.sh fetches it)");
+        if (!modelPresent()) QSKIP("the default model is not in the cache (kvscope-cli fetch-model fetches it)");
         QVERIFY(m_cache.isValid());
         RuntimeOptions ro;
         ro.threads = 1;  // small passes: a second thread mostly spins on a busy machine

@@ -162,7 +162,7 @@ private slots:
 
     void smollm2Gguf()
     {
-        if (!exists(smollmPath())) QSKIP("~/.cache/kvscope/models/SmolLM2-135M-Instruct.Q4_1.gguf not present");
+        if (!exists(smollmPath())) QSKIP("~/.cache/kvscope/models/SmolLM2-135M-Instruct.Q4_1.gguf not present (kvscope-cli fetch-model)");
         const auto tok = loadTokenizer(smollmPath());
         QCOMPARE(tok->description(), std::string("byte-level BPE (GGUF, gpt2)"));
         QCOMPARE(tok->vocabSize(), 49152);

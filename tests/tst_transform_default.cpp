@@ -64,7 +64,7 @@ private slots:
 
     void calibratesOnceThenReuses()
     {
-        if (!m_model) QSKIP("the default model is not in the cache (installer/setup.sh fetches it)");
+        if (!m_model) QSKIP("the default model is not in the cache (kvscope-cli fetch-model fetches it)");
         const std::string fp = m_model->runtime().fingerprint();
         int lines = 0;
         const std::string path = ensureDefaultTransform(*m_model, [&](const std::string&) { ++lines; });
@@ -106,7 +106,7 @@ private slots:
 
     void refitsADamagedCache()
     {
-        if (!m_model) QSKIP("the default model is not in the cache (installer/setup.sh fetches it)");
+        if (!m_model) QSKIP("the default model is not in the cache (kvscope-cli fetch-model fetches it)");
         const std::string fp = m_model->runtime().fingerprint();
         const std::string path = findDefaultTransform(fp).cachePath;
         writeFileAtomic(path, "{\"format\": \"kvscope-profile\", \"trunc");

@@ -16,8 +16,9 @@ namespace kvscope {
 namespace {
 
 // Blocks from this order on (a layer group's G * H * head_dim channels, a 7B-wide layer's 4096)
-// go to LAPACK's divide-and-conquer solver: O(n^3) with BLAS-3 blocking, at n = 960 about 200x
-// faster than the cyclic Jacobi below, whose O(n^3) per sweep runs down columns. Smaller blocks
+// go to LAPACK's divide-and-conquer solver: O(n^3) with BLAS-3 blocking, far faster at these
+// orders than the cyclic Jacobi below, whose O(n^3) per sweep runs down columns (figures:
+// docs/transform.md "Layer groups"). Smaller blocks
 // (every per-layer block of the models shipped here) keep Jacobi, which is accurate to the last
 // bits on small eigenvalues and keeps their fits byte for byte what they were.
 constexpr int kLapackOrder = detail::kBlasOrder;

@@ -84,9 +84,9 @@ void decodeSymbolMatrix(const uint8_t* data, size_t size, int rows, int cols, co
 // P = lcm(cols, 16) symbols: position d of every such row has table d % cols (a row starts at a
 // multiple of cols) and state (row * P + d) % 32. The last n % P symbols are a shorter scalar
 // row. How the sequence is cut changes neither the stream nor the symbols, only who decodes them.
-// Measured on SmolLM2-135M (K_u arbitrary: 352 of 1920 blocks have K_u % 16 == 0), one core: the
-// entropy stage decodes 200-285 M symbols/s this way (AVX2 or AVX-512) against 120 M/s row by row
-// with SIMD only for K_u % 8 == 0 (16 for AVX-512), and 72-96 M/s for the 4-state stream.
+// Why: a block's coded component count K_u is arbitrary (rarely a multiple of 16), so rows of K_u
+// would leave most blocks to the scalar loop (figures: docs/codecs.md "Why the entropy kernels
+// look as they do").
 
 namespace {
 
@@ -156,7 +156,7 @@ void decodeSymbolMatrixW32(const uint8_t* data, size_t size, int rows, int cols,
     st.end = data + size;
     st.overrun = false;
     // Rows of lcm(cols, 16) symbols for a SIMD kernel; the scalar rows are cols long (a shorter
-    // offset array: 20% faster than scalar rows of the SIMD length on SmolLM2's K_u).
+    // offset array stays in L1; docs/codecs.md has the figure).
     const int wide = w32Period(cols);
     const detail::W32RowFn fast =
         n >= size_t(wide) ? detail::w32RowKernel(simdPath(), detail::RowOut::Symbols, wide, false) : nullptr;

@@ -166,7 +166,7 @@ void TestCapture::eventLoopStaysResponsive()
     // The default model when installed (a real prefill of a few seconds), else the tiny one.
     const bool useDefault = QFile::exists(QFile::decodeName(kvscope::defaultModelPath().c_str()));
     if (!useDefault && (!QFile::exists(m_model) || !QFile::exists(m_tokenizer)))
-        QSKIP("neither the default model nor the aidreams260K checkpoint is present");
+        QSKIP("neither the default model (kvscope-cli fetch-model) nor the aidreams260K checkpoint is present");
     MainWindow window(false);
     window.show();
     QSignalSpy modelShown(&window, &MainWindow::modelShown);
