@@ -401,6 +401,7 @@ json tuneTransformCommand(const Model& model, const EvalOpts& o, const SuiteCliO
               {"budgets", tt.budgets},
               {"base_thetas", {tt.keyTheta, tt.valueTheta}},
               {"probe", tt.probe},
+              {"sensitivity_floor", tt.sensitivityFloor},
               {"exponents", tt.exponents},
               {"multipliers", tt.multipliers},
               {"measured_candidates", r.candidates.size()},
@@ -488,7 +489,7 @@ struct TuneOpts {
     std::string metric = "dppl";
     // --codec transform
     std::string baseThetas = "0.03,0.003", exponents = "0,0.5,1", multipliers = "0.5,0.71,1,1.41,2,2.83,4";
-    double probe = 3.0;
+    double probe = 3.0, sensitivityFloor = 1e-3;
     int refine = 2;
     double minAgreement = 0;
     int probeBins = 8, lambdaSteps = 48;
@@ -521,6 +522,9 @@ void addTuneOptions(CLI::App* sub, TuneOpts& o, SuiteCliOpts& so)
     sub->add_option("--multipliers", o.multipliers, "transform: multipliers of the water level tried per exponent")
         ->capture_default_str();
     sub->add_option("--probe", o.probe, "transform: sensitivity probe at this multiple of the base level")->capture_default_str();
+    sub->add_option("--sensitivity-floor", o.sensitivityFloor,
+                    "transform: a layer's sensitivity is at least this fraction of the largest")
+        ->capture_default_str();
     sub->add_option("--refine", o.refine, "transform: bisection steps per budget after the grid")->capture_default_str();
 }
 
@@ -597,6 +601,7 @@ void addTuneCommand(CLI::App& app, Output& out)
             tt.exponents = doubleList(o->exponents, "--exponents");
             tt.multipliers = doubleList(o->multipliers, "--multipliers");
             tt.probe = o->probe;
+            tt.sensitivityFloor = o->sensitivityFloor;
             tt.refine = o->refine;
             tt.base = *o->eval.profile.loadedProfile(prepared.front().original);
             if (!tt.base.hasTransform()) tt.base.transformLevels = defaultTransformLevels();

@@ -86,6 +86,7 @@ void validate(const std::vector<TuneContext>& contexts, const TransformTuneOptio
     for (double b : o.budgets)
         if (!(b > 0)) throw Error("tune: budget " + std::to_string(b) + " is not a positive " + tuneMetricName(o.metric));
     if (!(o.keyTheta > 0) || !(o.valueTheta > 0) || !(o.probe > 0)) throw Error("tune: base thetas and probe must be positive");
+    if (!(o.sensitivityFloor > 0) || !(o.sensitivityFloor <= 1)) throw Error("tune: --sensitivity-floor must be in (0, 1]");
     if (o.exponents.empty() || o.multipliers.empty()) throw Error("tune: empty exponent or multiplier grid");
     for (double m : o.multipliers)
         if (!(m > 0)) throw Error("tune: multiplier " + std::to_string(m) + " is not positive");
@@ -242,8 +243,8 @@ void TransformTuner::measureSensitivity()
         s[size_t(u)] = dU[size_t(u)] > 0 ? klU[size_t(u)] / dU[size_t(u)] : 0.0;
         sMax = std::max(sMax, s[size_t(u)]);
     }
-    // A block whose KL is below float noise still gets a finite (coarse) level: 1e-3 of the worst.
-    for (double& x : s) x = std::max(x, std::max(1e-300, 1e-3 * sMax));
+    // A block whose KL the probe does not resolve still gets a finite (coarse) level.
+    for (double& x : s) x = std::max(x, std::max(1e-300, m_options.sensitivityFloor * sMax));
     m_result.sensitivity.resize(size_t(L));
     for (int l = 0; l < L; ++l) {
         LayerSensitivity& ls = m_result.sensitivity[size_t(l)];

@@ -45,6 +45,10 @@ struct TransformTuneOptions {
     std::vector<double> budgets = {0.5, 1.0, 2.0};
     double keyTheta = 0.03, valueTheta = 0.003;  // the base level (exponent 0, multiplier 1)
     double probe = 3.0;                          // the sensitivity probe at probe x the base level
+    // s_u below floor x the largest s_u is raised to it: a block whose KL the probe cannot resolve
+    // still gets a finite water level. Lower it when the probe resolves the small blocks (their
+    // KL_u well above zero): the late layers' values of SmolLM2 sit at 1e-3.
+    double sensitivityFloor = 1e-3;
     std::vector<double> exponents = {0.0, 0.5, 1.0};
     std::vector<double> multipliers = {0.5, 0.71, 1.0, 1.41, 2.0, 2.83, 4.0};
     int refine = 2;

@@ -19,6 +19,10 @@
 #               ROWS=transform_grouped measures TRANSFORM_GROUPED_LEVELS (default 2,3,4,5) of the
 #               calibrated profile TRANSFORM_GROUPED_PROFILE (the ladder with "layer_group" set,
 #               calibrated by `kvscope-cli calibrate --codec transform`, see docs/transform.md)
+#               ROWS=variant measures VARIANT_LEVELS (default 3,4) of any calibrated transform profile
+#               VARIANT_PROFILE into <genre>.variant-<VARIANT>.json, shown as "transform, <VARIANT>"
+#               (underscores as spaces); VARIANT_NOTE, when set, is written to variant-<VARIANT>.txt and
+#               the page quotes it (what the variant is and how it was made)
 # Runs can go side by side (two shells, different ROWS or GENRES): a row being measured is
 # locked (<row>.json.lock) and the other shell skips it.
 #
@@ -46,7 +50,14 @@ for g in $GENRES; do
     [ -f "$S" ] || { echo "heldout: $S is missing (python3 samples/suites/make_genre_suites.py writes it)" >&2; exit 2; }
     E="eval --suite $S --threads $THREADS --json"
     for r in $ROWS; do
-        f="$OUT/$g.$r.json"
+        fam=$r
+        if [ "$r" = variant ]; then
+            [ -n "${VARIANT:-}" ] && [ -s "${VARIANT_PROFILE:-}" ] ||
+                { echo "heldout: ROWS=variant needs VARIANT=name and VARIANT_PROFILE=a calibrated profile" >&2; exit 2; }
+            fam="variant-$VARIANT"
+            [ -z "${VARIANT_NOTE:-}" ] || printf '%s\n' "$VARIANT_NOTE" > "$OUT/$fam.txt"
+        fi
+        f="$OUT/$g.$fam.json"
         [ -s "$f" ] && { echo "heldout: $f exists, kept (delete it to rerun)" >&2; continue; }
         mkdir "$f.lock" 2>/dev/null || { echo "heldout: $f is being measured by another run, skipped" >&2; continue; }
         trap 'rmdir "$f.lock" 2>/dev/null' EXIT
@@ -68,6 +79,9 @@ for g in $GENRES; do
             [ -s "${TRANSFORM_GROUPED_PROFILE:-}" ] || { echo "heldout: set TRANSFORM_GROUPED_PROFILE to a calibrated profile" >&2; exit 2; }
             "$CLI" $E --codec transform --profile "$TRANSFORM_GROUPED_PROFILE" --baselines none \
                 --levels "${TRANSFORM_GROUPED_LEVELS:-2,3,4,5}" > "$f.tmp" ;;
+        variant)
+            "$CLI" $E --codec transform --profile "$VARIANT_PROFILE" --baselines none \
+                --levels "${VARIANT_LEVELS:-3,4}" > "$f.tmp" ;;
         cachegen)  "$CLI" $E --codec cachegen --baselines none --levels "${CACHEGEN_LEVELS:-all}" > "$f.tmp" ;;
         tuned)     "$CLI" $E --codec cachegen --profile samples/profiles/smollm2-135m-instruct.json --baselines none \
                        --levels "${TUNED_LEVELS:-all}" > "$f.tmp" ;;

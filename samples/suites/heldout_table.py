@@ -47,7 +47,16 @@ def mcnemar_p(b, c):
     return min(1.0, 2.0 * tail)
 
 
+def family_rank(family):
+    """Where a family's rows go in the tables: the named families in FAMILIES order, then the
+    variants (ROWS=variant in heldout.sh) by name."""
+    base = SAME_AS.get(family, family)
+    return FAMILIES.index(base) if base in FAMILIES else len(FAMILIES)
+
+
 def row_key(family, r):
+    if family.startswith("variant-"):
+        return ("transform, " + family[len("variant-"):].replace("_", " "), r["level"])
     if family == "tuned":
         return ("cachegen tuned", r["level"])
     if SAME_AS.get(family, family) == "transform_uniform":
@@ -62,7 +71,9 @@ def row_key(family, r):
 def load(out, genres):
     runs = {}
     for g in genres:
-        for f in FAMILIES:
+        variants = sorted(n[len(g) + 1:-len(".json")] for n in os.listdir(out)
+                          if n.startswith(f"{g}.variant-") and n.endswith(".json"))
+        for f in FAMILIES + variants:
             p = os.path.join(out, f"{g}.{f}.json")
             if os.path.exists(p):
                 runs[(g, f)] = json.load(open(p))
@@ -86,9 +97,14 @@ def ci(v):
 def ladder_note(out):
     """What the page says about the transform ladder: OUT_DIR/ladder.txt when the runs used another
     ladder than the default model's shipped one."""
+    notes = ""
+    for n in sorted(os.listdir(out)):
+        if n.startswith("variant-") and n.endswith(".txt"):
+            label = "transform, " + n[len("variant-"):-len(".txt")].replace("_", " ")
+            notes += f" `{label}`: " + " ".join(open(os.path.join(out, n)).read().split())
     path = os.path.join(out, "ladder.txt")
     if os.path.exists(path):
-        return " ".join(open(path).read().split())
+        return " ".join(open(path).read().split()) + notes
     return ("The transform codec is calibrated on `technical_note` and `long_4k` "
             "(samples/contexts); its per-layer water levels come from sensitivities measured on the same two "
             "contexts (samples/profiles/make_ladder.py) and its levels are fixed multipliers of one base level: "
@@ -101,7 +117,7 @@ def ladder_note(out):
             "symbol stream across 5 adjacent layers, docs/transform.md#layer-groups-layer_group-g), calibrated "
             "on the same two contexts by `kvscope-cli calibrate --codec transform --layer-group 5` (levels 3 and 4 on every genre, "
             "measured 2026-12-04 with the CLI of commit 2a7b499 at load average about 9, "
-            "`ROWS=transform_grouped TRANSFORM_GROUPED_LEVELS=3,4 TRANSFORM_GROUPED_PROFILE=... sh samples/suites/heldout.sh`).")
+            "`ROWS=transform_grouped TRANSFORM_GROUPED_LEVELS=3,4 TRANSFORM_GROUPED_PROFILE=... sh samples/suites/heldout.sh`).") + notes
 
 
 def main():
@@ -147,7 +163,7 @@ def main():
             k = row_key(f, r)
             if k not in rows:
                 rows[k] = {}
-                order.append((FAMILIES.index(SAME_AS.get(f, f)), k))
+                order.append((family_rank(f), k))
             rows[k][g] = r
     order.sort(key=lambda x: (x[0], x[1][0], x[1][1]))
     keys = [k for _, k in order]
