@@ -22,7 +22,7 @@ set(project_folders "common|kv|codec|kvio|modelio|model|transport|stream|eval|be
 # and widgets/ sees none of them; Qt is for widgets/ only.
 set(third_party   "hdf5;torch;hiredis;pcre2;icu;spm;zstd;htscodecs;json;zlib;omp;qt")
 set(re_hdf5       "^(hdf5|H5[A-Za-z]*)\\.h$")
-set(at_hdf5       "core/kvio/kv_h5.cpp")
+set(at_hdf5       "core/kvio/kv_h5(_api\\.h|_api\\.cpp|_write\\.cpp|\\.cpp)")
 set(re_torch      "^(torch|ATen|c10)/")
 set(at_torch      "core/model/llama_runtime.cpp")
 set(re_hiredis    "^hiredis/")

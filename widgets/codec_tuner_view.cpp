@@ -68,7 +68,46 @@ CodecTunerView::CodecTunerView(QWidget* parent) : QWidget(parent)
     m_debounce->setInterval(kDebounceMs);
     connect(m_debounce, &QTimer::timeout, this, &CodecTunerView::settingsChanged);
 
-    // Settings of the whole profile.
+    QFormLayout* settings = buildSettings();
+    QHBoxLayout* group = buildBinsEditor();
+    QGridLayout* actions = buildActions();
+    addQualityRows(settings);
+    auto* left = new QWidget;
+    auto* ll = new QVBoxLayout(left);
+    ll->setContentsMargins(0, 0, 0, 0);
+    ll->addLayout(settings);
+    ll->addWidget(m_stageBox);
+    ll->addWidget(m_table, 1);
+    ll->addLayout(group);
+    ll->addLayout(actions);
+
+    QWidget* right = buildResults();
+
+    auto* split = new QSplitter(Qt::Horizontal);
+    split->addWidget(left);
+    split->addWidget(right);
+    split->setStretchFactor(0, 1);
+    split->setStretchFactor(1, 1);
+    auto* layout = new QVBoxLayout(this);
+    layout->addWidget(split);
+
+    connect(m_model, &BinsTableModel::binsEdited, this, &CodecTunerView::edited);
+    for (QSpinBox* s : {m_chunk, m_delta}) connect(s, &QSpinBox::valueChanged, this, &CodecTunerView::edited);
+    for (QComboBox* c : {m_keyQuant, m_valueQuant})
+        connect(c, &QComboBox::currentIndexChanged, this, &CodecTunerView::edited);
+    connect(m_levelCombo, &QComboBox::currentIndexChanged, this, [this](int index) {
+        if (m_loading || index < 0) return;
+        storeLevel();
+        m_level = index;
+        showLevel();
+        edited();
+    });
+    setAvailable(false, false, tr("Capture a context or open a KV file to try codec settings on it."));
+}
+
+// Settings of the whole profile: the level being edited, chunk size, delta group, quantizers.
+QFormLayout* CodecTunerView::buildSettings()
+{
     m_levelCombo = new QComboBox;
     m_levelCombo->setObjectName(QStringLiteral("tunerLevel"));
     m_chunk = spin(QStringLiteral("tunerChunk"), 16, 8192, 16, 256);
@@ -85,7 +124,12 @@ CodecTunerView::CodecTunerView(QWidget* parent) : QWidget(parent)
     settings->addRow(tr("K quantizer:"), m_keyQuant);
     settings->addRow(tr("V quantizer:"), m_valueQuant);
 
-    // Bins per layer, with group editing.
+    return settings;
+}
+
+// Bins per layer (m_table), with group editing: the row of buttons below the table.
+QHBoxLayout* CodecTunerView::buildBinsEditor()
+{
     m_model = new BinsTableModel(this);
     m_table = new QTableView;
     m_table->setObjectName(QStringLiteral("binsTable"));
@@ -109,8 +153,12 @@ CodecTunerView::CodecTunerView(QWidget* parent) : QWidget(parent)
     connect(setK, &QPushButton::clicked, this, [this] { setBinsOnSelection(true, false, m_setBins->value()); });
     connect(setV, &QPushButton::clicked, this, [this] { setBinsOnSelection(false, true, m_setBins->value()); });
     connect(setBoth, &QPushButton::clicked, this, [this] { setBinsOnSelection(true, true, m_setBins->value()); });
+    return group;
+}
 
-    // Measurements and files.
+// Measurements and files.
+QGridLayout* CodecTunerView::buildActions()
+{
     m_sensBins = spin(QStringLiteral("tunerSensBins"), 4, 256, 2, 8);
     m_sensBins->setPrefix(tr("at "));
     m_sensBins->setSuffix(tr(" bins"));
@@ -139,7 +187,11 @@ CodecTunerView::CodecTunerView(QWidget* parent) : QWidget(parent)
     actions->addWidget(load, 1, 0);
     actions->addWidget(save, 1, 1);
     actions->addWidget(lmcache, 1, 2);
+    return actions;
+}
 
+void CodecTunerView::addQualityRows(QFormLayout* settings)
+{
     // Hooks for what lands later: where quality comes from (the held-out continuation today, a
     // quality suite once core has one) and the transform codec's stages as toggles.
     m_qualitySource = new QComboBox;
@@ -178,17 +230,11 @@ CodecTunerView::CodecTunerView(QWidget* parent) : QWidget(parent)
     m_stageBox->setObjectName(QStringLiteral("tunerStages"));
     new QGridLayout(m_stageBox);
     m_stageBox->setVisible(false);
+}
 
-    auto* left = new QWidget;
-    auto* ll = new QVBoxLayout(left);
-    ll->setContentsMargins(0, 0, 0, 0);
-    ll->addLayout(settings);
-    ll->addWidget(m_stageBox);
-    ll->addWidget(m_table, 1);
-    ll->addLayout(group);
-    ll->addLayout(actions);
-
-    // Figures.
+// The right side: the edited level's figures, the two answers, the rate-distortion plot.
+QWidget* CodecTunerView::buildResults()
+{
     m_figures = new QGroupBox(tr("Edited level"));
     auto* figures = new QFormLayout(m_figures);
     const char* const labels[] = {"Bits per value:", "Size:", "Ratio vs fp16:", "Ratio vs int8:", "ΔPPL:", "KL:",
@@ -235,27 +281,7 @@ CodecTunerView::CodecTunerView(QWidget* parent) : QWidget(parent)
     rl->addLayout(answers);
     addRdNotes(rl);
     rl->addWidget(m_rdPlot, 1);
-
-    auto* split = new QSplitter(Qt::Horizontal);
-    split->addWidget(left);
-    split->addWidget(right);
-    split->setStretchFactor(0, 1);
-    split->setStretchFactor(1, 1);
-    auto* layout = new QVBoxLayout(this);
-    layout->addWidget(split);
-
-    connect(m_model, &BinsTableModel::binsEdited, this, &CodecTunerView::edited);
-    for (QSpinBox* s : {m_chunk, m_delta}) connect(s, &QSpinBox::valueChanged, this, &CodecTunerView::edited);
-    for (QComboBox* c : {m_keyQuant, m_valueQuant})
-        connect(c, &QComboBox::currentIndexChanged, this, &CodecTunerView::edited);
-    connect(m_levelCombo, &QComboBox::currentIndexChanged, this, [this](int index) {
-        if (m_loading || index < 0) return;
-        storeLevel();
-        m_level = index;
-        showLevel();
-        edited();
-    });
-    setAvailable(false, false, tr("Capture a context or open a KV file to try codec settings on it."));
+    return right;
 }
 
 CodecTunerView::~CodecTunerView() = default;

@@ -25,7 +25,10 @@
 #include <vector>
 
 class QComboBox;
+class QFormLayout;
+class QGridLayout;
 class QGroupBox;
+class QHBoxLayout;
 class QCustomPlot;
 class QLabel;
 class QLineEdit;
@@ -118,6 +121,12 @@ private:
     void showLevel();    // m_profile.levels[current] -> table
     void updateRdPlot();
     void addRdNotes(QVBoxLayout* layout);  // m_rdSource and m_transformNote
+    // The constructor's parts, in the order it builds them.
+    QFormLayout* buildSettings();
+    QHBoxLayout* buildBinsEditor();
+    QGridLayout* buildActions();
+    void addQualityRows(QFormLayout* settings);  // quality source, suite, distortion axis; m_stageBox
+    QWidget* buildResults();
 
     CodecProfile m_profile;
     int m_level = 0;  // 0-based, edited level

@@ -1,29 +1,21 @@
 #include "layer_stats_view.h"
 
-#include "plot_export.h"
 #include "plot_style.h"
 #include "plot_widget.h"
 
 #include <qcustomplot.h>
 
-#include <QApplication>
 #include <QCheckBox>
-#include <QClipboard>
 #include <QComboBox>
-#include <QFileDialog>
-#include <QFileInfo>
 #include <QHBoxLayout>
 #include <QLabel>
 #include <QPushButton>
 #include <QSpinBox>
-#include <QMenu>
-#include <QSettings>
 #include <QSplitter>
 #include <QToolTip>
 #include <QVBoxLayout>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 
 namespace kvscope {
@@ -33,22 +25,6 @@ namespace {
 // Graph order in the layer plot; tests and CSV rely on it.
 enum LayerGraph { KRaw = 0, KDelta = 1, VRaw = 2, VDelta = 3, LayerGraphCount = 4 };
 
-
-// Shortest text that reads back to the same number, so copied CSV loses nothing.
-template <typename T>
-QString csvNumber(T v)
-{
-    if (std::isnan(v)) return QStringLiteral("nan");
-    if (std::isinf(v)) return v > 0 ? QStringLiteral("inf") : QStringLiteral("-inf");
-    char buf[64];
-    const auto res = std::to_chars(buf, buf + sizeof buf, v);
-    return QString::fromLatin1(buf, int(res.ptr - buf));
-}
-
-QString kindLabel(KvKind kind)
-{
-    return kind == KvKind::Key ? QStringLiteral("keys") : QStringLiteral("values");
-}
 
 QLabel* titleLabel(const QString& text)
 {
@@ -69,6 +45,11 @@ QLabel* readingLabel(const QString& objectName)
 }
 
 }  // namespace
+
+QString LayerStatsView::kindLabel(KvKind kind)
+{
+    return kind == KvKind::Key ? QStringLiteral("keys") : QStringLiteral("values");
+}
 
 LayerStatsView::LayerStatsView(QWidget* parent) : QWidget(parent)
 {
@@ -562,184 +543,6 @@ void LayerStatsView::showChannelToolTip(QMouseEvent* event)
                 .arg(double(ch.mean), 0, 'g', 4)
                 .arg(double(ch.std), 0, 'g', 4);
     QToolTip::showText(event->globalPosition().toPoint(), text, m_channelPlot);
-}
-
-QString LayerStatsView::layersCsv() const
-{
-    QString csv = QStringLiteral(
-        "layer,k_variance_raw,k_variance_delta,v_variance_raw,v_variance_delta,"
-        "k_entropy_bits,k_entropy_bits_delta,v_entropy_bits,v_entropy_bits_delta,"
-        "k_outlier_channels,v_outlier_channels\n");
-    for (int layer : m_layers) {
-        const TensorStats* k = find(layer, KvKind::Key);
-        const TensorStats* v = find(layer, KvKind::Value);
-        auto field = [](const TensorStats* s, auto member) { return s ? csvNumber(s->*member) : QString(); };
-        QStringList row;
-        row << QString::number(layer) << field(k, &TensorStats::varianceRaw)
-            << field(k, &TensorStats::varianceDelta) << field(v, &TensorStats::varianceRaw)
-            << field(v, &TensorStats::varianceDelta) << field(k, &TensorStats::entropyBits)
-            << field(k, &TensorStats::entropyBitsDelta) << field(v, &TensorStats::entropyBits)
-            << field(v, &TensorStats::entropyBitsDelta)
-            << (k ? QString::number(k->outlierChannels.size()) : QString())
-            << (v ? QString::number(v->outlierChannels.size()) : QString());
-        csv += row.join(QLatin1Char(',')) + QLatin1Char('\n');
-    }
-    return csv;
-}
-
-QString LayerStatsView::channelsCsv() const
-{
-    QString csv = QStringLiteral("channel,min,max,mean,std,absmax,outlier\n");
-    const TensorStats* s = find(selectedLayer(), selectedKind());
-    if (!s) return csv;
-    for (size_t c = 0; c < s->channels.size(); ++c) {
-        const ChannelStats& ch = s->channels[c];
-        const bool outlier = std::find(s->outlierChannels.begin(), s->outlierChannels.end(), int(c)) !=
-                             s->outlierChannels.end();
-        csv += QStringList{QString::number(c),
-                           csvNumber(ch.min),
-                           csvNumber(ch.max),
-                           csvNumber(ch.mean),
-                           csvNumber(ch.std),
-                           csvNumber(ch.absmax),
-                           outlier ? QStringLiteral("1") : QStringLiteral("0")}
-                   .join(QLatin1Char(','));
-        csv += QLatin1Char('\n');
-    }
-    return csv;
-}
-
-void LayerStatsView::copyCsv(Plot which)
-{
-    QApplication::clipboard()->setText(which == Plot::Layers ? layersCsv() : channelsCsv());
-}
-
-bool LayerStatsView::savePlot(Plot which, const QString& path)
-{
-    return kvscope::savePlot(which == Plot::Layers ? m_layerPlot : m_channelPlot, path, &m_error);
-}
-
-void LayerStatsView::exportWithDialog(Plot which)
-{
-    QSettings settings;
-    const QString dir = settings.value(QStringLiteral("export/lastDir")).toString();
-    const QString base =
-        which == Plot::Layers
-            ? QStringLiteral("kv-layers")
-            : QStringLiteral("kv-layer%1-%2").arg(selectedLayer()).arg(kindLabel(selectedKind()));
-    const QString path =
-        QFileDialog::getSaveFileName(this, tr("Save plot"), QDir(dir).filePath(base + QStringLiteral(".png")),
-                                     plotImageFilter());
-    if (path.isEmpty()) return;
-    settings.setValue(QStringLiteral("export/lastDir"), QFileInfo(path).absolutePath());
-    if (!savePlot(which, path)) QToolTip::showText(QCursor::pos(), m_error, this);
-}
-
-void LayerStatsView::showContextMenu(Plot which, const QPoint& pos)
-{
-    QCustomPlot* plot = which == Plot::Layers ? m_layerPlot : m_channelPlot;
-    // popup(), not exec(): the menu must not spin a nested event loop under the plot's feet.
-    auto* menu = new QMenu(this);
-    menu->setAttribute(Qt::WA_DeleteOnClose);
-    QAction* copy = menu->addAction(tr("Copy data as CSV"), this, [this, which] { copyCsv(which); });
-    copy->setObjectName(QStringLiteral("copyCsv"));
-    copy->setEnabled(!m_stats.empty());
-    QAction* save = menu->addAction(tr("Save image as…"), this, [this, which] { exportWithDialog(which); });
-    save->setObjectName(QStringLiteral("saveImage"));
-    menu->addSeparator();
-    menu->addAction(tr("Reset zoom"), this, [this, which] {
-        if (which == Plot::Layers)
-            updateLayerPlot();
-        else
-            updateChannelPlot();
-    });
-    menu->popup(plot->mapToGlobal(pos));
-}
-
-void LayerStatsView::setupSensitivityPlot()
-{
-    QCustomPlot* plot = m_sensPlot;
-    plot->setMinimumHeight(180);
-    plot->xAxis->setLabel(tr("layer quantized alone"));
-    plot->yAxis->setLabel(tr("KL vs the original cache"));
-    QSharedPointer<QCPAxisTickerFixed> ticker(new QCPAxisTickerFixed);
-    ticker->setTickStep(1.0);
-    ticker->setScaleStrategy(QCPAxisTickerFixed::ssMultiples);
-    plot->xAxis->setTicker(ticker);
-    auto* group = new QCPBarsGroup(plot);
-    for (KvKind kind : {KvKind::Key, KvKind::Value}) {
-        auto* bars = new QCPBars(plot->xAxis, plot->yAxis);
-        bars->setName(kind == KvKind::Key ? QStringLiteral("K") : QStringLiteral("V"));
-        bars->setBrush(style::kindColor(kind));
-        bars->setPen(Qt::NoPen);
-        bars->setWidth(0.4);
-        bars->setBarsGroup(group);
-    }
-    style::putLegendAbove(plot);
-    installPlotMenu(plot, QStringLiteral("layer-sensitivity"));
-}
-
-void LayerStatsView::setSensitivityAvailable(bool available, const QString& note)
-{
-    m_sensButton->setEnabled(available);
-    if (!note.isEmpty()) setSensitivityNote(note);
-}
-
-void LayerStatsView::setSensitivityNote(const QString& note)
-{
-    m_sensInfo->setText(note);
-}
-
-void LayerStatsView::setSensitivity(const std::vector<LayerSensitivity>& sensitivity, int bins)
-{
-    m_sensitivity = sensitivity;
-    m_sensitivityBins = bins;
-    bool anyKl = false;
-    for (const LayerSensitivity& s : sensitivity) anyKl = anyKl || s.keyKl > 0 || s.valueKl > 0;
-    // Without a held-out continuation there is no KL: the reconstruction error stands in.
-    auto metric = [anyKl](const LayerSensitivity& s, KvKind kind) {
-        if (anyKl) return kind == KvKind::Key ? s.keyKl : s.valueKl;
-        return kind == KvKind::Key ? s.keyRms : s.valueRms;
-    };
-    m_sensPlot->yAxis->setLabel(anyKl ? tr("KL vs the original cache") : tr("RMS error of the layer"));
-    double top = 0;
-    for (int k = 0; k < 2; ++k) {
-        QVector<double> x, y;
-        for (const LayerSensitivity& s : sensitivity) {
-            x << s.layer;
-            y << metric(s, KvKind(k));
-            top = std::max(top, y.back());
-        }
-        static_cast<QCPBars*>(m_sensPlot->plottable(k))->setData(x, y, true);
-    }
-    m_sensPlot->xAxis->setRange(-0.6, std::max<int>(1, int(sensitivity.size())) - 0.4);
-    m_sensPlot->yAxis->setRange(0, top > 0 ? top * 1.1 : 1.0);
-    replotSoon(m_sensPlot);
-    if (sensitivity.empty()) {
-        setSensitivityNote(tr("Not measured yet."));
-        return;
-    }
-    // Reading: the first third of the layers against the last third.
-    const size_t n = sensitivity.size();
-    const size_t third = std::max<size_t>(1, n / 3);
-    double early = 0, late = 0;
-    for (size_t i = 0; i < third; ++i) early += metric(sensitivity[i], KvKind::Key) + metric(sensitivity[i], KvKind::Value);
-    for (size_t i = n - third; i < n; ++i) late += metric(sensitivity[i], KvKind::Key) + metric(sensitivity[i], KvKind::Value);
-    const QString what = anyKl ? tr("KL") : tr("RMS error");
-    QString reading;
-    if (late > 0 && early > 1.2 * late)
-        reading = tr("Reading: at %1 bins the first %2 layer(s) cost %3× the %4 of the last %2: early layers are "
-                     "more sensitive, so they deserve more bins.")
-                      .arg(bins).arg(third).arg(early / late, 0, 'f', 1).arg(what);
-    else if (early > 0 && late > 1.2 * early)
-        reading = tr("Reading: at %1 bins the last %2 layer(s) cost %3× the %4 of the first %2: on this cache the "
-                     "deep layers are the sensitive ones.")
-                      .arg(bins).arg(third).arg(late / early, 0, 'f', 1).arg(what);
-    else
-        reading = tr("Reading: at %1 bins early and late layers cost about the same %2 (first %3 vs last %3: %4 vs "
-                     "%5): no layer-wise gradient on this cache.")
-                      .arg(bins).arg(what).arg(third).arg(early, 0, 'g', 3).arg(late, 0, 'g', 3);
-    setSensitivityNote(reading);
 }
 
 QString LayerStatsView::reading(Observation which) const

@@ -10,6 +10,8 @@
 //                       outlier channels in red (against core's medianChannelAbsmax).
 // It only draws: the stats arrive as a plain vector through setStats(), computed on a worker.
 // Right-click a plot to copy its data as CSV or to save it as PNG, JPG, SVG or PDF (plot_export.h).
+// layer_stats_view.cpp builds the page and draws observations 1 and 3, layer_stats_sensitivity.cpp
+// observation 2, layer_stats_export.cpp the CSV, image export and context menu.
 #pragma once
 
 #include "eval/layer_sensitivity.h"
@@ -96,6 +98,7 @@ signals:
     void sensitivityRequested(int bins);
 
 private:
+    static QString kindLabel(KvKind kind);  // "keys" or "values"
     const TensorStats* find(int layer, KvKind kind) const;
     void setupLayerPlot();
     void setupChannelPlot();

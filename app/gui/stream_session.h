@@ -32,6 +32,7 @@ namespace kvscope {
 
 class JobLane;
 class Model;
+struct StreamRig;
 
 class StreamSession : public QObject {
     Q_OBJECT
@@ -71,13 +72,12 @@ signals:
     void cancelled();
 
 private:
-    struct Rig;  // server + prepared streamer, reused across races; touched only on the worker
 
     JobLane* m_lane;
     std::shared_ptr<const Model> m_model;
     std::shared_ptr<const KvSet> m_kv;
     std::string m_question, m_continuation;
-    std::shared_ptr<Rig> m_rig;
+    std::shared_ptr<StreamRig> m_rig;  // servers and prepared streamers, reused across races (stream_rig.h)
     int m_runs = 0;
 };
 

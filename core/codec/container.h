@@ -112,7 +112,17 @@ public:
 
 private:
     KvcReader() = default;
+    // parse() reads the header and every section in the format's order (container_parse.cpp);
+    // Parse carries the header's bytes, counts and the sections' bytes from step to step.
+    struct Parse;
     void parse();
+    void parseHeader(Parse& s);
+    void readSections(Parse& s);
+    void parseTransformSection(Parse& s);
+    void parseLevels(const Parse& s);
+    void parseMetadata(const Parse& s);
+    void parseTables(const Parse& s);
+    void parseIndex(const Parse& s);
     void readAt(uint64_t offset, size_t size, uint8_t* dst, const std::string& what) const;
     std::string where(const std::string& place) const { return m_name + ": " + place; }
 

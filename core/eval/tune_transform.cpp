@@ -133,36 +133,95 @@ TransformLevel transformLevelFor(const TransformFit& fit, const std::vector<doub
     return lev;
 }
 
-TransformTuneResult tuneTransformProfile(const std::string& modelFingerprint, const std::vector<TuneContext>& contexts,
-                                         const TransformTuneOptions& options, const TuneProgress& progress)
+namespace {
+
+// The transform tuner's search (tune_transform.h) as a class: the fit, the blocks' sensitivities
+// and the measured candidates are members, and run() takes the steps in order. One per call.
+class TransformTuner {
+public:
+    TransformTuner(const std::vector<TuneContext>& contexts, const TransformTuneOptions& options,
+                   const TuneProgress& progress);
+    TransformTuneResult run(const std::string& modelFingerprint);
+
+private:
+    void tick(const char* stage, int done, int total) const
+    {
+        if (m_progress && !m_progress(stage, done, total)) throw Error("cancelled");
+    }
+    // |delta PPL|: the bar is two-sided (suite.h); a level that lowers perplexity changed the model too.
+    double metricOf(const TransformTuneCandidate& c) const
+    {
+        return m_options.metric == TuneMetric::Kl ? c.kl : std::fabs(c.deltaPplPct);
+    }
+    void measureSensitivity();
+    TransformTuneCandidate measure(double alpha, double mult);
+    void searchGrid();
+    TransformTunedLevel pickFor(double budget);
+    std::vector<TransformTunedLevel> pickLevels();
+    CodecProfile profileOf(std::vector<TransformTunedLevel>& levels, const std::string& modelFingerprint) const;
+
+    const std::vector<TuneContext>& m_contexts;
+    const TransformTuneOptions& m_options;
+    const TuneProgress& m_progress;
+    int m_L = 0, m_N = 0;  // layers, blocks (key layers, then value layers)
+    CodecProfile m_base;
+    std::vector<const KvSet*> m_caches;
+    TransformFit m_fit;      // one fit for every candidate
+    std::vector<double> m_s;  // per block: KL per unit of distortion at the probe level
+    uint64_t m_int8Total = 0, m_values = 0;
+    int m_measured = 0, m_planned = 0;
+    TransformTuneResult m_result;
+};
+
+TransformTuner::TransformTuner(const std::vector<TuneContext>& contexts, const TransformTuneOptions& options,
+                               const TuneProgress& progress)
+    : m_contexts(contexts), m_options(options), m_progress(progress)
 {
-    validate(contexts, options);
-    auto tick = [&](const char* stage, int done, int total) {
-        if (progress && !progress(stage, done, total)) throw Error("cancelled");
-    };
     const KvShape shape = contexts.front().kv->shape();
-    const int L = shape.numLayers, N = 2 * L;
-    CodecProfile base = options.base;
-    base.numLayers = L;
-    base.transformModel.clear();
-    std::vector<const KvSet*> caches;
-    for (const TuneContext& c : contexts) caches.push_back(c.kv);
+    m_L = shape.numLayers;
+    m_N = 2 * m_L;
+    m_base = options.base;
+    m_base.numLayers = m_L;
+    m_base.transformModel.clear();
+    for (const TuneContext& c : contexts) m_caches.push_back(c.kv);
+    for (const KvSet* kv : m_caches) {
+        m_int8Total += int8Bytes(kv->shape());
+        m_values += kv->shape().totalValues();
+    }
+    m_planned = int(options.exponents.size() * (options.multipliers.size() + size_t(options.refine) * options.budgets.size()));
+}
 
+TransformTuneResult TransformTuner::run(const std::string& modelFingerprint)
+{
     // 1. One fit for every candidate.
-    const TransformFit fit = fitTransformBlocks(base.transform, caches);
-    TransformTuneResult result;
-
+    m_fit = fitTransformBlocks(m_base.transform, m_caches);
     // 2. Sensitivity at the probe level.
+    measureSensitivity();
+    // 3-4. Candidates, then the levels that meet the budgets.
+    searchGrid();
+    std::vector<TransformTunedLevel> levels = pickLevels();
+    m_result.profile = profileOf(levels, modelFingerprint);
+    m_result.levels = levels;
+    return m_result;
+}
+
+// Each block's KL at the probe level (that block decoded, the rest original), per unit of its
+// modelled distortion.
+void TransformTuner::measureSensitivity()
+{
+    const int L = m_L, N = m_N;
+    const std::vector<TuneContext>& contexts = m_contexts;
+    const TransformFit& fit = m_fit;
     TransformLevel probe;
     probe.name = "probe";
-    probe.keyTheta = options.keyTheta * options.probe;
-    probe.valueTheta = options.valueTheta * options.probe;
+    probe.keyTheta = m_options.keyTheta * m_options.probe;
+    probe.valueTheta = m_options.valueTheta * m_options.probe;
     const std::vector<TransformLevelBlock> probeBlocks = fitTransformLevel(fit, probe);
     std::vector<double> klU(static_cast<size_t>(N), 0.0), dU(static_cast<size_t>(N), 0.0);
     size_t tokens = 0;
     for (size_t c = 0; c < contexts.size(); ++c) {
         const KvSet& kv = *contexts[c].kv;
-        const CodecTrial t = runCodecTrial(kv, trialParams(base, kv, probe, oneLevelModel(fit, probe, probeBlocks, kv)), 1);
+        const CodecTrial t = runCodecTrial(kv, trialParams(m_base, kv, probe, oneLevelModel(fit, probe, probeBlocks, kv)), 1);
         KvSet cand = kv;
         const double n = double(contexts[c].ref->task().continuation.size());
         tokens += size_t(n);
@@ -175,7 +234,8 @@ TransformTuneResult tuneTransformProfile(const std::string& modelFingerprint, co
             tick("sensitivity", int(c) * N + u + 1, int(contexts.size()) * N);
         }
     }
-    std::vector<double> s(static_cast<size_t>(N));
+    std::vector<double>& s = m_s;
+    s.assign(static_cast<size_t>(N), 0.0);
     double sMax = 0;
     for (int u = 0; u < N; ++u) {
         klU[size_t(u)] /= double(std::max<size_t>(tokens, 1));
@@ -184,92 +244,98 @@ TransformTuneResult tuneTransformProfile(const std::string& modelFingerprint, co
         sMax = std::max(sMax, s[size_t(u)]);
     }
     // A block whose KL the probe does not resolve still gets a finite (coarse) level.
-    for (double& x : s) x = std::max(x, std::max(1e-300, options.sensitivityFloor * sMax));
-    result.sensitivity.resize(size_t(L));
+    for (double& x : s) x = std::max(x, std::max(1e-300, m_options.sensitivityFloor * sMax));
+    m_result.sensitivity.resize(size_t(L));
     for (int l = 0; l < L; ++l) {
-        LayerSensitivity& ls = result.sensitivity[size_t(l)];
+        LayerSensitivity& ls = m_result.sensitivity[size_t(l)];
         ls.layer = l;
         ls.keyKl = klU[size_t(l)];
         ls.valueKl = klU[size_t(L + l)];
         ls.keyRms = s[size_t(l)];
         ls.valueRms = s[size_t(L + l)];
     }
+}
 
-    // 3-4. Candidates.
-    uint64_t int8Total = 0, values = 0;
-    for (const KvSet* kv : caches) {
-        int8Total += int8Bytes(kv->shape());
-        values += kv->shape().totalValues();
+// One candidate (exponent alpha, multiplier mult) encoded and scored on every context, pooled.
+TransformTuneCandidate TransformTuner::measure(double alpha, double mult)
+{
+    const TransformLevel lev = transformLevelFor(m_fit, m_s, m_options.keyTheta, m_options.valueTheta, alpha, mult);
+    const std::vector<TransformLevelBlock> lbs = fitTransformLevel(m_fit, lev);
+    TransformTuneCandidate cand;
+    cand.exponent = alpha;
+    cand.multiplier = mult;
+    Pooled pooled;
+    for (const TuneContext& c : m_contexts) {
+        const CodecTrial t = runCodecTrial(*c.kv, trialParams(m_base, *c.kv, lev, oneLevelModel(m_fit, lev, lbs, *c.kv)), 1);
+        cand.bytes += t.bytes;
+        pooled.add(*c.ref, c.ref->measure(t.decoded, false));
     }
-    const double tightest = *std::min_element(options.budgets.begin(), options.budgets.end());
-    // |delta PPL|: the bar is two-sided (suite.h); a level that lowers perplexity changed the model too.
-    auto metricOf = [&](const TransformTuneCandidate& c) { return options.metric == TuneMetric::Kl ? c.kl : std::fabs(c.deltaPplPct); };
-    int measured = 0;
-    const int planned = int(options.exponents.size() * (options.multipliers.size() + size_t(options.refine) * options.budgets.size()));
-    auto measure = [&](double alpha, double mult) {
-        const TransformLevel lev = transformLevelFor(fit, s, options.keyTheta, options.valueTheta, alpha, mult);
-        const std::vector<TransformLevelBlock> lbs = fitTransformLevel(fit, lev);
-        TransformTuneCandidate cand;
-        cand.exponent = alpha;
-        cand.multiplier = mult;
-        Pooled pooled;
-        for (const TuneContext& c : contexts) {
-            const CodecTrial t = runCodecTrial(*c.kv, trialParams(base, *c.kv, lev, oneLevelModel(fit, lev, lbs, *c.kv)), 1);
-            cand.bytes += t.bytes;
-            pooled.add(*c.ref, c.ref->measure(t.decoded, false));
-        }
-        cand.bitsPerValue = 8.0 * double(cand.bytes) / double(values);
-        cand.deltaPplPct = pooled.deltaPplPct();
-        cand.kl = pooled.meanKl();
-        result.candidates.push_back(cand);
-        tick("search", ++measured, std::max(planned, measured));
-        return cand;
-    };
-    std::vector<double> mults = options.multipliers;
+    cand.bitsPerValue = 8.0 * double(cand.bytes) / double(m_values);
+    cand.deltaPplPct = pooled.deltaPplPct();
+    cand.kl = pooled.meanKl();
+    m_result.candidates.push_back(cand);
+    ++m_measured;
+    tick("search", m_measured, std::max(m_planned, m_measured));
+    return cand;
+}
+
+// Every exponent with its multipliers, coarsest first, until one meets the tightest budget.
+void TransformTuner::searchGrid()
+{
+    const double tightest = *std::min_element(m_options.budgets.begin(), m_options.budgets.end());
+    std::vector<double> mults = m_options.multipliers;
     std::sort(mults.begin(), mults.end(), std::greater<double>());  // coarsest first
     mults.erase(std::unique(mults.begin(), mults.end()), mults.end());
-    for (double alpha : options.exponents)
+    for (double alpha : m_options.exponents)
         for (double m : mults)
             if (metricOf(measure(alpha, m)) <= tightest) break;
+}
 
-    std::vector<double> budgets = options.budgets;
+// The smallest candidate that meets the budget, refined by bisection toward the next coarser
+// multiplier of its exponent; the best-quality candidate when none meets it.
+TransformTunedLevel TransformTuner::pickFor(double budget)
+{
+    auto best = [&]() {
+        const TransformTuneCandidate* b = nullptr;
+        for (const TransformTuneCandidate& c : m_result.candidates)
+            if (metricOf(c) <= budget && (!b || c.bytes < b->bytes)) b = &c;
+        return b;
+    };
+    const TransformTuneCandidate* b = best();
+    TransformTunedLevel t;
+    t.budget = budget;
+    if (!b) {  // even the finest candidate misses: keep the best-quality one
+        const TransformTuneCandidate* q = &m_result.candidates.front();
+        for (const TransformTuneCandidate& c : m_result.candidates)
+            if (metricOf(c) < metricOf(*q)) q = &c;
+        t.figures = *q;
+        return t;
+    }
+    t.met = true;
+    // Bisection toward the next coarser multiplier of the same exponent.
+    const double alpha = b->exponent;
+    double lo = b->multiplier, hi = INFINITY;
+    for (const TransformTuneCandidate& c : m_result.candidates)
+        if (c.exponent == alpha && c.multiplier > lo && metricOf(c) > budget) hi = std::min(hi, c.multiplier);
+    if (std::isfinite(hi))
+        for (int r = 0; r < m_options.refine; ++r) {
+            const double mid = std::sqrt(lo * hi);
+            const TransformTuneCandidate c = measure(alpha, mid);
+            if (metricOf(c) <= budget) lo = mid;
+            else hi = mid;
+        }
+    t.figures = *best();
+    return t;
+}
+
+// One level per distinct configuration, smallest first; each keeps the tightest budget it meets.
+std::vector<TransformTunedLevel> TransformTuner::pickLevels()
+{
+    std::vector<double> budgets = m_options.budgets;
     std::sort(budgets.begin(), budgets.end(), std::greater<double>());  // loosest first = smallest level first
     budgets.erase(std::unique(budgets.begin(), budgets.end()), budgets.end());
     std::vector<TransformTunedLevel> picked;
-    for (double budget : budgets) {
-        auto best = [&]() {
-            const TransformTuneCandidate* b = nullptr;
-            for (const TransformTuneCandidate& c : result.candidates)
-                if (metricOf(c) <= budget && (!b || c.bytes < b->bytes)) b = &c;
-            return b;
-        };
-        const TransformTuneCandidate* b = best();
-        TransformTunedLevel t;
-        t.budget = budget;
-        if (!b) {  // even the finest candidate misses: keep the best-quality one
-            const TransformTuneCandidate* q = &result.candidates.front();
-            for (const TransformTuneCandidate& c : result.candidates)
-                if (metricOf(c) < metricOf(*q)) q = &c;
-            t.figures = *q;
-        } else {
-            t.met = true;
-            // Bisection toward the next coarser multiplier of the same exponent.
-            const double alpha = b->exponent;
-            double lo = b->multiplier, hi = INFINITY;
-            for (const TransformTuneCandidate& c : result.candidates)
-                if (c.exponent == alpha && c.multiplier > lo && metricOf(c) > budget) hi = std::min(hi, c.multiplier);
-            if (std::isfinite(hi))
-                for (int r = 0; r < options.refine; ++r) {
-                    const double mid = std::sqrt(lo * hi);
-                    const TransformTuneCandidate c = measure(alpha, mid);
-                    if (metricOf(c) <= budget) lo = mid;
-                    else hi = mid;
-                }
-            t.figures = *best();
-        }
-        picked.push_back(t);
-    }
-    // One level per distinct configuration, smallest first; each keeps the tightest budget it meets.
+    for (double budget : budgets) picked.push_back(pickFor(budget));
     std::vector<TransformTunedLevel> levels;
     for (const TransformTunedLevel& t : picked) {
         if (!levels.empty() && levels.back().figures.exponent == t.figures.exponent &&
@@ -280,17 +346,24 @@ TransformTuneResult tuneTransformProfile(const std::string& modelFingerprint, co
     }
     std::stable_sort(levels.begin(), levels.end(),
                      [](const TransformTunedLevel& a, const TransformTunedLevel& b) { return a.figures.bytes < b.figures.bytes; });
+    return levels;
+}
 
-    CodecProfile profile = base;
+// The profile of the picked levels (named by their budgets, with their measured figures) and the
+// shipped model: the same fit with the chosen levels (identical to `calibrate` with them).
+CodecProfile TransformTuner::profileOf(std::vector<TransformTunedLevel>& levels, const std::string& modelFingerprint) const
+{
+    const TransformTuneOptions& options = m_options;
+    CodecProfile profile = m_base;
     profile.modelFingerprint = modelFingerprint;
     profile.transformLevels.clear();
     for (TransformTunedLevel& t : levels) {
-        t.level = transformLevelFor(fit, s, options.keyTheta, options.valueTheta, t.figures.exponent, t.figures.multiplier);
+        t.level = transformLevelFor(m_fit, m_s, options.keyTheta, options.valueTheta, t.figures.exponent, t.figures.multiplier);
         char name[96];
         if (options.metric == TuneMetric::Kl) std::snprintf(name, sizeof name, "KL <= %g", t.budget);
         else std::snprintf(name, sizeof name, "dPPL <= %g%%", t.budget);
         t.level.name = name;
-        t.ratioVsInt8 = double(int8Total) / double(std::max<uint64_t>(t.figures.bytes, 1));
+        t.ratioVsInt8 = double(m_int8Total) / double(std::max<uint64_t>(t.figures.bytes, 1));
         const nlohmann::json measuredJson = {{"budget_metric", tuneMetricName(options.metric)},
                                              {"budget", t.budget},
                                              {"budget_met", t.met},
@@ -310,17 +383,24 @@ TransformTuneResult tuneTransformProfile(const std::string& modelFingerprint, co
             break;
         }
     // The shipped model: the same fit with the chosen levels (identical to `calibrate` with them).
-    TransformModel m = fit.model;
+    TransformModel m = m_fit.model;
     for (const TransformLevel& lev : profile.transformLevels) {
         m.keyTheta.push_back(lev.keyTheta);
         m.valueTheta.push_back(lev.valueTheta);
-        m.levels.push_back(fitTransformLevel(fit, lev));
+        m.levels.push_back(fitTransformLevel(m_fit, lev));
     }
     serializeTransformModel(m, profile.transformModel);
     validateProfile(profile, "tuned profile");
-    result.profile = profile;
-    result.levels = levels;
-    return result;
+    return profile;
+}
+
+}  // namespace
+
+TransformTuneResult tuneTransformProfile(const std::string& modelFingerprint, const std::vector<TuneContext>& contexts,
+                                         const TransformTuneOptions& options, const TuneProgress& progress)
+{
+    validate(contexts, options);
+    return TransformTuner(contexts, options, progress).run(modelFingerprint);
 }
 
 }  // namespace kvscope

@@ -7,6 +7,8 @@
 #include <exception>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace kvscope {
 
@@ -88,32 +90,38 @@ double meanChannelEntropy(const std::vector<int16_t>& q, int channels, int token
     return sum / double(channels);
 }
 
-TensorStats computeUnchecked(const KvSet& kv, KvKind kind, int layer, const StatsOptions& opt)
-{
-    const KvShape& sh = kv.shape();
-    const int H = sh.numKvHeads, T = sh.numTokens, D = sh.headDim, C = sh.channels();
-    const size_t nc = size_t(C);
-    const std::vector<float> x = loadTensor(kv, kind, layer);  // (heads, tokens, head_dim)
+// One tensor as loaded: (heads, tokens, head_dim) floats. Channel c = h * D + d.
+struct TensorRows {
+    std::vector<float> x;
+    int H = 0, T = 0, D = 0, C = 0;
+
     // Row of head h at token t: head_dim contiguous values, channels h * D .. h * D + D - 1.
-    auto row = [&](int h, int t) { return x.data() + (size_t(h) * size_t(T) + size_t(t)) * size_t(D); };
+    const float* row(int h, int t) const { return x.data() + (size_t(h) * size_t(T) + size_t(t)) * size_t(D); }
+};
 
-    TensorStats st;
-    st.kind = kind;
-    st.layer = layer;
-    st.channels.resize(nc);
+// Per-channel sums of one tensor: extremes, mean and squared deviations of the values and of
+// their deltas to the group anchor.
+struct ChannelMoments {
+    size_t numDeltas = 0;
+    std::vector<float> mn, mx;
+    std::vector<double> sum, mean, ssd, dssd;
+};
 
-    // Per-channel moments in two passes (mean, then squared deviations) for accuracy on channels
-    // with a large offset, walking rows so the inner loops run over contiguous memory. Deltas are
-    // x[t] - x[group anchor], anchors excluded.
-    const int g = opt.deltaGroup;
+// Per-channel moments in two passes (mean, then squared deviations) for accuracy on channels
+// with a large offset, walking rows so the inner loops run over contiguous memory. Deltas are
+// x[t] - x[group anchor], anchors excluded.
+ChannelMoments channelMoments(const TensorRows& x, int g)
+{
+    const int H = x.H, T = x.T, D = x.D;
+    const size_t nc = size_t(x.C);
     const size_t numDeltas = size_t(T) - (size_t(T) + size_t(g) - 1) / size_t(g);
     std::vector<float> mn(nc, std::numeric_limits<float>::infinity()), mx(nc, -mn[0]);
     std::vector<double> sum(nc, 0.0), dsum(nc, 0.0), ssd(nc, 0.0), dssd(nc, 0.0);
     for (int h = 0; h < H; ++h) {
         const size_t c0 = size_t(h) * size_t(D);
         for (int t = 0; t < T; ++t) {
-            const float* r = row(h, t);
-            const float* a = row(h, t - t % g);
+            const float* r = x.row(h, t);
+            const float* a = x.row(h, t - t % g);
             for (int d = 0; d < D; ++d) {
                 mn[c0 + d] = std::min(mn[c0 + d], r[d]);
                 mx[c0 + d] = std::max(mx[c0 + d], r[d]);
@@ -131,8 +139,8 @@ TensorStats computeUnchecked(const KvSet& kv, KvKind kind, int layer, const Stat
     for (int h = 0; h < H; ++h) {
         const size_t c0 = size_t(h) * size_t(D);
         for (int t = 0; t < T; ++t) {
-            const float* r = row(h, t);
-            const float* a = row(h, t - t % g);
+            const float* r = x.row(h, t);
+            const float* a = x.row(h, t - t % g);
             for (int d = 0; d < D; ++d) {
                 const double dv = double(r[d]) - mean[c0 + d];
                 ssd[c0 + d] += dv * dv;
@@ -144,8 +152,18 @@ TensorStats computeUnchecked(const KvSet& kv, KvKind kind, int layer, const Stat
                 }
         }
     }
+    return {numDeltas, std::move(mn), std::move(mx), std::move(sum), std::move(mean), std::move(ssd), std::move(dssd)};
+}
 
-    // Tensor-wide figures combine the channels exactly (between- plus within-channel spread).
+// The channels' figures and the tensor-wide ones, which combine the channels exactly (between-
+// plus within-channel spread).
+void momentFigures(const ChannelMoments& m, int T, TensorStats& st)
+{
+    const size_t nc = st.channels.size();
+    const int C = int(nc);
+    const size_t numDeltas = m.numDeltas;
+    const std::vector<float>&mn = m.mn, &mx = m.mx;
+    const std::vector<double>&sum = m.sum, &mean = m.mean, &ssd = m.ssd, &dssd = m.dssd;
     const double n = double(C) * double(T);
     double sumAll = 0;
     float minAll = std::numeric_limits<float>::infinity(), maxAll = -minAll;
@@ -175,14 +193,19 @@ TensorStats computeUnchecked(const KvSet& kv, KvKind kind, int layer, const Stat
     st.all.absmax = std::max(std::fabs(minAll), std::fabs(maxAll));
     st.varianceRaw = varRawSum / C;
     st.varianceDelta = varDeltaSum / C;
+}
 
-    // Entropy of the per-token quantizer's symbols, raw and delta-coded. Scales are per token over
-    // every channel of the tensor, as CacheGen quantizes one (layer, token) at a time. Symbols are
-    // kept channel-major (channels, tokens) for the per-channel counts; they are produced token by
-    // token into a small token-major tile that is transposed when full, since storing each symbol
-    // straight into its channel's row would miss the cache on every store.
-    const int maxLevel = opt.bins / 2 - 1;  // <= 32767, fits int16
-    std::vector<int16_t> qRaw(x.size()), qDelta(x.size());
+// Entropy of the per-token quantizer's symbols, raw and delta-coded. Scales are per token over
+// every channel of the tensor, as CacheGen quantizes one (layer, token) at a time. Symbols are
+// kept channel-major (channels, tokens) for the per-channel counts; they are produced token by
+// token into a small token-major tile that is transposed when full, since storing each symbol
+// straight into its channel's row would miss the cache on every store.
+void symbolEntropies(const TensorRows& x, int bins, int g, TensorStats& st)
+{
+    const int H = x.H, T = x.T, D = x.D, C = x.C;
+    const size_t nc = size_t(C);
+    const int maxLevel = bins / 2 - 1;  // <= 32767, fits int16
+    std::vector<int16_t> qRaw(x.x.size()), qDelta(x.x.size());
     const int tile = 64;
     // (tile, stride): rows padded by one cache line so a power-of-two channel count does not
     // map the transpose's column reads onto a couple of L1 sets
@@ -195,14 +218,14 @@ TensorStats computeUnchecked(const KvSet& kv, KvKind kind, int layer, const Stat
         int16_t* sd = tileDelta.data() + size_t(j) * stride;
         float absmax = 0;
         for (int h = 0; h < H; ++h) {
-            const float* r = row(h, t);
+            const float* r = x.row(h, t);
             for (int d = 0; d < D; ++d) absmax = std::max(absmax, std::fabs(r[d]));
         }
         const float inv = inverseScale(absmax, maxLevel);
         const float scale = absmax / float(maxLevel);
         const bool anchor = t % g == 0;
         for (int h = 0; h < H; ++h) {
-            const float* r = row(h, t);
+            const float* r = x.row(h, t);
             const size_t c0 = size_t(h) * size_t(D);
             for (int d = 0; d < D; ++d) sr[c0 + d] = int16_t(quantizeSymbol(r[d], inv, maxLevel));
         }
@@ -214,14 +237,14 @@ TensorStats computeUnchecked(const KvSet& kv, KvKind kind, int layer, const Stat
         } else {
             float dAbsmax = 0;
             for (int h = 0; h < H; ++h) {
-                const float* r = row(h, t);
+                const float* r = x.row(h, t);
                 const size_t c0 = size_t(h) * size_t(D);
                 for (int d = 0; d < D; ++d)
                     dAbsmax = std::max(dAbsmax, std::fabs(r[d] - anchorRecon[c0 + d]));
             }
             const float dInv = inverseScale(dAbsmax, maxLevel);
             for (int h = 0; h < H; ++h) {
-                const float* r = row(h, t);
+                const float* r = x.row(h, t);
                 const size_t c0 = size_t(h) * size_t(D);
                 for (int d = 0; d < D; ++d)
                     sd[c0 + d] =
@@ -242,16 +265,41 @@ TensorStats computeUnchecked(const KvSet& kv, KvKind kind, int layer, const Stat
     }
     st.entropyBits = meanChannelEntropy(qRaw, C, T, maxLevel);
     st.entropyBitsDelta = meanChannelEntropy(qDelta, C, T, maxLevel);
+}
 
-    // Outliers against the median channel absmax (mean of the two middle values for an even count).
+// Outliers against the median channel absmax (mean of the two middle values for an even count).
+void findOutliers(float outlierFactor, TensorStats& st)
+{
+    const int C = int(st.channels.size());
+    const size_t nc = size_t(C);
     std::vector<float> absmax(nc);
     for (size_t c = 0; c < nc; ++c) absmax[c] = st.channels[c].absmax;
     const double median = medianChannelAbsmax(st);
-    const double threshold = double(opt.outlierFactor) * median;
+    const double threshold = double(outlierFactor) * median;
     for (int c = 0; c < C; ++c)
         if (absmax[size_t(c)] > threshold) st.outlierChannels.push_back(c);
     std::stable_sort(st.outlierChannels.begin(), st.outlierChannels.end(),
                      [&](int a, int b) { return absmax[size_t(a)] > absmax[size_t(b)]; });
+}
+
+// The statistics of one tensor in four steps: load, moments, symbol entropies, outliers.
+TensorStats computeUnchecked(const KvSet& kv, KvKind kind, int layer, const StatsOptions& opt)
+{
+    const KvShape& sh = kv.shape();
+    TensorRows x;
+    x.H = sh.numKvHeads;
+    x.T = sh.numTokens;
+    x.D = sh.headDim;
+    x.C = sh.channels();
+    x.x = loadTensor(kv, kind, layer);
+
+    TensorStats st;
+    st.kind = kind;
+    st.layer = layer;
+    st.channels.resize(size_t(x.C));
+    momentFigures(channelMoments(x, opt.deltaGroup), x.T, st);
+    symbolEntropies(x, opt.bins, opt.deltaGroup, st);
+    findOutliers(opt.outlierFactor, st);
     return st;
 }
 
