@@ -26,4 +26,12 @@ SimdPath simdPath();
 // Forces a path for this process (tests, benchmarks). Throws kvscope::Error when the CPU lacks it.
 void setSimdPath(SimdPath p);
 
+// Intel AMX tiles for the transform decoder's inverse transform on the AVX-512 path
+// (transform_kernels.h, AmxProduct; FORMAT.md's tolerance). Supported: the CPU has AMX-BF16 and
+// the kernel grants the tile state. Enabled: supported and not switched off by KVSCOPE_AMX=0
+// (read once) or setAmxEnabled(false); setAmxEnabled(true) where unsupported leaves it off.
+bool amxSupported();
+bool amxEnabled();
+void setAmxEnabled(bool on);
+
 }  // namespace kvscope
