@@ -196,55 +196,9 @@ __attribute__((target("avx512f"))) void accumulateAvx512Sums(const Tile& t)
     }
 }
 
-// Plain tiles: 8 tokens x 32 channels in 16 registers, one fused multiply-add per term, the
-// components of the 8 tokens interleaved (zT[(i0 / 8) K 8 + 8 k + i], 0 past nt) so that each
-// broadcast is a load, not a shuffle on a port the multiply-adds need; the group's last vectors
-// masked to the channels there are.
-__attribute__((target("avx512f"))) void accumulateAvx512Fused(const Tile& t)
-{
-    constexpr int I = 8;
-    thread_local std::vector<float> zT;
-    const int blocks = (t.nt + I - 1) / I;
-    zT.assign(size_t(blocks) * I * t.K, 0.0f);
-    for (int i = 0; i < t.nt; ++i)
-        for (int k = 0; k < t.K; ++k) zT[(size_t(i / I) * t.K + k) * I + size_t(i % I)] = t.zq[size_t(i) * t.K + k];
-    for (int g0 = 0; g0 < t.C; g0 += 32) {
-        const int n = std::min(32, t.C - g0);
-        const __mmask16 m0 = __mmask16(n >= 16 ? 0xffffu : (1u << n) - 1), m1 = __mmask16(n >= 32 ? 0xffffu : n > 16 ? (1u << (n - 16)) - 1 : 0u);
-        for (int b = 0; b < blocks; ++b) {
-            const int i0 = b * I, ni = std::min(I, t.nt - i0);
-            __m512 acc[I][2];
-#pragma GCC unroll 8
-            for (int i = 0; i < I; ++i) {
-                const float* v = t.v + size_t(i0 + std::min(i, ni - 1)) * t.C + g0;
-                acc[i][0] = _mm512_maskz_loadu_ps(m0, v);
-                acc[i][1] = _mm512_maskz_loadu_ps(m1, v + 16);
-            }
-            const float* a = t.col + g0;
-            const float* z = zT.data() + size_t(b) * I * t.K;
-            for (int k = 0; k < t.K; ++k, a += t.C, z += I) {
-                const __m512 a0 = _mm512_maskz_loadu_ps(m0, a), a1 = _mm512_maskz_loadu_ps(m1, a + 16);
-#pragma GCC unroll 8
-                for (int i = 0; i < I; ++i) {
-                    const __m512 zz = _mm512_set1_ps(z[i]);
-                    acc[i][0] = _mm512_fmadd_ps(a0, zz, acc[i][0]);
-                    acc[i][1] = _mm512_fmadd_ps(a1, zz, acc[i][1]);
-                }
-            }
-#pragma GCC unroll 8
-            for (int i = 0; i < I; ++i)
-                if (i < ni) {
-                    float* v = t.v + size_t(i0 + i) * t.C + g0;
-                    _mm512_mask_storeu_ps(v, m0, acc[i][0]);
-                    _mm512_mask_storeu_ps(v + 16, m1, acc[i][1]);
-                }
-        }
-    }
-}
-
 void accumulateAvx512(const Tile& t)
 {
-    if (t.plain) accumulateAvx512Fused(t);
+    if (t.plain) accumulateAvx512Sums<true>(t);
     else accumulateAvx512Sums<false>(t);
 }
 #endif
