@@ -1,6 +1,8 @@
 // Which instruction set the v2 entropy decoder uses: the scalar reference, AVX2 or AVX-512,
 // chosen at run time from the CPU (the binary itself only assumes x86-64 or any other target).
-// Every path produces the same bytes; tests and `bench codec` force one to compare them.
+// The entropy coders and the encoders produce the same bytes on every path; the transform
+// decoder's fast paths are within FORMAT.md's tolerance of its scalar reference. Tests and
+// `bench codec` force one to compare them.
 #pragma once
 
 #include <cstdint>
