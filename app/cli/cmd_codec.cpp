@@ -520,6 +520,8 @@ void addBenchCommand(CLI::App& app, Output& out)
                   {"rounds", o->runs},  // the old name of "runs", for one release
                   {"repeats", o->bench.repeats},
                   {"simd", simdPathName(simdPath())},
+                  // the transform decoder's product on AMX tiles (simd_path.h; KVSCOPE_AMX=0 turns it off)
+                  {"amx", p.codec == CodecId::Transform && simdPath() == SimdPath::Avx512 && amxEnabled()},
                   {"entropy_encode_MBps", ent.encodeMBps},
                   {"entropy_decode_MBps", ent.decodeMBps},
                   {"entropy_bytes", ent.bytes},

@@ -46,7 +46,7 @@ bool simdPathSupported(SimdPath p)
         unsigned a = 0, b = 0, c = 0, d = 0;
         return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
     }();
-    static const bool avx2 = f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2");
+    static const bool avx2 = f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("fma");
     static const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     switch (p) {

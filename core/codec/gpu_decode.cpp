@@ -1,4 +1,5 @@
 #include "codec/gpu_decode.h"
+#include "codec/simd_path.h"
 
 #include "common/error.h"
 #include "kvscope/config.h"
@@ -255,8 +256,17 @@ GpuDecodeStats benchGpuDecode(const KvSet& kv, const CodecParams& params, int le
     std::vector<uint8_t> gpuOut;
     GpuDecodeStats st = gpuBenchDecode(p, shared ? &tables : nullptr, payloads, level, device, repeats, &gpuOut);
     KvSet cpu(p.shape, p.dtype);
-    for (int c = 0; c < p.numChunks(); ++c)
-        decodeChunk(p, payloads[size_t(c)].data(), payloads[size_t(c)].size(), c, level, t, cpu, "bench");
+    {
+        // The kernels give the bytes of the CPU's scalar path, the reference; its fast transform
+        // paths are only within FORMAT.md's tolerance of it.
+        struct KeepPath {
+            SimdPath saved = simdPath();
+            ~KeepPath() { setSimdPath(saved); }
+        } keep;
+        setSimdPath(SimdPath::Scalar);
+        for (int c = 0; c < p.numChunks(); ++c)
+            decodeChunk(p, payloads[size_t(c)].data(), payloads[size_t(c)].size(), c, level, t, cpu, "bench");
+    }
     for (int k = 0; k < 2; ++k)
         for (int l = 0; l < p.shape.numLayers; ++l) {
             const uint64_t off = (uint64_t(k) * p.shape.numLayers + uint64_t(l)) * cpu.tensorBytes();

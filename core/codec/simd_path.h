@@ -1,6 +1,8 @@
 // Which instruction set the v2 entropy decoder uses: the scalar reference, AVX2 or AVX-512,
 // chosen at run time from the CPU (the binary itself only assumes x86-64 or any other target).
-// Every path produces the same bytes; tests and `bench codec` force one to compare them.
+// The entropy coders and the encoders produce the same bytes on every path; the transform
+// decoder's fast paths are within FORMAT.md's tolerance of its scalar reference. Tests and
+// `bench codec` force one to compare them.
 #pragma once
 
 #include <cstdint>
@@ -25,5 +27,13 @@ SimdPath bestSimdPath();
 SimdPath simdPath();
 // Forces a path for this process (tests, benchmarks). Throws kvscope::Error when the CPU lacks it.
 void setSimdPath(SimdPath p);
+
+// Intel AMX tiles for the transform decoder's inverse transform on the AVX-512 path
+// (transform_kernels.h, AmxProduct; FORMAT.md's tolerance). Supported: the CPU has AMX-BF16 and
+// the kernel grants the tile state. Enabled: supported and not switched off by KVSCOPE_AMX=0
+// (read once) or setAmxEnabled(false); setAmxEnabled(true) where unsupported leaves it off.
+bool amxSupported();
+bool amxEnabled();
+void setAmxEnabled(bool on);
 
 }  // namespace kvscope

@@ -109,6 +109,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -199,6 +200,25 @@ struct TransformLevelBlock {
 // (samples/profiles/*.transform.json).
 std::vector<TransformLevel> defaultTransformLevels();
 
+namespace detail {
+struct TransformDecodeCache;  // transform_chunk.cpp
+}
+// Where a model keeps what its decoder derives per (level, kind, layer) on first use (coding
+// tables, AMX tiles): not serialised and not copied (a copy starts empty), so a model must not
+// be changed once it has decoded.
+struct TransformDecodeSlot {
+    TransformDecodeSlot() = default;
+    TransformDecodeSlot(const TransformDecodeSlot&) {}
+    TransformDecodeSlot& operator=(const TransformDecodeSlot&)
+    {
+        std::lock_guard<std::mutex> lock(m);
+        cache.reset();
+        return *this;
+    }
+    mutable std::mutex m;
+    mutable std::shared_ptr<detail::TransformDecodeCache> cache;
+};
+
 // Everything a decoder needs besides the chunk payloads (the container's transform section).
 // numLayers and heads are the blocks' (READ ME FIRST, 10): the cache's layers / layer_group and
 // kv_heads * layer_group.
@@ -212,6 +232,7 @@ struct TransformModel {
     std::vector<std::vector<TransformLevelBlock>> levels;  // [level - 1][kind * L + layer]
     bool fittedOnCache = false;  // statistics from the cache being coded (its bytes count as side information)
     bool meansFromCache = false;  // a calibrated model whose means were re-estimated on the cache (adapt_mean)
+    TransformDecodeSlot decodeCache;
 
     int channels() const { return heads * headDim; }
     // Block head h' of block layer j is head h' % cacheHeads() of cache layer j * layerGroup + h' / cacheHeads().

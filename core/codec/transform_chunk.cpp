@@ -3,13 +3,13 @@
 // an escape list for values beyond a component's alphabet. The math is in transform.h.
 //
 // The inverse transform (decodeBlock) is the hot loop of decoding: v_t = mean + sum_k A[:, j_k] zq_tk
-// for every coded token t. It runs over tiles of kTileTokens tokens, component by component, so a
-// decode column is read once per tile, and each term is one vector multiply and one vector add
-// (scalar, AVX2 or AVX-512, simd_path.h; the kernels are in transform_kernels.cpp). The AVX2 and
-// AVX-512 paths keep the sums of a few tokens in registers across all components (Tile::plain
-// says when adding the zero terms is exact). Every output sums the same terms in the same order
-// with the same roundings as the plain loop (this file and transform_kernels.cpp are compiled
-// with -ffp-contract=off, so no multiply-add is fused), so every path gives the same bytes.
+// for every coded token t. It runs over tiles of kTileTokens tokens, so a decode column is read
+// once per tile (scalar, AVX2 or AVX-512, simd_path.h; the kernels are in transform_kernels.cpp,
+// AMX tiles in transform_amx.cpp). The scalar path is FORMAT.md's reference arithmetic (this file
+// and the kernels are compiled with -ffp-contract=off): each term one rounded multiply and one
+// rounded add, in ascending k. The AVX2 and AVX-512 paths keep the sums of a few tokens in
+// registers across all components with one fused multiply-add per term, and AMX multiplies
+// bfloat16 tiles: both within FORMAT.md's stated tolerance of the reference, not its bytes.
 //
 // The encoder's forward transform (encodeBlock) is the same product the other way round: z_t =
 // E (x_t - mean) for the coded rows of E = A^{-1}, over tiles of tokens with those rows
@@ -29,6 +29,8 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <mutex>
 
 namespace kvscope::detail {
 
@@ -118,6 +120,32 @@ void buildClassTables(const TransformLevelBlock& lb, int c, bool forDecoding, st
         toCodingTable(t, &tables[size_t(k)], forDecoding);
         ++k;
     }
+}
+
+}  // namespace
+
+// What the coders derive per (level, kind, layer) of a model, once (TransformDecodeSlot).
+struct TransformDecodeCache {
+    struct Entry {
+        std::once_flag tablesOnce, encTablesOnce, amxOnce;
+        std::vector<CodingTable> tables, encTables;  // the level's decoding and encoding tables, class 0
+        AmxProduct amx;                   // B of the coded decode columns and steps
+        bool amxOk = false;
+    };
+    std::unique_ptr<Entry[]> entries;  // [(level - 1) * 2L + kind * L + layer]
+};
+
+namespace {
+
+TransformDecodeCache::Entry& decodeEntry(const TransformModel& m, int level, KvKind kind, int layer)
+{
+    const TransformDecodeSlot& slot = m.decodeCache;
+    std::lock_guard<std::mutex> lock(slot.m);
+    if (!slot.cache) {
+        slot.cache = std::make_shared<TransformDecodeCache>();
+        slot.cache->entries.reset(new TransformDecodeCache::Entry[size_t(m.numLevels()) * 2 * size_t(m.numLayers)]);
+    }
+    return slot.cache->entries[(size_t(level - 1) * 2 + size_t(kind)) * size_t(m.numLayers) + size_t(layer)];
 }
 
 struct BlockPayload {
@@ -297,9 +325,9 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
             out.stream.insert(out.stream.end(), part.begin(), part.end());
         }
     } else if (entropyUsesTables(m.settings.entropy)) {
-        thread_local std::vector<CodingTable> tables;
-        buildTables(lb, false, tables);
-        encodeMatrix(sym.data(), R, K, tables.data(), out.stream);
+        TransformDecodeCache::Entry& cached = decodeEntry(m, level, kind, layer);
+        std::call_once(cached.encTablesOnce, [&] { buildTables(lb, false, cached.encTables); });
+        encodeMatrix(sym.data(), R, K, cached.encTables.data(), out.stream);
     } else {
         uint64_t acc = 0;
         int bits = 0;
@@ -319,31 +347,14 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
     return std::move(qb.out);
 }
 
-// rope: chunkRopeTable of the chunk (keys are rotated with it when the model undoes RoPE).
-void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0, int n, const uint8_t* raw,
-                 const uint8_t* esc, size_t escBytes, const uint8_t* stream, size_t streamBytes, const double* rope,
-                 KvSet& outKv, const std::string& where)
+// The coded tokens' symbols (R x K) of a block's stream (past its token classes), with the
+// entropy choice of the model.
+std::vector<uint8_t> decodeBlockSymbols(const TransformModel& m, const TransformLevelBlock& lb, const std::vector<int>& coded,
+                                        const std::vector<uint8_t>& rowClass, const uint8_t* stream, size_t streamBytes,
+                                        TransformDecodeCache::Entry& cached, const std::string& where)
 {
-    const TransformModel& m = *p.transform;
-    const int H = m.heads, D = m.headDim, C = H * D, T = p.shape.numTokens;
-    const int G = m.settings.layerGroup, Hc = m.cacheHeads();  // block head h: head h % Hc of layer layer * G + h / Hc
-    const TransformBlock& b = m.block(kind, layer);
-    const TransformLevelBlock& lb = m.levelBlock(level, kind, layer);
-    const std::vector<int> coded = codedList(lb);
-    const int K = int(coded.size());
-    std::vector<int> codedTokens, rawTokens;
-    for (int t = 0; t < n; ++t) (rawToken(m, T, t0 + t) ? rawTokens : codedTokens).push_back(t);
-    const int R = int(codedTokens.size());
+    const int R = int(rowClass.size()), K = int(coded.size());
     const bool imp = m.settings.tokenImportance;
-    std::vector<uint8_t> rowClass(static_cast<size_t>(R), 0);
-    if (imp) {
-        const size_t nb = size_t(R + 3) / 4;
-        if (streamBytes < nb) throw Error(where + ": token classes are truncated");
-        for (int r = 0; r < R; ++r) rowClass[size_t(r)] = uint8_t((stream[size_t(r) / 4] >> (2 * (r % 4))) & 3);
-        stream += nb;
-        streamBytes -= nb;
-    }
-
     std::vector<uint8_t> sym(size_t(R) * K);
     const auto decodeMatrix = m.settings.entropy == TransformEntropy::Rans32 ? decodeSymbolMatrixW32 : decodeSymbolMatrix;
     if (entropyUsesTables(m.settings.entropy) && imp) {
@@ -372,9 +383,8 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
         }
         if (pos != streamBytes) throw Error(where + ": class streams leave unused bytes");
     } else if (entropyUsesTables(m.settings.entropy)) {
-        thread_local std::vector<CodingTable> tables;
-        buildTables(lb, true, tables);
-        decodeMatrix(stream, streamBytes, R, K, tables.data(), sym.data(), where);
+        std::call_once(cached.tablesOnce, [&] { buildTables(lb, true, cached.tables); });
+        decodeMatrix(stream, streamBytes, R, K, cached.tables.data(), sym.data(), where);
     } else {
         uint64_t totalBits = 0;
         std::vector<int> width(size_t(kImportanceClasses) * K);  // [class * K + k]
@@ -394,6 +404,37 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
                 sym[size_t(r) * K + size_t(k)] = uint8_t(s);
             }
     }
+
+    return sym;
+}
+
+// rope: chunkRopeTable of the chunk (keys are rotated with it when the model undoes RoPE).
+void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0, int n, const uint8_t* raw,
+                 const uint8_t* esc, size_t escBytes, const uint8_t* stream, size_t streamBytes, const double* rope,
+                 KvSet& outKv, const std::string& where)
+{
+    const TransformModel& m = *p.transform;
+    const int H = m.heads, D = m.headDim, C = H * D, T = p.shape.numTokens;
+    const int G = m.settings.layerGroup, Hc = m.cacheHeads();  // block head h: head h % Hc of layer layer * G + h / Hc
+    const TransformBlock& b = m.block(kind, layer);
+    const TransformLevelBlock& lb = m.levelBlock(level, kind, layer);
+    const std::vector<int> coded = codedList(lb);
+    const int K = int(coded.size());
+    std::vector<int> codedTokens, rawTokens;
+    for (int t = 0; t < n; ++t) (rawToken(m, T, t0 + t) ? rawTokens : codedTokens).push_back(t);
+    const int R = int(codedTokens.size());
+    const bool imp = m.settings.tokenImportance;
+    std::vector<uint8_t> rowClass(static_cast<size_t>(R), 0);
+    if (imp) {
+        const size_t nb = size_t(R + 3) / 4;
+        if (streamBytes < nb) throw Error(where + ": token classes are truncated");
+        for (int r = 0; r < R; ++r) rowClass[size_t(r)] = uint8_t((stream[size_t(r) / 4] >> (2 * (r % 4))) & 3);
+        stream += nb;
+        streamBytes -= nb;
+    }
+
+    TransformDecodeCache::Entry& cached = decodeEntry(m, level, kind, layer);
+    const std::vector<uint8_t> sym = decodeBlockSymbols(m, lb, coded, rowClass, stream, streamBytes, cached, where);
 
     // The decode columns of the coded components (TransformBlock::columns: read in place when
     // the coded components are the first K, as a water level over a sorted basis gives them;
@@ -426,27 +467,49 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
     // Per tile of tokens: the dequantised components (token-major, zq[i * K + k] = q step 2^class,
     // 0 exactly when q = 0, escapes read in the stream's order), then v_t = mean + sum over k
     // ascending of col_k zq_tk (terms with q = 0 skipped), then each head's row, keys rotated
-    // back by RoPE when the model undoes it, straight into the output's dtype.
+    // back by RoPE when the model undoes it, straight into the output's dtype. On AMX (AVX-512
+    // path, plain blocks) the product is Z B on tiles instead (transform_kernels.h, AmxProduct),
+    // with rows of Cp floats.
     std::vector<int> folded(size_t(kImportanceClasses) * K);  // [class * K + k]: the folded max |q|
     for (int c = 0; c < kImportanceClasses; ++c)
         for (int k = 0; k < K; ++k) folded[size_t(c) * K + size_t(k)] = foldedMax(lb.maxQ[size_t(coded[size_t(k)])], c);
     EscapeReader escapes{esc, esc + escBytes, &where};
-    const TileKernels kernels = kernelsFor(simdPath());
+    const SimdPath path = simdPath();
+    const TileKernels kernels = kernelsFor(path);
+    bool useAmx = path == SimdPath::Avx512 && plain && K > 0 && amxEnabled();
+    if (useAmx) {
+        std::call_once(cached.amxOnce, [&] { cached.amxOk = cached.amx.prepare(col, step.data(), K, C); });
+        useAmx = cached.amxOk;
+    }
+    const AmxProduct& amx = cached.amx;
+    const int ldv = useAmx ? amx.Cp : C;
     const bool ropeKeys = kind == KvKind::Key && m.settings.ropeUndo;
-    std::vector<float> v(size_t(kTileTokens) * C), zq(size_t(kTileTokens) * K);
+    std::vector<float> v(size_t(kTileTokens) * std::max(ldv, D), 0.0f), zq;
+    std::vector<uint16_t> zb;  // (kTileTokens, Kp) bfloat16 for AMX
+    std::vector<AmxFixup> fixups;
+    if (useAmx) zb.assign(size_t(kTileTokens) * amx.Kp, 0);
+    else zq.resize(size_t(kTileTokens) * K);
     for (int r0 = 0; r0 < R; r0 += kTileTokens) {
         const int nt = std::min(kTileTokens, R - r0);
+        fixups.clear();
         for (int i = 0; i < nt; ++i) {
             const int cls = rowClass[size_t(r0 + i)];
-            kernels.dequant(sym.data() + size_t(r0 + i) * K, folded.data() + size_t(cls) * K, step.data(), float(1 << cls),
-                            K, zq.data() + size_t(i) * K, escapes);
-            std::memcpy(&v[size_t(i) * C], b.mean.data(), sizeof(float) * size_t(C));
+            const uint8_t* srow = sym.data() + size_t(r0 + i) * K;
+            if (useAmx) amx.dequantRow(srow, folded.data() + size_t(cls) * K, cls, i, zb.data() + size_t(i) * amx.Kp, escapes, fixups);
+            else kernels.dequant(srow, folded.data() + size_t(cls) * K, step.data(), float(1 << cls), K, zq.data() + size_t(i) * K, escapes);
+            std::memcpy(&v[size_t(i) * ldv], b.mean.data(), sizeof(float) * size_t(C));
         }
-        kernels.accumulate(Tile{v.data(), col, zq.data(), lo.data(), hi.data(), nt, K, C, plain});
+        if (useAmx) {
+            std::fill(zb.begin() + std::ptrdiff_t(size_t(nt) * amx.Kp), zb.end(), uint16_t(0));  // rows past nt
+            amx.accumulate(v.data(), zb.data(), nt);
+            amx.applyFixups(v.data(), col, step.data(), fixups);
+        } else {
+            kernels.accumulate(Tile{v.data(), col, zq.data(), lo.data(), hi.data(), nt, K, C, plain});
+        }
         for (int i = 0; i < nt; ++i) {
             const int t = codedTokens[size_t(r0 + i)];
             for (int h = 0; h < H; ++h) {
-                float* row = &v[size_t(i) * C + size_t(h) * D];
+                float* row = &v[size_t(i) * ldv + size_t(h) * D];
                 if (ropeKeys) applyRopeTable(row, 1, D, rope + size_t(t) * D, false);
                 outKv.writeRows(kind, layer * G + h / Hc, h % Hc, t0 + t, 1, row);
             }

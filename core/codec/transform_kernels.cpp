@@ -1,7 +1,9 @@
 // The transform decoder's kernels (transform_kernels.h): the inverse transform over a tile of
-// tokens and the dequantisation of a row of symbols, scalar, AVX2 and AVX-512. Compiled with
-// -ffp-contract=off like transform_chunk.cpp, so that each term is one rounded multiply and one
-// rounded add on every path and CPU.
+// tokens and the dequantisation of a row of symbols, scalar, AVX2 and AVX-512, and the encoder's
+// forward transform and quantisation. Compiled with -ffp-contract=off: the scalar inverse
+// transform is FORMAT.md's reference (one rounded multiply and one rounded add per term), and the
+// encoder's paths all give its bytes. The register-blocked AVX2 and AVX-512 sums fuse each term's
+// multiply and add (FMA, explicit intrinsics): within FORMAT.md's tolerance of the reference.
 #include "codec/transform_kernels.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -60,15 +62,12 @@ __attribute__((target("avx2"))) void accumulateAvx2From(const Tile& t, int from)
     }
 }
 
-// AVX2 with Tile::plain (see the AVX-512 sums below for why adding the zero terms is exact): the
-// sums of 4 tokens x 8 J channels in 4 J registers while every component goes by (J = 3: 12
-// sums, each term one load of the column shared by 4 tokens); the channels past the last whole
-// group of 8 take the store-based loop.
-// One group of 16 channels, 6 tokens at a time (12 sums, 2 column vectors, the broadcast and a
-// product: the 16 registers). The sums are named variables, not an array: GCC kept an array of
-// them on the stack.
+// AVX2 with Tile::plain (see the AVX-512 sums below for why adding the zero terms leaves a sum
+// as it was): one group of 16 channels, 6 tokens at a time (12 sums, 2 column vectors, the broadcast and a
+// product: the 16 registers), each term one fused multiply-add. The sums are named variables, not
+// an array: GCC kept an array of them on the stack.
 template <bool Dense>
-__attribute__((target("avx2"))) void accumulateAvx2Group(const Tile& t, const float* zT, int g0)
+__attribute__((target("avx2,fma"))) void accumulateAvx2Group(const Tile& t, const float* zT, int g0)
 {
     constexpr int I = 6, G = 16;
     for (int i0 = 0; i0 < t.nt; i0 += I, zT += size_t(I) * t.K) {
@@ -93,8 +92,8 @@ __attribute__((target("avx2"))) void accumulateAvx2Group(const Tile& t, const fl
 #define KVS_ROW(i)                                               \
     {                                                            \
         const __m256 zz = _mm256_broadcast_ss(z + i);            \
-        s##i##0 = _mm256_add_ps(s##i##0, _mm256_mul_ps(a0, zz)); \
-        s##i##1 = _mm256_add_ps(s##i##1, _mm256_mul_ps(a1, zz)); \
+        s##i##0 = _mm256_fmadd_ps(a0, zz, s##i##0);              \
+        s##i##1 = _mm256_fmadd_ps(a1, zz, s##i##1);              \
     }
             KVS_ROW(0) KVS_ROW(1) KVS_ROW(2) KVS_ROW(3) KVS_ROW(4) KVS_ROW(5)
 #undef KVS_ROW
@@ -110,7 +109,7 @@ __attribute__((target("avx2"))) void accumulateAvx2Group(const Tile& t, const fl
     }
 }
 
-__attribute__((target("avx2"))) void accumulateAvx2(const Tile& t)
+__attribute__((target("avx2,fma"))) void accumulateAvx2(const Tile& t)
 {
     if (!t.plain) return accumulateAvx2From(t, 0);
     // The components of each 6 tokens interleaved, zT[(i0 / 6) K 6 + 6 k + i], so that one
@@ -132,12 +131,12 @@ __attribute__((target("avx2"))) void accumulateAvx2(const Tile& t)
 
 // AVX-512: the sums of 4 tokens x 64 channels stay in 16 registers while every component goes
 // by, so no sum goes through memory between terms, and no term is a branch (zq is 40% zeros in
-// no order; the store-based loop's branches on them were mispredicted). Each sum still takes its
-// terms in ascending k with the same rounded multiply and add, so the bytes are the other paths'.
-// Plain (Tile::plain): the zero terms are added too. That is exact there: a sum that starts at a
-// mean other than -0 is never -0 (round to nearest gives -0 only from -0 + -0), and a term a * 0
-// with a finite is +-0, which leaves any other sum unchanged. Otherwise a term whose z is 0, or a
-// channel outside [lo, hi), is a masked-off lane of the add.
+// no order; the store-based loop's branches on them were mispredicted). Each sum takes its terms
+// in ascending k. Plain (Tile::plain): one fused multiply-add per term (FORMAT.md's tolerance),
+// the zero terms included, which leave a sum as it was: a sum that starts at a mean other than
+// -0 is never -0 (round to nearest gives -0 only from -0 + -0), and a * 0 with a finite is +-0.
+// Otherwise (-0 means, steps or columns that are not finite) the reference's rounded multiply and
+// add, a term whose z is 0 or a channel outside [lo, hi) a masked-off lane: the scalar bytes.
 template <bool Plain>
 __attribute__((target("avx512f"))) void accumulateAvx512Sums(const Tile& t)
 {
@@ -179,7 +178,7 @@ __attribute__((target("avx512f"))) void accumulateAvx512Sums(const Tile& t)
                     const __m512 zz = _mm512_set1_ps(z);
                     if constexpr (Plain) {
 #pragma GCC unroll 4
-                        for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_add_ps(acc[i][j], _mm512_mul_ps(a[j], zz));
+                        for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_fmadd_ps(a[j], zz, acc[i][j]);
                     } else {
                         const __mmask16 zm = z != 0.0f ? __mmask16(0xffff) : __mmask16(0);
 #pragma GCC unroll 4
@@ -360,6 +359,53 @@ __attribute__((target("avx2"))) void forwardAvx2(const ForwardTile& t)
     if (t.Kp - k0 == 8) forwardAvx2Cols<1>(t, k0);
 }
 
+// AVX-512: I tokens x J vectors of 16 components in registers while every channel goes by, the
+// last vector masked to the 8 components of a stride that is not a multiple of 16 (eT's padding
+// columns are 0 and never stored). The same rounded multiply and add per term as the scalar loop.
+template <int I, int J>
+__attribute__((target("avx512f"))) void forwardAvx512Cols(const ForwardTile& t, int k0, __mmask16 lastMask)
+{
+    for (int i0 = 0; i0 < t.nt; i0 += I) {
+        const int ni = std::min(I, t.nt - i0);
+        const float* v[I];
+#pragma GCC unroll 8
+        for (int i = 0; i < I; ++i) v[i] = t.v + size_t(i0 + std::min(i, ni - 1)) * t.C;  // past nt: repeats, not stored
+        __m512 acc[I][J];
+#pragma GCC unroll 8
+        for (int i = 0; i < I; ++i)
+#pragma GCC unroll 2
+            for (int j = 0; j < J; ++j) acc[i][j] = _mm512_setzero_ps();
+        const float* e = t.eT + k0;
+        for (int c = 0; c < t.C; ++c, e += t.Kp) {
+            __m512 a[J];
+#pragma GCC unroll 2
+            for (int j = 0; j < J; ++j) a[j] = _mm512_maskz_loadu_ps(j == J - 1 ? lastMask : __mmask16(0xffff), e + 16 * j);
+#pragma GCC unroll 8
+            for (int i = 0; i < I; ++i) {
+                const __m512 x = _mm512_set1_ps(v[i][c]);
+#pragma GCC unroll 2
+                for (int j = 0; j < J; ++j) acc[i][j] = _mm512_add_ps(acc[i][j], _mm512_mul_ps(a[j], x));
+            }
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < I; ++i)
+#pragma GCC unroll 2
+            for (int j = 0; j < J; ++j)
+                if (i < ni)
+                    _mm512_mask_storeu_ps(t.z + size_t(i0 + i) * t.Kp + k0 + 16 * j, j == J - 1 ? lastMask : __mmask16(0xffff),
+                                          acc[i][j]);
+    }
+}
+
+__attribute__((target("avx512f"))) void forwardAvx512(const ForwardTile& t)
+{
+    int k0 = 0;
+    for (; k0 + 32 <= t.Kp; k0 += 32) forwardAvx512Cols<8, 2>(t, k0, 0xffff);
+    const int rest = t.Kp - k0;  // 0, 8, 16 or 24
+    if (rest == 24) forwardAvx512Cols<8, 2>(t, k0, 0x00ff);
+    else if (rest > 0) forwardAvx512Cols<8, 1>(t, k0, rest == 16 ? 0xffff : 0x00ff);
+}
+
 // 4 components at a time in double, the scalar loop's division and rounding (to nearest, even:
 // nearbyint's default mode); a group holding an escape (or a value that is not finite) is done by
 // the scalar loop, so escapes keep their order.
@@ -392,9 +438,7 @@ __attribute__((target("avx2"))) void quantizeAvx2(const float* z, const double* 
 TileKernels kernelsFor(SimdPath path)
 {
 #if defined(__x86_64__) || defined(__i386__)
-    // The encoder's AVX-512 path is its AVX2 one (the forward transform is bound by the
-    // multiply-adds either way, and it gives the same bytes).
-    if (path == SimdPath::Avx512) return {dequantAvx512, accumulateAvx512, forwardAvx2, quantizeAvx2};
+    if (path == SimdPath::Avx512) return {dequantAvx512, accumulateAvx512, forwardAvx512, quantizeAvx2};
     if (path == SimdPath::Avx2) return {dequantAvx2, accumulateAvx2, forwardAvx2, quantizeAvx2};
 #endif
     (void)path;

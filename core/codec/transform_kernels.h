@@ -77,4 +77,32 @@ struct TileKernels {
 
 TileKernels kernelsFor(SimdPath path);
 
+// The inverse transform on Intel AMX tiles (transform_amx.cpp), taken by the AVX-512 path when
+// the CPU has AMX-BF16 and the kernel grants the tile state: v (rows of stride Cp, the means
+// preloaded) += Z B with Z = q 2^class in bfloat16 (exact) and B = A step split into two
+// bfloat16 per value. Not bit-identical to the scalar reference: within FORMAT.md's tolerance.
+// Whether it may is amxEnabled() (simd_path.h).
+
+// An escape whose q 2^class does not fit bfloat16 exactly: added in float32 after the product.
+struct AmxFixup {
+    int row, k, cls;
+    int64_t q;
+};
+
+struct AmxProduct {
+    int K = 0, C = 0, Kp = 0, Cp = 0;  // Kp: K rounded up to 32, Cp: C to 16
+    std::vector<uint16_t> b;           // tiles (Kp / 32, Cp / 16, hi | lo) of 16 x 32 bfloat16
+    // B from the coded decode columns col (K, C) and their steps; false when a product is too
+    // large for the split (the caller takes the vector path).
+    bool prepare(const float* col, const float* step, int K, int C);
+    bool prepareTiles(const float* col, const float* step);  // prepare's B, once K, C, Kp, Cp are set
+    // Row `row` of Z (Kp bfloat16; the caller zeroes the padding) from its symbols, folded
+    // maxima M and class; escapes read in order, those that do not fit appended to fixups.
+    void dequantRow(const uint8_t* sym, const int* M, int cls, int row, uint16_t* zrow, EscapeReader& esc,
+                    std::vector<AmxFixup>& fixups) const;
+    // v (rows of Cp floats, nt rounded up to 16 of them in the buffer) += Z B.
+    void accumulate(float* v, const uint16_t* z, int nt) const;
+    void applyFixups(float* v, const float* col, const float* step, const std::vector<AmxFixup>& fixups) const;
+};
+
 }  // namespace kvscope::detail
