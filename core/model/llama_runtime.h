@@ -1,5 +1,6 @@
 // The Llama-family forward pass (libtorch, CPU), behind a torch-free interface so that Qt code
-// and the CLI can include it. This header and llama_runtime.cpp are the only place torch is used.
+// and the CLI can include it. Torch lives in llama_runtime.cpp (weights), llama_session.cpp (the
+// session and forward pass) and their private llama_runtime_impl.h, nowhere else.
 //
 // READ ME FIRST
 //  - One forward serves prefill, generation, scoring and prefill-with-past: an InferenceSession
