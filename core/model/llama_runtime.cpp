@@ -8,6 +8,10 @@
 #include <cmath>
 #include <thread>
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 namespace kvscope {
 
 using runtime_detail::Layer;
@@ -74,6 +78,14 @@ LlamaRuntime::LlamaRuntime(LlamaWeights weights, const RuntimeOptions& options) 
 {
     Impl& d = *d_;
     d.options = options;
+#ifdef __GLIBC__
+    // A forward pass allocates and frees its activations op by op. glibc maps every block above its
+    // mmap threshold afresh (128 KiB until a large free raises it) and returns freed heap above its
+    // trim threshold, both paid again in page faults: fixed here, prefill speed no longer depends on
+    // which buffers the loader happened to free (docs/models.md, "Decode on the stored blocks").
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+#endif
     if (options.compute != DType::F32 && options.compute != DType::BF16)
         throw Error("compute dtype must be float32 or bfloat16");
     if (options.prefillBlock < 1) throw Error("prefill block must be at least 1 token");
@@ -107,7 +119,16 @@ LlamaRuntime::LlamaRuntime(LlamaWeights weights, const RuntimeOptions& options) 
                       (options.weights == RuntimeOptions::Weights::Auto &&
                        packedValues * sizeof(float) > RuntimeOptions::kAutoExpandLimit);
     d.packedWeights = pack && packedValues > 0;
-    // A matrix stays packed when `pack`; float32 ones are adopted as they are.
+    d.kernels = options.weightKernels && d.compute == torch::kFloat32;
+    d.kernelPath = simdPath();
+    // The kernels' view of a packed matrix they can multiply; none for other types.
+    auto withBlocks = [&](Weight& w) {
+        if (!d.kernels || !weightKernelSupports(w.packed->ggmlType)) return;
+        w.blocks = PackedMatrix{w.packed->packed.data(), w.packed->ggmlType, w.rows, w.cols, w.packed->rowBytes()};
+        ++d.kernelMatrices;
+    };
+    // A matrix stays packed when `pack`; an expanded one keeps its blocks too when a kernel can
+    // use them; float32 ones are adopted as they are.
     auto matAs = [&](const std::string& name, torch::ScalarType dtype) {
         auto it = weights.tensors.find(name);
         KVSCOPE_ASSERT(it != weights.tensors.end());
@@ -118,11 +139,18 @@ LlamaRuntime::LlamaRuntime(LlamaWeights weights, const RuntimeOptions& options) 
         if (h.isPacked() && pack) {
             w.packed = std::make_shared<const HostTensor>(std::move(h));
             weights.tensors.erase(it);
+            withBlocks(w);
             return w;
         }
         if (h.isPacked()) {
-            h.data = h.toFloat();
-            h.packed = {};
+            auto blocks = std::make_shared<HostTensor>(std::move(h));
+            h = HostTensor{};
+            h.shape = blocks->shape;
+            h.data = blocks->toFloat();
+            if (d.kernels && weightKernelSupports(blocks->ggmlType)) {
+                w.packed = blocks;
+                withBlocks(w);
+            }
         }
         torch::Tensor t = take(name);
         w.dense = dtype == torch::kFloat32 ? t : t.to(dtype);
@@ -162,11 +190,11 @@ LlamaRuntime::LlamaRuntime(LlamaWeights weights, const RuntimeOptions& options) 
     d.embed = matAs("model.embed_tokens.weight", torch::kFloat32);  // the lookup reads fp32 rows
     if (!d.spec.tiedEmbeddings)
         d.lmHead = mat("lm_head.weight");
-    else if (d.embed.packed)
+    else if (!d.embed.dense.defined())
         d.lmHead = d.embed;
     else
-        d.lmHead = Weight{d.compute == torch::kFloat32 ? d.embed.dense : d.embed.dense.to(d.compute), nullptr,
-                          d.embed.rows, d.embed.cols};
+        d.lmHead = Weight{d.compute == torch::kFloat32 ? d.embed.dense : d.embed.dense.to(d.compute), d.embed.packed,
+                          d.embed.blocks, d.embed.rows, d.embed.cols};
 }
 
 LlamaRuntime::~LlamaRuntime() = default;
@@ -175,6 +203,7 @@ const LlamaSpec& LlamaRuntime::spec() const { return d_->spec; }
 const RuntimeOptions& LlamaRuntime::options() const { return d_->options; }
 const std::string& LlamaRuntime::fingerprint() const { return d_->fingerprint; }
 bool LlamaRuntime::packedWeights() const { return d_->packedWeights; }
+const char* LlamaRuntime::weightKernels() const { return d_->kernelMatrices > 0 ? simdPathName(d_->kernelPath) : "off"; }
 
 KvShape LlamaRuntime::kvShape(int tokens) const
 {
@@ -186,7 +215,8 @@ std::string LlamaRuntime::describe() const
 {
     return std::string("libtorch ") + TORCH_VERSION + ", " + std::to_string(torch::get_num_threads()) +
            " threads, " + dtypeName(d_->options.compute) + " compute, " + dtypeName(d_->options.kvDtype) + " KV" +
-           (d_->packedWeights ? ", packed weights" : "");
+           (d_->packedWeights ? ", packed weights" : "") +
+           (d_->kernelMatrices > 0 ? std::string(", ") + simdPathName(d_->kernelPath) + " weight kernels" : "");
 }
 
 }  // namespace kvscope

@@ -53,6 +53,12 @@ struct RuntimeOptions {
     enum class Weights { Auto, Packed, Expanded };
     Weights weights = Weights::Auto;
     static constexpr uint64_t kAutoExpandLimit = uint64_t(2) << 30;
+    // Decode steps (up to 4 tokens, model/weight_kernels.h) multiply the GGUF's stored blocks
+    // directly, whatever `weights` says, for the types that have a kernel: a step then reads the
+    // file's bytes, not 4 bytes per weight (expanded matrices keep their blocks too: memory grows
+    // by about the file size). fp32 compute only; the result differs from the expanded matrix's
+    // only in the order of the sums. false: every matmul uses the matrices as `weights` holds them.
+    bool weightKernels = true;
 };
 
 class LlamaRuntime {
@@ -68,6 +74,9 @@ public:
     const RuntimeOptions& options() const;
     const std::string& fingerprint() const;
     bool packedWeights() const;  // some matrices are held in their stored (quantised) blocks
+    // The instruction set of the decode steps' weight kernels ("scalar", "avx2", "avx512"), or
+    // "off" (RuntimeOptions::weightKernels false, bf16 compute, or no matrix of a kernel's type).
+    const char* weightKernels() const;
     KvShape kvShape(int tokens) const;  // the shape of this model's cache for `tokens` tokens
     // "libtorch 1.13.1, 2 threads, fp32" for reports.
     std::string describe() const;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "model/llama_runtime.h"
+#include "model/weight_kernels.h"
 
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
@@ -16,11 +17,14 @@
 namespace kvscope {
 namespace runtime_detail {
 
-// A weight matrix (out, in): either expanded (`dense`, in the compute dtype) or packed in the
-// file's ggml blocks (`packed`) and expanded tile by tile each time the forward uses it.
+// A weight matrix (out, in): expanded (`dense`, in the compute dtype), or packed in the file's
+// ggml blocks (`packed`) and expanded tile by tile each time the forward uses it, or both: an
+// expanded matrix keeps its blocks too when a weight kernel can multiply them (`blocks`), for
+// decode steps.
 struct Weight {
-    torch::Tensor dense;
-    std::shared_ptr<const HostTensor> packed;
+    torch::Tensor dense;                        // undefined when the matrix is only packed
+    std::shared_ptr<const HostTensor> packed;   // null for a float32 matrix
+    PackedMatrix blocks;                        // packed's view for the kernels; data null when none
     int64_t rows = 0, cols = 0;
 };
 
@@ -65,6 +69,12 @@ struct LlamaRuntime::Impl {
     torch::ScalarType kvType = torch::kFloat16;
     bool geglu = false;  // GeGLU (Gemma) instead of SwiGLU
     bool packedWeights = false;  // some matrices are held in their stored ggml blocks
+    // Decode steps (up to kWeightKernelMaxBatch tokens) multiply the stored blocks of the matrices
+    // that have them (Weight::blocks), on this instruction set: RuntimeOptions::weightKernels with
+    // fp32 compute.
+    bool kernels = false;
+    SimdPath kernelPath = SimdPath::Scalar;
+    int kernelMatrices = 0;  // matrices with Weight::blocks
 
     torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b = {}) const
     {
@@ -77,7 +87,8 @@ struct LlamaRuntime::Impl {
     // scratch tile, so memory holds the stored blocks plus one tile, never the fp32 matrix.
     torch::Tensor linear(const torch::Tensor& x, const Weight& w, const torch::Tensor& b = {}) const
     {
-        if (!w.packed) return linear(x, w.dense, b);
+        if (w.blocks.data && x.size(0) <= kWeightKernelMaxBatch && kernels) return kernelLinear(x, w, b);
+        if (w.dense.defined()) return linear(x, w.dense, b);
         const int64_t N = w.rows, K = w.cols, T = x.size(0);
         const int64_t tile = std::max<int64_t>(1, std::min<int64_t>(N, runtime_detail::kTileValues / K));
         const torch::Tensor xc = compute == torch::kFloat32 ? x.contiguous() : x.to(compute).contiguous();
@@ -99,10 +110,26 @@ struct LlamaRuntime::Impl {
         return out;
     }
 
+    // x (T <= kWeightKernelMaxBatch, in) times w^T (+ b) on the stored blocks (weight_kernels.h),
+    // rows split over torch's threads.
+    torch::Tensor kernelLinear(const torch::Tensor& x, const Weight& w, const torch::Tensor& b) const
+    {
+        const torch::Tensor xc = x.contiguous();
+        const int64_t T = xc.size(0), N = w.rows;
+        torch::Tensor out = torch::empty({T, N});
+        const float* xp = xc.data_ptr<float>();
+        float* yp = out.data_ptr<float>();
+        at::parallel_for(0, N, 256, [&](int64_t r0, int64_t r1) {
+            packedMatmul(w.blocks, r0, r1, xp, int(T), yp, N, kernelPath);
+        });
+        if (b.defined()) out.add_(b);
+        return out;
+    }
+
     // The whole weight as float32 (out, in).
     torch::Tensor expanded(const Weight& w) const
     {
-        if (!w.packed) return w.dense.to(torch::kFloat32);
+        if (w.dense.defined()) return w.dense.to(torch::kFloat32);
         torch::Tensor t = torch::empty({w.rows, w.cols});
         runtime_detail::expandRows(*w.packed, 0, w.rows, t.data_ptr<float>());
         return t;
@@ -111,7 +138,7 @@ struct LlamaRuntime::Impl {
     // Embedding rows of `ids` (T) as float32 (T, hidden): a packed table expands only those rows.
     torch::Tensor embedRows(const torch::Tensor& ids) const
     {
-        if (!embed.packed) return embed.dense.index_select(0, ids);
+        if (embed.dense.defined()) return embed.dense.index_select(0, ids);
         const int64_t T = ids.size(0);
         torch::Tensor x = torch::empty({T, embed.cols});
         const int64_t* id = ids.data_ptr<int64_t>();
