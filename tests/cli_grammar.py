@@ -21,7 +21,7 @@ import tempfile
 
 CLI = None
 FAILURES = []
-MODEL_GROUP = ['--model', '--tokenizer', '--threads', '--compute', '--kv-dtype', '--block', '--weights', '--weight-kernels']
+MODEL_GROUP = ['--model', '--tokenizer', '--threads', '--compute', '--kv-dtype', '--block', '--weights', '--decode-kernels']
 MODEL_COMMANDS = ['info', 'generate', 'capture', 'bench model', 'eval', 'demo', 'sensitivity', 'sweep', 'tune', 'stream']
 
 

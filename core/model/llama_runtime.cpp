@@ -119,13 +119,12 @@ LlamaRuntime::LlamaRuntime(LlamaWeights weights, const RuntimeOptions& options) 
                       (options.weights == RuntimeOptions::Weights::Auto &&
                        packedValues * sizeof(float) > RuntimeOptions::kAutoExpandLimit);
     d.packedWeights = pack && packedValues > 0;
-    d.kernels = options.weightKernels && d.compute == torch::kFloat32;
+    d.kernels = options.decodeKernels && d.compute == torch::kFloat32;
     d.kernelPath = simdPath();
     // The kernels' view of a packed matrix they can multiply; none for other types.
     auto withBlocks = [&](Weight& w) {
         if (!d.kernels || !weightKernelSupports(w.packed->ggmlType)) return;
         w.blocks = PackedMatrix{w.packed->packed.data(), w.packed->ggmlType, w.rows, w.cols, w.packed->rowBytes()};
-        ++d.kernelMatrices;
     };
     // A matrix stays packed when `pack`; an expanded one keeps its blocks too when a kernel can
     // use them; float32 ones are adopted as they are.
@@ -203,7 +202,7 @@ const LlamaSpec& LlamaRuntime::spec() const { return d_->spec; }
 const RuntimeOptions& LlamaRuntime::options() const { return d_->options; }
 const std::string& LlamaRuntime::fingerprint() const { return d_->fingerprint; }
 bool LlamaRuntime::packedWeights() const { return d_->packedWeights; }
-const char* LlamaRuntime::weightKernels() const { return d_->kernelMatrices > 0 ? simdPathName(d_->kernelPath) : "off"; }
+const char* LlamaRuntime::decodeKernels() const { return d_->kernels ? simdPathName(d_->kernelPath) : "off"; }
 
 KvShape LlamaRuntime::kvShape(int tokens) const
 {
@@ -216,7 +215,7 @@ std::string LlamaRuntime::describe() const
     return std::string("libtorch ") + TORCH_VERSION + ", " + std::to_string(torch::get_num_threads()) +
            " threads, " + dtypeName(d_->options.compute) + " compute, " + dtypeName(d_->options.kvDtype) + " KV" +
            (d_->packedWeights ? ", packed weights" : "") +
-           (d_->kernelMatrices > 0 ? std::string(", ") + simdPathName(d_->kernelPath) + " weight kernels" : "");
+           (d_->kernels ? std::string(", ") + simdPathName(d_->kernelPath) + " decode kernels" : "");
 }
 
 }  // namespace kvscope

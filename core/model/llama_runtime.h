@@ -56,9 +56,10 @@ struct RuntimeOptions {
     // Decode steps (up to 4 tokens, model/weight_kernels.h) multiply the GGUF's stored blocks
     // directly, whatever `weights` says, for the types that have a kernel: a step then reads the
     // file's bytes, not 4 bytes per weight (expanded matrices keep their blocks too: memory grows
-    // by about the file size). fp32 compute only; the result differs from the expanded matrix's
-    // only in the order of the sums. false: every matmul uses the matrices as `weights` holds them.
-    bool weightKernels = true;
+    // by about the file size); a one-token step attends with model/decode_attention.h instead of
+    // BLAS. fp32 compute only; results differ from the torch path's only in the order of the sums.
+    // false: every step runs as a prefill block does.
+    bool decodeKernels = true;
 };
 
 class LlamaRuntime {
@@ -74,9 +75,9 @@ public:
     const RuntimeOptions& options() const;
     const std::string& fingerprint() const;
     bool packedWeights() const;  // some matrices are held in their stored (quantised) blocks
-    // The instruction set of the decode steps' weight kernels ("scalar", "avx2", "avx512"), or
-    // "off" (RuntimeOptions::weightKernels false, bf16 compute, or no matrix of a kernel's type).
-    const char* weightKernels() const;
+    // The instruction set of the decode steps' kernels ("scalar", "avx2", "avx512"), or "off"
+    // (RuntimeOptions::decodeKernels false or bf16 compute).
+    const char* decodeKernels() const;
     KvShape kvShape(int tokens) const;  // the shape of this model's cache for `tokens` tokens
     // "libtorch 1.13.1, 2 threads, fp32" for reports.
     std::string describe() const;

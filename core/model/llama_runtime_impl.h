@@ -70,11 +70,10 @@ struct LlamaRuntime::Impl {
     bool geglu = false;  // GeGLU (Gemma) instead of SwiGLU
     bool packedWeights = false;  // some matrices are held in their stored ggml blocks
     // Decode steps (up to kWeightKernelMaxBatch tokens) multiply the stored blocks of the matrices
-    // that have them (Weight::blocks), on this instruction set: RuntimeOptions::weightKernels with
-    // fp32 compute.
+    // that have them (Weight::blocks), and one-token steps attend with decode_attention.h, on this
+    // instruction set: RuntimeOptions::decodeKernels with fp32 compute.
     bool kernels = false;
     SimdPath kernelPath = SimdPath::Scalar;
-    int kernelMatrices = 0;  // matrices with Weight::blocks
 
     torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b = {}) const
     {

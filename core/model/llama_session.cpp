@@ -3,6 +3,7 @@
 #include "model/llama_runtime_impl.h"
 
 #include "common/error.h"
+#include "model/decode_attention.h"
 
 #include <cmath>
 
@@ -115,6 +116,32 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& K, const torch
         out.narrow(2, q0, Tq).copy_(acc.div_(l).view({KH, groups, Tq, hd}));
     }
     return out.view({H, T, hd});
+}
+
+// One query (q (H, 1, hd), position P) over the first P + 1 cached keys with decode_attention.h:
+// the same visible keys and the same result as attend() up to the order of the sums.
+torch::Tensor attendOne(const torch::Tensor& q, const torch::Tensor& K, const torch::Tensor& V, int P, int window,
+                        double scale, double softcap, SimdPath path)
+{
+    const int64_t H = q.size(0), hd = q.size(2), KH = K.size(0), groups = H / KH;
+    const torch::Tensor qs = (q * scale).contiguous();
+    torch::Tensor out = torch::empty({H, 1, hd});
+    const int64_t S = int64_t(P) + 1;
+    const int64_t first = window > 0 ? std::max<int64_t>(0, S - window) : 0;
+    std::vector<float> scratch(size_t(groups * (S - first)));
+    for (int64_t kh = 0; kh < KH; ++kh) {
+        DecodeAttention a;
+        a.q = qs.data_ptr<float>() + kh * groups * hd;
+        a.K = K.data_ptr<float>() + kh * K.stride(0);
+        a.V = V.data_ptr<float>() + kh * V.stride(0);
+        a.groups = int(groups);
+        a.headDim = int(hd);
+        a.first = first;
+        a.S = S;
+        a.softcap = softcap;
+        decodeAttention(a, out.data_ptr<float>() + kh * groups * hd, scratch.data(), path);
+    }
+    return out;
 }
 
 torch::Tensor geluTanh(const torch::Tensor& x) { return F::gelu(x, F::GELUFuncOptions().approximate("tanh")); }
@@ -258,8 +285,12 @@ torch::Tensor InferenceSession::State::forwardBlock(const LlamaRuntime::Impl& d,
                     s_->attnSeen.narrow(0, 0, S).add_(seen);
                 }
             }
-            o = attend(q, s_->keys[l], s_->values[l], P, L.sliding ? c.slidingWindow : 0, scale, c.attnSoftcap,
-                       d.options.keyBlock, d.options.queryBlock, mass);
+            if (T == 1 && !mass && d.kernels)
+                o = attendOne(q, s_->keys[l], s_->values[l], P, L.sliding ? c.slidingWindow : 0, scale, c.attnSoftcap,
+                              d.kernelPath);
+            else
+                o = attend(q, s_->keys[l], s_->values[l], P, L.sliding ? c.slidingWindow : 0, scale, c.attnSoftcap,
+                           d.options.keyBlock, d.options.queryBlock, mass);
         } else {  // an explicit (T, S) mask: dense scores, for small T (branches)
             const torch::Tensor K = s_->keys[l].narrow(1, 0, S).unsqueeze(1);    // (KH, 1, S, hd)
             const torch::Tensor V = s_->values[l].narrow(1, 0, S).unsqueeze(1);  // (KH, 1, S, hd)
