@@ -22,7 +22,7 @@ import tempfile
 CLI = None
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAILURES = []
-MODEL_GROUP = ['--model', '--tokenizer', '--threads', '--compute', '--kv-dtype', '--block', '--weights']
+MODEL_GROUP = ['--model', '--tokenizer', '--threads', '--compute', '--kv-dtype', '--block', '--weights', '--decode-kernels']
 MODEL_COMMANDS = ['info', 'generate', 'capture', 'bench model', 'eval', 'demo', 'sensitivity', 'sweep', 'tune', 'stream']
 
 

@@ -22,6 +22,12 @@ void ModelOpts::add(CLI::App* sub, bool attnMassFlag)
                     "(to the compute dtype at load) or auto (packed when expanded would exceed 2 GiB)")
         ->capture_default_str()
         ->group(kModelGroup);
+    sub->add_option("--decode-kernels", decodeKernels,
+                    "decode steps (1-4 tokens) multiply the GGUF's stored blocks directly (Q4_0, Q4_1, Q5_0, Q8_0, "
+                    "Q4_K, Q6_K) and one-token steps attend without BLAS (on, fp32 compute; KVSCOPE_SIMD picks the "
+                    "instruction set), or every step runs as a prefill block does (off)")
+        ->capture_default_str()
+        ->group(kModelGroup);
     if (attnMassFlag)
         sub->add_flag("--attn-mass", attnMass,
                       "record the attention each token receives during the prefill (KvSet attn_mass, needed by the "
@@ -43,6 +49,9 @@ RuntimeOptions ModelOpts::runtime() const
     if (weights == "packed") o.weights = RuntimeOptions::Weights::Packed;
     else if (weights == "expanded") o.weights = RuntimeOptions::Weights::Expanded;
     else if (weights != "auto") throw Error("--weights: '" + weights + "' is not auto, packed or expanded");
+    if (decodeKernels != "on" && decodeKernels != "off")
+        throw Error("--decode-kernels: '" + decodeKernels + "' is not on or off");
+    o.decodeKernels = decodeKernels == "on";
     return o;
 }
 

@@ -32,7 +32,7 @@ inline const std::string kSuiteGroup = "Suite";  // eval, sweep, tune: what a qu
 struct ModelOpts {
     std::string model, tokenizer;
     int threads = 0;
-    std::string compute = "fp32", kvDtype = "fp16", weights = "auto";
+    std::string compute = "fp32", kvDtype = "fp16", weights = "auto", decodeKernels = "on";
     int block = 512;
     bool attnMass = false;
 

@@ -338,6 +338,7 @@ void addBenchModelCommand(CLI::App& app, Output& out)
                         {"attn_mass", ro.attnMass},
                         {"runtime", rt.describe()},
                         {"weights", rt.packedWeights() ? "packed" : "expanded"},
+                        {"decode_kernels", rt.decodeKernels()},
                         {"stored_weight_mb", double(rt.spec().weightBytes) / 1e6}};
         out.emit(j, [](const json& j) {
             std::printf("%s (%s, key block %d, query block %d%s, weights %.0f MB as stored)\n",

@@ -1,32 +1,12 @@
-// Which instruction set the v2 entropy decoder uses: the scalar reference, AVX2 or AVX-512,
-// chosen at run time from the CPU (the binary itself only assumes x86-64 or any other target).
-// The entropy coders and the encoders produce the same bytes on every path; the transform
-// decoder's fast paths are within FORMAT.md's tolerance of its scalar reference. Tests and
-// `bench codec` force one to compare them.
+// The instruction-set choice lives in common/ (the codec and the model share it); codec/ files
+// include it under this name. The entropy coders and the encoders produce the same bytes on every
+// path; the transform decoder's fast paths are within FORMAT.md's tolerance of its scalar
+// reference. Tests and `bench codec` force one to compare them.
 #pragma once
 
-#include <cstdint>
-#include <string>
+#include "common/simd_path.h"
 
 namespace kvscope {
-
-enum class SimdPath : uint8_t { Scalar = 0, Avx2 = 1, Avx512 = 2 };
-
-const char* simdPathName(SimdPath p);  // "scalar", "avx2", "avx512"
-// Parses "scalar", "avx2", "avx512" or "auto" (the best this CPU has). Returns false otherwise.
-bool parseSimdPath(const std::string& s, SimdPath* out);
-
-// Whether this CPU (and this build) can run path p.
-bool simdPathSupported(SimdPath p);
-// The best supported path.
-SimdPath bestSimdPath();
-
-// The path decoders use now: set by setSimdPath, else by the environment variable KVSCOPE_SIMD
-// (scalar, avx2, avx512, auto; read once), else bestSimdPath(). A request the CPU cannot honour
-// falls back to the best supported path below it.
-SimdPath simdPath();
-// Forces a path for this process (tests, benchmarks). Throws kvscope::Error when the CPU lacks it.
-void setSimdPath(SimdPath p);
 
 // Intel AMX tiles for the transform decoder's inverse transform on the AVX-512 path
 // (transform_kernels.h, AmxProduct; FORMAT.md's tolerance). Supported: the CPU has AMX-BF16 and

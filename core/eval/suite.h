@@ -72,6 +72,10 @@ struct Suite {
 Suite parseSuite(const std::string& text, const std::string& file);
 Suite loadSuite(const std::string& path);
 
+// The options of question `q` of `item` as scored (see READ ME FIRST); *gold receives the index of
+// its answer among them.
+std::vector<std::string> suiteOptions(const SuiteItem& item, const SuiteQuestion& q, int* gold);
+
 // The deterministic halves `tune` and `sweep` use: items at even positions tune, items at odd
 // positions judge (never the same item). Needs at least 2 items.
 enum class SuiteSplit { All, Tune, Eval };

@@ -1,5 +1,6 @@
 // The Llama-family forward pass (libtorch, CPU), behind a torch-free interface so that Qt code
-// and the CLI can include it. This header and llama_runtime.cpp are the only place torch is used.
+// and the CLI can include it. Torch lives in llama_runtime.cpp (weights), llama_session.cpp (the
+// session and forward pass) and their private llama_runtime_impl.h, nowhere else.
 //
 // READ ME FIRST
 //  - One forward serves prefill, generation, scoring and prefill-with-past: an InferenceSession
@@ -52,6 +53,13 @@ struct RuntimeOptions {
     enum class Weights { Auto, Packed, Expanded };
     Weights weights = Weights::Auto;
     static constexpr uint64_t kAutoExpandLimit = uint64_t(2) << 30;
+    // Decode steps (up to 4 tokens, model/weight_kernels.h) multiply the GGUF's stored blocks
+    // directly, whatever `weights` says, for the types that have a kernel: a step then reads the
+    // file's bytes, not 4 bytes per weight (expanded matrices keep their blocks too: memory grows
+    // by about the file size); a one-token step attends with model/decode_attention.h instead of
+    // BLAS. fp32 compute only; results differ from the torch path's only in the order of the sums.
+    // false: every step runs as a prefill block does.
+    bool decodeKernels = true;
 };
 
 class LlamaRuntime {
@@ -67,6 +75,9 @@ public:
     const RuntimeOptions& options() const;
     const std::string& fingerprint() const;
     bool packedWeights() const;  // some matrices are held in their stored (quantised) blocks
+    // The instruction set of the decode steps' kernels ("scalar", "avx2", "avx512"), or "off"
+    // (RuntimeOptions::decodeKernels false or bf16 compute).
+    const char* decodeKernels() const;
     KvShape kvShape(int tokens) const;  // the shape of this model's cache for `tokens` tokens
     // "libtorch 1.13.1, 2 threads, fp32" for reports.
     std::string describe() const;

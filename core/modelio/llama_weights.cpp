@@ -316,20 +316,15 @@ LlamaWeights loadHfWeights(const std::string& folder)
     return w;
 }
 
-LlamaWeights loadGgufWeights(const std::string& path)
+namespace {
+
+// The model configuration from a GGUF file's metadata (`arch`: general.architecture).
+ModelConfig ggufConfig(const GgufFile& f, const std::string& path, const std::string& arch)
 {
-    const GgufFile f = GgufFile::open(path);
-    const std::string arch = f.getString("general.architecture");
-    LlamaWeights w;
-    w.spec.format = "gguf";
-    w.spec.sourcePath = path;
-    w.spec.name = f.has("general.name") ? f.getString("general.name") : baseName(path);
-    ModelConfig& c = w.spec.config;
-    bool permuteQk = false;
+    ModelConfig c;
     if (arch == "llama") {
         c.architecture = "LlamaForCausalLM";
         c.modelType = "llama";
-        permuteQk = true;  // llama.cpp's converter stores q/k rows interleaved for these
     } else if (arch == "qwen2" || arch == "qwen3" || arch == "phi3" || arch == "gemma3") {
         // NEOX-style RoPE in llama.cpp: rows kept in the Hugging Face order.
         static const std::map<std::string, std::pair<const char*, const char*>> kArch = {
@@ -414,11 +409,15 @@ LlamaWeights loadGgufWeights(const std::string& path)
         if (f.has(p + "attn_logit_softcapping")) c.attnSoftcap = f.getFloat(p + "attn_logit_softcapping");
         if (f.has(p + "final_logit_softcapping")) c.finalSoftcap = f.getFloat(p + "final_logit_softcapping");
     }
+    return c;
+}
 
+// The Hugging Face name of a GGUF tensor; "" when kvscope does not know it.
+std::string ggufHfName(const std::string& ggufName, bool gemma)
+{
     // llama.cpp name -> Hugging Face name. ffn_norm is the norm before the MLP: Llama's
     // post_attention_layernorm, Gemma's pre_feedforward_layernorm (Gemma's post_attention_norm
     // is the norm on the attention output).
-    const bool gemma = arch == "gemma3";
     const std::vector<std::pair<const char*, const char*>> kLayerNames = {
         {"attn_norm.weight", "input_layernorm.weight"},
         {"ffn_norm.weight", gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight"},
@@ -438,42 +437,64 @@ LlamaWeights loadGgufWeights(const std::string& path)
         {"ffn_up.weight", "mlp.up_proj.weight"},
         {"ffn_down.weight", "mlp.down_proj.weight"},
     };
+    if (ggufName == "token_embd.weight") return "model.embed_tokens.weight";
+    if (ggufName == "output_norm.weight") return "model.norm.weight";
+    if (ggufName == "output.weight") return "lm_head.weight";
+    if (ggufName.rfind("blk.", 0) != 0) return "";
+    const size_t dot = ggufName.find('.', 4);
+    const std::string idx = dot == std::string::npos ? "" : ggufName.substr(4, dot - 4);
+    const std::string rest = dot == std::string::npos ? "" : ggufName.substr(dot + 1);
+    const bool digits = !idx.empty() && idx.size() < 6 &&
+                        std::all_of(idx.begin(), idx.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+    if (!digits) return "";
+    for (const auto& [from, to] : kLayerNames)
+        if (rest == from) return layerName(std::stoi(idx), to);
+    return "";
+}
+
+// One GGUF tensor in PyTorch order: a quantised matrix stays in its stored blocks (the runtime
+// expands rows as it needs them), anything else becomes float32.
+HostTensor readGgufTensor(const GgufFile& f, const GgufTensorInfo& t, const std::string& path)
+{
+    HostTensor h;
+    for (auto it = t.dims.rbegin(); it != t.dims.rend(); ++it) h.shape.push_back(int64_t(*it));
+    if (h.shape.size() == 2 && t.type != GgmlF32 && canDequantize(t.type)) {
+        // The block count is checked here, as readTensorF32 would (a truncated tensor is refused).
+        const uint64_t rb = ggmlRowBytes(t.type, uint64_t(h.shape[1]));
+        if (rb == 0 || t.nbytes != rb * uint64_t(h.shape[0]))
+            throw inputError(path, "tensor '" + t.name + "'",
+                             std::string("ggml ") + ggmlTypeName(t.type) + ": " + std::to_string(t.nbytes) +
+                                 " bytes for " + std::to_string(h.shape[0]) + " rows of " +
+                                 std::to_string(h.shape[1]) + " values (truncated or mis-sized block data)");
+        const uint8_t* src = f.tensorBytes(t);
+        h.ggmlType = t.type;
+        h.packed.assign(src, src + t.nbytes);
+    } else {
+        h.data = f.readTensorF32(t);
+    }
+    f.releaseTensorPages(t);
+    return h;
+}
+
+}  // namespace
+
+LlamaWeights loadGgufWeights(const std::string& path)
+{
+    const GgufFile f = GgufFile::open(path);
+    const std::string arch = f.getString("general.architecture");
+    LlamaWeights w;
+    w.spec.format = "gguf";
+    w.spec.sourcePath = path;
+    w.spec.name = f.has("general.name") ? f.getString("general.name") : baseName(path);
+    w.spec.config = ggufConfig(f, path, arch);
+    const ModelConfig& c = w.spec.config;
+    const bool permuteQk = arch == "llama";  // llama.cpp's converter stores q/k rows interleaved for these
     std::map<std::string, int> types;
     for (const GgufTensorInfo& t : f.tensors()) {
-        std::string name;
-        if (t.name == "token_embd.weight") name = "model.embed_tokens.weight";
-        else if (t.name == "output_norm.weight") name = "model.norm.weight";
-        else if (t.name == "output.weight") name = "lm_head.weight";
-        else if (t.name.rfind("blk.", 0) == 0) {
-            const size_t dot = t.name.find('.', 4);
-            const std::string idx = dot == std::string::npos ? "" : t.name.substr(4, dot - 4);
-            const std::string rest = dot == std::string::npos ? "" : t.name.substr(dot + 1);
-            const bool digits = !idx.empty() && idx.size() < 6 &&
-                                std::all_of(idx.begin(), idx.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
-            for (const auto& [from, to] : kLayerNames)
-                if (digits && rest == from) name = layerName(std::stoi(idx), to);
-        }
+        std::string name = ggufHfName(t.name, arch == "gemma3");
         if (name.empty())
             throw inputError(path, "tensor '" + t.name + "'", "unexpected (an architecture feature kvscope does not run)");
-        HostTensor h;
-        for (auto it = t.dims.rbegin(); it != t.dims.rend(); ++it) h.shape.push_back(int64_t(*it));
-        if (h.shape.size() == 2 && t.type != GgmlF32 && canDequantize(t.type)) {
-            // Kept in the stored blocks: the runtime expands rows as it needs them. The block
-            // count is checked here, as readTensorF32 would (a truncated tensor is refused).
-            const uint64_t rb = ggmlRowBytes(t.type, uint64_t(h.shape[1]));
-            if (rb == 0 || t.nbytes != rb * uint64_t(h.shape[0]))
-                throw inputError(path, "tensor '" + t.name + "'",
-                                 std::string("ggml ") + ggmlTypeName(t.type) + ": " + std::to_string(t.nbytes) +
-                                     " bytes for " + std::to_string(h.shape[0]) + " rows of " +
-                                     std::to_string(h.shape[1]) + " values (truncated or mis-sized block data)");
-            const uint8_t* src = f.tensorBytes(t);
-            h.ggmlType = t.type;
-            h.packed.assign(src, src + t.nbytes);
-            f.releaseTensorPages(t);
-        } else {
-            h.data = f.readTensorF32(t);
-            f.releaseTensorPages(t);
-        }
+        HostTensor h = readGgufTensor(f, t, path);
         ++types[ggmlTypeName(t.type)];
         // Phi-3: attn_qkv is fused, and ffn_up holds gate and up rows (gate first) when there is
         // no ffn_gate.
