@@ -73,6 +73,9 @@ class Hf:
     """The default model in transformers, with the scoring and answering procedure of eval."""
 
     def __init__(self, path):
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()  # the GGUF loader's per-tensor bar
         self.model = load_gguf_model(path)
         self.eos = self.model.config.eos_token_id
 
@@ -143,6 +146,7 @@ def measure(model_path=DEFAULT_MODEL, context_id="long_1k", cli=os.environ.get("
     one entry per row of eval (codec, level, then `hf` and `cli`: kl, delta_ppl_pct, token_agreement,
     bits_per_value)."""
     torch.set_num_threads(threads)
+    load = os.getloadavg()
     text, continuation_text, question = sample(context_id)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kvscope-hf-") as tmp:
@@ -190,6 +194,7 @@ def measure(model_path=DEFAULT_MODEL, context_id="long_1k", cli=os.environ.get("
             f"{got['token_agreement']:.3f} cli {want['token_agreement']:.3f}  bits/value hf {got['bits_per_value']:.3f} "
             f"cli {want['bits_per_value']:.3f} (fp16 {fp16_bits:.0f})")
     out["seconds"] = {"cli": t_cli, "hf": time.perf_counter() - t0}
+    out["load_start"], out["load_end"] = load, os.getloadavg()
     return out
 
 

@@ -104,6 +104,10 @@ for name, cache in decoded.items():
 
 # %% [markdown]
 # ## 5. The same in Hugging Face transformers, with kvscope's codec as the cache
+#
+# The same GGUF file read by transformers; the context is prefilled into a `KVScopeCache`, which
+# compresses it (`kvscope.encode`, every layer in one container) and keeps what `kvscope.decode`
+# gives back; the question is then asked after it, as `model.generate(question, kv=...)` asks it.
 
 # %%
 try:
@@ -114,14 +118,20 @@ try:
 except ImportError as e:
     print(f"transformers cell skipped: {e} (installer/setup.sh makes a venv with transformers and gguf)")
 else:
-    hf = load_gguf_model(model.info["path"] if "path" in model.info else os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "kvscope", "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ids = list(kv.tokens) + model.generate_json(question, kv=kv, max_new_tokens=1)["prompt_tokens"]
-    for name, cache in [("original", DynamicCache())] + [(f"level {l}", KVScopeCache(level=l)) for l in range(1, c.num_levels + 1)]:
+    torch.set_num_threads(1)
+    hf = load_gguf_model(model.info["path"])
+    context = list(kv.tokens)  # the tokens capture() prefilled
+    ids = context + model.generate_json(question, kv=kv, max_new_tokens=1)["prompt_tokens"]
+    caches = [("original", DynamicCache())] + [(f"level {l}", KVScopeCache(level=l, residual_length=0))
+                                               for l in range(1, c.num_levels + 1)]
+    for name, cache in caches:
         with torch.no_grad():
+            hf(torch.tensor([context]), past_key_values=cache)
+            if isinstance(cache, KVScopeCache):
+                cache.compress()
             out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                               past_key_values=cache, max_new_tokens=args.new_tokens, do_sample=False,
                               pad_token_id=hf.config.eos_token_id)
         answer = model.detokenize(out[0, len(ids):].tolist())
-        size = f", prefix {cache.compressed_bytes} bytes" if isinstance(cache, KVScopeCache) else ""
+        size = f" ({cache.compressed_bytes} bytes)" if isinstance(cache, KVScopeCache) else ""
         print(f"  transformers, {name}{size}: {answer!r}")

@@ -117,13 +117,14 @@ class NextToKvscopeEval(unittest.TestCase):
 
     def test_same_tokens_same_states(self):
         m = self.m
-        self.assertEqual((m["num_tokens"], m["continuation_tokens"]), (976, 256))
+        self.assertEqual((m["num_tokens"], m["continuation_tokens"]), (978, 256))
         # The prompt's KV of the two runtimes: fp32 forward passes of the same dequantised weights,
-        # each rounded to fp16. Measured: ~0.26 % of a layer's absmax at most, ~85 % bit-identical.
-        self.assertLess(m["kv_agreement"]["max_rel_error"], 0.01)
-        self.assertGreater(m["kv_agreement"]["identical"], 0.7)
-        # Perplexity of the continuation, uncompressed: the two runtimes' logits in one figure.
-        self.assertAlmostEqual(m["original"]["hf_ppl"] / m["original"]["cli_ppl"], 1.0, delta=0.002)
+        # each rounded to fp16 (measured: at most 0.14 % of a layer's absmax apart, 54 % bit-identical).
+        self.assertLess(m["kv_agreement"]["max_rel_error"], 0.005)
+        self.assertGreater(m["kv_agreement"]["identical"], 0.4)
+        # Perplexity of the continuation, uncompressed: the two runtimes' logits in one figure
+        # (measured: 14.3935 and 14.3940).
+        self.assertAlmostEqual(m["original"]["hf_ppl"] / m["original"]["cli_ppl"], 1.0, delta=0.001)
         self.assertEqual(m["original"]["hf_answer"], m["original"]["cli_answer"])
 
     def test_every_level_of_the_default_profile(self):
@@ -136,20 +137,44 @@ class NextToKvscopeEval(unittest.TestCase):
             self.assertGreater(kl[2], 0, side)
 
     def test_figures_match_eval(self):
+        self.assertEqual(sorted(c for c, _ in self.rows), ["cachegen"] * 3 + ["fp16", "int8", "kivi2", "kivi4", "zstd"])
         for key, r in self.rows.items():
             with self.subTest(row=key):
                 hf_row, cli_row = r["hf"], r["cli"]
-                # The same codec on states that agree to fp16 rounding: the same size.
-                self.assertAlmostEqual(hf_row["bits_per_value"] / cli_row["bits_per_value"], 1.0, delta=0.01)
+                # The same codec on states that agree to fp16 rounding: the same size (zstd's
+                # lossless size follows the bits that differ: 14.755 and 14.771 bits measured).
+                self.assertAlmostEqual(hf_row["bits_per_value"] / cli_row["bits_per_value"], 1.0, delta=0.005)
+                self.assertAlmostEqual(hf_row["token_agreement"], cli_row["token_agreement"], delta=0.1)
                 if key[0] in ("fp16", "zstd"):
                     # Lossless on fp16 KV: eval's KL is 0; transformers' is the fp16 rounding of its fp32 states.
                     self.assertEqual(cli_row["kl"], 0)
-                    self.assertLess(hf_row["kl"], 1e-4)
+                    self.assertLess(hf_row["kl"], 1e-5)
                     continue
-                # Lossy rows: within 25 % of each other (measured: docs/python.md). The two references
-                # differ (fp32 KV here, fp16 KV in eval) and the codec's bins flip for the values whose
-                # fp16 images differ between the runtimes.
-                self.assertAlmostEqual(hf_row["kl"] / cli_row["kl"], 1.0, delta=0.25)
+                # Lossy rows: KL measured within 6 % of eval's for int8 (the smallest, 9.1e-5 against
+                # 8.7e-5), 2.4 % at level 3, < 1 % elsewhere; delta PPL within 0.1 points. The
+                # references differ (fp32 KV here, fp16 KV in eval, the continuation's own KV too), and
+                # the codec's bins flip for the values whose fp16 images differ between the runtimes.
+                self.assertAlmostEqual(hf_row["kl"] / cli_row["kl"], 1.0, delta=0.15)
+                self.assertAlmostEqual(hf_row["delta_ppl_pct"], cli_row["delta_ppl_pct"], delta=0.3)
+
+
+class Notebook(unittest.TestCase):
+    def test_notebook_runs_and_transformers_answers_as_kvscope(self):
+        # samples/python/notebook.py: capture, statistics, every level, answers from kvscope's runtime
+        # and from transformers with KVScopeCache. The same compressed context gives the same greedy
+        # answer in both runtimes, level by level.
+        r = subprocess.run([sys.executable, os.path.join(SOURCE_DIR, "samples", "python", "notebook.py"),
+                            "--new-tokens", "16"], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+        lines = r.stdout.splitlines()
+        ours = {l.split(":")[0].strip(): l.split(":", 1)[1].strip() for l in lines if l.startswith("  level ") or l.startswith("  original:")}
+        theirs = {}
+        for l in lines:
+            if l.startswith("  transformers, "):
+                name, answer = l[len("  transformers, "):].split(":", 1)
+                theirs[name.split(" (")[0]] = answer.strip()
+        self.assertEqual(sorted(theirs), ["level 1", "level 2", "level 3", "original"])
+        self.assertEqual(theirs, {k: ours[k] for k in theirs})
 
 
 if __name__ == "__main__":
