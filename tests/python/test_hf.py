@@ -29,6 +29,7 @@ import kvscope
 from kvscope.hf import KVScopeCache
 from transformers import DynamicCache
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.join(SOURCE_DIR, "samples", "python"))
 import hf_quality  # noqa: E402  (samples/python/hf_quality.py: the procedure next to kvscope-cli eval)
 
