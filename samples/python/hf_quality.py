@@ -73,9 +73,7 @@ class Hf:
     """The default model in transformers, with the scoring and answering procedure of eval."""
 
     def __init__(self, path):
-        import transformers
-
-        transformers.utils.logging.disable_progress_bar()  # the GGUF loader's per-tensor bar
+        os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF loader's per-tensor progress bar
         self.model = load_gguf_model(path)
         self.eos = self.model.config.eos_token_id
 
