@@ -35,7 +35,8 @@ import hf_quality  # noqa: E402  (samples/python/hf_quality.py: the procedure ne
 
 CLI = os.environ.get("KVSCOPE_CLI", "kvscope-cli")
 # Greedy tokens of transformers and of kvscope's runtime (fp32 KV), 32 each, on three prompts.
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village by the sea,"]
+# (Prompts whose answers run past 32 tokens: "The capital of France is" stops at EOS after 30.)
+PROMPTS = ["The history of the printing press begins", "def fibonacci(n):", "Once upon a time, in a small village by the sea,"]
 NEW_TOKENS = 32
 _hf = None
 
