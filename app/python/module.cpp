@@ -303,12 +303,9 @@ struct Profile {
     kvscope::CodecProfile p;
 };
 
-}  // namespace
-
-PYBIND11_MODULE(_kvscope, m)
+// kvscope.Error: a subclass of RuntimeError and ValueError that carries kvscope::Error's message.
+void bindError(py::module_& m)
 {
-    m.doc() = "kvscope's core for Python: KV caches (HDF5 KV files), the CacheGen-style codec and its .kvc container.";
-
     g_error = PyErr_NewExceptionWithDoc("kvscope.Error",
                                         "Bad input: a corrupt file, a malformed profile, an impossible option. The message is "
                                         "the one-line error kvscope-cli prints after 'error: '.",
@@ -321,7 +318,11 @@ PYBIND11_MODULE(_kvscope, m)
             PyErr_SetString(g_error, e.what());
         }
     });
+}
 
+// kvscope.KV: the KvSet, its arrays (views, see READ ME FIRST) and metadata.
+void bindKv(py::module_& m)
+{
     py::class_<KvSet, std::shared_ptr<KvSet>>(m, "KV",
         "A captured KV cache: per layer, keys and values of shape (kv_heads, tokens, head_dim), keys after RoPE in the "
         "Hugging Face rotate_half layout.")
@@ -396,7 +397,11 @@ PYBIND11_MODULE(_kvscope, m)
                    std::to_string(s.numTokens) + " tokens x " + std::to_string(s.headDim) + " " + kvscope::dtypeName(kv.dtype()) +
                    (kv.modelName.empty() ? "" : ", " + kv.modelName) + ">";
         });
+}
 
+// The module's functions: read_kv, synthetic, encode, decode, stats, compare.
+void bindFunctions(py::module_& m)
+{
     m.def("read_kv", [](const py::object& path) {
         const std::string p = pathArg(path);
         py::gil_scoped_release nogil;
@@ -478,7 +483,11 @@ PYBIND11_MODULE(_kvscope, m)
         return toPython(j);
     }, py::arg("reference"), py::arg("decoded"),
        "Reconstruction error (max_abs_error, rms_error, per-layer figures) as `kvscope-cli decode --source` reports it.");
+}
 
+// kvscope.Container: a .kvc file's index, chunks and levels.
+void bindContainer(py::module_& m)
+{
     py::class_<KvcReader, std::shared_ptr<KvcReader>>(m, "Container", "A .kvc container: its chunks, levels and metadata.")
         .def(py::init([](const py::object& data, const std::string& name) { return openContainer(data, name); }),
              py::arg("data"), py::kw_only(), py::arg("name") = "<bytes>",
@@ -551,7 +560,11 @@ PYBIND11_MODULE(_kvscope, m)
             return "<kvscope.Container " + r.name() + ": " + kvscope::codecName(r.params().codec) + ", " +
                    std::to_string(r.params().numChunks()) + " chunks x " + std::to_string(r.params().numLevels()) + " levels>";
         });
+}
 
+// kvscope.Profile: a loaded profile file.
+void bindProfile(py::module_& m)
+{
     py::class_<Profile>(m, "Profile", "A codec profile file (JSON), read-only.")
         .def_static("load", [](const py::object& path) {
             Profile p;
@@ -596,4 +609,17 @@ PYBIND11_MODULE(_kvscope, m)
             return "<kvscope.Profile " + p.path + ": " + std::to_string(p.p.levels.size()) + " levels, chunks of " +
                    std::to_string(p.p.chunkTokens) + " tokens>";
         });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_kvscope, m)
+{
+    m.doc() = "kvscope's core for Python: KV caches (HDF5 KV files), the CacheGen-style codec and its .kvc container.";
+
+    bindError(m);
+    bindKv(m);
+    bindFunctions(m);
+    bindContainer(m);
+    bindProfile(m);
 }

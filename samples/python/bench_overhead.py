@@ -1,19 +1,25 @@
 """What calling the codec from Python costs over the library call, in the same run.
 
     PYTHONPATH=build/dev/python KVSCOPE_CLI=build/dev/app/cli/kvscope-cli \
-        /usr/bin/python3 samples/python/bench_overhead.py [KV.h5] [--level N] [--rounds R]
+        /usr/bin/python3 samples/python/bench_overhead.py [KV.h5] [--level N] [--rounds R] [--json]
 
 `kvscope-cli bench codec KV --threads 1` times the library's encode and decode of every chunk at
-one level (thread CPU time, best of its repeats and runs); this script times `kvscope.encode(kv,
-level=N)` (a whole .kvc container: chunks, index, CRCs, metadata, in memory) and
-`kvscope.decode(data, level=N)` (container parsed, CRCs checked, a new cache allocated) on the
-same cache, also as the calling thread's CPU time, best of R rounds interleaved with the CLI's, and
-prints the ratio. It also sets `kvscope.encode(kv)` (every level) beside the library call that
-`kvscope-cli encode --json` times (`encode_s`: writeKvc to the file, wall clock, fsync included),
-and `kvscope.decode` beside `kvscope-cli decode --json` (`decode_s`: KvcReader::decodeAll, a new
-cache allocated, CRCs checked, as in Python), and `kvscope.decode(..., out=kv)`, which decodes
-into an existing cache as the library benchmark does. Without a KV file it synthesises a 4096-token cache of SmolLM2-135M's shape
-(30 layers, 3 KV heads of 64). Single-threaded on both sides (OMP_NUM_THREADS=1).
+one level (the thread's CPU time, best of its repeats); this script times `kvscope.encode(kv,
+level=N)` (a whole .kvc container: chunks, index, CRCs, metadata, in memory),
+`kvscope.decode(data, level=N)` (container parsed, CRCs checked, a new cache allocated) and
+`kvscope.decode(data, level=N, out=kv)` (into an existing cache, as the library benchmark decodes)
+on the same cache, as the calling thread's CPU time, best of the same number of calls.
+
+Made to be read on a loaded, shared machine: each round times both sides back to back (the CLI
+first in even rounds, Python first in odd ones, so that a drift in the load favours neither), and
+the figure reported is the median over rounds of the paired ratio Python / library, with the
+smallest and largest beside it. CPU time, not wall time, on both sides: time spent waiting for a
+core does not count, what is left of the load is a slower core (shared caches, SMT siblings),
+which the pairing cancels to the extent it lasts longer than a round. It also sets `kvscope.encode(kv)`
+(every level, wall) beside `kvscope-cli encode --json`'s `encode_s` (writeKvc to a file, wall,
+fsync included), paired the same way. Without a KV file it synthesises a 4096-token cache of
+SmolLM2-135M's shape (30 layers, 3 KV heads of 64). Single-threaded on both sides
+(OMP_NUM_THREADS=1).
 """
 
 import os
@@ -22,86 +28,111 @@ os.environ["OMP_NUM_THREADS"] = "1"  # before kvscope loads OpenMP: one thread, 
 
 import argparse
 import json
+import statistics
 import subprocess
+import sys
 import tempfile
 import time
 
 import kvscope
 
 
-def best_cpu(f, repeats):
-    """(best thread CPU seconds, best wall seconds, last result) over `repeats` calls."""
-    cpu = wall = float("inf")
+def best(f, repeats, clock=time.thread_time):
+    """(best seconds of `clock` over `repeats` calls, last result)."""
+    t = float("inf")
     out = None
     for _ in range(repeats):
-        c0, w0 = time.thread_time(), time.perf_counter()
+        t0 = clock()
         out = f()
-        cpu = min(cpu, time.thread_time() - c0)
-        wall = min(wall, time.perf_counter() - w0)
-    return cpu, wall, out
+        t = min(t, clock() - t0)
+    return t, out
+
+
+def cli_json(cli, *args):
+    r = subprocess.run([cli, *args, "--json"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"kvscope-cli {args[0]} failed: {r.stderr.strip()}")
+    return json.loads(r.stdout)
+
+
+def summary(pairs):
+    """Median, min and max of the paired ratios, and the ratio of each side's best."""
+    ratios = [p / l for l, p in pairs]
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+            "of_bests": min(p for _, p in pairs) / min(l for l, _ in pairs),
+            "library_s": min(l for l, _ in pairs), "python_s": min(p for _, p in pairs), "rounds": len(pairs)}
+
+
+def measure(path, level, rounds, repeats, cli, log=print):
+    kv = kvscope.read_kv(path)
+    data = kvscope.encode(kv)  # every level; decode reads level `level` of it
+    level = level or kvscope.Container(data).default_level
+    out = kvscope.decode(data, level=level)
+    tmp = tempfile.TemporaryDirectory(prefix="kvscope-bench-")
+    pairs = {"encode": [], "decode": [], "decode_out": [], "encode_container": []}
+    level_bytes = 0
+    load = [os.getloadavg()]
+    for r in range(rounds):
+        def library():
+            j = cli_json(cli, "bench", "codec", path, "--threads", "1", "--runs", "1", "--repeats", str(repeats),
+                         "--level", str(level), "--device", "cpu")
+            enc_s = min(cli_json(cli, "encode", path, "--out", os.path.join(tmp.name, "x.kvc"))["encode_s"]
+                        for _ in range(repeats))
+            return j["fp16_MB"] / j["encode_MBps"], j["fp16_MB"] / j["decode_MBps"], enc_s
+
+        def python():
+            nonlocal level_bytes
+            enc, one = best(lambda: kvscope.encode(kv, level=level), repeats)
+            level_bytes = len(one)
+            dec, _ = best(lambda: kvscope.decode(data, level=level), repeats)
+            into, _ = best(lambda: kvscope.decode(data, level=level, out=out), repeats)
+            every, _ = best(lambda: kvscope.encode(kv), repeats, time.perf_counter)
+            return enc, dec, into, every
+
+        if r % 2 == 0:
+            lib, py = library(), python()
+        else:
+            py, lib = python(), library()
+        pairs["encode"].append((lib[0], py[0]))
+        pairs["decode"].append((lib[1], py[1]))
+        pairs["decode_out"].append((lib[1], py[2]))
+        pairs["encode_container"].append((lib[2], py[3]))
+        log(f"round {r + 1}/{rounds}: encode x{py[0] / lib[0]:.3f}, decode x{py[1] / lib[1]:.3f}, "
+            f"decode out= x{py[2] / lib[1]:.3f}, container encode x{py[3] / lib[2]:.3f}")
+    load.append(os.getloadavg())
+    return {"file": path, "kv": repr(kv), "level": level, "level_bytes": level_bytes, "repeats": repeats,
+            "load_start": load[0], "load_end": load[1], **{k: summary(v) for k, v in pairs.items()}}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("kv", nargs="?", help="HDF5 KV file (default: a synthetic 4096-token SmolLM2-shaped cache)")
     ap.add_argument("--level", type=int, default=None, help="level to time (default: the profile's default)")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds, each timing the CLI then Python (best kept)")
-    ap.add_argument("--repeats", type=int, default=3, help="timed calls per round and side")
+    ap.add_argument("--rounds", type=int, default=7, help="rounds, each timing both sides back to back")
+    ap.add_argument("--repeats", type=int, default=3, help="timed calls per round and side (best kept)")
     ap.add_argument("--cli", default=os.environ.get("KVSCOPE_CLI", "kvscope-cli"))
+    ap.add_argument("--json", action="store_true", help="print one JSON object (progress to stderr)")
     a = ap.parse_args()
+    log = (lambda s: print(s, file=sys.stderr)) if a.json else print
 
     tmp = tempfile.TemporaryDirectory(prefix="kvscope-bench-")
     path = a.kv
     if path is None:
         path = os.path.join(tmp.name, "kv4k.h5")
         kvscope.synthetic(layers=30, kv_heads=3, head_dim=64, tokens=4096, seed=5).write(path)
-    kv = kvscope.read_kv(path)
-    level = a.level or kvscope.Container(kvscope.encode(kv)).default_level
-    data = kvscope.encode(kv)  # every level; decode reads level `level` of it
-
-    lib_enc = lib_dec = py_enc = py_dec = py_enc_wall = py_dec_wall = float("inf")
-    file_enc = py_all = file_dec = py_into = float("inf")
-    kvc = os.path.join(tmp.name, "all.kvc")
-    with open(kvc, "wb") as f:
-        f.write(data)
-    for _ in range(a.rounds):
-        for _ in range(a.repeats):
-            r = subprocess.run([a.cli, "encode", path, "--out", os.path.join(tmp.name, "x.kvc"), "--json"],
-                               capture_output=True, text=True)
-            if r.returncode != 0:
-                raise SystemExit(f"kvscope-cli encode failed: {r.stderr.strip()}")
-            file_enc = min(file_enc, json.loads(r.stdout)["encode_s"])
-            r = subprocess.run([a.cli, "decode", kvc, "--out", os.path.join(tmp.name, "x.h5"), "--level", str(level),
-                                "--json"], capture_output=True, text=True)
-            if r.returncode != 0:
-                raise SystemExit(f"kvscope-cli decode failed: {r.stderr.strip()}")
-            file_dec = min(file_dec, json.loads(r.stdout)["decode_s"])
-        py_all = min(py_all, best_cpu(lambda: kvscope.encode(kv), a.repeats)[1])
-        r = subprocess.run([a.cli, "bench", "codec", path, "--threads", "1", "--runs", "1", "--repeats", str(a.repeats),
-                            "--level", str(level), "--device", "cpu", "--json"], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise SystemExit(f"kvscope-cli bench codec failed: {r.stderr.strip()}")
-        j = json.loads(r.stdout)
-        lib_enc = min(lib_enc, j["fp16_MB"] / j["encode_MBps"])
-        lib_dec = min(lib_dec, j["fp16_MB"] / j["decode_MBps"])
-        c, w, one = best_cpu(lambda: kvscope.encode(kv, level=level), a.repeats)
-        py_enc, py_enc_wall = min(py_enc, c), min(py_enc_wall, w)
-        c, w, _ = best_cpu(lambda: kvscope.decode(data, level=level), a.repeats)
-        py_dec, py_dec_wall = min(py_dec, c), min(py_dec_wall, w)
-        out = kvscope.decode(data, level=level)
-        py_into = min(py_into, best_cpu(lambda: kvscope.decode(data, level=level, out=out), a.repeats)[0])
-
-    print(f"{path}: {kv}, level {level}, {len(one)} bytes at that level alone")
-    print(f"encode: library {lib_enc:.3f} s, kvscope.encode {py_enc:.3f} s CPU ({py_enc_wall:.3f} s wall): "
-          f"x{py_enc / lib_enc:.3f} ({100 * (py_enc / lib_enc - 1):+.1f} %)")
-    print(f"encode, every level: kvscope-cli encode's writeKvc {file_enc:.3f} s wall, kvscope.encode {py_all:.3f} s wall: "
-          f"x{py_all / file_enc:.3f} ({100 * (py_all / file_enc - 1):+.1f} %)")
-    print(f"decode: library {lib_dec:.3f} s, kvscope.decode {py_dec:.3f} s CPU ({py_dec_wall:.3f} s wall): "
-          f"x{py_dec / lib_dec:.3f} ({100 * (py_dec / lib_dec - 1):+.1f} %)")
-    print(f"decode into an existing KV (out=): kvscope.decode {py_into:.3f} s CPU: x{py_into / lib_dec:.3f} "
-          f"({100 * (py_into / lib_dec - 1):+.1f} %)")
-    print(f"decode, level {level} of the container: kvscope-cli decode's decodeAll {file_dec:.3f} s wall, kvscope.decode "
-          f"{py_dec_wall:.3f} s wall: x{py_dec_wall / file_dec:.3f} ({100 * (py_dec_wall / file_dec - 1):+.1f} %)")
+    m = measure(path, a.level, a.rounds, a.repeats, a.cli, log)
+    if a.json:
+        print(json.dumps(m))
+        return
+    print(f"{m['file']}: {m['kv']}, level {m['level']}, {m['level_bytes']} bytes at that level alone; "
+          f"load average {m['load_start'][0]:.2f} -> {m['load_end'][0]:.2f}")
+    for key, what in (("encode", "kvscope.encode(level) / bench codec encode (CPU)"),
+                      ("decode", "kvscope.decode(level) / bench codec decode (CPU)"),
+                      ("decode_out", "kvscope.decode(level, out=) / bench codec decode (CPU)"),
+                      ("encode_container", "kvscope.encode() / kvscope-cli encode's encode_s (wall)")):
+        s = m[key]
+        print(f"{what}: median x{s['median']:.3f} ({100 * (s['median'] - 1):+.1f} %), range x{s['min']:.3f}..x{s['max']:.3f} "
+              f"over {s['rounds']} rounds; bests {s['python_s']:.4f} s / {s['library_s']:.4f} s = x{s['of_bests']:.3f}")
 
 
 if __name__ == "__main__":
