@@ -476,6 +476,31 @@ int finishLaunch(kvscope_cuda_decoder* d, Slot& s, const kvscope_cuda_chunk* chu
     return KVSCOPE_CUDA_OK;
 }
 
+// The batch's byte layout, the same for both codecs: [Desc x count][count plans of planBytes each]
+// [payloads, each 16-byte aligned]. Fills every descriptor's geometry, plan and payload offsets and
+// pinned[i] (the chunk already sits in pinned host memory and is copied from there; the others are
+// staged through s.pinned, which grows to hold them); grows the device batch to the last payload's
+// end. *headBytes: the descriptors and plans, copied in one piece.
+template <typename Desc, typename Plan>
+int layOutBatch(Slot& s, const kvscope_cuda_chunk* chunks, const Plan* plans, size_t planBytes, std::vector<Desc>& descs,
+                std::vector<bool>& pinned, size_t* headBytes)
+{
+    const int count = int(descs.size());
+    *headBytes = align16(count * sizeof(Desc)) + size_t(count) * planBytes;
+    size_t pos = *headBytes, stagedEnd = *headBytes;
+    for (int i = 0; i < count; ++i) {
+        Desc& cd = descs[size_t(i)];
+        cd.g = plans[i].geom;
+        cd.plan = align16(count * sizeof(Desc)) + size_t(i) * planBytes;
+        cd.payload = pos;
+        pinned[size_t(i)] = isPinned(chunks[i].data);
+        pos = align16(pos + chunks[i].size);
+        if (!pinned[size_t(i)]) stagedEnd = pos;
+    }
+    if (int r = growPinned(&s.pinned, &s.pinnedCap, stagedEnd)) return r;
+    return grow(&s.batch, &s.batchCap, pos, "a chunk batch");
+}
+
 // Packs chunks [first, last) into slot s and launches their copies and kernels on its stream.
 int launchBatch(kvscope_cuda_decoder* d, Slot& s, const kvscope_cuda_chunk* chunks, const std::vector<ChunkPlan>& plans,
                 int first, int last)
@@ -485,22 +510,15 @@ int launchBatch(kvscope_cuda_decoder* d, Slot& s, const kvscope_cuda_chunk* chun
     const int units = 2 * c.L, C = c.tablesPerRole(), roles = c.roles();  // C: tables per role
     const bool cachegen = c.codec == 0, inBand = cachegen && c.tableMode == 0;
     const size_t planBytes = cachegen ? align16(units * sizeof(BlockPlan) + size_t(units) * c.H * sizeof(StreamPlan)) : 0;
-    // layout: [ChunkDesc x count][plans][payloads]
-    const size_t headBytes = align16(count * sizeof(ChunkDesc)) + size_t(count) * planBytes;
     std::vector<ChunkDesc> descs(static_cast<size_t>(count));
     std::vector<bool> pinned(static_cast<size_t>(count));
-    size_t pos = headBytes, stagedEnd = headBytes;
+    size_t headBytes = 0;
+    if (int r = layOutBatch(s, chunks + first, plans.data() + first, planBytes, descs, pinned, &headBytes)) return r;
     uint64_t store = 0, offs = 0;
     for (int i = 0; i < count; ++i) {
         const kvscope_cuda_chunk& ch = chunks[first + i];
         const ChunkPlan& pl = plans[size_t(first + i)];
         ChunkDesc& cd = descs[size_t(i)];
-        cd.g = pl.geom;
-        cd.plan = align16(count * sizeof(ChunkDesc)) + size_t(i) * planBytes;
-        cd.payload = pos;
-        pinned[size_t(i)] = isPinned(ch.data);
-        pos = align16(pos + ch.size);
-        if (!pinned[size_t(i)]) stagedEnd = pos;
         if (inBand) {
             cd.store = store;
             cd.offsets = offs;
@@ -510,8 +528,6 @@ int launchBatch(kvscope_cuda_decoder* d, Slot& s, const kvscope_cuda_chunk* chun
             cd.store = d->sharedOffset[size_t(ch.level - 1)];
         }
     }
-    if (int r = growPinned(&s.pinned, &s.pinnedCap, stagedEnd)) return r;
-    if (int r = grow(&s.batch, &s.batchCap, pos, "a chunk batch")) return r;
     if (inBand) {
         if (int r = grow(&s.store, &s.storeCap, store, "probability tables")) return r;
         if (int r = grow(&s.offsets, &s.offsetsCap, offs, "table offsets")) return r;
@@ -559,19 +575,16 @@ int launchTransformBatch(kvscope_cuda_decoder* d, Slot& s, const kvscope_cuda_ch
     const Codec& c = d->codec;
     const int count = last - first, B = 2 * c.L, C = c.C();
     const size_t planBytes = align16(size_t(B) * sizeof(TfBlockPlan));
-    const size_t headBytes = align16(count * sizeof(TfChunkDesc)) + size_t(count) * planBytes;
     std::vector<TfChunkDesc> descs(static_cast<size_t>(count));
     std::vector<bool> pinned(static_cast<size_t>(count));
-    size_t pos = headBytes, stagedEnd = headBytes;
+    size_t headBytes = 0;
+    if (int r = layOutBatch(s, chunks + first, plans.data() + first, planBytes, descs, pinned, &headBytes)) return r;
     uint64_t zq = 0;
     int maxR = 0, maxRaw = 0;
     for (int i = 0; i < count; ++i) {
         const kvscope_cuda_chunk& ch = chunks[first + i];
         const TfChunkPlan& pl = plans[size_t(first + i)];
         TfChunkDesc& cd = descs[size_t(i)];
-        cd.g = pl.geom;
-        cd.plan = align16(count * sizeof(TfChunkDesc)) + size_t(i) * planBytes;
-        cd.payload = pos;
         cd.zq = zq;
         cd.comps = d->tfCompBase[size_t(ch.level - 1)];
         cd.tables = d->tfTableBase[size_t(ch.level - 1)];
@@ -579,12 +592,7 @@ int launchTransformBatch(kvscope_cuda_decoder* d, Slot& s, const kvscope_cuda_ch
         zq += pl.zqElems;
         maxR = std::max(maxR, pl.geom.R);
         maxRaw = std::max(maxRaw, (pl.geom.n - pl.geom.R) * C);
-        pinned[size_t(i)] = isPinned(ch.data);
-        pos = align16(pos + ch.size);
-        if (!pinned[size_t(i)]) stagedEnd = pos;
     }
-    if (int r = growPinned(&s.pinned, &s.pinnedCap, stagedEnd)) return r;
-    if (int r = grow(&s.batch, &s.batchCap, pos, "a chunk batch")) return r;
     if (int r = grow(&s.zq, &s.zqCap, size_t(zq), "dequantized components")) return r;
     if (int r = grow(&s.errs, &s.errsCap, size_t(count), "error records")) return r;
     const auto stagePlans = [&](int i) {  // block plans
