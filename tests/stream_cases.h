@@ -1,14 +1,22 @@
-// Shared set-up of the streaming suites (tst_stream, tst_stream_load): synthetic caches with token
-// ids, their .kvc files, protocol requests and a free local port.
+// Shared set-up of the streaming suites (tst_stream, tst_server, tst_stream_load): synthetic caches
+// with token ids, their .kvc files, protocol requests, a free local port and a redis-server of a
+// test's own.
 #pragma once
 
 #include "codec/container.h"
 #include "codec/profile.h"
 #include "kv/kv_set.h"
+#include "transport/link.h"
 #include "transport/net.h"
 #include "transport/protocol.h"
 
+#include <QFile>
+#include <QProcess>
+#include <QString>
+
+#include <chrono>
 #include <string>
+#include <thread>
 
 namespace kvscope_test {
 
@@ -55,5 +63,45 @@ inline int freePort()
     Socket s = Socket::listenTcp("127.0.0.1", 0);
     return s.localPort();
 }
+
+// A redis-server of one test's own: on a free loopback port, no persistence, files in dir; stopped
+// (terminate, then kill) when it goes out of scope. up() says whether it accepted a connection
+// within 10 s. Check installed() first and QSKIP without it.
+class TestRedis {
+public:
+    static constexpr const char* kPath = "/usr/bin/redis-server";
+    static bool installed() { return QFile::exists(kPath); }
+
+    explicit TestRedis(const QString& dir) : m_port(freePort())
+    {
+        m_proc.start(kPath, {"--port", QString::number(m_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--daemonize", "no", "--dir", dir});
+        if (!m_proc.waitForStarted(5000)) return;
+        for (double until = monoSeconds() + 10; !m_up && monoSeconds() < until;) {
+            try {
+                Socket::connectTcp("127.0.0.1", m_port, 0.5);
+                m_up = true;
+            } catch (const NetError&) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            }
+        }
+    }
+    ~TestRedis()
+    {
+        m_proc.terminate();
+        if (!m_proc.waitForFinished(5000)) m_proc.kill();
+    }
+    TestRedis(const TestRedis&) = delete;
+    TestRedis& operator=(const TestRedis&) = delete;
+
+    bool up() const { return m_up; }
+    // The store URL of key prefix `prefix` on this server.
+    std::string url(const std::string& prefix) const { return "redis://127.0.0.1:" + std::to_string(m_port) + "/" + prefix; }
+
+private:
+    int m_port;
+    QProcess m_proc;
+    bool m_up = false;
+};
 
 }  // namespace kvscope_test

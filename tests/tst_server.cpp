@@ -41,6 +41,7 @@ using kvscope_test::encode;
 using kvscope_test::freePort;
 using kvscope_test::request;
 using kvscope_test::syntheticKv;
+using kvscope_test::TestRedis;
 
 namespace {
 
@@ -400,37 +401,14 @@ private slots:
 
     void redisPushAndServe()
     {
-        const char* redis = "/usr/bin/redis-server";
-        if (!QFile::exists(redis)) QSKIP("redis-server is not installed (installer/setup.sh installs it)");
-        const int port = freePort();
-        QProcess proc;
-        proc.start(redis, {"--port", QString::number(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                           "--daemonize", "no", "--dir", m_dir.path()});
-        QVERIFY(proc.waitForStarted(5000));
-        struct Stop {
-            QProcess& p;
-            ~Stop()
-            {
-                p.terminate();
-                if (!p.waitForFinished(5000)) p.kill();
-            }
-        } stop{proc};
-        const double until = monoSeconds() + 10;
-        bool up = false;
-        while (!up && monoSeconds() < until) {
-            try {
-                Socket::connectTcp("127.0.0.1", port, 0.5);
-                up = true;
-            } catch (const NetError&) {
-                std::this_thread::sleep_for(std::chrono::milliseconds(50));
-            }
-        }
-        QVERIFY2(up, "redis-server did not start");
+        if (!TestRedis::installed()) QSKIP("redis-server is not installed (installer/setup.sh installs it)");
+        const TestRedis redis(m_dir.path());
+        QVERIFY2(redis.up(), "redis-server did not start");
 
         const KvSet kv = syntheticKv(4, 2, 600, 6);
         const std::string cg = encode(kv, CodecId::CacheGen, 256, path("r.kvc"));
         const std::string i8 = encode(kv, CodecId::Int8, 256, path("r8.kvc"));
-        const std::string url = "redis://127.0.0.1:" + std::to_string(port) + "/labtest";
+        const std::string url = redis.url("labtest");
         const auto reader = KvcReader::openFile(cg);
         const PushReport rep = pushKvcToRedis(*reader, url);
         QCOMPARE(rep.keys, 3 * 3 + 1);

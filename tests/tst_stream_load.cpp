@@ -38,6 +38,7 @@ using kvscope_test::encode;
 using kvscope_test::freePort;
 using kvscope_test::request;
 using kvscope_test::syntheticKv;
+using kvscope_test::TestRedis;
 
 namespace {
 
@@ -318,32 +319,10 @@ private slots:
 
     void redisConcurrent()
     {
-        const char* redis = "/usr/bin/redis-server";
-        if (!QFile::exists(redis)) QSKIP("redis-server is not installed (installer/setup.sh installs it)");
-        const int port = freePort();
-        QProcess proc;
-        proc.start(redis, {"--port", QString::number(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                           "--daemonize", "no", "--dir", m_dir.path()});
-        QVERIFY(proc.waitForStarted(5000));
-        struct Stop {
-            QProcess& p;
-            ~Stop()
-            {
-                p.terminate();
-                if (!p.waitForFinished(5000)) p.kill();
-            }
-        } stopRedis{proc};
-        bool up = false;
-        for (double until = monoSeconds() + 10; !up && monoSeconds() < until;) {
-            try {
-                Socket::connectTcp("127.0.0.1", port, 0.5);
-                up = true;
-            } catch (const NetError&) {
-                std::this_thread::sleep_for(std::chrono::milliseconds(50));
-            }
-        }
-        QVERIFY2(up, "redis-server did not start");
-        const std::string url = "redis://127.0.0.1:" + std::to_string(port) + "/loadtest";
+        if (!TestRedis::installed()) QSKIP("redis-server is not installed (installer/setup.sh installs it)");
+        const TestRedis redis(m_dir.path());
+        QVERIFY2(redis.up(), "redis-server did not start");
+        const std::string url = redis.url("loadtest");
 
         // Context 0 is there first; 1..4 are pushed while 8 clients read 0 through a server.
         std::vector<std::string> files;
