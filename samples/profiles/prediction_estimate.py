@@ -21,19 +21,12 @@ Needs numpy and h5py (Debian: python3-numpy python3-h5py).
 """
 import argparse
 
-import h5py
 import numpy as np
 
-SINKS, CHUNK = 4, 256
+# The capture's rows as the other estimate reads them: keys with RoPE undone, sinks left out.
+from adaptation_estimate import load
 
-
-def unrope(k, inv, p0):
-    """Keys (heads, tokens, head_dim) in the rotate_half layout with RoPE undone."""
-    _, T, D = k.shape
-    a = (p0 + np.arange(T))[:, None] * inv[None, :]
-    c, s = np.cos(a), np.sin(a)
-    lo, hi = k[..., : D // 2], k[..., D // 2:]
-    return np.concatenate([lo * c + hi * s, hi * c - lo * s], -1)
+CHUNK = 256
 
 
 def entropy_bits(sym):
@@ -45,13 +38,8 @@ def entropy_bits(sym):
     return total
 
 
-def components(f, kind, layer, inv, p0):
-    """PCA components z (tokens, C), sorted by variance, and their variances."""
-    x = f["layers/%02d/%s" % (layer, kind)][:].astype(np.float64)  # (heads, tokens, head_dim)
-    if kind == "key":
-        x = unrope(x, inv, p0)
-    H, T, D = x.shape
-    x = x.transpose(1, 0, 2).reshape(T, H * D)[SINKS:]
+def components(x):
+    """PCA components z (tokens, C) of one block's rows, sorted by variance, and their variances."""
     x = x - x.mean(0)
     lam, vec = np.linalg.eigh(x.T @ x / len(x))
     order = np.argsort(lam)[::-1]
@@ -77,12 +65,9 @@ def main():
     ap.add_argument("--key-t", type=float, default=0.028)
     ap.add_argument("--value-t", type=float, default=0.0064)
     a = ap.parse_args()
-    f = h5py.File(a.capture, "r")
-    inv = f["rope_inv_freq"][:].astype(np.float64)
-    p0 = int(f.attrs.get("rope_position0", 0))
-    layers = int(f.attrs["num_layers"])
+    layers = load(a.capture)
     for kind, t in (("key", a.key_t), ("value", a.value_t)):
-        blocks = [components(f, kind, l, inv, p0) for l in range(layers)]
+        blocks = [components(kv[0 if kind == "key" else 1]) for kv in layers]
         theta = t * np.mean([lam.mean() for _, lam in blocks])
         step = np.sqrt(12 * theta)
         bits0 = bits1 = values = 0.0
