@@ -489,8 +489,9 @@ struct TuneOpts {
     std::string metric = "dppl";
     // --codec transform
     std::string baseThetas = "0.03,0.003", exponents = "0,0.5,1", multipliers = "0.5,0.71,1,1.41,2,2.83,4";
-    double probe = 3.0, sensitivityFloor = 1e-3;
-    int refine = 2;
+    // The tuner's own defaults, so that --help shows what an unset option means.
+    double probe = TransformTuneOptions{}.probe, sensitivityFloor = TransformTuneOptions{}.sensitivityFloor;
+    int refine = TransformTuneOptions{}.refine;
     double minAgreement = 0;
     int probeBins = 8, lambdaSteps = 48;
 };
