@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvscope::python {
@@ -32,6 +33,11 @@ struct EncodeOptions {
 // returns the container's size. Throws kvscope::Error with the CLI's message on bad options or a
 // profile that does not fit.
 uint64_t encodeTo(const KvSet& kv, const EncodeOptions& o, const KvcPut& put);
+
+// benchCodec, what `kvscope-cli bench codec --threads 1` times, on kv with o's profile at `level`
+// (1-based): (encode, decode) seconds of the calling thread's CPU time, best of `repeats`. For
+// samples/python/bench_overhead.py, which sets the Python calls beside it in the same process.
+std::pair<double, double> benchCodecSeconds(const KvSet& kv, const EncodeOptions& o, int level, int repeats);
 
 // The levels `kvscope-cli decode --level` accepts: none = the file's default, one for every chunk,
 // or one per chunk. Throws kvscope::Error "name: level N does not exist (the file has M)".

@@ -9,6 +9,7 @@
 
 #include "codec/container.h"
 #include "codec/profile.h"
+#include "codec/transform.h"
 #include "common/error.h"
 #include "common/half.h"
 #include "kv/kv_set.h"
@@ -19,6 +20,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -122,6 +124,28 @@ DType dtypeArg(const std::string& s)
 // numpy's name of an array's dtype ("float16", "uint16", ...).
 std::string npName(const py::array& a) { return py::str(a.dtype().attr("name")).cast<std::string>(); }
 
+// The RoPE the keys carry (KvSet::ropeInvFreq, ropePosition0): what the transform codec undoes before
+// coding them. None clears it.
+void setRope(KvSet& kv, const py::object& invFreq, int position0)
+{
+    if (position0 < 0) throw Error("rope_position0: " + std::to_string(position0) + " is negative");
+    if (invFreq.is_none()) {
+        kv.ropeInvFreq.clear();
+        kv.ropePosition0 = 0;
+        return;
+    }
+    const py::array_t<float, py::array::c_style | py::array::forcecast> f(py::module_::import("numpy").attr("asarray")(invFreq));
+    const int half = kv.shape().headDim / 2;
+    if (f.ndim() != 1 || f.shape(0) != half)
+        throw Error("rope_inv_freq: expected head_dim / 2 = " + std::to_string(half) + " frequencies, got shape (" +
+                    std::to_string(f.ndim() ? f.shape(0) : 0) + (f.ndim() > 1 ? ", ..." : "") + ")");
+    for (int i = 0; i < half; ++i)
+        if (!(f.data()[i] > 0 && std::isfinite(f.data()[i])))
+            throw Error("rope_inv_freq[" + std::to_string(i) + "]: " + std::to_string(f.data()[i]) + " is not a positive frequency");
+    kv.ropeInvFreq.assign(f.data(), f.data() + half);
+    kv.ropePosition0 = position0;
+}
+
 // The tensors of one kind: a (layers, heads, tokens, head_dim) array or a sequence of
 // (heads, tokens, head_dim) arrays, as numpy arrays.
 std::vector<py::array> layerArrays(const py::object& obj, const char* what)
@@ -144,7 +168,7 @@ std::vector<py::array> layerArrays(const py::object& obj, const char* what)
 
 std::shared_ptr<KvSet> fromArrays(const py::object& keys, const py::object& values, const py::object& dtype,
                                   const py::object& tokens, const std::string& context, const std::string& modelName,
-                                  const std::string& modelFingerprint)
+                                  const std::string& modelFingerprint, const py::object& ropeInvFreq, int ropePosition0)
 {
     py::module_ np = py::module_::import("numpy");
     const std::vector<py::array> k = layerArrays(keys, "keys"), v = layerArrays(values, "values");
@@ -198,6 +222,7 @@ std::shared_ptr<KvSet> fromArrays(const py::object& keys, const py::object& valu
     kv->context = context;
     kv->modelName = modelName;
     kv->modelFingerprint = modelFingerprint;
+    setRope(*kv, ropeInvFreq, ropePosition0);
     return kv;
 }
 
@@ -272,28 +297,46 @@ py::dict levelDict(const kvscope::CodecLevel& l)
     return d;
 }
 
-// kvscope.encode's bytes: the container writer fills a buffer kept between calls (one per thread,
-// since the GIL is released meanwhile), copied once into the bytes object. Writing straight into
-// a new bytes object of the cache's size costs more: every page of that fresh mapping faults in
-// as it is written (docs/python.md, "Overhead"), while the kept buffer's pages are already there
-// and the copy lands in memory the allocator reuses. A buffer over kKeepBytes is let go after
-// the call, so a huge container leaves no huge buffer behind.
+// kvscope.encode's bytes, written by the container writer straight into the bytes object: no
+// staging buffer and no second copy (docs/python.md, "Overhead"). The size is known only once the
+// last chunk is coded, so the object is allocated at a guess, grown when a write goes past it and
+// cut to the container's size at the end. For such sizes CPython's allocator is malloc, whose
+// realloc grows or cuts a block in place or by remapping its pages: what was written is not copied
+// again. The guess is this thread's last container size exactly (else a quarter of the cache's raw
+// size): glibc serves a request no larger than the last large block it freed from memory it keeps
+// mapped, while anything larger gets fresh pages that fault in as they are written (docs/python.md,
+// "Overhead"). Resizing a bytes object needs the GIL, which the writer otherwise runs without.
 py::bytes encodeToPyBytes(const KvSet& kv, const kvscope::python::EncodeOptions& o)
 {
-    constexpr size_t kKeepBytes = size_t(256) << 20;
-    thread_local std::vector<uint8_t> buf;
-    uint64_t size = 0;
-    const kvscope::KvcPut put = [&](const void* data, size_t n, uint64_t offset) {
-        if (buf.size() < offset + n) buf.resize(std::max<size_t>(size_t(offset + n), buf.size() + buf.size() / 2));
-        std::memcpy(buf.data() + offset, data, n);
+    thread_local size_t lastSize = 0;
+    const size_t raw = kv.tensorBytes() * 2 * size_t(kv.shape().numLayers);
+    const size_t guess = lastSize ? lastSize : raw / 4 + kvscope::kKvcHeaderSize;
+    PyObject* obj = PyBytes_FromStringAndSize(nullptr, py::ssize_t(guess));
+    if (!obj) throw py::error_already_set();
+    struct Owner {  // the reference, dropped on an exception (after the GIL is back)
+        PyObject*& o;
+        ~Owner() { Py_XDECREF(o); }
+    } owner{obj};
+    size_t capacity = guess;
+    auto resize = [&](size_t n) {
+        if (_PyBytes_Resize(&obj, py::ssize_t(n)) != 0) throw py::error_already_set();
+        capacity = n;
     };
+    const kvscope::KvcPut put = [&](const void* data, size_t n, uint64_t offset) {
+        if (offset + n > capacity) {
+            py::gil_scoped_acquire gil;
+            resize(std::max<size_t>(size_t(offset + n), capacity + capacity / 2));
+        }
+        std::memcpy(PyBytes_AS_STRING(obj) + offset, data, n);
+    };
+    uint64_t size = 0;
     {
         py::gil_scoped_release nogil;
         size = kvscope::python::encodeTo(kv, o, put);
     }
-    py::bytes out(reinterpret_cast<const char*>(buf.data()), size_t(size));
-    if (buf.size() > kKeepBytes) std::vector<uint8_t>().swap(buf);
-    return out;
+    if (size != capacity) resize(size_t(size));
+    lastSize = size_t(size);
+    return py::reinterpret_steal<py::bytes>(std::exchange(obj, nullptr));
 }
 
 // A loaded profile file: read-only, so that encode(profile=...) can hand its path to the CLI's
@@ -333,10 +376,12 @@ void bindKv(py::module_& m)
         }, py::arg("path"), "Reads an HDF5 KV file (as kvscope-cli capture writes them).")
         .def_static("from_arrays", &fromArrays, py::arg("keys"), py::arg("values"), py::kw_only(), py::arg("dtype") = py::none(),
                     py::arg("tokens") = py::none(), py::arg("context") = "", py::arg("model_name") = "",
-                    py::arg("model_fingerprint") = "",
+                    py::arg("model_fingerprint") = "", py::arg("rope_inv_freq") = py::none(), py::arg("rope_position0") = 0,
                     "A cache from arrays (copied): keys and values as (layers, heads, tokens, head_dim) arrays or lists of "
                     "(heads, tokens, head_dim) arrays. dtype (float16, bfloat16, float32) defaults to the arrays' own; "
-                    "other float arrays are rounded to it, uint16 arrays are bfloat16 bit patterns.")
+                    "other float arrays are rounded to it, uint16 arrays are bfloat16 bit patterns. rope_inv_freq "
+                    "(head_dim / 2) and rope_position0 (the position of token 0) describe the RoPE the keys carry, "
+                    "which the transform codec undoes.")
         .def("write", [](const KvSet& kv, const py::object& path, int gzip, int chunkTokens) {
             const std::string p = pathArg(path);
             kvscope::H5WriteOptions opt;
@@ -382,13 +427,18 @@ void bindKv(py::module_& m)
         }, py::arg("layer"),
            "(kv_heads, tokens) float32 copy: the mean attention probability each token received during the prefill "
            "(capture with attn_mass); None when not captured.")
-        .def_property_readonly("rope_inv_freq", [](const KvSet& kv) -> py::object {
+        .def_property("rope_inv_freq", [](const KvSet& kv) -> py::object {
             if (kv.ropeInvFreq.empty()) return py::none();
             py::array_t<float> out(py::ssize_t(kv.ropeInvFreq.size()));
             std::memcpy(out.mutable_data(), kv.ropeInvFreq.data(), kv.ropeInvFreq.size() * sizeof(float));
             return std::move(out);
-        }, "(head_dim / 2) float32: the RoPE the keys carry (None when unknown)")
-        .def_property_readonly("rope_position0", [](const KvSet& kv) { return kv.ropePosition0; })
+        }, [](KvSet& kv, const py::object& f) { setRope(kv, f, kv.ropePosition0); },
+           "(head_dim / 2) float32: the RoPE the keys carry (None when unknown); settable")
+        .def_property("rope_position0", [](const KvSet& kv) { return kv.ropePosition0; },
+                      [](KvSet& kv, int p) {
+                          if (kv.ropeInvFreq.empty()) throw Error("rope_position0: set rope_inv_freq first");
+                          setRope(kv, py::cast(kv.ropeInvFreq), p);
+                      }, "position of token 0 (the RoPE angle of token t is (rope_position0 + t) * rope_inv_freq)")
         .def("same_bytes", [](const KvSet& a, const KvSet& b) { return kvscope::sameBytes(a, b); }, py::arg("other"),
              "True when both have the same shape, dtype and stored bytes (metadata is not compared).")
         .def("__repr__", [](const KvSet& kv) {
@@ -449,6 +499,17 @@ void bindFunctions(py::module_& m)
        "Compresses kv into a .kvc container: the bytes `kvscope-cli encode` writes with the same options (--codec, "
        "--profile, --chunk-tokens, ...). level=N keeps CacheGen level N alone (a profile listing only that level).");
 
+    m.def("_bench_codec", [](const KvSet& kv, int level, int repeats, const std::string& codec, const py::object& profile) {
+        kvscope::python::EncodeOptions o;
+        o.codec = codec;
+        if (!profile.is_none()) o.profilePath = pathArg(profile);
+        py::gil_scoped_release nogil;
+        return kvscope::python::benchCodecSeconds(kv, o, level, repeats);
+    }, py::arg("kv"), py::arg("level"), py::kw_only(), py::arg("repeats") = 3, py::arg("codec") = "cachegen",
+       py::arg("profile") = py::none(),
+       "(encode s, decode s): what `kvscope-cli bench codec --threads 1 --level N` times (every chunk coded in memory, "
+       "no container), the calling thread's CPU time, best of repeats. For samples/python/bench_overhead.py.");
+
     m.def("decode", [](const py::object& data, const py::object& level, const std::string& name, const py::object& out) {
         if (isPath(data)) return decodeReader(*openContainer(data, name), level, out);
         const py::buffer_info info = py::buffer(data).request();  // read in place, not copied
@@ -504,6 +565,10 @@ void bindContainer(py::module_& m)
         .def_property_readonly("default_level", [](const KvcReader& r) { return r.params().profile.defaultLevel; })
         .def_property_readonly("chunk_tokens", [](const KvcReader& r) { return r.params().profile.chunkTokens; })
         .def_property_readonly("file_bytes", &KvcReader::fileBytes)
+        .def_property_readonly("side_bytes", [](const KvcReader& r) -> uint64_t {
+            return r.params().transform ? kvscope::transformSideBytes(*r.params().transform) : 0;
+        }, "bytes of what the transform codec sends with every level besides its chunks (means adapted to the cache, "
+           "or a transform fitted on it), as kvscope-cli eval counts them; 0 for other codecs")
         .def_property_readonly("model_name", &KvcReader::modelName)
         .def_property_readonly("model_fingerprint", &KvcReader::modelFingerprint)
         .def_property_readonly("context", &KvcReader::context)
