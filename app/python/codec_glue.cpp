@@ -3,6 +3,7 @@
 #include "bench/bench.h"
 #include "cli_codec.h"
 #include "cli_stats.h"
+#include "codec/transform.h"
 #include "eval/transform_default.h"
 #include "kv/kv_compare.h"
 #include "kv/kv_stats.h"
@@ -60,7 +61,7 @@ cli::ProfileOptions profileOptions(const KvSet& kv, const EncodeOptions& o)
 
 }  // namespace
 
-uint64_t encodeTo(const KvSet& kv, const EncodeOptions& o, const KvcPut& put)
+EncodeReport encodeTo(const KvSet& kv, const EncodeOptions& o, const KvcPut& put)
 {
     const cli::ProfileOptions po = profileOptions(kv, o);
     CodecParams p = po.params(kv);
@@ -71,7 +72,18 @@ uint64_t encodeTo(const KvSet& kv, const EncodeOptions& o, const KvcPut& put)
     const bool fromProfile = shared && p.profile.hasCalibratedTables();
     std::vector<LevelTables> calibrated;
     if (fromProfile) calibrated = profileTables(p, po.source());
-    return writeKvc(kv, p, put, "<bytes>", fromProfile ? &calibrated : nullptr).fileBytes;
+    const KvcWriteReport w = writeKvc(kv, p, put, "<bytes>", fromProfile ? &calibrated : nullptr);
+    EncodeReport r;
+    r.fileBytes = w.fileBytes;
+    r.levelBytes = w.levelBytes;
+    r.levelTableBytes = w.levelTableBytes;
+    r.tablesFromProfile = fromProfile;
+    r.defaultLevel = p.defaultLevel();
+    if (p.codec == CodecId::Transform) {
+        r.sideBytes = transformSideBytes(*p.transform);
+        r.modelFrom = p.transform->fittedOnCache ? "cache" : "profile";
+    }
+    return r;
 }
 
 std::pair<double, double> benchCodecSeconds(const KvSet& kv, const EncodeOptions& o, int level, int repeats)

@@ -6,10 +6,10 @@
 // never reallocates after construction, which is what makes this safe. bfloat16 has no numpy
 // type: keys(l) then returns a float32 copy, keys(l, raw=True) the uint16 bit patterns as a view.
 #include "codec_glue.h"
+#include "encode_bytes.h"
 
 #include "codec/container.h"
 #include "codec/profile.h"
-#include "codec/transform.h"
 #include "common/error.h"
 #include "common/half.h"
 #include "kv/kv_set.h"
@@ -297,48 +297,6 @@ py::dict levelDict(const kvscope::CodecLevel& l)
     return d;
 }
 
-// kvscope.encode's bytes, written by the container writer straight into the bytes object: no
-// staging buffer and no second copy (docs/python.md, "Overhead"). The size is known only once the
-// last chunk is coded, so the object is allocated at a guess, grown when a write goes past it and
-// cut to the container's size at the end. For such sizes CPython's allocator is malloc, whose
-// realloc grows or cuts a block in place or by remapping its pages: what was written is not copied
-// again. The guess is this thread's last container size exactly (else a quarter of the cache's raw
-// size): glibc serves a request no larger than the last large block it freed from memory it keeps
-// mapped, while anything larger gets fresh pages that fault in as they are written (docs/python.md,
-// "Overhead"). Resizing a bytes object needs the GIL, which the writer otherwise runs without.
-py::bytes encodeToPyBytes(const KvSet& kv, const kvscope::python::EncodeOptions& o)
-{
-    thread_local size_t lastSize = 0;
-    const size_t raw = kv.tensorBytes() * 2 * size_t(kv.shape().numLayers);
-    const size_t guess = lastSize ? lastSize : raw / 4 + kvscope::kKvcHeaderSize;
-    PyObject* obj = PyBytes_FromStringAndSize(nullptr, py::ssize_t(guess));
-    if (!obj) throw py::error_already_set();
-    struct Owner {  // the reference, dropped on an exception (after the GIL is back)
-        PyObject*& o;
-        ~Owner() { Py_XDECREF(o); }
-    } owner{obj};
-    size_t capacity = guess;
-    auto resize = [&](size_t n) {
-        if (_PyBytes_Resize(&obj, py::ssize_t(n)) != 0) throw py::error_already_set();
-        capacity = n;
-    };
-    const kvscope::KvcPut put = [&](const void* data, size_t n, uint64_t offset) {
-        if (offset + n > capacity) {
-            py::gil_scoped_acquire gil;
-            resize(std::max<size_t>(size_t(offset + n), capacity + capacity / 2));
-        }
-        std::memcpy(PyBytes_AS_STRING(obj) + offset, data, n);
-    };
-    uint64_t size = 0;
-    {
-        py::gil_scoped_release nogil;
-        size = kvscope::python::encodeTo(kv, o, put);
-    }
-    if (size != capacity) resize(size_t(size));
-    lastSize = size_t(size);
-    return py::reinterpret_steal<py::bytes>(std::exchange(obj, nullptr));
-}
-
 // A loaded profile file: read-only, so that encode(profile=...) can hand its path to the CLI's
 // option handling and stay byte-identical to `kvscope-cli encode --profile`.
 struct Profile {
@@ -474,7 +432,7 @@ void bindFunctions(py::module_& m)
     m.def("encode", [](const KvSet& kv, const std::string& codec, const py::object& profile, const py::object& level,
                        const py::object& chunkTokens, const py::object& deltaGroup, const py::object& anchorBins,
                        const std::string& tables, const std::string& tableScope, const std::string& keyQuantizer,
-                       const std::string& valueQuantizer, bool forceProfile) {
+                       const std::string& valueQuantizer, bool forceProfile, const py::object& report) {
         kvscope::python::EncodeOptions o;
         o.codec = codec;
         if (py::isinstance<Profile>(profile)) o.profilePath = profile.cast<const Profile&>().path;
@@ -491,13 +449,15 @@ void bindFunctions(py::module_& m)
         o.keyQuantizer = keyQuantizer;
         o.valueQuantizer = valueQuantizer;
         o.forceProfile = forceProfile;
-        return encodeToPyBytes(kv, o);
+        return kvscope::python::encodeToBytes(kv, o, report);
     }, py::arg("kv"), py::arg("codec") = "cachegen", py::arg("profile") = py::none(), py::arg("level") = py::none(), py::kw_only(),
        py::arg("chunk_tokens") = py::none(), py::arg("delta_group") = py::none(), py::arg("anchor_bins") = py::none(),
        py::arg("tables") = "", py::arg("table_scope") = "", py::arg("key_quantizer") = "", py::arg("value_quantizer") = "",
-       py::arg("force_profile") = false,
+       py::arg("force_profile") = false, py::arg("report") = py::none(),
        "Compresses kv into a .kvc container: the bytes `kvscope-cli encode` writes with the same options (--codec, "
-       "--profile, --chunk-tokens, ...). level=N keeps CacheGen level N alone (a profile listing only that level).");
+       "--profile, --chunk-tokens, ...). level=N keeps CacheGen level N alone (a profile listing only that level). "
+       "report: a dict to fill with the sizes `kvscope-cli encode --json` reports (file_bytes, default_level, levels: "
+       "level, chunk_bytes, table_bytes, side_bytes, bytes, bits_per_value; transform: model_from).");
 
     m.def("_bench_codec", [](const KvSet& kv, int level, int repeats, const std::string& codec, const py::object& profile) {
         kvscope::python::EncodeOptions o;
@@ -565,10 +525,6 @@ void bindContainer(py::module_& m)
         .def_property_readonly("default_level", [](const KvcReader& r) { return r.params().profile.defaultLevel; })
         .def_property_readonly("chunk_tokens", [](const KvcReader& r) { return r.params().profile.chunkTokens; })
         .def_property_readonly("file_bytes", &KvcReader::fileBytes)
-        .def_property_readonly("side_bytes", [](const KvcReader& r) -> uint64_t {
-            return r.params().transform ? kvscope::transformSideBytes(*r.params().transform) : 0;
-        }, "bytes of what the transform codec sends with every level besides its chunks (means adapted to the cache, "
-           "or a transform fitted on it), as kvscope-cli eval counts them; 0 for other codecs")
         .def_property_readonly("model_name", &KvcReader::modelName)
         .def_property_readonly("model_fingerprint", &KvcReader::modelFingerprint)
         .def_property_readonly("context", &KvcReader::context)
