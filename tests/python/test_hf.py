@@ -208,7 +208,8 @@ class NextToKvscopeEval(unittest.TestCase):
                     self.assertLess(hf_row["kl"], 1e-5)
                     continue
                 # Lossy rows: KL measured within 6 % of eval's for int8 (the smallest, 9.1e-5 against
-                # 8.7e-5), 2.4 % at level 3, < 1 % elsewhere; delta PPL within 0.1 points. The
+                # 8.7e-5), 2.4 % at CacheGen level 3, 2.3 % at transform level 2, < 1 % elsewhere; delta
+                # PPL within 0.1 points (transform included: the same calibrated ladder on both sides). The
                 # references differ (fp32 KV here, fp16 KV in eval, the continuation's own KV too), and
                 # the codec's bins flip for the values whose fp16 images differ between the runtimes.
                 self.assertAlmostEqual(hf_row["kl"] / cli_row["kl"], 1.0, delta=0.15)
