@@ -115,6 +115,21 @@ class TransformersAgainstKvscope(unittest.TestCase):
                       f"the uncompressed run's, prompt {len(data)} bytes")
 
 
+    def test_level_none_decodes_the_default_level(self):
+        # KVScopeCache() (CacheGen, no level): every level coded, the profile's default decoded.
+        torch.manual_seed(33)
+        k, v = torch.randn(1, 3, 300, 64), torch.randn(1, 3, 300, 64)
+        cache = KVScopeCache()
+        for l in range(4):
+            cache.update(k.clone(), v.clone(), l)
+        cache.compress()
+        kv = kvscope.KV.from_arrays([k[0].numpy()] * 4, [v[0].numpy()] * 4, dtype="float16")
+        report = {}
+        data = kvscope.encode(kv, report=report)
+        self.assertEqual(report["default_level"], 2)
+        self.assertEqual(cache.segments[0]["bytes"], report["levels"][1]["bytes"])
+        np.testing.assert_array_equal(cache.key_cache[3][0].numpy(), kvscope.decode(data, level=2).keys(3).astype(np.float32))
+
     def test_transform_prefix_is_the_calibrated_ladder(self):
         # KVScopeCache(codec="transform", model=...) codes the prompt with the default ladder calibrated
         # for the model (the profile `kvscope-cli eval --codec transform` writes; NextToKvscopeEval,

@@ -127,7 +127,8 @@ class KVScopeCache(DynamicCache):
             rope_inv_freq=self.rope_inv_freq,
             rope_position0=start,
         )
-        one_level = self.codec == "cachegen"  # a container of the one level asked for; others hold every level
+        # CacheGen with a level: a container of that level alone; otherwise every level, one decoded
+        one_level = self.codec == "cachegen" and self.level is not None
         report: Dict[str, Any] = {}
         data = _kvscope.encode(kv, self.codec, self.profile, self.level if one_level else None, report=report,
                                **self.encode_options)
