@@ -1,7 +1,9 @@
 #include "codec_glue.h"
 
+#include "bench/bench.h"
 #include "cli_codec.h"
 #include "cli_stats.h"
+#include "codec/transform.h"
 #include "eval/transform_default.h"
 #include "kv/kv_compare.h"
 #include "kv/kv_stats.h"
@@ -31,9 +33,8 @@ void keepOneLevel(CodecParams& p, int level, const std::string& source)
     pr.defaultLevel = 1;
 }
 
-}  // namespace
-
-uint64_t encodeTo(const KvSet& kv, const EncodeOptions& o, const KvcPut& put)
+// The CLI's option handling for o, with the default transform ladder as `encode` picks it.
+cli::ProfileOptions profileOptions(const KvSet& kv, const EncodeOptions& o)
 {
     cli::ProfileOptions po;
     po.codec = o.codec;
@@ -55,6 +56,14 @@ uint64_t encodeTo(const KvSet& kv, const EncodeOptions& o, const KvcPut& put)
             // no shipped ladder: the CLI notes it and fits on the cache; so does this
         }
     }
+    return po;
+}
+
+}  // namespace
+
+EncodeReport encodeTo(const KvSet& kv, const EncodeOptions& o, const KvcPut& put)
+{
+    const cli::ProfileOptions po = profileOptions(kv, o);
     CodecParams p = po.params(kv);
     if (o.level) keepOneLevel(p, o.level, po.source());
     // As `encode` (cmd_codec.cpp): shared tables from the profile when it carries them, otherwise
@@ -63,7 +72,31 @@ uint64_t encodeTo(const KvSet& kv, const EncodeOptions& o, const KvcPut& put)
     const bool fromProfile = shared && p.profile.hasCalibratedTables();
     std::vector<LevelTables> calibrated;
     if (fromProfile) calibrated = profileTables(p, po.source());
-    return writeKvc(kv, p, put, "<bytes>", fromProfile ? &calibrated : nullptr).fileBytes;
+    const KvcWriteReport w = writeKvc(kv, p, put, "<bytes>", fromProfile ? &calibrated : nullptr);
+    EncodeReport r;
+    r.fileBytes = w.fileBytes;
+    r.levelBytes = w.levelBytes;
+    r.levelTableBytes = w.levelTableBytes;
+    r.tablesFromProfile = fromProfile;
+    r.defaultLevel = p.defaultLevel();
+    if (p.codec == CodecId::Transform) {
+        r.sideBytes = transformSideBytes(*p.transform);
+        r.modelFrom = p.transform->fittedOnCache ? "cache" : "profile";
+    }
+    return r;
+}
+
+std::pair<double, double> benchCodecSeconds(const KvSet& kv, const EncodeOptions& o, int level, int repeats)
+{
+    const CodecParams p = profileOptions(kv, o).params(kv);
+    if (level < 1 || level > p.numLevels())
+        throw Error("level: " + std::to_string(level) + " does not exist (the profile has " + std::to_string(p.numLevels()) + ")");
+    BenchOptions b;
+    b.repeats = repeats;
+    b.threads = 1;
+    const CodecBenchResult r = benchCodec(kv, p, level, b);
+    const double mb = double(kv.shape().totalValues()) * 2 / 1e6;  // the MB of fp16 every throughput counts
+    return {mb / r.encodeMBps, mb / r.decodeMBps};
 }
 
 std::vector<int> checkedLevels(const KvcReader& r, const std::vector<int>& levels)

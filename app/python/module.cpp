@@ -6,6 +6,7 @@
 // never reallocates after construction, which is what makes this safe. bfloat16 has no numpy
 // type: keys(l) then returns a float32 copy, keys(l, raw=True) the uint16 bit patterns as a view.
 #include "codec_glue.h"
+#include "encode_bytes.h"
 
 #include "codec/container.h"
 #include "codec/profile.h"
@@ -19,6 +20,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -122,6 +124,28 @@ DType dtypeArg(const std::string& s)
 // numpy's name of an array's dtype ("float16", "uint16", ...).
 std::string npName(const py::array& a) { return py::str(a.dtype().attr("name")).cast<std::string>(); }
 
+// The RoPE the keys carry (KvSet::ropeInvFreq, ropePosition0): what the transform codec undoes before
+// coding them. None clears it.
+void setRope(KvSet& kv, const py::object& invFreq, int position0)
+{
+    if (position0 < 0) throw Error("rope_position0: " + std::to_string(position0) + " is negative");
+    if (invFreq.is_none()) {
+        kv.ropeInvFreq.clear();
+        kv.ropePosition0 = 0;
+        return;
+    }
+    const py::array_t<float, py::array::c_style | py::array::forcecast> f(py::module_::import("numpy").attr("asarray")(invFreq));
+    const int half = kv.shape().headDim / 2;
+    if (f.ndim() != 1 || f.shape(0) != half)
+        throw Error("rope_inv_freq: expected head_dim / 2 = " + std::to_string(half) + " frequencies, got shape (" +
+                    std::to_string(f.ndim() ? f.shape(0) : 0) + (f.ndim() > 1 ? ", ..." : "") + ")");
+    for (int i = 0; i < half; ++i)
+        if (!(f.data()[i] > 0 && std::isfinite(f.data()[i])))
+            throw Error("rope_inv_freq[" + std::to_string(i) + "]: " + std::to_string(f.data()[i]) + " is not a positive frequency");
+    kv.ropeInvFreq.assign(f.data(), f.data() + half);
+    kv.ropePosition0 = position0;
+}
+
 // The tensors of one kind: a (layers, heads, tokens, head_dim) array or a sequence of
 // (heads, tokens, head_dim) arrays, as numpy arrays.
 std::vector<py::array> layerArrays(const py::object& obj, const char* what)
@@ -144,7 +168,7 @@ std::vector<py::array> layerArrays(const py::object& obj, const char* what)
 
 std::shared_ptr<KvSet> fromArrays(const py::object& keys, const py::object& values, const py::object& dtype,
                                   const py::object& tokens, const std::string& context, const std::string& modelName,
-                                  const std::string& modelFingerprint)
+                                  const std::string& modelFingerprint, const py::object& ropeInvFreq, int ropePosition0)
 {
     py::module_ np = py::module_::import("numpy");
     const std::vector<py::array> k = layerArrays(keys, "keys"), v = layerArrays(values, "values");
@@ -198,6 +222,7 @@ std::shared_ptr<KvSet> fromArrays(const py::object& keys, const py::object& valu
     kv->context = context;
     kv->modelName = modelName;
     kv->modelFingerprint = modelFingerprint;
+    setRope(*kv, ropeInvFreq, ropePosition0);
     return kv;
 }
 
@@ -272,30 +297,6 @@ py::dict levelDict(const kvscope::CodecLevel& l)
     return d;
 }
 
-// kvscope.encode's bytes: the container writer fills a buffer kept between calls (one per thread,
-// since the GIL is released meanwhile), copied once into the bytes object. Writing straight into
-// a new bytes object of the cache's size costs more: every page of that fresh mapping faults in
-// as it is written (docs/python.md, "Overhead"), while the kept buffer's pages are already there
-// and the copy lands in memory the allocator reuses. A buffer over kKeepBytes is let go after
-// the call, so a huge container leaves no huge buffer behind.
-py::bytes encodeToPyBytes(const KvSet& kv, const kvscope::python::EncodeOptions& o)
-{
-    constexpr size_t kKeepBytes = size_t(256) << 20;
-    thread_local std::vector<uint8_t> buf;
-    uint64_t size = 0;
-    const kvscope::KvcPut put = [&](const void* data, size_t n, uint64_t offset) {
-        if (buf.size() < offset + n) buf.resize(std::max<size_t>(size_t(offset + n), buf.size() + buf.size() / 2));
-        std::memcpy(buf.data() + offset, data, n);
-    };
-    {
-        py::gil_scoped_release nogil;
-        size = kvscope::python::encodeTo(kv, o, put);
-    }
-    py::bytes out(reinterpret_cast<const char*>(buf.data()), size_t(size));
-    if (buf.size() > kKeepBytes) std::vector<uint8_t>().swap(buf);
-    return out;
-}
-
 // A loaded profile file: read-only, so that encode(profile=...) can hand its path to the CLI's
 // option handling and stay byte-identical to `kvscope-cli encode --profile`.
 struct Profile {
@@ -333,10 +334,12 @@ void bindKv(py::module_& m)
         }, py::arg("path"), "Reads an HDF5 KV file (as kvscope-cli capture writes them).")
         .def_static("from_arrays", &fromArrays, py::arg("keys"), py::arg("values"), py::kw_only(), py::arg("dtype") = py::none(),
                     py::arg("tokens") = py::none(), py::arg("context") = "", py::arg("model_name") = "",
-                    py::arg("model_fingerprint") = "",
+                    py::arg("model_fingerprint") = "", py::arg("rope_inv_freq") = py::none(), py::arg("rope_position0") = 0,
                     "A cache from arrays (copied): keys and values as (layers, heads, tokens, head_dim) arrays or lists of "
                     "(heads, tokens, head_dim) arrays. dtype (float16, bfloat16, float32) defaults to the arrays' own; "
-                    "other float arrays are rounded to it, uint16 arrays are bfloat16 bit patterns.")
+                    "other float arrays are rounded to it, uint16 arrays are bfloat16 bit patterns. rope_inv_freq "
+                    "(head_dim / 2) and rope_position0 (the position of token 0) describe the RoPE the keys carry, "
+                    "which the transform codec undoes.")
         .def("write", [](const KvSet& kv, const py::object& path, int gzip, int chunkTokens) {
             const std::string p = pathArg(path);
             kvscope::H5WriteOptions opt;
@@ -382,13 +385,18 @@ void bindKv(py::module_& m)
         }, py::arg("layer"),
            "(kv_heads, tokens) float32 copy: the mean attention probability each token received during the prefill "
            "(capture with attn_mass); None when not captured.")
-        .def_property_readonly("rope_inv_freq", [](const KvSet& kv) -> py::object {
+        .def_property("rope_inv_freq", [](const KvSet& kv) -> py::object {
             if (kv.ropeInvFreq.empty()) return py::none();
             py::array_t<float> out(py::ssize_t(kv.ropeInvFreq.size()));
             std::memcpy(out.mutable_data(), kv.ropeInvFreq.data(), kv.ropeInvFreq.size() * sizeof(float));
             return std::move(out);
-        }, "(head_dim / 2) float32: the RoPE the keys carry (None when unknown)")
-        .def_property_readonly("rope_position0", [](const KvSet& kv) { return kv.ropePosition0; })
+        }, [](KvSet& kv, const py::object& f) { setRope(kv, f, kv.ropePosition0); },
+           "(head_dim / 2) float32: the RoPE the keys carry (None when unknown); settable")
+        .def_property("rope_position0", [](const KvSet& kv) { return kv.ropePosition0; },
+                      [](KvSet& kv, int p) {
+                          if (kv.ropeInvFreq.empty()) throw Error("rope_position0: set rope_inv_freq first");
+                          setRope(kv, py::cast(kv.ropeInvFreq), p);
+                      }, "position of token 0 (the RoPE angle of token t is (rope_position0 + t) * rope_inv_freq)")
         .def("same_bytes", [](const KvSet& a, const KvSet& b) { return kvscope::sameBytes(a, b); }, py::arg("other"),
              "True when both have the same shape, dtype and stored bytes (metadata is not compared).")
         .def("__repr__", [](const KvSet& kv) {
@@ -424,7 +432,7 @@ void bindFunctions(py::module_& m)
     m.def("encode", [](const KvSet& kv, const std::string& codec, const py::object& profile, const py::object& level,
                        const py::object& chunkTokens, const py::object& deltaGroup, const py::object& anchorBins,
                        const std::string& tables, const std::string& tableScope, const std::string& keyQuantizer,
-                       const std::string& valueQuantizer, bool forceProfile) {
+                       const std::string& valueQuantizer, bool forceProfile, const py::object& report) {
         kvscope::python::EncodeOptions o;
         o.codec = codec;
         if (py::isinstance<Profile>(profile)) o.profilePath = profile.cast<const Profile&>().path;
@@ -441,13 +449,26 @@ void bindFunctions(py::module_& m)
         o.keyQuantizer = keyQuantizer;
         o.valueQuantizer = valueQuantizer;
         o.forceProfile = forceProfile;
-        return encodeToPyBytes(kv, o);
+        return kvscope::python::encodeToBytes(kv, o, report);
     }, py::arg("kv"), py::arg("codec") = "cachegen", py::arg("profile") = py::none(), py::arg("level") = py::none(), py::kw_only(),
        py::arg("chunk_tokens") = py::none(), py::arg("delta_group") = py::none(), py::arg("anchor_bins") = py::none(),
        py::arg("tables") = "", py::arg("table_scope") = "", py::arg("key_quantizer") = "", py::arg("value_quantizer") = "",
-       py::arg("force_profile") = false,
+       py::arg("force_profile") = false, py::arg("report") = py::none(),
        "Compresses kv into a .kvc container: the bytes `kvscope-cli encode` writes with the same options (--codec, "
-       "--profile, --chunk-tokens, ...). level=N keeps CacheGen level N alone (a profile listing only that level).");
+       "--profile, --chunk-tokens, ...). level=N keeps CacheGen level N alone (a profile listing only that level). "
+       "report: a dict to fill with the sizes `kvscope-cli encode --json` reports (file_bytes, default_level, levels: "
+       "level, chunk_bytes, table_bytes, side_bytes, bytes, bits_per_value; transform: model_from).");
+
+    m.def("_bench_codec", [](const KvSet& kv, int level, int repeats, const std::string& codec, const py::object& profile) {
+        kvscope::python::EncodeOptions o;
+        o.codec = codec;
+        if (!profile.is_none()) o.profilePath = pathArg(profile);
+        py::gil_scoped_release nogil;
+        return kvscope::python::benchCodecSeconds(kv, o, level, repeats);
+    }, py::arg("kv"), py::arg("level"), py::kw_only(), py::arg("repeats") = 3, py::arg("codec") = "cachegen",
+       py::arg("profile") = py::none(),
+       "(encode s, decode s): what `kvscope-cli bench codec --threads 1 --level N` times (every chunk coded in memory, "
+       "no container), the calling thread's CPU time, best of repeats. For samples/python/bench_overhead.py.");
 
     m.def("decode", [](const py::object& data, const py::object& level, const std::string& name, const py::object& out) {
         if (isPath(data)) return decodeReader(*openContainer(data, name), level, out);

@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "kv/kv_set.h"
 #include "model/model.h"
+#include "modelio/llama_weights.h"
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -228,6 +229,15 @@ PYBIND11_MODULE(_kvscope_runtime, m)
                    " layers, " + std::to_string(c.numHeads) + " heads / " + std::to_string(c.numKvHeads) + " KV heads x " +
                    std::to_string(c.headDim) + ">";
         });
+
+    m.def("model_fingerprint", [](const py::object& path) {
+        const std::string p = kvscope::resolveModelPath(path.is_none() ? "" : pathArg(path));
+        py::gil_scoped_release nogil;
+        return kvscope::weightsFingerprint(kvscope::loadLlamaWeights(p));
+    }, py::arg("path") = py::none(),
+       "The fingerprint kvscope records for a model (KV files, containers, profiles; `kvscope-cli info`'s "
+       "'fingerprint'): its weights opened, no runtime built. None = the default model. Transformers caches coded with "
+       "the transform codec carry it to find the model's calibrated default profile (kvscope.hf).");
 
     m.def("eval_suite", [](const py::object& suite, const py::object& model, const py::object& tokenizer, const std::string& codec,
                            const py::object& profile, const py::object& levels, const py::object& baselines,

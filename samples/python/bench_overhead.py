@@ -1,25 +1,27 @@
-"""What calling the codec from Python costs over the library call, in the same run.
+"""What calling the codec from Python costs over the library call, in the same process.
 
     PYTHONPATH=build/dev/python KVSCOPE_CLI=build/dev/app/cli/kvscope-cli \
         /usr/bin/python3 samples/python/bench_overhead.py [KV.h5] [--level N] [--rounds R] [--json]
 
-`kvscope-cli bench codec KV --threads 1` times the library's encode and decode of every chunk at
-one level (the thread's CPU time, best of its repeats); this script times `kvscope.encode(kv,
-level=N)` (a whole .kvc container: chunks, index, CRCs, metadata, in memory),
-`kvscope.decode(data, level=N)` (container parsed, CRCs checked, a new cache allocated) and
-`kvscope.decode(data, level=N, out=kv)` (into an existing cache, as the library benchmark decodes)
-on the same cache, as the calling thread's CPU time, best of the same number of calls.
+The library call is `benchCodec`, the function `kvscope-cli bench codec KV --threads 1 --level N`
+times (every chunk encoded, then decoded, in memory, no container; the thread's CPU time, best of
+its repeats), called in this process through `kvscope._kvscope._bench_codec`. Beside it, on the
+same cache: `kvscope.encode(kv, level=N)` (a whole .kvc container: chunks, index, CRCs,
+metadata, written into the bytes object), `kvscope.decode(data, level=N)` (container parsed, CRCs
+checked, a new cache allocated) and `kvscope.decode(data, level=N, out=kv)` (into an existing
+cache, as the library benchmark decodes), as the calling thread's CPU time, best of the same
+number of calls.
 
-Made to be read on a loaded, shared machine: each round times both sides back to back (the CLI
-first in even rounds, Python first in odd ones, so that a drift in the load favours neither), and
-the figure reported is the median over rounds of the paired ratio Python / library, with the
-smallest and largest beside it. CPU time, not wall time, on both sides: time spent waiting for a
-core does not count, what is left of the load is a slower core (shared caches, SMT siblings),
-which the pairing cancels to the extent it lasts longer than a round. It also sets `kvscope.encode(kv)`
-(every level, wall) beside `kvscope-cli encode --json`'s `encode_s` (writeKvc to a file, wall,
-fsync included), paired the same way. Without a KV file it synthesises a 4096-token cache of
-SmolLM2-135M's shape (30 layers, 3 KV heads of 64). Single-threaded on both sides
-(OMP_NUM_THREADS=1).
+Made to be read on a loaded, shared machine: both sides run in one process and one thread (the
+same allocator, the same caches), each round times both back to back (the library first in even
+rounds, Python first in odd ones, so that a drift in the load favours neither), and the figure
+is the median over rounds of the paired ratio Python / library, with the smallest and largest
+beside it. CPU time, not wall time: time spent waiting for a core does not count; what is left of
+the load is a slower core (shared caches), which the pairing cancels to the extent it lasts
+longer than a round. It also sets `kvscope.encode(kv)` (every level, wall) beside `kvscope-cli
+encode --json`'s `encode_s` (writeKvc to a file, wall, fsync included; a process of its own),
+paired the same way. Without a KV file it synthesises a 4096-token cache of SmolLM2-135M's shape
+(30 layers, 3 KV heads of 64). Single-threaded on both sides (OMP_NUM_THREADS=1).
 """
 
 import os
@@ -38,10 +40,12 @@ import kvscope
 
 
 def best(f, repeats, clock=time.thread_time):
-    """(best seconds of `clock` over `repeats` calls, last result)."""
+    """(best seconds of `clock` over `repeats` calls, last result). Each call's result is let go
+    before the next call, as a loop that uses and drops it would."""
     t = float("inf")
     out = None
     for _ in range(repeats):
+        out = None
         t0 = clock()
         out = f()
         t = min(t, clock() - t0)
@@ -74,18 +78,20 @@ def measure(path, level, rounds, repeats, cli, log=print):
     load = [os.getloadavg()]
     for r in range(rounds):
         def library():
-            j = cli_json(cli, "bench", "codec", path, "--threads", "1", "--runs", "1", "--repeats", str(repeats),
-                         "--level", str(level), "--device", "cpu")
+            enc, dec = kvscope._kvscope._bench_codec(kv, level, repeats=repeats)
             enc_s = min(cli_json(cli, "encode", path, "--out", os.path.join(tmp.name, "x.kvc"))["encode_s"]
                         for _ in range(repeats))
-            return j["fp16_MB"] / j["encode_MBps"], j["fp16_MB"] / j["decode_MBps"], enc_s
+            return enc, dec, enc_s
 
         def python():
             nonlocal level_bytes
+            # In benchCodec's order: the decode that compares with its decode right after the encode
+            # (a decode into a new cache first would leave 93 MB of fresh pages in the caches).
             enc, one = best(lambda: kvscope.encode(kv, level=level), repeats)
             level_bytes = len(one)
-            dec, _ = best(lambda: kvscope.decode(data, level=level), repeats)
+            del one
             into, _ = best(lambda: kvscope.decode(data, level=level, out=out), repeats)
+            dec, _ = best(lambda: kvscope.decode(data, level=level), repeats)
             every, _ = best(lambda: kvscope.encode(kv), repeats, time.perf_counter)
             return enc, dec, into, every
 
@@ -126,9 +132,9 @@ def main():
         return
     print(f"{m['file']}: {m['kv']}, level {m['level']}, {m['level_bytes']} bytes at that level alone; "
           f"load average {m['load_start'][0]:.2f} -> {m['load_end'][0]:.2f}")
-    for key, what in (("encode", "kvscope.encode(level) / bench codec encode (CPU)"),
-                      ("decode", "kvscope.decode(level) / bench codec decode (CPU)"),
-                      ("decode_out", "kvscope.decode(level, out=) / bench codec decode (CPU)"),
+    for key, what in (("encode", "kvscope.encode(level) / benchCodec encode (CPU)"),
+                      ("decode", "kvscope.decode(level) / benchCodec decode (CPU)"),
+                      ("decode_out", "kvscope.decode(level, out=) / benchCodec decode (CPU)"),
                       ("encode_container", "kvscope.encode() / kvscope-cli encode's encode_s (wall)")):
         s = m[key]
         print(f"{what}: median x{s['median']:.3f} ({100 * (s['median'] - 1):+.1f} %), range x{s['min']:.3f}..x{s['max']:.3f} "

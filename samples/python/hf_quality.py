@@ -6,11 +6,14 @@
 The same sample context (a sample id of samples/contexts, with its continuation and question), the
 same tokens and the same procedure on both sides, one row per codec and level `kvscope-cli eval
 --context ID` measures (fp16, int8, kivi2, kivi4, zstd and every level of the default CacheGen
-profile):
+profile) and, with --transform (the default), every level of the transform codec's default
+profile (`eval --codec transform --only-transform`: the calibrated ladder of the model, as
+`--codec transform` without `--profile` uses it):
 - kvscope: `kvscope-cli eval --context ID --no-text --json` (its runtime, KV in fp16, each row
   against its own fp16 run);
 - transformers: the default model's GGUF file loaded by transformers (`kvscope.hf.load_gguf_model`),
-  the context prefilled once in full precision; for each row a `KVScopeCache(codec, level)` takes
+  the context prefilled once in full precision; for each row a `KVScopeCache(codec, level,
+  model=...)` (the model's RoPE and fingerprint, which the transform codec needs) takes
   those states, compresses them (`kvscope.encode`, then `kvscope.decode`), and, as eval does, the
   cache is cut to n-1 tokens and the last context token is run again followed by the continuation
   (KL and perplexity over every continuation token), and the question is answered greedily from
@@ -88,7 +91,7 @@ class Hf:
 
     def compressed(self, plain, codec, level):
         """A KVScopeCache holding the plain prefill's states (copies), compressed."""
-        cache = KVScopeCache(codec=codec, level=level, residual_length=0)
+        cache = KVScopeCache(codec=codec, level=level, residual_length=0, model=self.model)
         for l in range(len(plain.key_cache)):
             cache.update(plain.key_cache[l].clone(), plain.value_cache[l].clone(), l)
         cache.compress()
@@ -139,10 +142,10 @@ def kv_agreement(plain, kv):
 
 
 def measure(model_path=DEFAULT_MODEL, context_id="long_1k", cli=os.environ.get("KVSCOPE_CLI", "kvscope-cli"),
-            threads=1, max_continuation=256, answer_tokens=32, hf=None, log=print):
+            threads=1, max_continuation=256, answer_tokens=32, hf=None, log=print, transform=True):
     """Both sides on one sample: a dict with the tokens' counts, the uncompressed runs' agreement and
     one entry per row of eval (codec, level, then `hf` and `cli`: kl, delta_ppl_pct, token_agreement,
-    bits_per_value)."""
+    bits_per_value); with transform, the rows of `eval --codec transform --only-transform` too."""
     torch.set_num_threads(threads)
     load = os.getloadavg()
     text, continuation_text, question = sample(context_id)
@@ -159,8 +162,11 @@ def measure(model_path=DEFAULT_MODEL, context_id="long_1k", cli=os.environ.get("
         question_ids = gen["prompt_tokens"]
     log(f"{context_id}: {len(context)} context tokens, {len(continuation)} continuation tokens, "
         f"{len(question_ids)} question tokens")
-    ev = cli_json(cli, "eval", "--model", model_path, "--context", context_id, "--no-text", "--threads", str(threads),
-                  "--max-continuation", str(max_continuation), "--answer-tokens", str(answer_tokens))
+    common = ("--model", model_path, "--context", context_id, "--no-text", "--threads", str(threads),
+              "--max-continuation", str(max_continuation), "--answer-tokens", str(answer_tokens))
+    ev = cli_json(cli, "eval", *common)
+    if transform:
+        ev["results"] += cli_json(cli, "eval", *common, "--codec", "transform", "--only-transform")["results"]
     t_cli = time.perf_counter() - t0
     log(f"kvscope-cli eval: {len(ev['results'])} rows, {t_cli:.0f} s with capture, tokenize and generate")
 
@@ -179,11 +185,12 @@ def measure(model_path=DEFAULT_MODEL, context_id="long_1k", cli=os.environ.get("
     fp16_bits = 16.0
     for row in ev["results"]:
         codec, level = row["codec"], row.get("level")
-        cache = hf.compressed(plain, codec, level if codec == "cachegen" else None)
+        cache = hf.compressed(plain, codec, level if codec in ("cachegen", "transform") else None)
         logp, nll = hf.score(cache, context, continuation)
         values = 2 * len(cache.key_cache) * cache.key_cache[0][0].numel()
+        answer = hf.answer(cache, context, question_ids, answer_tokens)
         got = {"kl": kl(ref, logp), "delta_ppl_pct": 100 * (math.exp(nll - ref_nll) - 1),
-               "token_agreement": agreement(ref_answer, hf.answer(cache, context, question_ids, answer_tokens)),
+               "token_agreement": agreement(ref_answer, answer), "answer": answer,
                "bits_per_value": 8 * cache.compressed_bytes / values}
         want = {k: row.get(k) for k in ("kl", "delta_ppl_pct", "token_agreement", "bits_per_value")}
         out["rows"].append({"codec": codec, "level": level, "hf": got, "cli": want})
@@ -204,10 +211,12 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-continuation", type=int, default=256)
     ap.add_argument("--answer-tokens", type=int, default=32)
+    ap.add_argument("--no-transform", action="store_true", help="leave out the transform codec's levels")
     ap.add_argument("--json", action="store_true", help="print one JSON object (progress to stderr)")
     a = ap.parse_args()
     log = (lambda s: print(s, file=sys.stderr)) if a.json else print
-    out = measure(a.model, a.context, a.cli, a.threads, a.max_continuation, a.answer_tokens, log=log)
+    out = measure(a.model, a.context, a.cli, a.threads, a.max_continuation, a.answer_tokens, log=log,
+                  transform=not a.no_transform)
     if a.json:
         print(json.dumps(out))
 

@@ -254,6 +254,34 @@ class Arrays(unittest.TestCase):
                 self.assertTrue(kvscope.read_kv(path).same_bytes(kv))
                 self.assertEqual(kvscope.encode(back), kvscope.encode(kv))
 
+    def test_from_arrays_rope(self):
+        # The RoPE the keys carry (what the transform codec undoes) set from Python, kept by the file.
+        kv = kvscope.read_kv(Files.path("float16.h5"))
+        freq = 10000.0 ** (-np.arange(kv.head_dim // 2, dtype=np.float32) / (kv.head_dim // 2))
+        keys = [kv.keys(l) for l in range(kv.num_layers)]
+        values = [kv.values(l) for l in range(kv.num_layers)]
+        back = kvscope.KV.from_arrays(keys, values, rope_inv_freq=freq, rope_position0=7)
+        np.testing.assert_array_equal(back.rope_inv_freq, freq)
+        self.assertEqual(back.rope_position0, 7)
+        path = Files.path("rope.h5")
+        back.write(path)
+        again = kvscope.read_kv(path)
+        np.testing.assert_array_equal(again.rope_inv_freq, freq)
+        self.assertEqual(again.rope_position0, 7)
+        self.assertIsNone(kvscope.KV.from_arrays(keys, values).rope_inv_freq)
+        back.rope_inv_freq = None
+        self.assertIsNone(back.rope_inv_freq)
+        back.rope_inv_freq = list(freq)
+        back.rope_position0 = 3
+        self.assertEqual(back.rope_position0, 3)
+        with self.assertRaisesRegex(kvscope.Error, r"^rope_inv_freq: expected head_dim / 2 = %d frequencies, got shape \(%d\)$" % (
+                kv.head_dim // 2, kv.head_dim // 2 - 1)):
+            kvscope.KV.from_arrays(keys, values, rope_inv_freq=freq[1:])
+        with self.assertRaisesRegex(kvscope.Error, r"^rope_inv_freq\[2\]: -1\.0+ is not a positive frequency$"):
+            kvscope.KV.from_arrays(keys, values, rope_inv_freq=np.where(np.arange(freq.size) == 2, -1, freq))
+        with self.assertRaisesRegex(kvscope.Error, r"^rope_position0: -1 is negative$"):
+            kvscope.KV.from_arrays(keys, values, rope_inv_freq=freq, rope_position0=-1)
+
     def test_from_arrays_rounds_other_floats(self):
         x = np.linspace(-2, 2, 2 * 3 * 8 * 16, dtype=np.float64).reshape(2, 3, 8, 16)
         kv = kvscope.KV.from_arrays(x, -x, dtype="float16")
@@ -375,8 +403,9 @@ class DefaultTransform(unittest.TestCase):
         os.environ["XDG_CACHE_HOME"] = cache_home  # read by the CLI and by the module
         try:
             out = Files.path("dt.kvc")
-            _, _, err = cli("encode", path, "--out", out, "--codec", "transform")
-            ours = kvscope.encode(kvscope.read_kv(path), codec="transform")
+            _, stdout, err = cli("encode", path, "--out", out, "--codec", "transform", "--json")
+            report = {}
+            ours = kvscope.encode(kvscope.read_kv(path), codec="transform", report=report)
         finally:
             if old is None:
                 del os.environ["XDG_CACHE_HOME"]
@@ -384,7 +413,26 @@ class DefaultTransform(unittest.TestCase):
                 os.environ["XDG_CACHE_HOME"] = old
         theirs = read(out)
         self.assertTrue(ours == theirs, "kvscope.encode(codec='transform') differs from kvscope-cli encode --codec transform")
+        j = json.loads(stdout)
+        self.assertEqual(report["file_bytes"], j["file_bytes"])
+        self.assertEqual(report["model_from"], j["model_from"])
+        for mine, its in zip(report["levels"], j["levels"], strict=True):
+            for k in ("level", "chunk_bytes", "table_bytes", "side_bytes", "bytes"):
+                self.assertEqual(mine[k], its[k], k)
+            self.assertAlmostEqual(mine["bits_per_value"], its["bits_per_value"], places=12)
+        self.reports = getattr(self, "reports", []) + [report]
         return ours, "no calibrated transform profile" not in err
+
+    def test_from_arrays_with_rope_codes_as_the_file(self):
+        # A cache assembled from arrays (a transformers cache, say) with the model's RoPE and
+        # fingerprint gives the container of the same cache read from a capture file.
+        path = self.kv_with_rope()
+        kv = kvscope.read_kv(path)
+        layers = range(kv.num_layers)
+        mine = kvscope.KV.from_arrays([kv.keys(l) for l in layers], [kv.values(l) for l in layers],
+                                      model_fingerprint=kv.model_fingerprint, rope_inv_freq=kv.rope_inv_freq,
+                                      model_name=kv.model_name, tokens=kv.tokens, context=kv.context)
+        self.assertEqual(kvscope.encode(mine, codec="transform"), kvscope.encode(kv, codec="transform"))
 
     def test_uncalibrated_and_calibrated_ladder(self):
         path = self.kv_with_rope()
@@ -404,6 +452,15 @@ class DefaultTransform(unittest.TestCase):
         if not calibrated:
             self.skipTest(f"{cached} is a fit of an older ladder (the CLI refits it with the model)")
         self.assertNotEqual(ladder, fitted)  # the calibrated model, not a fit on this cache
+        # encode(report=) gives the sizes of `encode --json`: what travels with a level besides its
+        # chunks is the means adapted to this cache (2 x layers x channels floats) for the calibrated
+        # ladder, the fitted transform's statistics otherwise (checked against the CLI in encode_both).
+        kv = kvscope.read_kv(path)
+        means = 2 * kv.num_layers * kv.num_kv_heads * kv.head_dim * 4
+        self.assertEqual({l["side_bytes"] for l in self.reports[1]["levels"]}, {means})
+        self.assertEqual(self.reports[1]["model_from"], "profile")
+        self.assertGreater(self.reports[0]["levels"][0]["side_bytes"], means)
+        self.assertEqual(self.reports[0]["model_from"], "cache")
         with open(os.path.join(SOURCE_DIR, "samples", "profiles", "smollm2-135m-instruct.transform.json")) as f:
             levels = len(json.load(f)["transform"]["levels"])
         self.assertEqual(kvscope.Container(ladder).num_levels, levels)

@@ -169,6 +169,9 @@ class TokensAndInfo(unittest.TestCase):
         self.assertEqual((model.architecture, model.num_layers, model.num_heads, model.num_kv_heads, model.head_dim),
                          (ref["architecture"], ref["num_layers"], ref["num_heads"], ref["num_kv_heads"], ref["head_dim"]))
         self.assertEqual(model.fingerprint, model.capture("Hi.").model_fingerprint)
+        # kvscope.model_fingerprint: the same without building a runtime (what kvscope.hf records).
+        self.assertEqual(kvscope.model_fingerprint(), ref["fingerprint"])
+        self.assertEqual(kvscope.model_fingerprint(ref["path"]), ref["fingerprint"])
 
 
 class Errors(unittest.TestCase):

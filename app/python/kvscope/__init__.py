@@ -48,10 +48,10 @@ __all__ = [
 
 # The runtime part (kvscope._kvscope_runtime: libtorch), imported on first use (PEP 562). Not in
 # __all__, so that `from kvscope import *` stays free of torch too.
-_RUNTIME = ("Model", "eval_suite")
+_RUNTIME = ("Model", "eval_suite", "model_fingerprint")
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~30 ms); checkers know the name
 if TYPE_CHECKING:
-    from ._kvscope_runtime import Model, eval_suite  # noqa: F401
+    from ._kvscope_runtime import Model, eval_suite, model_fingerprint  # noqa: F401
 
 
 def __getattr__(name):

@@ -32,6 +32,8 @@ class KV:
         context: str = "",
         model_name: str = "",
         model_fingerprint: str = "",
+        rope_inv_freq: Optional[npt.ArrayLike] = None,
+        rope_position0: int = 0,
     ) -> "KV": ...
     def write(self, path: PathLike, *, gzip: int = 0, chunk_tokens: int = 256) -> None: ...
     def keys(self, layer: int, *, raw: bool = False) -> np.ndarray:
@@ -62,9 +64,14 @@ class KV:
         """(kv_heads, tokens) float32: mean attention each token received (Model(attn_mass=True)); None when absent."""
     @property
     def rope_inv_freq(self) -> Optional[np.ndarray]:
-        """(head_dim / 2) float32: the RoPE the keys carry; None when unknown."""
+        """(head_dim / 2) float32: the RoPE the keys carry; None when unknown. Settable (None clears it)."""
+    @rope_inv_freq.setter
+    def rope_inv_freq(self, value: Optional[npt.ArrayLike]) -> None: ...
     @property
-    def rope_position0(self) -> int: ...
+    def rope_position0(self) -> int:
+        """Position of token 0: the RoPE angle of token t is (rope_position0 + t) * rope_inv_freq."""
+    @rope_position0.setter
+    def rope_position0(self, value: int) -> None: ...
     def same_bytes(self, other: "KV") -> bool: ...
 
 class Container:
@@ -162,7 +169,14 @@ def encode(
     key_quantizer: str = "",
     value_quantizer: str = "",
     force_profile: bool = False,
-) -> bytes: ...
+    report: Optional[Dict[str, Any]] = None,
+) -> bytes:
+    """report, when a dict, receives the sizes `kvscope-cli encode --json` reports: file_bytes,
+    default_level, levels (level, chunk_bytes, table_bytes, side_bytes, bytes, bits_per_value) and,
+    for the transform codec, model_from ("profile" or "cache")."""
+def _bench_codec(kv: KV, level: int, *, repeats: int = 3, codec: str = "cachegen",
+                 profile: Optional[PathLike] = None) -> Tuple[float, float]:
+    """(encode s, decode s) of benchCodec, what `kvscope-cli bench codec --threads 1` times."""
 def decode(data: Union[Buffer, PathLike], level: Levels = None, *, name: str = "<bytes>", out: Optional[KV] = None) -> KV: ...
 def stats(kv: KV, *, delta_group: int = 10, bins: int = 32, per_channel: bool = False) -> Dict[str, Any]: ...
 def compare(reference: KV, decoded: KV) -> Dict[str, Any]: ...

@@ -78,6 +78,8 @@ class Model:
     ) -> Dict[str, Any]:
         """The object `kvscope-cli generate --json` prints: prompt_tokens, cached_tokens, tokens, text, ..."""
 
+def model_fingerprint(path: Optional[PathLike] = None) -> str:
+    """The fingerprint kvscope records for a model (`kvscope-cli info`'s); None = the default model."""
 def eval_suite(
     suite: PathLike,
     *,

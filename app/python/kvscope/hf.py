@@ -20,6 +20,13 @@ READ ME FIRST:
   every container again; ``compressed_bytes`` counts what the containers take, the figure a
   transfer or a store would pay.
 - Batch size 1 only (a kvscope KV cache is one sequence).
+- The transform codec (``codec="transform"``) undoes RoPE before coding the keys, so the cache
+  must know the model's RoPE (``rope_inv_freq``; each segment's first position is where it starts
+  in the sequence) and, for the calibrated default profile that ``kvscope-cli encode --codec
+  transform`` uses, the model's kvscope fingerprint. ``KVScopeCache(model=m)`` takes both from
+  the model: the frequencies its rotary embedding applies, and the fingerprint
+  ``load_gguf_model`` records. Without them the transform is fitted on each segment and keys are
+  coded with RoPE in (a note on stderr says so).
 
 Needs torch and transformers (4.46.3 on Debian 12's python3-torch 1.13; docs/python.md).
 """
@@ -41,6 +48,11 @@ class KVScopeCache(DynamicCache):
     default. kv_dtype is the precision the KV is handed to the codec in (what ``kvscope-cli capture
     --kv-dtype`` sets). The prompt is compressed as one segment; later tokens are compressed
     ``residual_length`` at a time (0: never, only the prompt).
+
+    model (a transformers model), or rope_inv_freq and model_fingerprint, tell the codec what the
+    keys carry and which model they come from (see READ ME FIRST; the transform codec needs them,
+    the others ignore the RoPE). A codec whose containers hold every level (transform) is encoded
+    with all of them and ``level`` (None: the profile's default) is the one decoded.
     """
 
     def __init__(
@@ -50,6 +62,9 @@ class KVScopeCache(DynamicCache):
         level: Optional[int] = None,
         residual_length: int = 128,
         kv_dtype: str = "float16",
+        model: Any = None,
+        rope_inv_freq: Any = None,
+        model_fingerprint: str = "",
         **encode_options: Any,
     ) -> None:
         super().__init__()
@@ -60,9 +75,17 @@ class KVScopeCache(DynamicCache):
         self.level = level
         self.residual_length = residual_length
         self.kv_dtype = kv_dtype
+        if model is not None:
+            rope_inv_freq = rope_inv_freq if rope_inv_freq is not None else model_rope_inv_freq(model)
+            model_fingerprint = model_fingerprint or getattr(model, "kvscope_fingerprint", "")
+        self.rope_inv_freq = None if rope_inv_freq is None else np.asarray(rope_inv_freq, dtype=np.float32)
+        self.model_fingerprint = model_fingerprint
         self.encode_options = encode_options
         self.compressed_tokens = 0  # tokens [0, compressed_tokens) hold decoded values
-        self.segments: List[Dict[str, int]] = []  # each: start, tokens, bytes
+        # each: start, tokens, bytes (the decoded level's chunks, tables and side information: what
+        # a receiver of that level fetches, as kvscope-cli eval counts it), container_bytes (the
+        # whole .kvc, every level it holds)
+        self.segments: List[Dict[str, int]] = []
 
     @property
     def compressed_bytes(self) -> int:
@@ -100,19 +123,45 @@ class KVScopeCache(DynamicCache):
             [host(self.key_cache[l]) for l in range(layers)],
             [host(self.value_cache[l]) for l in range(layers)],
             dtype=self.kv_dtype,
+            model_fingerprint=self.model_fingerprint,
+            rope_inv_freq=self.rope_inv_freq,
+            rope_position0=start,
         )
-        data = _kvscope.encode(kv, self.codec, self.profile, self.level, **self.encode_options)
-        decoded = _kvscope.decode(data)
+        # CacheGen with a level: a container of that level alone; otherwise every level, one decoded
+        one_level = self.codec == "cachegen" and self.level is not None
+        report: Dict[str, Any] = {}
+        data = _kvscope.encode(kv, self.codec, self.profile, self.level if one_level else None, report=report,
+                               **self.encode_options)
+        level = 1 if one_level else (self.level or report["default_level"])
+        if not 1 <= level <= len(report["levels"]):
+            raise _kvscope.Error(f"level: {level} does not exist (the profile has {len(report['levels'])})")
+        decoded = _kvscope.decode(data, level)
         for l in range(layers):
             for cache, tensor in ((self.key_cache, decoded.keys(l)), (self.value_cache, decoded.values(l))):
                 t = cache[l]
                 t[0, :, start:total, :] = torch.from_numpy(np.asarray(tensor, dtype=np.float32)).to(t.dtype)
-        self.segments.append({"start": start, "tokens": total - start, "bytes": len(data)})
+        sent = report["levels"][level - 1]["bytes"]
+        self.segments.append({"start": start, "tokens": total - start, "bytes": sent, "container_bytes": len(data)})
         self.compressed_tokens = total
 
     def crop(self, max_length: int) -> None:
         super().crop(max_length)
         self.compressed_tokens = min(self.compressed_tokens, self.get_seq_length())
+
+
+def model_rope_inv_freq(model: Any) -> np.ndarray:
+    """(head_dim / 2) float32: the RoPE frequencies a transformers model applies to its keys: its
+    rotary embedding's ``inv_freq`` (scaling included) when it has one, else 1 / rope_theta^(2i /
+    head_dim) from its config (plain RoPE only)."""
+    rotary = getattr(getattr(model, "model", model), "rotary_emb", None)
+    if rotary is not None and getattr(rotary, "inv_freq", None) is not None:
+        return rotary.inv_freq.detach().to(torch.float32).cpu().numpy()
+    c = model.config
+    if getattr(c, "rope_scaling", None):
+        raise _kvscope.Error(f"rope_inv_freq: the config's rope_scaling {c.rope_scaling} needs the model's rotary embedding")
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    theta = getattr(c, "rope_theta", 10000.0)
+    return (1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)).astype(np.float32)
 
 
 def patch_generate_for_debian_torch() -> None:
@@ -128,7 +177,9 @@ def load_gguf_model(path: str, dtype: torch.dtype = torch.float32):
     """A transformers LlamaForCausalLM from a GGUF file (the default model's Q4_1 file), without
     accelerate (which torch 1.13 on Python 3.11 cannot import): transformers dequantises the
     tensors, lm_head is tied to embed_tokens (the GGUF has no output tensor). Also applies
-    patch_generate_for_debian_torch(). Returns the model in eval mode."""
+    patch_generate_for_debian_torch(). Returns the model in eval mode, with ``kvscope_fingerprint``
+    set to the fingerprint kvscope gives the same file (``kvscope.model_fingerprint``; "" when the
+    runtime module is not installed), which ``KVScopeCache(model=...)`` passes on."""
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
@@ -143,4 +194,11 @@ def load_gguf_model(path: str, dtype: torch.dtype = torch.float32):
     if missing or unexpected:
         raise _kvscope.Error(f"{path}: GGUF tensors do not fit LlamaForCausalLM: missing {missing}, unexpected {unexpected}")
     model.tie_weights()
-    return model.to(dtype).eval()
+    model = model.to(dtype).eval()
+    try:
+        from . import _kvscope_runtime
+    except ImportError:  # pip install . without the runtime part: no fingerprint, no calibrated transform
+        model.kvscope_fingerprint = ""
+    else:
+        model.kvscope_fingerprint = _kvscope_runtime.model_fingerprint(path)
+    return model

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Writes docs/results/python.md: kvscope from Python against kvscope-cli, in the same run.
 #  1. transformers generating with kvscope.hf.KVScopeCache on the default model, next to
-#     `kvscope-cli eval --context long_1k` on the same tokens (samples/python/hf_quality.py);
+#     `kvscope-cli eval --context long_1k` on the same tokens, CacheGen's levels and the transform
+#     codec's default ladder (samples/python/hf_quality.py);
 #  2. what calling the codec from Python costs over the library call, on the 4K capture of the
-#     codec pages (samples/python/bench_overhead.py: paired rounds, median of the ratios).
+#     codec pages (samples/python/bench_overhead.py: paired rounds in one process, median of the ratios).
 #
 #   docs/results/make/python.sh
 #   PYTHON=path         the interpreter (default: installer/setup.sh's venv, which has transformers)
@@ -36,13 +37,18 @@ print()
 print("`%s` in both runtimes: kvscope's, and transformers %s on torch %s reading the same GGUF file "
       "(`kvscope.hf.load_gguf_model`). Context `%s`: %d tokens (those `kvscope-cli capture` prefills), "
       "%d continuation tokens scored, the sample's question answered greedily (32 tokens). One row per row "
-      "of `kvscope-cli eval --context %s --no-text --json`; on the transformers side the context's "
-      "full-precision states go through `KVScopeCache(codec, level)` (`kvscope.encode`, then "
+      "of `kvscope-cli eval --context %s --no-text --json` and of the same with `--codec transform "
+      "--only-transform` (the default transform ladder, calibrated for the model); on the transformers side the "
+      "context's full-precision states go through `KVScopeCache(codec, level, model=model)` (`kvscope.encode`, then "
       "`kvscope.decode`), scored as eval scores (the cache cut to n-1 tokens, the last context token "
       "run again, then the continuation). KL and delta PPL are against each runtime's own uncompressed "
       "run: eval's keeps the KV in fp16, transformers' in fp32." % (
           os.path.basename(model), transformers.__version__, torch.__version__.split("+")[0], hq["context"],
           hq["num_tokens"], hq["continuation_tokens"], hq["context"]))
+print()
+print("Bits per value count what a receiver of the level fetches, as eval counts them: the chunks, and for the "
+      "transform codec the means re-estimated on the cache (`kvscope.encode(..., report=)`, the sizes of "
+      "`kvscope-cli encode --json`).")
 print()
 print("```sh")
 print("PYTHONPATH=build/dev/python KVSCOPE_CLI=build/dev/app/cli/kvscope-cli \\\n"
@@ -62,7 +68,7 @@ for r in hq["rows"]:
     h, c = r["hf"], r["cli"]
     ratio = "%.3f" % (h["kl"] / c["kl"]) if c["kl"] else "-"
     print("| %s | %s | %.3f / %.3f | %.6f | %.6f | %s | %+.3f | %+.3f | %.3f | %.3f |" % (
-        r["codec"], r["level"] if r["codec"] == "cachegen" else "", h["bits_per_value"], c["bits_per_value"],
+        r["codec"], r["level"] if r["codec"] in ("cachegen", "transform") else "", h["bits_per_value"], c["bits_per_value"],
         h["kl"], c["kl"], ratio, h["delta_ppl_pct"], c["delta_ppl_pct"], h["token_agreement"], c["token_agreement"]))
 print()
 print("Time: %.0f s for kvscope-cli (capture, tokenize, generate, eval), %.0f s for the transformers side "
@@ -71,10 +77,13 @@ print("Time: %.0f s for kvscope-cli (capture, tokenize, generate, eval), %.0f s 
 print()
 print("## The cost of calling the codec from Python")
 print()
-print("`%s`, level %d (%d bytes at that level alone), one thread on both sides. Each of %d rounds "
-      "times `kvscope-cli bench codec` and the Python calls back to back (best of %d calls each, the "
-      "calling thread's CPU time), the CLI first in even rounds; the figure is the median of the "
-      "rounds' paired ratios, the range beside it." % (
+print("`%s`, level %d (%d bytes at that level alone), one thread on both sides, one process. The library "
+      "call is `benchCodec`, the function `kvscope-cli bench codec --threads 1 --level N` times (every chunk "
+      "encoded, then decoded, in memory, no container), called in the same process "
+      "(`kvscope._kvscope._bench_codec`). Each of %d rounds times it and the Python calls back to back (best "
+      "of %d calls each, the calling thread's CPU time), the library first in even rounds; the figure is the "
+      "median of the rounds' paired ratios, the range beside it. The last row pairs the whole container "
+      "(every level) with `kvscope-cli encode`, a process of its own, wall clock." % (
           ov["kv"], ov["level"], ov["level_bytes"], ov["encode"]["rounds"], ov["repeats"]))
 print()
 print("```sh")
@@ -84,9 +93,9 @@ print("```")
 print()
 print("| Python call | library call it is paired with | median ratio | range | best Python s | best library s |")
 print("|---|---|---|---|---|---|")
-rows = (("encode", "`kvscope.encode(kv, level=N)`", "`bench codec` encode, CPU"),
-        ("decode", "`kvscope.decode(data, level=N)` (a new KV)", "`bench codec` decode, CPU"),
-        ("decode_out", "`kvscope.decode(data, level=N, out=kv)`", "`bench codec` decode, CPU"),
+rows = (("encode", "`kvscope.encode(kv, level=N)`", "`benchCodec` encode, CPU"),
+        ("decode", "`kvscope.decode(data, level=N)` (a new KV)", "`benchCodec` decode, CPU"),
+        ("decode_out", "`kvscope.decode(data, level=N, out=kv)`", "`benchCodec` decode, CPU"),
         ("encode_container", "`kvscope.encode(kv)` (every level), wall", "`kvscope-cli encode`'s `encode_s` (writeKvc, fsync), wall"))
 for key, py, lib in rows:
     s = ov[key]
