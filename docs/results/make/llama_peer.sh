@@ -14,6 +14,7 @@
 #   DECODE=32           tokens decoded one at a time after each prefill
 #   ROUNDS=2            rounds of (kvscope, llama.cpp) per model; each row keeps its fastest round
 #   THREADS=1
+#   PEER_EXTRA_BUFTS=0  1 lets llama.cpp use its extra buffer types (AMX, repacked weights); see peer()
 #   MODELS="a.gguf b.gguf"  (default: SmolLM2-135M and Gemma 3 270M when in the cache)
 #   CLI=, WORK=         see common.sh
 set -euo pipefail
@@ -24,6 +25,7 @@ DECODE="${DECODE:-32}"
 ROUNDS="${ROUNDS:-2}"
 THREADS="${THREADS:-1}"
 PEER_PYTHON="${PEER_PYTHON:-python3}"
+PEER_EXTRA_BUFTS="${PEER_EXTRA_BUFTS:-0}"
 CACHE="$HOME/.cache/kvscope/models"
 MODELS="${MODELS:-$(ls "$CACHE"/SmolLM2-135M-Instruct.Q4_1.gguf "$CACHE"/gemma-3-270m-q4_k_m.gguf 2>/dev/null || true)}"
 [ -n "$MODELS" ] || die "no model in $CACHE (installer/fetch_model.sh fetches them)"
@@ -48,8 +50,14 @@ pkg.__path__ = list(spec.submodule_search_locations)
 sys.modules["llama_cpp"] = pkg
 import llama_cpp.llama_cpp as L
 model_path, tokens, decode, threads = sys.argv[1], [int(t) for t in sys.argv[2].split(",")], int(sys.argv[3]), int(sys.argv[4])
+EXTRA_BUFTS = sys.argv[5] == "1"
 L.llama_backend_init()
-model = L.llama_model_load_from_file(model_path.encode(), L.llama_model_default_params())
+mp = L.llama_model_default_params()
+# Extra buffer types (AMX tiles, repacked Q4_0/Q4_K/Q8_0 blocks) off: llama.cpp 0.3.36's AMX matmul
+# crashes in the first prefill on this CPU (ggml_backend_amx_mul_mat, SIGSEGV). Decode on Q4_1
+# (SmolLM2) takes llama.cpp's plain vec_dot path either way; Q4_K (Gemma 3) loses its repacked GEMV.
+mp.use_extra_bufts = EXTRA_BUFTS
+model = L.llama_model_load_from_file(model_path.encode(), mp)
 vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
 runs = []
 for n in tokens:
@@ -91,18 +99,18 @@ for model in $MODELS; do
     runs+=("kvscope|$name|$out")
     out="$WORK/peer_llamacpp_${name}_$round.json"
     say "$name: llama.cpp, round $round"
-    peer "$model" "$TOKENS" "$DECODE" "$THREADS" > "$out"
+    peer "$model" "$TOKENS" "$DECODE" "$THREADS" "$PEER_EXTRA_BUFTS" > "$out" 2> "$out.log"
     runs+=("llama.cpp|$name|$out")
   done
 done
 
 {
   results_header "Decode speed against llama.cpp, same GGUF, $THREADS thread(s)" docs/results/make/llama_peer.sh
-  python3 - "$DECODE" "$ROUNDS" "$THREADS" "$PEER_VERSION" "${runs[@]}" <<'PY'
+  python3 - "$DECODE" "$ROUNDS" "$THREADS" "$PEER_VERSION" "$PEER_EXTRA_BUFTS" "${runs[@]}" <<'PY'
 import json, sys
-decode, rounds, threads, version = sys.argv[1:5]
+decode, rounds, threads, version, extra = sys.argv[1:6]
 best, order = {}, []
-for arg in sys.argv[5:]:
+for arg in sys.argv[6:]:
     engine, model, path = arg.split("|", 2)
     j = json.load(open(path))
     for r in j["runs"]:
@@ -119,10 +127,10 @@ for arg in sys.argv[5:]:
             b["cpu"] = min(b["cpu"], cpu)
             b["prefill"] = max(b["prefill"], r["prefill_tokens_per_cpu_s"])
 print("llama.cpp: llama-cpp-python %s built from source on this machine (CPU, native ISA, no BLAS, no OpenMP), "
-      "`Llama(n_threads=%s, n_batch=512)`, default KV type (f16). Each row: the fastest of %s rounds; kvscope "
+      "libllama through its ctypes layer, n_threads %s, n_batch 512, default KV type (f16), extra buffer types %s. Each row: the fastest of %s rounds; kvscope "
       "and llama.cpp alternate within a round. Decode: ms per token over %s one-token steps after the prefill, "
       "in CPU time (what a shared machine can compare) and wall time; prefill: tokens per CPU-second."
-      % (version, threads, rounds, decode))
+      % (version, threads, "on" if extra == "1" else "off (AMX and repacked weights: see the script)", rounds, decode))
 print()
 print("```sh")
 print("kvscope-cli bench model --model MODEL --threads %s --prefill-tokens N --decode %s --json" % (threads, decode))
