@@ -127,12 +127,13 @@ public:
     void appendBranches(const std::vector<int32_t>& trunk, const std::vector<std::vector<int32_t>>& branches,
                         std::vector<float>* trunkLastLogits, std::vector<std::vector<float>>* branchLogits);
 
-    // Several independent branch sets ("groups") after the cache, in as few forward passes as
-    // fit: group g gets exactly what appendBranches(trunk_g, branches_g, ...) from the current
-    // cache would give, to the bit (the same per-group attention, the same rows through every
-    // matrix product, whose per-row sums do not depend on how many rows share the product), while
-    // all groups' tokens share each pass over the weights. Groups of at most kBranchGroupAlone
-    // tokens run one per pass, as appendBranches would (so they stay on the decode kernels). The
+    // Several independent branch sets ("groups") after the cache, in forward passes of up to
+    // prefillBlock tokens: group g gets what appendBranches(trunk_g, branches_g, ...) from the
+    // current cache would give, to the bit on one thread (the same per-group attention, the same
+    // rows through every matrix product, whose per-row sums do not depend on how many rows share
+    // the product; with more threads, elementwise kernels may split rows elsewhere and differ in
+    // the last bit), while all groups' tokens share each pass over the weights. Groups of at most
+    // kBranchGroupAlone tokens run one per pass, as appendBranches would (on the decode kernels). The
     // cache is left as it was; every group's trunk K/V is kept aside until the next call,
     // loadKv, or truncation below the current position, and resumeGroup(g) puts it after the
     // cache (where appendBranches leaves it) to generate after that trunk. Throws like append,

@@ -151,7 +151,7 @@ struct LlamaRuntime::Impl {
 // sliding layers. Groups: rows [start, start + size) of the block attend as a block of their own
 // right after the cache (slots [length, length + size)), dense with their own (size, length +
 // size) masks, as if each group were the only one; the first `trunk` K/V rows of each group are
-// stashed per layer (State::stash) for InferenceSession::resumeGroup.
+// stashed per layer (State::stashKeys, stashValues) for InferenceSession::resumeGroup.
 struct BlockAttention {
     torch::Tensor maskGlobal, maskLocal;
     struct Group {
