@@ -283,6 +283,60 @@ private slots:
         }
     }
 
+    // Issue 37: the batched scorer (appendBranchGroups: every question of an item in one pass) gives
+    // each question the very logits appendBranches gives it alone, to the bit, and resumeGroup
+    // leaves the cache as appendBranches leaves it (the next token's logits are equal too). The
+    // groups include one of at most kBranchGroupAlone tokens (it runs alone, on the decode
+    // kernels) and more tokens than one pass takes (the questions three times over: over the
+    // default 512-token prefill block, so the groups are split between passes).
+    void branchGroupsEqualOneQuestionAtATime()
+    {
+        if (!m_ref) QSKIP("needs the default model");
+        const SuitePreparedItem& it = m_ref->items().front();
+        std::vector<InferenceSession::BranchGroup> groups;
+        int tokens = 0;
+        for (int round = 0; round < 3; ++round)
+            for (const SuitePreparedItem::Question& q : it.questions) {
+                InferenceSession::BranchGroup g;
+                g.trunk = q.prompt;
+                for (const auto& o : q.options) g.branches.emplace_back(o.begin(), o.end() - 1);
+                for (const auto& b : g.branches) tokens += int(b.size());
+                tokens += int(g.trunk.size());
+                groups.push_back(std::move(g));
+            }
+        groups.insert(groups.begin() + 3, {{it.questions.front().prompt.front(), 42}, {{7}, {}}});  // 3 tokens: alone
+        QVERIFY2(tokens > m_model->runtime().options().prefillBlock, qPrintable(QString::number(tokens)));
+        InferenceSession batched(m_model->runtime());
+        batched.loadKv(it.original);
+        const std::vector<InferenceSession::BranchGroupLogits> all = batched.appendBranchGroups(groups);
+        QCOMPARE(batched.position(), int(it.context.size()));
+        QCOMPARE(all.size(), groups.size());
+        auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+            return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());  // bit for bit
+        };
+        for (size_t k = 0; k < groups.size(); ++k) {
+            InferenceSession one(m_model->runtime());
+            one.loadKv(it.original);
+            std::vector<float> last;
+            std::vector<std::vector<float>> branches;
+            one.appendBranches(groups[k].trunk, groups[k].branches, &last, &branches);
+            QVERIFY2(same(last, all[k].trunkLast), qPrintable(QString("group %1: trunk logits differ").arg(k)));
+            QCOMPARE(branches.size(), all[k].branches.size());
+            for (size_t b = 0; b < branches.size(); ++b)
+                QVERIFY2(same(branches[b], all[k].branches[b]), qPrintable(QString("group %1 branch %2 differs").arg(k).arg(b)));
+            // Generating after the trunk: the same cache, so the same next logits.
+            std::vector<float> nextOne, nextBatched;
+            one.append({groups[k].trunk.back()}, &nextOne);
+            batched.truncate(int(it.context.size()));
+            batched.resumeGroup(int(k));
+            QCOMPARE(batched.position(), one.position() - 1);
+            batched.append({groups[k].trunk.back()}, &nextBatched);
+            QVERIFY2(same(nextOne, nextBatched), qPrintable(QString("group %1: generation after the trunk differs").arg(k)));
+        }
+        batched.truncate(int(it.context.size()) - 1);
+        QVERIFY_THROWS_EXCEPTION(Error, batched.resumeGroup(0));
+    }
+
     // fp16 is bit-exact: scored again (not reused), it must reproduce the reference exactly.
     void fp16EqualsTheReference()
     {

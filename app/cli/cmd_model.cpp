@@ -309,8 +309,10 @@ void addBenchModelCommand(CLI::App& app, Output& out)
             const double prefill = nowSeconds() - t0;
             const double prefillCpu = cpuSeconds() - c0;
             t0 = nowSeconds();
+            const double d0 = cpuSeconds();
             for (int i = 0; i < o->decode; ++i) s.append({argmax(logits.data(), logits.size())}, &logits);
             const double decode = nowSeconds() - t0;
+            const double decodeCpu = cpuSeconds() - d0;
             struct rusage ru {};
             getrusage(RUSAGE_SELF, &ru);
             runs.push_back({{"prefill_tokens", n},
@@ -321,6 +323,7 @@ void addBenchModelCommand(CLI::App& app, Output& out)
                             {"decode_tokens", o->decode},
                             {"decode_tokens_per_s", o->decode / decode},
                             {"decode_ms_per_token", 1e3 * decode / o->decode},
+                            {"decode_cpu_ms_per_token", 1e3 * decodeCpu / o->decode},
                             {"peak_rss_mb", double(ru.ru_maxrss) / 1024.0}});
             if (!out.asJson)
                 std::fprintf(stderr, "  %d tokens: prefill %.2f s wall, %.2f s CPU\n", n, prefill, prefillCpu);

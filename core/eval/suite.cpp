@@ -70,6 +70,82 @@ std::string tokensText(const std::vector<int32_t>& t)
 
 namespace {
 
+// Scores question k of an item from its branch group's logits; a greedy answer that leaves the
+// gold option generates after the question's trunk (resumeGroup), from a cache of n tokens.
+QuestionScore scoreQuestion(InferenceSession& s, const Tokenizer& tok, const std::vector<int32_t>& stops,
+                            const SuitePreparedItem::Question& q, const InferenceSession::BranchGroupLogits& logits, int n, int k)
+{
+    const std::vector<float>& last = logits.trunkLast;
+    const std::vector<std::vector<float>>& branchLogits = logits.branches;
+    QuestionScore qs;
+    const int P = n + int(q.prompt.size());
+    const size_t vocab = last.size();
+    std::vector<double> lp0;
+    logSoftmax(last.data(), vocab, lp0);
+    std::vector<int32_t> goldArgmax;  // arg-max after gold tokens 0..j
+    for (size_t o = 0; o < q.options.size(); ++o) {
+        const std::vector<int32_t>& t = q.options[o];
+        double ll = lp0[size_t(t[0])];
+        if (t.size() > 1) {
+            const std::vector<float>& all = branchLogits[o];
+            for (size_t j = 1; j < t.size(); ++j) {
+                const float* lg = all.data() + (j - 1) * vocab;
+                ll += logSoftmaxAt(lg, vocab, t[j]);
+                if (int(o) == q.gold) goldArgmax.push_back(argmax(lg, vocab));
+            }
+        }
+        qs.optionLogLik.push_back(ll);
+        qs.optionTokens.push_back(int(t.size()));
+    }
+    for (size_t o = 0; o < q.options.size(); ++o) {
+        if (qs.predicted < 0 || qs.optionLogLik[o] > qs.optionLogLik[size_t(qs.predicted)]) qs.predicted = int(o);
+        const double norm = qs.optionLogLik[o] / qs.optionTokens[o];
+        if (qs.predictedNorm < 0 ||
+            norm > qs.optionLogLik[size_t(qs.predictedNorm)] / qs.optionTokens[size_t(qs.predictedNorm)])
+            qs.predictedNorm = int(o);
+    }
+    // Greedy answer: follows the gold option's logits while it agrees with them (they are
+    // already computed), then generates one token at a time after the question's trunk;
+    // stops once the match is decided.
+    const std::vector<int32_t>& gold = q.options[size_t(q.gold)];
+    const std::string a = normalizeAnswer(q.answer);
+    int32_t next = argmax(last.data(), vocab);
+    bool onGold = true, synced = false;
+    for (;;) {
+        qs.greedy.push_back(next);
+        const bool stop = std::find(stops.begin(), stops.end(), next) != stops.end();
+        const std::string generated = tok.decode(qs.greedy, true);
+        const std::string g = normalizeAnswer(generated, true);
+        if (g.compare(0, a.size() + 1, a + " ") == 0) {
+            qs.exactMatch = true;
+            break;
+        }
+        const bool compatible = a.compare(0, g.size(), g) == 0 || (g.compare(0, a.size(), a) == 0 && g.size() == a.size());
+        if (!compatible || stop || int(qs.greedy.size()) >= q.maxAnswerTokens) {
+            qs.exactMatch = answerExactMatch(generated, q.answer);
+            break;
+        }
+        const size_t j = qs.greedy.size() - 1;
+        onGold = onGold && j + 1 < gold.size() && qs.greedy[j] == gold[j];
+        if (onGold) {
+            next = goldArgmax[j];
+            continue;
+        }
+        std::vector<float> lg;
+        if (!synced) {
+            s.truncate(n);
+            s.resumeGroup(k);
+            KVSCOPE_ASSERT(s.position() == P);
+            s.append(qs.greedy, &lg);
+            synced = true;
+        } else {
+            s.append({qs.greedy.back()}, &lg);
+        }
+        next = argmax(lg.data(), lg.size());
+    }
+    return qs;
+}
+
 // Scores one item from `kv`. With refLogProbs null this is the reference pass: the continuation's
 // log-probs go to keepLogProbs and its arg-max to keepArgmax. Otherwise the KL and the agreement
 // are measured against them.
@@ -114,79 +190,21 @@ ItemScore scoreItem(const Model& model, const SuitePreparedItem& item, const KvS
         if (keepLogProbs) sc.agree = int(m);
     }
     const std::vector<int32_t> stops = model.stopIds();
+    // Every question in one batch of branch groups (the question as the trunk, each option less
+    // its last token as a branch after it): the same logits as one appendBranches per question,
+    // to the bit, with the weights read once per batch instead of once per question.
+    s.truncate(n);
+    std::vector<InferenceSession::BranchGroup> groups;
     for (const SuitePreparedItem::Question& q : item.questions) {
-        QuestionScore qs;
-        // One pass: the question, then every option (less its last token) as a branch after it.
-        s.truncate(n);
-        std::vector<std::vector<int32_t>> branches;
-        for (const std::vector<int32_t>& t : q.options) branches.emplace_back(t.begin(), t.end() - 1);
-        std::vector<float> last;
-        std::vector<std::vector<float>> branchLogits;
-        s.appendBranches(q.prompt, branches, &last, &branchLogits);
-        const int P = s.position();
-        const size_t vocab = last.size();
-        std::vector<double> lp0;
-        logSoftmax(last.data(), vocab, lp0);
-        std::vector<int32_t> goldArgmax;  // arg-max after gold tokens 0..j
-        for (size_t o = 0; o < q.options.size(); ++o) {
-            const std::vector<int32_t>& t = q.options[o];
-            double ll = lp0[size_t(t[0])];
-            if (t.size() > 1) {
-                const std::vector<float>& all = branchLogits[o];
-                for (size_t j = 1; j < t.size(); ++j) {
-                    const float* lg = all.data() + (j - 1) * vocab;
-                    ll += logSoftmaxAt(lg, vocab, t[j]);
-                    if (int(o) == q.gold) goldArgmax.push_back(argmax(lg, vocab));
-                }
-            }
-            qs.optionLogLik.push_back(ll);
-            qs.optionTokens.push_back(int(t.size()));
-        }
-        for (size_t o = 0; o < q.options.size(); ++o) {
-            if (qs.predicted < 0 || qs.optionLogLik[o] > qs.optionLogLik[size_t(qs.predicted)]) qs.predicted = int(o);
-            const double norm = qs.optionLogLik[o] / qs.optionTokens[o];
-            if (qs.predictedNorm < 0 ||
-                norm > qs.optionLogLik[size_t(qs.predictedNorm)] / qs.optionTokens[size_t(qs.predictedNorm)])
-                qs.predictedNorm = int(o);
-        }
-        // Greedy answer: follows the gold option's logits while it agrees with them (they are
-        // already computed), then generates one token at a time; stops once the match is decided.
-        const std::vector<int32_t>& gold = q.options[size_t(q.gold)];
-        const std::string a = normalizeAnswer(q.answer);
-        int32_t next = argmax(last.data(), vocab);
-        bool onGold = true, synced = false;
-        for (;;) {
-            qs.greedy.push_back(next);
-            const bool stop = std::find(stops.begin(), stops.end(), next) != stops.end();
-            const std::string generated = tok.decode(qs.greedy, true);
-            const std::string g = normalizeAnswer(generated, true);
-            if (g.compare(0, a.size() + 1, a + " ") == 0) {
-                qs.exactMatch = true;
-                break;
-            }
-            const bool compatible = a.compare(0, g.size(), g) == 0 || (g.compare(0, a.size(), a) == 0 && g.size() == a.size());
-            if (!compatible || stop || int(qs.greedy.size()) >= q.maxAnswerTokens) {
-                qs.exactMatch = answerExactMatch(generated, q.answer);
-                break;
-            }
-            const size_t j = qs.greedy.size() - 1;
-            onGold = onGold && j + 1 < gold.size() && qs.greedy[j] == gold[j];
-            if (onGold) {
-                next = goldArgmax[j];
-                continue;
-            }
-            std::vector<float> lg;
-            if (!synced) {
-                s.truncate(P);
-                s.append(qs.greedy, &lg);
-                synced = true;
-            } else {
-                s.append({qs.greedy.back()}, &lg);
-            }
-            next = argmax(lg.data(), lg.size());
-        }
-        sc.questions.push_back(std::move(qs));
+        InferenceSession::BranchGroup g;
+        g.trunk = q.prompt;
+        for (const std::vector<int32_t>& t : q.options) g.branches.emplace_back(t.begin(), t.end() - 1);
+        groups.push_back(std::move(g));
     }
+    const std::vector<InferenceSession::BranchGroupLogits> logits =
+        groups.empty() ? std::vector<InferenceSession::BranchGroupLogits>() : s.appendBranchGroups(groups);
+    for (size_t k = 0; k < item.questions.size(); ++k)
+        sc.questions.push_back(scoreQuestion(s, tok, stops, item.questions[k], logits[k], n, int(k)));
     return sc;
 }
 

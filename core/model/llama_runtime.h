@@ -127,8 +127,36 @@ public:
     void appendBranches(const std::vector<int32_t>& trunk, const std::vector<std::vector<int32_t>>& branches,
                         std::vector<float>* trunkLastLogits, std::vector<std::vector<float>>* branchLogits);
 
+    // Several independent branch sets ("groups") after the cache, in forward passes of up to
+    // prefillBlock tokens: group g gets what appendBranches(trunk_g, branches_g, ...) from the
+    // current cache would give, to the bit on one thread (the same per-group attention, the same
+    // rows through every matrix product, whose per-row sums do not depend on how many rows share
+    // the product; with more threads, elementwise kernels may split rows elsewhere and differ in
+    // the last bit), while all groups' tokens share each pass over the weights. Groups of at most
+    // kBranchGroupAlone tokens run one per pass, as appendBranches would (on the decode kernels). The
+    // cache is left as it was; every group's trunk K/V is kept aside until the next call,
+    // loadKv, or truncation below the current position, and resumeGroup(g) puts it after the
+    // cache (where appendBranches leaves it) to generate after that trunk. Throws like append,
+    // and for an empty trunk.
+    struct BranchGroup {
+        std::vector<int32_t> trunk;
+        std::vector<std::vector<int32_t>> branches;
+    };
+    struct BranchGroupLogits {
+        std::vector<float> trunkLast;                // (vocab) the trunk's last token
+        std::vector<std::vector<float>> branches;    // per branch (tokens x vocab)
+    };
+    static constexpr int kBranchGroupAlone = 4;
+    std::vector<BranchGroupLogits> appendBranchGroups(const std::vector<BranchGroup>& groups);
+    // Puts group g's trunk (of the last appendBranchGroups) after the cache, which must still end
+    // where it ended then. Throws kvscope::Error otherwise or for a g out of range.
+    void resumeGroup(int g);
+
 private:
     void exportCodecStatistics(KvSet& kv) const;
+    // One forward over the groups `pass` of appendBranchGroups; their logits into out.
+    void runBranchPass(const std::vector<BranchGroup>& groups, const std::vector<int>& pass,
+                       std::vector<BranchGroupLogits>& out);
     struct State;
     const LlamaRuntime* runtime_;
     std::unique_ptr<State> s_;

@@ -146,6 +146,21 @@ struct LlamaRuntime::Impl {
     }
 };
 
+// How the tokens of one forward block attend. No masks and no groups: causal, with each layer's
+// sliding window, blocked over keys (attend). Masks (T, length + T, additive): dense, maskLocal on
+// sliding layers. Groups: rows [start, start + size) of the block attend as a block of their own
+// right after the cache (slots [length, length + size)), dense with their own (size, length +
+// size) masks, as if each group were the only one; the first `trunk` K/V rows of each group are
+// stashed per layer (State::stashKeys, stashValues) for InferenceSession::resumeGroup.
+struct BlockAttention {
+    torch::Tensor maskGlobal, maskLocal;
+    struct Group {
+        int start = 0, size = 0, trunk = 0, index = 0;  // index: the group's number in the stash
+        torch::Tensor maskGlobal, maskLocal;
+    };
+    std::vector<Group> groups;
+};
+
 struct InferenceSession::State {
     std::vector<torch::Tensor> keys, values;  // per layer (kv_heads, capacity, head_dim), fp32
     int length = 0;
@@ -159,6 +174,11 @@ struct InferenceSession::State {
     // cache slot received, and (slots) how many recorded queries saw each slot.
     std::vector<torch::Tensor> attnMass;
     torch::Tensor attnSeen;
+    // appendBranchGroups' trunks: per group, per layer (kv_heads, trunk, head_dim) keys and values
+    // as the cache held them, valid while the cache ends at stashLength.
+    std::vector<std::vector<torch::Tensor>> stashKeys, stashValues;
+    std::vector<std::vector<int32_t>> stashTokens;  // per group, its trunk
+    int stashLength = -1;
 
     void reserve(const LlamaRuntime::Impl& d, int needed)
     {
@@ -176,14 +196,16 @@ struct InferenceSession::State {
         capacity = cap;
     }
 
-    // One forward over T tokens written to cache slots [length, length + T): `pos` (T, 1) are
-    // their RoPE positions, `mask` (T, length + T) says which slots each one sees. Returns the
-    // final hidden states (T, hidden) before the last norm; length is left to the caller. With
-    // recordQueries the queries' second moments are added to querySq (the caller counts them).
-    // Without masks, attention is causal with each layer's sliding window, blocked over keys
-    // (attend); with masks (T, length + T, additive), dense with maskLocal on sliding layers.
+    // One forward over T tokens written to cache slots [length, length + T) (per group, see
+    // BlockAttention): `pos` (T, 1) are their RoPE positions. Returns the final hidden states
+    // (T, hidden) before the last norm; length is left to the caller. With recordQueries the
+    // queries' second moments are added to querySq (the caller counts them).
     torch::Tensor forwardBlock(const LlamaRuntime::Impl& d, const int32_t* tokens, int T, const torch::Tensor& pos,
-                               const torch::Tensor& maskGlobal, const torch::Tensor& maskLocal, bool recordQueries);
+                               const BlockAttention& attention, bool recordQueries);
+    // Layer l's attention of q (H, T, hd) whose k, v (KH, T, hd) are not yet in the cache: writes
+    // them (rounded to kvType) and returns (H, T, hd), as forwardBlock describes.
+    torch::Tensor attendLayer(const LlamaRuntime::Impl& d, size_t l, const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const BlockAttention& attention, bool recordQueries);
 };
 
 }  // namespace kvscope

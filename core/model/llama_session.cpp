@@ -144,6 +144,23 @@ torch::Tensor attendOne(const torch::Tensor& q, const torch::Tensor& K, const to
     return out;
 }
 
+// Dense attention of q (H, T, hd) over the first S cached slots with an additive (T, S) mask:
+// what branches use (their tokens do not see one another). Returns (H, T, hd).
+torch::Tensor attendMasked(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values, int64_t S,
+                           const torch::Tensor& mask, double scale, double softcap)
+{
+    const int64_t H = q.size(0), T = q.size(1), hd = q.size(2), KH = keys.size(0), g = H / KH;
+    // One product per KV head over its query heads' rows: the cache is read in place, where a
+    // broadcast over the query heads would copy K and V once per head.
+    const torch::Tensor K = keys.narrow(1, 0, S);    // (KH, S, hd)
+    const torch::Tensor V = values.narrow(1, 0, S);  // (KH, S, hd)
+    const torch::Tensor qg = q.reshape({KH, g * T, hd});
+    torch::Tensor scores = torch::bmm(qg, K.transpose(1, 2)).mul_(scale);  // (KH, g*T, S)
+    if (softcap > 0) scores = torch::tanh(scores / softcap) * softcap;
+    scores = scores.view({KH, g, T, S}) + mask;
+    return torch::bmm(torch::softmax(scores, -1).view({KH, g * T, S}), V).view({H, T, hd});
+}
+
 torch::Tensor geluTanh(const torch::Tensor& x) { return F::gelu(x, F::GELUFuncOptions().approximate("tanh")); }
 
 void checkTokens(const ModelConfig& c, const std::vector<int32_t>& tokens)
@@ -168,6 +185,7 @@ void InferenceSession::truncate(int tokens)
         throw Error("cannot truncate a cache of " + std::to_string(s_->length) + " tokens to " + std::to_string(tokens));
     s_->length = tokens;
     s_->tokens.resize(size_t(tokens));
+    if (tokens < s_->stashLength) s_->stashLength = -1;
 }
 
 void InferenceSession::loadKv(const KvSet& kv)
@@ -182,6 +200,7 @@ void InferenceSession::loadKv(const KvSet& kv)
     c10::InferenceMode guard;
     const int n = kv.shape().numTokens;
     s_->length = 0;
+    s_->stashLength = -1;
     s_->reserve(d, n);
     for (int l = 0; l < want.numLayers; ++l) {
         for (KvKind kind : {KvKind::Key, KvKind::Value}) {
@@ -218,15 +237,11 @@ KvSet InferenceSession::exportKv() const
 }
 
 torch::Tensor InferenceSession::State::forwardBlock(const LlamaRuntime::Impl& d, const int32_t* tokens, int T,
-                                                   const torch::Tensor& pos, const torch::Tensor& maskGlobal,
-                                                   const torch::Tensor& maskLocal, bool recordQueries)
+                                                   const torch::Tensor& pos, const BlockAttention& attention, bool recordQueries)
 {
     State* s_ = this;
     const ModelConfig& c = d.spec.config;
-    const int H = c.numHeads, KH = c.numKvHeads, hd = c.headDim, groups = H / KH;
-    const double scale = 1.0 / std::sqrt(c.queryPreAttnScalar > 0 ? c.queryPreAttnScalar : double(hd));
-    const int P = s_->length;
-    const int S = P + T;
+    const int H = c.numHeads, KH = c.numKvHeads, hd = c.headDim;
     const torch::Tensor ids = torch::from_blob(const_cast<int32_t*>(tokens), {T}, torch::kInt32).to(torch::kLong);
     torch::Tensor x = d.embedRows(ids);  // (T, hidden)
     if (c.embedScale != 1.0) x = x * float(c.embedScale);
@@ -252,54 +267,7 @@ torch::Tensor InferenceSession::State::forwardBlock(const LlamaRuntime::Impl& d,
             if (s_->querySq.size() < d.layers.size()) s_->querySq.resize(d.layers.size());
             accumulateQuerySq(s_->querySq[l], q, KH);
         }
-        // The cache holds what a serving stack would store: K/V rounded to kvDtype.
-        s_->keys[l].narrow(1, P, T).copy_(k.to(d.kvType));
-        s_->values[l].narrow(1, P, T).copy_(v.to(d.kvType));
-        torch::Tensor o;
-        if (!maskGlobal.defined()) {
-            torch::Tensor* mass = nullptr;
-            if (recordQueries && d.options.attnMass) {
-                // Attention mass per slot (sum over the group's query heads and the block's queries),
-                // and at layer 0 how many queries could see each slot: a codec weights token errors
-                // by their ratio.
-                if (s_->attnMass.size() < d.layers.size()) s_->attnMass.resize(d.layers.size());
-                torch::Tensor& acc = s_->attnMass[l];
-                if (!acc.defined() || acc.size(1) < S) {
-                    torch::Tensor grown = torch::zeros({KH, S});
-                    if (acc.defined()) grown.narrow(1, 0, acc.size(1)).copy_(acc);
-                    acc = grown;
-                }
-                mass = &acc;
-                if (l == 0) {
-                    const int w = L.sliding ? c.slidingWindow : 0;
-                    const torch::Tensor j = torch::arange(0, S, torch::kLong);
-                    torch::Tensor hi = torch::full({S}, int64_t(S - 1), torch::kLong);
-                    if (w > 0) hi = torch::minimum(hi, j + (w - 1));
-                    const torch::Tensor lo = torch::maximum(j, torch::full({S}, int64_t(P), torch::kLong));
-                    const torch::Tensor seen = (hi - lo + 1).clamp_min(0).to(torch::kFloat32);
-                    if (!s_->attnSeen.defined() || s_->attnSeen.size(0) < S) {
-                        torch::Tensor grown = torch::zeros({S});
-                        if (s_->attnSeen.defined()) grown.narrow(0, 0, s_->attnSeen.size(0)).copy_(s_->attnSeen);
-                        s_->attnSeen = grown;
-                    }
-                    s_->attnSeen.narrow(0, 0, S).add_(seen);
-                }
-            }
-            if (T == 1 && !mass && d.kernels)
-                o = attendOne(q, s_->keys[l], s_->values[l], P, L.sliding ? c.slidingWindow : 0, scale, c.attnSoftcap,
-                              d.kernelPath);
-            else
-                o = attend(q, s_->keys[l], s_->values[l], P, L.sliding ? c.slidingWindow : 0, scale, c.attnSoftcap,
-                           d.options.keyBlock, d.options.queryBlock, mass);
-        } else {  // an explicit (T, S) mask: dense scores, for small T (branches)
-            const torch::Tensor K = s_->keys[l].narrow(1, 0, S).unsqueeze(1);    // (KH, 1, S, hd)
-            const torch::Tensor V = s_->values[l].narrow(1, 0, S).unsqueeze(1);  // (KH, 1, S, hd)
-            const torch::Tensor qg = q.reshape({KH, groups, T, hd});
-            torch::Tensor scores = torch::matmul(qg, K.transpose(-1, -2)) * scale;  // (KH, g, T, S)
-            if (c.attnSoftcap > 0) scores = torch::tanh(scores / c.attnSoftcap) * c.attnSoftcap;
-            scores = scores + (L.sliding ? maskLocal : maskGlobal);
-            o = torch::matmul(torch::softmax(scores, -1), V).reshape({H, T, hd});
-        }
+        torch::Tensor o = s_->attendLayer(d, l, q, k, v, attention, recordQueries);
         o = o.transpose(0, 1).reshape({T, H * hd});
         torch::Tensor attnOut = d.linear(o, L.wo);
         if (c.sandwichNorm) attnOut = rmsNorm(attnOut, L.postNorm, c.rmsNormEps);
@@ -311,6 +279,72 @@ torch::Tensor InferenceSession::State::forwardBlock(const LlamaRuntime::Impl& d,
         x = x + mlp;
     }
     return x;
+}
+
+torch::Tensor InferenceSession::State::attendLayer(const LlamaRuntime::Impl& d, size_t l, const torch::Tensor& q,
+                                                  const torch::Tensor& k, const torch::Tensor& v,
+                                                  const BlockAttention& attention, bool recordQueries)
+{
+    State* s_ = this;
+    const ModelConfig& c = d.spec.config;
+    const Layer& L = d.layers[l];
+    const int KH = c.numKvHeads, hd = c.headDim;
+    const double scale = 1.0 / std::sqrt(c.queryPreAttnScalar > 0 ? c.queryPreAttnScalar : double(hd));
+    const int P = s_->length, T = int(q.size(1)), S = P + T;
+    // The cache holds what a serving stack would store: K/V rounded to kvDtype.
+    const torch::Tensor kq = k.to(d.kvType), vq = v.to(d.kvType);
+    if (!attention.groups.empty()) {
+        // Each group in turn occupies the slots after the cache, as if it were the only one.
+        torch::Tensor out = torch::empty({q.size(0), T, hd});
+        for (const BlockAttention::Group& g : attention.groups) {
+            s_->keys[l].narrow(1, P, g.size).copy_(kq.narrow(1, g.start, g.size));
+            s_->values[l].narrow(1, P, g.size).copy_(vq.narrow(1, g.start, g.size));
+            s_->stashKeys[size_t(g.index)][l] = s_->keys[l].narrow(1, P, g.trunk).clone();
+            s_->stashValues[size_t(g.index)][l] = s_->values[l].narrow(1, P, g.trunk).clone();
+            out.narrow(1, g.start, g.size)
+                .copy_(attendMasked(q.narrow(1, g.start, g.size), s_->keys[l], s_->values[l], P + g.size,
+                                    L.sliding ? g.maskLocal : g.maskGlobal, scale, c.attnSoftcap));
+        }
+        return out;
+    }
+    s_->keys[l].narrow(1, P, T).copy_(kq);
+    s_->values[l].narrow(1, P, T).copy_(vq);
+    if (attention.maskGlobal.defined())  // an explicit (T, S) mask: dense scores, for small T (branches)
+        return attendMasked(q, s_->keys[l], s_->values[l], S, L.sliding ? attention.maskLocal : attention.maskGlobal,
+                            scale, c.attnSoftcap);
+    torch::Tensor* mass = nullptr;
+    if (recordQueries && d.options.attnMass) {
+        // Attention mass per slot (sum over the group's query heads and the block's queries),
+        // and at layer 0 how many queries could see each slot: a codec weights token errors
+        // by their ratio.
+        if (s_->attnMass.size() < d.layers.size()) s_->attnMass.resize(d.layers.size());
+        torch::Tensor& acc = s_->attnMass[l];
+        if (!acc.defined() || acc.size(1) < S) {
+            torch::Tensor grown = torch::zeros({KH, S});
+            if (acc.defined()) grown.narrow(1, 0, acc.size(1)).copy_(acc);
+            acc = grown;
+        }
+        mass = &acc;
+        if (l == 0) {
+            const int w = L.sliding ? c.slidingWindow : 0;
+            const torch::Tensor j = torch::arange(0, S, torch::kLong);
+            torch::Tensor hi = torch::full({S}, int64_t(S - 1), torch::kLong);
+            if (w > 0) hi = torch::minimum(hi, j + (w - 1));
+            const torch::Tensor lo = torch::maximum(j, torch::full({S}, int64_t(P), torch::kLong));
+            const torch::Tensor seen = (hi - lo + 1).clamp_min(0).to(torch::kFloat32);
+            if (!s_->attnSeen.defined() || s_->attnSeen.size(0) < S) {
+                torch::Tensor grown = torch::zeros({S});
+                if (s_->attnSeen.defined()) grown.narrow(0, 0, s_->attnSeen.size(0)).copy_(s_->attnSeen);
+                s_->attnSeen = grown;
+            }
+            s_->attnSeen.narrow(0, 0, S).add_(seen);
+        }
+    }
+    if (T == 1 && !mass && d.kernels)
+        return attendOne(q, s_->keys[l], s_->values[l], P, L.sliding ? c.slidingWindow : 0, scale, c.attnSoftcap,
+                         d.kernelPath);
+    return attend(q, s_->keys[l], s_->values[l], P, L.sliding ? c.slidingWindow : 0, scale, c.attnSoftcap,
+                  d.options.keyBlock, d.options.queryBlock, mass);
 }
 
 // The RoPE table, the mean query second moments and the o_proj weight matrices of each KV group:
@@ -372,7 +406,7 @@ void InferenceSession::append(const std::vector<int32_t>& tokens, std::vector<fl
         const int S = P + T;       // keys visible to the block's last token
         const torch::Tensor pos = torch::arange(P, S, torch::kFloat32).unsqueeze(1);
         // Causal (and per-layer sliding-window) attention, blocked over keys: no mask tensors.
-        const torch::Tensor x = s_->forwardBlock(d, tokens.data() + start, T, pos, {}, {}, true);
+        const torch::Tensor x = s_->forwardBlock(d, tokens.data() + start, T, pos, {}, true);
         s_->length = S;
         s_->queryCount += T;
         s_->tokens.insert(s_->tokens.end(), tokens.begin() + start, tokens.begin() + start + T);
@@ -395,27 +429,22 @@ void InferenceSession::append(const std::vector<int32_t>& tokens, std::vector<fl
     }
 }
 
-void InferenceSession::appendBranches(const std::vector<int32_t>& trunk, const std::vector<std::vector<int32_t>>& branches,
-                                      std::vector<float>* trunkLastLogits, std::vector<std::vector<float>>* branchLogits)
-{
-    const LlamaRuntime::Impl& d = runtime_->impl();
-    const ModelConfig& c = d.spec.config;
-    if (trunk.empty()) throw Error("no tokens to run");
-    std::vector<int32_t> all = trunk;
-    std::vector<int> branchStart;
-    for (const auto& b : branches) {
-        branchStart.push_back(int(all.size()));
-        all.insert(all.end(), b.begin(), b.end());
-    }
-    checkTokens(c, all);
-    const int P0 = s_->length, NT = int(trunk.size()), T = int(all.size());
-    if (size_t(P0) + size_t(T) > size_t(KvLimits::maxTokens))
-        throw Error("context longer than " + std::to_string(KvLimits::maxTokens) + " tokens");
+namespace {
 
-    c10::InferenceMode guard;
-    s_->reserve(d, P0 + T);
+// The positions and masks of one trunk with its branches after P0 cached slots (appendBranches'
+// layout): posv receives the NT + branch tokens' RoPE positions, mask and maskLocal (T, P0 + T)
+// the additive masks of global and sliding layers.
+void branchMasks(const ModelConfig& c, int P0, int NT, const std::vector<std::vector<int32_t>>& branches,
+                 std::vector<float>& posv, torch::Tensor& mask, torch::Tensor& maskLocal)
+{
+    std::vector<int> branchStart;
+    int T = NT;
+    for (const auto& b : branches) {
+        branchStart.push_back(T);
+        T += int(b.size());
+    }
     // Positions: the trunk continues the cache; every branch starts right after the trunk.
-    std::vector<float> posv(static_cast<size_t>(T));
+    posv.assign(size_t(T), 0.0f);
     for (int i = 0; i < NT; ++i) posv[size_t(i)] = float(P0 + i);
     for (size_t b = 0; b < branches.size(); ++b)
         for (size_t o = 0; o < branches[b].size(); ++o) posv[size_t(branchStart[b]) + o] = float(P0 + NT + int(o));
@@ -431,8 +460,8 @@ void InferenceSession::appendBranches(const std::vector<int32_t>& trunk, const s
             for (int j = 0; j < P0 + NT; ++j) a[i][j] = true;
             for (int j = P0 + branchStart[b]; j <= P0 + i; ++j) a[i][j] = true;
         }
-    const torch::Tensor mask = torch::zeros({T, P0 + T}).masked_fill(allowed.logical_not(), -INFINITY);
-    torch::Tensor maskLocal = mask;
+    mask = torch::zeros({T, P0 + T}).masked_fill(allowed.logical_not(), -INFINITY);
+    maskLocal = mask;
     if (c.slidingWindow > 0) {  // sliding layers: slot j < P0 + NT holds position j, a branch slot its own
         torch::Tensor windowed = allowed.clone();
         auto w = windowed.accessor<bool, 2>();
@@ -443,25 +472,184 @@ void InferenceSession::appendBranches(const std::vector<int32_t>& trunk, const s
             }
         maskLocal = torch::zeros({T, P0 + T}).masked_fill(windowed.logical_not(), -INFINITY);
     }
+}
+
+// Final norm and LM head of the rows `rows` of x (hidden states before the last norm): (rows, vocab).
+torch::Tensor headLogits(const LlamaRuntime::Impl& d, const torch::Tensor& x, const std::vector<int64_t>& rows)
+{
+    const ModelConfig& c = d.spec.config;
+    const torch::Tensor sel = torch::from_blob(const_cast<int64_t*>(rows.data()), {int64_t(rows.size())}, torch::kLong).clone();
+    return d.linear(rmsNorm(x.index_select(0, sel), d.norm, c.rmsNormEps), d.lmHead).contiguous();
+}
+
+}  // namespace
+
+void InferenceSession::appendBranches(const std::vector<int32_t>& trunk, const std::vector<std::vector<int32_t>>& branches,
+                                      std::vector<float>* trunkLastLogits, std::vector<std::vector<float>>* branchLogits)
+{
+    const LlamaRuntime::Impl& d = runtime_->impl();
+    const ModelConfig& c = d.spec.config;
+    if (trunk.empty()) throw Error("no tokens to run");
+    std::vector<int32_t> all = trunk;
+    for (const auto& b : branches) all.insert(all.end(), b.begin(), b.end());
+    checkTokens(c, all);
+    const int P0 = s_->length, NT = int(trunk.size()), T = int(all.size());
+    if (size_t(P0) + size_t(T) > size_t(KvLimits::maxTokens))
+        throw Error("context longer than " + std::to_string(KvLimits::maxTokens) + " tokens");
+
+    c10::InferenceMode guard;
+    s_->reserve(d, P0 + T);
+    std::vector<float> posv;
+    BlockAttention attention;
+    branchMasks(c, P0, NT, branches, posv, attention.maskGlobal, attention.maskLocal);
     const torch::Tensor pos = torch::from_blob(posv.data(), {T, 1}, torch::kFloat32).clone();
-    const torch::Tensor x = s_->forwardBlock(d, all.data(), T, pos, mask, maskLocal, false);
+    const torch::Tensor x = s_->forwardBlock(d, all.data(), T, pos, attention, false);
     // Keep the trunk; the branches' slots are scratch, overwritten by the next append.
     s_->length = P0 + NT;
     s_->tokens.insert(s_->tokens.end(), trunk.begin(), trunk.end());
+    s_->stashLength = -1;
     std::vector<int64_t> rowsWanted = {NT - 1};
     for (int i = NT; i < T; ++i) rowsWanted.push_back(i);
-    const torch::Tensor sel = torch::from_blob(rowsWanted.data(), {int64_t(rowsWanted.size())}, torch::kLong).clone();
-    const torch::Tensor logits = d.linear(rmsNorm(x.index_select(0, sel), d.norm, c.rmsNormEps), d.lmHead).contiguous();
+    const torch::Tensor logits = headLogits(d, x, rowsWanted);
     const float* p = logits.data_ptr<float>();
     const size_t V = size_t(c.vocabSize);
     if (trunkLastLogits) trunkLastLogits->assign(p, p + V);
     if (branchLogits) {
         branchLogits->assign(branches.size(), {});
-        for (size_t b = 0; b < branches.size(); ++b) {
-            const float* first = p + V * size_t(1 + branchStart[b] - NT);
-            (*branchLogits)[b].assign(first, first + V * branches[b].size());
+        for (size_t b = 0, row = 1; b < branches.size(); row += branches[b].size(), ++b)
+            (*branchLogits)[b].assign(p + V * row, p + V * (row + branches[b].size()));
+    }
+}
+
+std::vector<InferenceSession::BranchGroupLogits> InferenceSession::appendBranchGroups(const std::vector<BranchGroup>& groups)
+{
+    static_assert(kBranchGroupAlone == kWeightKernelMaxBatch, "a group alone must run as appendBranches runs it");
+    const LlamaRuntime::Impl& d = runtime_->impl();
+    const ModelConfig& c = d.spec.config;
+    const int P0 = s_->length;
+    std::vector<int> sizes;
+    for (const BranchGroup& g : groups) {
+        if (g.trunk.empty()) throw Error("no tokens to run");
+        checkTokens(c, g.trunk);
+        int T = int(g.trunk.size());
+        for (const auto& b : g.branches) {
+            checkTokens(c, b);
+            T += int(b.size());
+        }
+        if (size_t(P0) + size_t(T) > size_t(KvLimits::maxTokens))
+            throw Error("context longer than " + std::to_string(KvLimits::maxTokens) + " tokens");
+        sizes.push_back(T);
+    }
+    c10::InferenceMode guard;
+    s_->stashTokens.assign(groups.size(), {});
+    s_->stashKeys.assign(groups.size(), std::vector<torch::Tensor>(d.layers.size()));
+    s_->stashValues.assign(groups.size(), std::vector<torch::Tensor>(d.layers.size()));
+    s_->stashLength = -1;
+    std::vector<BranchGroupLogits> out(groups.size());
+    // A group small enough for the decode kernels runs alone, as appendBranches would run it; the
+    // others share passes of up to prefillBlock tokens (a larger group has one of its own).
+    std::vector<std::vector<int>> passes;
+    std::vector<int> batch;
+    int filled = 0;
+    for (size_t g = 0; g < groups.size(); ++g) {
+        if (sizes[g] <= kBranchGroupAlone) {
+            passes.push_back({int(g)});
+            continue;
+        }
+        if (!batch.empty() && filled + sizes[g] > d.options.prefillBlock) {
+            passes.push_back(std::move(batch));
+            batch.clear();
+            filled = 0;
+        }
+        batch.push_back(int(g));
+        filled += sizes[g];
+    }
+    if (!batch.empty()) passes.push_back(std::move(batch));
+    for (const std::vector<int>& pass : passes) runBranchPass(groups, pass, out);
+    s_->stashLength = P0;
+    return out;
+}
+
+void InferenceSession::runBranchPass(const std::vector<BranchGroup>& groups, const std::vector<int>& pass,
+                                     std::vector<BranchGroupLogits>& out)
+{
+    const LlamaRuntime::Impl& d = runtime_->impl();
+    const ModelConfig& c = d.spec.config;
+    const int P0 = s_->length;
+    BlockAttention attention;
+    std::vector<int32_t> all;
+    std::vector<float> posAll;
+    int largest = 0;
+    for (int g : pass) {
+        const BranchGroup& bg = groups[size_t(g)];
+        BlockAttention::Group span;
+        span.start = int(all.size());
+        span.trunk = int(bg.trunk.size());
+        span.index = g;
+        all.insert(all.end(), bg.trunk.begin(), bg.trunk.end());
+        for (const auto& b : bg.branches) all.insert(all.end(), b.begin(), b.end());
+        span.size = int(all.size()) - span.start;
+        std::vector<float> posv;
+        branchMasks(c, P0, span.trunk, bg.branches, posv, span.maskGlobal, span.maskLocal);
+        posAll.insert(posAll.end(), posv.begin(), posv.end());
+        largest = std::max(largest, span.size);
+        s_->stashTokens[size_t(g)] = bg.trunk;
+        attention.groups.push_back(std::move(span));
+    }
+    s_->reserve(d, P0 + largest);
+    const int T = int(all.size());
+    const torch::Tensor pos = torch::from_blob(posAll.data(), {T, 1}, torch::kFloat32).clone();
+    const torch::Tensor x = s_->forwardBlock(d, all.data(), T, pos, attention, false);
+
+    // The LM head on the rows appendBranches would read (the trunk's last token, every branch
+    // token): a group with few enough rows for the decode kernels alone, as there; the others in
+    // one product.
+    std::vector<int64_t> sharedRows;
+    std::vector<std::pair<size_t, int64_t>> sharedAt;  // (index in pass, first row in the shared product)
+    auto rowsOf = [&](const BlockAttention::Group& span) {
+        std::vector<int64_t> rows;
+        for (int i = span.trunk - 1; i < span.size; ++i) rows.push_back(span.start + i);
+        return rows;
+    };
+    const size_t V = size_t(c.vocabSize);
+    auto deliver = [&](const BlockAttention::Group& span, const float* p) {
+        BranchGroupLogits& o = out[size_t(span.index)];
+        o.trunkLast.assign(p, p + V);
+        const BranchGroup& bg = groups[size_t(span.index)];
+        o.branches.assign(bg.branches.size(), {});
+        for (size_t b = 0, row = 1; b < bg.branches.size(); row += bg.branches[b].size(), ++b)
+            o.branches[b].assign(p + V * row, p + V * (row + bg.branches[b].size()));
+    };
+    for (size_t i = 0; i < attention.groups.size(); ++i) {
+        const std::vector<int64_t> rows = rowsOf(attention.groups[i]);
+        if (int(rows.size()) <= kWeightKernelMaxBatch) {
+            deliver(attention.groups[i], headLogits(d, x, rows).data_ptr<float>());
+        } else {
+            sharedAt.emplace_back(i, int64_t(sharedRows.size()));
+            sharedRows.insert(sharedRows.end(), rows.begin(), rows.end());
         }
     }
+    if (sharedRows.empty()) return;
+    const torch::Tensor logits = headLogits(d, x, sharedRows);
+    for (const auto& [i, row] : sharedAt) deliver(attention.groups[i], logits.data_ptr<float>() + size_t(row) * V);
+}
+
+void InferenceSession::resumeGroup(int g)
+{
+    if (s_->stashLength < 0 || s_->length != s_->stashLength || g < 0 || size_t(g) >= s_->stashKeys.size())
+        throw Error("no branch group " + std::to_string(g) + " to resume after a cache of " + std::to_string(s_->length) +
+                    " tokens");
+    const LlamaRuntime::Impl& d = runtime_->impl();
+    c10::InferenceMode guard;
+    const std::vector<int32_t>& trunk = s_->stashTokens[size_t(g)];
+    const int NT = int(trunk.size());
+    s_->reserve(d, s_->length + NT);
+    for (size_t l = 0; l < d.layers.size(); ++l) {
+        s_->keys[l].narrow(1, s_->length, NT).copy_(s_->stashKeys[size_t(g)][l]);
+        s_->values[l].narrow(1, s_->length, NT).copy_(s_->stashValues[size_t(g)][l]);
+    }
+    s_->length += NT;
+    s_->tokens.insert(s_->tokens.end(), trunk.begin(), trunk.end());
 }
 
 }  // namespace kvscope
