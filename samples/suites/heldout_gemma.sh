@@ -15,10 +15,9 @@
 #                `--codec transform` with no --profile: calibrated on first use), default all;
 #                ROWS=transform_hi measures TRANSFORM_HI_LEVELS (default 6,7) of it into <genre>.transform_hi.json
 #   GENERIC_LEVELS    levels of the generic ladder (samples/profiles/generic.transform.json, one
-#                water level per kind: what any model without a ladder of its own gets), default 5,6,7;
-#                calibrated here once on the same sample contexts with `capture` + `calibrate`,
-#                the fit that the first use of that ladder makes, into $OUT/generic.profile.json
-#                (not committed: it holds the transform model)
+#                water level per kind: what any model without a ladder of its own gets), default 4,5,6;
+#                calibrated once by its first use on Gemma (the same two sample contexts) into
+#                $OUT/generic.profile.json (not committed: it holds the transform model)
 set -eu
 CLI=${1:-build/dev/app/cli/kvscope-cli}
 GENRES=${2:-"code narrative inventory meetings"}
@@ -50,12 +49,15 @@ items() {
 generic="$OUT/generic.profile.json"
 case " $ROWS " in *" generic "*)
     if [ ! -s "$generic" ]; then
+        # The first use of the generic ladder, as a model without a ladder of its own gets it: a
+        # samples folder that holds only that ladder, a profile cache of its own, one short eval.
         tmp=$(mktemp -d)
-        for c in technical_note long_4k; do
-            "$CLI" capture --model "$MODEL" --context $c --threads "$THREADS" --out "$tmp/$c.h5" --json > /dev/null
-        done
-        "$CLI" calibrate --codec transform --profile samples/profiles/generic.transform.json \
-            "$tmp/technical_note.h5" "$tmp/long_4k.h5" --out "$generic" --json > /dev/null
+        mkdir -p "$tmp/samples/profiles"
+        ln -s "$PWD/samples/contexts" "$tmp/samples/contexts"
+        cp samples/profiles/generic.transform.json "$tmp/samples/profiles/"
+        KVSCOPE_SAMPLES="$tmp/samples" XDG_CACHE_HOME="$tmp/cache" "$CLI" eval --model "$MODEL" --context technical_note \
+            --holdout-tokens 32 --codec transform --levels 1 --only-transform --no-text --threads "$THREADS" --json > /dev/null
+        cp "$tmp"/cache/kvscope/profiles/*.transform.json "$generic"
         rm -rf "$tmp"
     fi ;;
 esac
@@ -73,7 +75,7 @@ for g in $GENRES; do
         cachegen) "$CLI" $E --codec cachegen --baselines none --levels all > "$f.tmp" ;;
         transform) "$CLI" $E --codec transform --baselines none --levels "${TRANSFORM_LEVELS:-all}" > "$f.tmp" ;;
         transform_hi) "$CLI" $E --codec transform --baselines none --levels "${TRANSFORM_HI_LEVELS:-6,7}" > "$f.tmp" ;;
-        generic) "$CLI" $E --codec transform --profile "$generic" --baselines none --levels "${GENERIC_LEVELS:-5,6,7}" > "$f.tmp" ;;
+        generic) "$CLI" $E --codec transform --profile "$generic" --baselines none --levels "${GENERIC_LEVELS:-4,5,6}" > "$f.tmp" ;;
         *) echo "heldout_gemma: unknown row family '$r'" >&2; exit 2 ;;
         esac
         mv "$f.tmp" "$f"
