@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""The shipped SmolLM2 transform ladder is what its documented command makes (docs/transform.md).
+"""Every shipped transform ladder with per-layer water levels is what its documented command makes
+(docs/transform.md): samples/profiles/<name>.transform.json from <name>.sensitivity.json.
 
     python3 tests/ladder_check.py ROOT
 
-Runs samples/profiles/make_ladder.py on the shipped sensitivity file and compares its levels with
+Runs samples/profiles/make_ladder.py on each shipped sensitivity file and compares its levels with
 the shipped ladder's (names, water levels, per-layer scales; `measured` and `default_level` are
 written later by heldout_table.py and are not compared). Also checks the rule the scales follow:
 geometric mean 1 per kind, and scale x sensitivity^alpha the same for every layer of a kind.
@@ -17,16 +18,6 @@ import tempfile
 
 root = sys.argv[1]
 prof = os.path.join(root, "samples/profiles")
-ladder = os.path.join(prof, "smollm2-135m-instruct.transform.json")
-sens_file = os.path.join(prof, "smollm2-135m-instruct.sensitivity.json")
-shipped = json.load(open(ladder))
-shape = shipped["layer_shape"]
-# The same arguments the shipped ladder records it was made with.
-args = []
-if shape.get("multipliers"):
-    args += ["--multipliers", ",".join(repr(m) for m in shape["multipliers"])]
-elif shape.get("levels"):
-    args += ["--levels", shape["levels"]]
 
 
 def close(x, y):
@@ -36,28 +27,50 @@ def close(x, y):
     return len(xs) == len(ys) and all(math.isclose(p, q, rel_tol=1e-9) for p, q in zip(xs, ys))
 
 
+def check(ladder, sens_file, fails):
+    shipped = json.load(open(ladder))
+    shape = shipped["layer_shape"]
+    # The same arguments the shipped ladder records it was made with.
+    args = []
+    if shape.get("multipliers"):
+        args += ["--multipliers", ",".join(repr(m) for m in shape["multipliers"])]
+    elif shape.get("levels"):
+        args += ["--levels", shape["levels"]]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "ladder.json")
+        subprocess.run([sys.executable, os.path.join(prof, "make_ladder.py"), ladder, sens_file] + args + ["--out", out],
+                       check=True)
+        made = json.load(open(out))["transform"]["levels"]
+    if len(made) != len(shipped["transform"]["levels"]):
+        fails.append(f"{ladder}: {len(shipped['transform']['levels'])} levels, make_ladder.py makes {len(made)}")
+    for i, (a, b) in enumerate(zip(made, shipped["transform"]["levels"])):
+        for k in ("name", "key_theta", "value_theta", "key_layer_scale", "value_layer_scale"):
+            if not close(a[k], b[k]):
+                fails.append(f"{ladder}: level {i + 1} {k} differs from make_ladder.py's output")
+    sens = sorted(json.load(open(sens_file))["sensitivity"], key=lambda x: x["layer"])
+    lev = shipped["transform"]["levels"][0]
+    for kind in ("key", "value"):
+        sc = lev[f"{kind}_layer_scale"]
+        g = math.exp(sum(math.log(v) for v in sc) / len(sc))
+        if not math.isclose(g, 1.0, rel_tol=1e-9):
+            fails.append(f"{ladder}: {kind}_layer_scale has geometric mean {g}, not 1")
+        alpha = shape["alpha"]
+        prod = [v * s[f"{kind}_kl_per_distortion"] ** alpha for v, s in zip(sc, sens)]
+        if max(prod) / min(prod) > 1 + 1e-9:
+            fails.append(f"{ladder}: {kind}_layer_scale is not inversely proportional to the sensitivity")
+    return len(made)
+
+
 fails = []
-with tempfile.TemporaryDirectory() as tmp:
-    out = os.path.join(tmp, "ladder.json")
-    subprocess.run([sys.executable, os.path.join(prof, "make_ladder.py"), ladder, sens_file] + args + ["--out", out],
-                   check=True)
-    made = json.load(open(out))["transform"]["levels"]
-if len(made) != len(shipped["transform"]["levels"]):
-    fails.append(f"{ladder}: {len(shipped['transform']['levels'])} levels, make_ladder.py makes {len(made)}")
-for i, (a, b) in enumerate(zip(made, shipped["transform"]["levels"])):
-    for k in ("name", "key_theta", "value_theta", "key_layer_scale", "value_layer_scale"):
-        if not close(a[k], b[k]):
-            fails.append(f"{ladder}: level {i + 1} {k} differs from make_ladder.py's output")
-sens = sorted(json.load(open(sens_file))["sensitivity"], key=lambda x: x["layer"])
-lev = shipped["transform"]["levels"][0]
-for kind in ("key", "value"):
-    sc = lev[f"{kind}_layer_scale"]
-    g = math.exp(sum(math.log(v) for v in sc) / len(sc))
-    if not math.isclose(g, 1.0, rel_tol=1e-9):
-        fails.append(f"{ladder}: {kind}_layer_scale has geometric mean {g}, not 1")
-    alpha = shape["alpha"]
-    prod = [v * s[f"{kind}_kl_per_distortion"] ** alpha for v, s in zip(sc, sens)]
-    if max(prod) / min(prod) > 1 + 1e-9:
-        fails.append(f"{ladder}: {kind}_layer_scale is not inversely proportional to the sensitivity")
-print("\n".join(fails) if fails else f"ok: {len(made)} levels match make_ladder.py")
+made = []
+for name in sorted(os.listdir(prof)):
+    if name.endswith(".sensitivity.json"):
+        ladder = os.path.join(prof, name[:-len(".sensitivity.json")] + ".transform.json")
+        if not os.path.exists(ladder):
+            fails.append(f"{name}: no ladder {os.path.basename(ladder)} next to it")
+            continue
+        made.append(f"{os.path.basename(ladder)} ({check(ladder, os.path.join(prof, name), fails)} levels)")
+if not made:
+    fails.append(f"{prof}: no <name>.sensitivity.json with its ladder")
+print("\n".join(fails) if fails else "ok: make_ladder.py makes " + ", ".join(made))
 sys.exit(1 if fails else 0)

@@ -53,6 +53,10 @@ private slots:
         const DefaultTransform own = findDefaultTransform("2b5d3154c5afb0c8");
         QVERIFY(QString::fromStdString(own.ladderPath).endsWith("smollm2-135m-instruct.transform.json"));
         QVERIFY(!own.contexts.empty());
+        // Gemma 3 270M (kvscope-cli fetch-model gemma3-270m) has a ladder of its own, found by its fingerprint.
+        const DefaultTransform gemma = findDefaultTransform("4976ffac47bad3c3");
+        QVERIFY(QString::fromStdString(gemma.ladderPath).endsWith("gemma-3-270m.transform.json"));
+        QCOMPARE(loadProfile(gemma.ladderPath).numLayers, 18);
         const DefaultTransform generic = findDefaultTransform("0123456789abcdef");
         QVERIFY(QString::fromStdString(generic.ladderPath).endsWith("generic.transform.json"));
         QCOMPARE(QString::fromStdString(generic.cachePath), m_cache.path() + "/kvscope/profiles/0123456789abcdef.transform.json");

@@ -7,7 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 namespace kvscope {
 
@@ -40,18 +42,37 @@ std::string ladderDigest(const CodecProfile& p)
     return hex64(h);
 }
 
+constexpr const char* kGenericLadder = "generic.transform.json";
+
+// Every shipped ladder in `dir`: the models' own (<name>.transform.json, by name), then the
+// generic one, so that a model's own ladder wins whatever it is called.
+std::vector<std::string> ladderNames(const std::string& dir)
+{
+    static const std::string suffix = ".transform.json";
+    std::vector<std::string> names;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+        const std::string n = e.path().filename().string();
+        if (n != kGenericLadder && n.size() > suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0)
+            names.push_back(n);
+    }
+    std::sort(names.begin(), names.end());
+    names.push_back(kGenericLadder);
+    return names;
+}
+
 }  // namespace
 
 DefaultTransform findDefaultTransform(const std::string& fingerprint)
 {
     const std::string dir = samplesDir() + "/profiles";
     DefaultTransform d;
-    for (const char* name : {"smollm2-135m-instruct.transform.json", "generic.transform.json"}) {
+    for (const std::string& name : ladderNames(dir)) {
         const std::string path = dir + "/" + name;
         if (!isRegularFile(path)) continue;
         const std::string text = readSmallFile(path, 64u << 20);
         const CodecProfile p = profileFromJson(text, path);
-        const bool generic = std::string(name) == "generic.transform.json";
+        const bool generic = name == kGenericLadder;
         if (!generic && p.modelFingerprint != fingerprint) continue;
         if (!p.hasTransform()) throw inputError(path, "transform.levels", "a shipped transform ladder needs its levels");
         const json j = json::parse(text);

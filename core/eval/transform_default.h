@@ -2,7 +2,7 @@
 // first use with the user's own checkpoint.
 //
 // READ ME FIRST
-//  - The ladder (samples/profiles/<name>.transform.json for a model with that fingerprint, else
+//  - The ladder (samples/profiles/<name>.transform.json whose model_fingerprint is the model's, else
 //    samples/profiles/generic.transform.json for any model) holds the switches, the levels (water
 //    levels chosen on tune genres, judged on genres they never saw) and "calibration.contexts":
 //    the sample contexts (samples/contexts) the transform is fitted on, a generic corpus of other
