@@ -11,7 +11,7 @@ packages=(
   qt6-base-dev qt6-svg-dev libqcustomplot-dev libqcustomplot2.1-qt6 libgl-dev
   # KV files (HDF5), lossless baseline and container checks (zstd), profiles (JSON), CLI parsing
   libhdf5-dev zlib1g-dev libzstd-dev nlohmann-json3-dev libcli11-dev
-  # transform codec fit: LAPACK's symmetric eigensolver for large blocks (layer groups, 7B-wide layers)
+  # transform codec fit: LAPACK's symmetric eigensolvers and QR for large blocks (layer groups, 7B-wide layers)
   liblapack-dev
   # bench codec: htscodecs' rANS 32x16 codes the same quantised symbols as our entropy stage
   libhtscodecs-dev

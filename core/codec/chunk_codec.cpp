@@ -34,6 +34,7 @@ void decodeChunks(const CodecParams& p, const std::vector<ChunkPayload>& chunks,
     for (const ChunkPayload& c : chunks)
         KVSCOPE_ASSERT(c.chunk >= 0 && c.chunk < p.numChunks() && c.level >= 1 && c.level <= p.numLevels());
     if (p.codec == CodecId::CacheGen) return detail::decodeCacheGenChunks(p, chunks, sharedPerLevel, out);
+    if (p.codec == CodecId::Transform) return detail::decodeTransformChunks(p, chunks, out);
     for (const ChunkPayload& c : chunks) decodeChunk(p, c.data, c.size, c.chunk, c.level, nullptr, out, c.where);
 }
 

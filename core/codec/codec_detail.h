@@ -301,6 +301,8 @@ void decodeBaselineChunk(const CodecParams& p, const uint8_t* data, size_t size,
 std::vector<uint8_t> encodeTransformChunk(const CodecParams& p, const KvSet& kv, int chunk, int level);
 void decodeTransformChunk(const CodecParams& p, const uint8_t* data, size_t size, int chunk, int level, KvSet& out,
                           const std::string& where);
+// Every chunk of `chunks` (decodeChunks), the pairs of chunk and block in one parallel loop.
+void decodeTransformChunks(const CodecParams& p, const std::vector<ChunkPayload>& chunks, KvSet& out);
 // The entropy stage's input (bench codec): the symbols of one (kind, layer) block of a chunk, one
 // matrix per token class present (rows: that class's coded tokens, cols: the coded components),
 // and the tables class `cls` is coded with (built for decoding or encoding). Empty for entropy "fixed".

@@ -34,6 +34,14 @@ extern "C" void dgemm_(const char* ta, const char* tb, const int* m, const int* 
 extern "C" void sgemm_(const char* ta, const char* tb, const int* m, const int* n, const int* k, const float* alpha,
                        const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
                        const int* ldc);
+extern "C" void ssyrk_(const char* uplo, const char* trans, const int* n, const int* k, const float* alpha, const float* a,
+                       const int* lda, const float* beta, float* c, const int* ldc);
+extern "C" void ssyevd_(const char* jobz, const char* uplo, const int* n, float* a, const int* lda, float* w, float* work,
+                        const int* lwork, int* iwork, const int* liwork, int* info);
+extern "C" void sgeqrf_(const int* m, const int* n, float* a, const int* lda, float* tau, float* work, const int* lwork,
+                        int* info);
+extern "C" void sorgqr_(const int* m, const int* n, const int* k, float* a, const int* lda, const float* tau, float* work,
+                        const int* lwork, int* info);
 extern "C" void dsyrk_(const char* uplo, const char* trans, const int* n, const int* k, const double* alpha, const double* a,
                        const int* lda, const double* beta, double* c, const int* ldc);
 
@@ -296,6 +304,98 @@ void gram(int rows, int n, double alpha, const double* x, double* c)
     dsyrk_("U", "N", &n, &rows, &alpha, x, &n, &zero, c, &n);
     for (int i = 0; i < n; ++i)  // column-major upper = row-major lower: mirror it up
         for (int j = i + 1; j < n; ++j) c[size_t(i) * n + j] = c[size_t(j) * n + i];
+}
+
+void sgemmCol(char ta, char tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc)
+{
+    const float one = 1.0f, zero = 0.0f;
+    const char t[2] = {ta, tb};
+    sgemm_(&t[0], &t[1], &m, &n, &k, &one, a, &lda, b, &ldb, &zero, c, &ldc);
+}
+
+namespace {
+
+// LAPACK's ssyevd on the n x n column-major a (upper triangle): eigenvalues ascending in w,
+// eigenvectors in a's columns.
+void floatEigen(std::vector<float>& a, int n, std::vector<float>& w)
+{
+    w.resize(size_t(n));
+    int lwork = -1, liwork = -1, info = 0, iworkSize = 0;
+    float workSize = 0;
+    ssyevd_("V", "U", &n, a.data(), &n, w.data(), &workSize, &lwork, &iworkSize, &liwork, &info);
+    if (info != 0) throw Error("transform: LAPACK ssyevd workspace query failed (info " + std::to_string(info) + ")");
+    lwork = int(workSize) + 1, liwork = iworkSize;
+    std::vector<float> work(static_cast<size_t>(std::max(lwork, 1)));
+    std::vector<int> iwork(static_cast<size_t>(std::max(liwork, 1)));
+    ssyevd_("V", "U", &n, a.data(), &n, w.data(), work.data(), &lwork, iwork.data(), &liwork, &info);
+    if (info != 0)
+        throw Error("transform: LAPACK ssyevd did not converge on a " + std::to_string(n) + " x " + std::to_string(n) +
+                    " matrix (info " + std::to_string(info) + ")");
+}
+
+// q (C x C, column-major) whose first r columns hold r vectors: q becomes orthogonal, its first r
+// columns those vectors orthonormalised in order (signs kept), the rest a complement.
+void completeBasis(std::vector<float>& q, int C, int r)
+{
+    std::vector<float> tau(static_cast<size_t>(std::max(r, 1)));
+    int info = 0, lwork = -1;
+    float workSize = 0;
+    sgeqrf_(&C, &r, q.data(), &C, tau.data(), &workSize, &lwork, &info);
+    lwork = std::max(int(workSize) + 1, C);
+    std::vector<float> work(static_cast<size_t>(lwork));
+    if (r > 0) sgeqrf_(&C, &r, q.data(), &C, tau.data(), work.data(), &lwork, &info);
+    if (info != 0) throw Error("transform: LAPACK sgeqrf failed (info " + std::to_string(info) + ")");
+    std::vector<float> sign(static_cast<size_t>(r));
+    for (int i = 0; i < r; ++i) sign[size_t(i)] = q[size_t(i) * C + size_t(i)] < 0 ? -1.0f : 1.0f;  // R's diagonal
+    lwork = -1;
+    sorgqr_(&C, &C, &r, q.data(), &C, tau.data(), &workSize, &lwork, &info);
+    lwork = std::max(int(workSize) + 1, C);
+    work.resize(size_t(lwork));
+    sorgqr_(&C, &C, &r, q.data(), &C, tau.data(), work.data(), &lwork, &info);
+    if (info != 0) throw Error("transform: LAPACK sorgqr failed (info " + std::to_string(info) + ")");
+    for (int i = 0; i < r; ++i)
+        for (int k = 0; k < C; ++k) q[size_t(i) * C + size_t(k)] *= sign[size_t(i)];
+}
+
+}  // namespace
+
+// Row-major y (n x C) is column-major Y (C x n), column t = row t: the covariance is Y Y^T / n,
+// the Gram matrix Y^T Y / n. A column-major matrix whose columns are the eigenvectors is, read
+// row-major, the basis with the eigenvectors as rows.
+void floatPca(const float* y, size_t rows, int C, std::vector<float>& values, std::vector<float>& basis)
+{
+    values.assign(size_t(C), 0.0f);
+    basis.assign(size_t(C) * C, 0.0f);
+    const int n = int(rows);
+    const float inv = 1.0f / float(std::max(n, 1)), zero = 0.0f;
+    std::vector<float> w;
+    if (n >= C) {
+        ssyrk_("U", "N", &C, &n, &inv, y, &C, &zero, basis.data(), &C);
+        floatEigen(basis, C, w);
+        std::vector<float> asc = basis;
+        for (int i = 0; i < C; ++i) {
+            values[size_t(i)] = std::max(0.0f, w[size_t(C - 1 - i)]);
+            std::copy_n(asc.data() + size_t(C - 1 - i) * C, C, basis.data() + size_t(i) * C);
+        }
+        return;
+    }
+    std::vector<float> g(size_t(n) * size_t(n));
+    if (n > 0) {
+        ssyrk_("U", "T", &n, &C, &inv, y, &C, &zero, g.data(), &n);
+        floatEigen(g, n, w);
+    }
+    const float top = n > 0 ? w[size_t(n - 1)] : 0.0f;
+    int r = 0;
+    while (r < n && w[size_t(n - 1 - r)] > 1e-7f * top && w[size_t(n - 1 - r)] > 0) ++r;
+    std::vector<float> u(size_t(n) * size_t(r));  // the r leading Gram eigenvectors, descending
+    for (int i = 0; i < r; ++i) std::copy_n(g.data() + size_t(n - 1 - i) * n, n, u.data() + size_t(i) * n);
+    if (r > 0) sgemmCol('N', 'N', C, r, n, y, C, u.data(), n, basis.data(), C);
+    for (int i = 0; i < r; ++i) {
+        const float lam = w[size_t(n - 1 - i)], s = 1.0f / std::sqrt(float(n) * lam);
+        values[size_t(i)] = lam;
+        for (int k = 0; k < C; ++k) basis[size_t(i) * C + size_t(k)] *= s;
+    }
+    completeBasis(basis, C, r);
 }
 
 std::vector<double> matmul(const std::vector<double>& a, const std::vector<double>& b, int n)

@@ -32,6 +32,15 @@ void gemm(bool transB, int m, int n, int k, const double* a, const double* b, do
 void gemm(bool transB, int m, int n, int k, const float* a, const float* b, float* c);
 // Row-major c (n x n) = alpha x^T x for x (rows x n), both triangles filled: BLAS dsyrk.
 void gram(int rows, int n, double alpha, const double* x, double* c);
+// Column-major BLAS sgemm as it is (c = op(a) op(b), op "N" or "T"), for strided sub-matrices.
+void sgemmCol(char ta, char tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc);
+// The eigenvectors of y^T y / n for n rows y (n x C, row-major floats), in float: basis (C x C)
+// holds them as its rows, orthonormal, by descending eigenvalue (values, C). With fewer rows than
+// channels they come from the n x n Gram matrix y y^T (LAPACK ssyevd on it, v = y^T u / sqrt(n
+// lambda)), and the components beyond the rows' rank (eigenvalue under 1e-7 of the largest, or 0)
+// are an orthonormal complement (Householder QR: sgeqrf, sorgqr) with eigenvalue 0; else
+// ssyevd on the C x C covariance.
+void floatPca(const float* y, size_t n, int C, std::vector<float>& values, std::vector<float>& basis);
 
 }  // namespace detail
 }  // namespace kvscope

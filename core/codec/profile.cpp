@@ -494,7 +494,9 @@ std::string profileToJson(const CodecProfile& p)
 
 CodecProfile loadProfile(const std::string& path)
 {
-    return profileFromJson(readSmallFile(path, uint64_t(64) << 20), path);
+    // A calibrated transform model stores an fp16 C x C matrix per block in base64: 43 MB per
+    // block of 4096 channels (a 7B-wide layer), so a 2-layer one is already past 64 MB.
+    return profileFromJson(readSmallFile(path, uint64_t(1) << 30), path);
 }
 
 void saveProfile(const CodecProfile& p, const std::string& path)

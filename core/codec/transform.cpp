@@ -63,13 +63,16 @@ void prepareDecodeColumns(TransformBlock& b)
     b.colLo.assign(C, int(C));
     b.colHi.assign(C, 0);
     b.decodeFinite = true;
-    for (size_t c = 0; c < C; ++c)
-        for (size_t j = 0; j < C; ++j) {
-            const float a = b.decode[c * C + j];
-            b.columns[j * C + c] = a;
-            b.decodeFinite = b.decodeFinite && std::isfinite(a);
-            if (a != 0.0f) b.colLo[j] = std::min(b.colLo[j], int(c)), b.colHi[j] = int(c) + 1;
-        }
+    constexpr size_t kTile = 64;  // the transpose in tiles, so that wide blocks' columns are not read a cache line per value
+    for (size_t c0 = 0; c0 < C; c0 += kTile)
+        for (size_t j0 = 0; j0 < C; j0 += kTile)
+            for (size_t c = c0; c < std::min(C, c0 + kTile); ++c)
+                for (size_t j = j0; j < std::min(C, j0 + kTile); ++j) {
+                    const float a = b.decode[c * C + j];
+                    b.columns[j * C + c] = a;
+                    b.decodeFinite = b.decodeFinite && std::isfinite(a);
+                    if (a != 0.0f) b.colLo[j] = std::min(b.colLo[j], int(c)), b.colHi[j] = int(c) + 1;
+                }
     for (size_t j = 0; j < C; ++j) b.colLo[j] = std::min(b.colLo[j], b.colHi[j]);
 }
 

@@ -31,7 +31,8 @@
 //    kind, layer and head; D a power of two), used when no calibration exists; "none": identity.
 //    Component j of a token is z_j = (B W^{1/2} (x - mean))_j; its variance is lambda_j. The
 //    decoder computes x^ = mean + A z^ with A = W^{-1/2} B^T, stored as float32 (C x C); the
-//    encoder uses the exact inverse of the stored A, so encoder and decoder agree to rounding.
+//    encoder uses the exact inverse of the stored A, so encoder and decoder agree to rounding
+//    (blocks of 1024 channels and more: A^T W, within the fp16 rounding of A; transform_wide.h).
 //
 // 4. Bit allocation (reverse water-filling). At water level theta, the components with
 //    lambda_j > theta are coded, all with the same uniform step Delta = sqrt(12 theta) (the

@@ -582,36 +582,98 @@ void transformCodingTables(const CodecParams& p, KvKind kind, int layer, int lev
     buildClassTables(p.transform->levelBlock(level, kind, layer), cls, forDecoding, tables);
 }
 
-void decodeTransformChunk(const CodecParams& p, const uint8_t* data, size_t size, int chunk, int level, KvSet& out,
-                          const std::string& where)
+namespace {
+
+// Where each block's parts lie in one chunk's payload (FORMAT.md "Chunk payloads (transform)"),
+// with the chunk's RoPE table.
+struct ChunkLayout {
+    int t0 = 0, n = 0;
+    size_t raw = 0;  // fp16 bytes per block
+    const uint8_t* rawStart = nullptr;
+    std::vector<size_t> escOff, strOff, escN, strN;  // per block
+    std::vector<double> rope;
+};
+
+ChunkLayout parseLayout(const CodecParams& p, const uint8_t* data, size_t size, int chunk, const std::string& where)
 {
     if (!p.transform) throw Error(where + ": the transform codec needs its model (transform section)");
-    const int L = p.transform->numLayers, B = 2 * L, t0 = p.chunkStart(chunk), n = p.chunkLength(chunk);
+    const int B = 2 * p.transform->numLayers;
+    ChunkLayout c;
+    c.t0 = p.chunkStart(chunk), c.n = p.chunkLength(chunk);
     Cursor cur{data, data + size, where};
     const uint8_t* sizes = cur.take(8 * size_t(B), "size arrays");
-    const size_t raw = rawBytesPerBlock(p, t0, n);
-    const uint8_t* rawStart = cur.take(raw * B, "fp16 tokens");
-    std::vector<size_t> escOff(static_cast<size_t>(B)), strOff(static_cast<size_t>(B)), escN(static_cast<size_t>(B)),
-        strN(static_cast<size_t>(B));
+    c.raw = rawBytesPerBlock(p, c.t0, c.n);
+    c.rawStart = cur.take(c.raw * B, "fp16 tokens");
+    for (auto* v : {&c.escOff, &c.strOff, &c.escN, &c.strN}) v->resize(size_t(B));
     uint64_t off = uint64_t(cur.p - data);
     for (int b = 0; b < B; ++b) {
-        escN[size_t(b)] = getU32(sizes + 4 * size_t(b));
-        strN[size_t(b)] = getU32(sizes + 4 * size_t(B + b));
-        escOff[size_t(b)] = size_t(off);
-        off += escN[size_t(b)];
-        strOff[size_t(b)] = size_t(off);
-        off += strN[size_t(b)];
+        c.escN[size_t(b)] = getU32(sizes + 4 * size_t(b));
+        c.strN[size_t(b)] = getU32(sizes + 4 * size_t(B + b));
+        c.escOff[size_t(b)] = size_t(off);
+        off += c.escN[size_t(b)];
+        c.strOff[size_t(b)] = size_t(off);
+        off += c.strN[size_t(b)];
     }
     if (off != size)
         throw Error(where + ": block sizes add up to " + std::to_string(off) + " bytes, the payload has " + std::to_string(size));
-    const std::vector<double> rope = chunkRopeTable(*p.transform, t0, n);
-    parallelUnits(B, [&](int u) {
-        const KvKind kind = kKinds[u / L];
-        const std::string w = where + ": " + kindName(kind) + (p.transform->settings.layerGroup > 1 ? " layer group " : " layer ") +
-                              std::to_string(u % L);
-        decodeBlock(p, kind, u % L, level, t0, n, rawStart + raw * size_t(u), data + escOff[size_t(u)], escN[size_t(u)],
-                    data + strOff[size_t(u)], strN[size_t(u)], rope.data(), out, w);
-    });
+    c.rope = chunkRopeTable(*p.transform, c.t0, c.n);
+    return c;
+}
+
+void decodeUnit(const CodecParams& p, const ChunkLayout& c, const uint8_t* data, int u, int level, KvSet& out,
+                const std::string& where)
+{
+    const int L = p.transform->numLayers;
+    const KvKind kind = kKinds[u / L];
+    const std::string w = where + ": " + kindName(kind) + (p.transform->settings.layerGroup > 1 ? " layer group " : " layer ") +
+                          std::to_string(u % L);
+    decodeBlock(p, kind, u % L, level, c.t0, c.n, c.rawStart + c.raw * size_t(u), data + c.escOff[size_t(u)],
+                c.escN[size_t(u)], data + c.strOff[size_t(u)], c.strN[size_t(u)], c.rope.data(), out, w);
+}
+
+}  // namespace
+
+void decodeTransformChunk(const CodecParams& p, const uint8_t* data, size_t size, int chunk, int level, KvSet& out,
+                          const std::string& where)
+{
+    const ChunkLayout c = parseLayout(p, data, size, chunk, where);
+    parallelUnits(2 * p.transform->numLayers, [&](int u) { decodeUnit(p, c, data, u, level, out, where); });
+}
+
+// Every (chunk, block) pair in one parallel loop, so that threads do not wait for each other at
+// the end of every chunk. Failures are ranked as decoding the chunks one by one would meet them:
+// chunk first, its layout before its blocks, then the lowest block; only the first is rethrown.
+void decodeTransformChunks(const CodecParams& p, const std::vector<ChunkPayload>& chunks, KvSet& out)
+{
+    const size_t count = chunks.size();
+    std::vector<ChunkLayout> lay(count);
+    std::exception_ptr error;
+    size_t good = count;
+    for (size_t i = 0; i < count && !error; ++i) {
+        try {
+            lay[i] = parseLayout(p, chunks[i].data, chunks[i].size, chunks[i].chunk, chunks[i].where);
+        } catch (...) {
+            error = std::current_exception();
+            good = i;
+        }
+    }
+    const int units = good > 0 ? 2 * p.transform->numLayers : 0;
+    const int total = int(good) * units;
+    std::mutex m;
+    int errorPair = total;
+    std::exception_ptr pairError;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int k = 0; k < total; ++k) {
+        const ChunkPayload& c = chunks[size_t(k / units)];
+        try {
+            decodeUnit(p, lay[size_t(k / units)], c.data, k % units, c.level, out, c.where);
+        } catch (...) {
+            std::lock_guard<std::mutex> lock(m);
+            if (k < errorPair) errorPair = k, pairError = std::current_exception();
+        }
+    }
+    if (pairError) std::rethrow_exception(pairError);
+    if (error) std::rethrow_exception(error);
 }
 
 }  // namespace kvscope::detail

@@ -8,6 +8,7 @@
 #include "codec/codec_detail.h"
 #include "codec/linalg.h"
 #include "codec/prob_table.h"
+#include "codec/transform_wide.h"
 #include "common/error.h"
 #include "common/half.h"
 
@@ -21,6 +22,22 @@ using detail::matmul;
 using detail::powerOfTwo;
 using detail::randomHadamard;
 using detail::sqrtPair;
+
+std::vector<double> detail::headBasis(const TransformSettings& s, KvKind kind, int layer, int h, int D,
+                                      const std::vector<double>& sub)
+{
+    std::vector<double> bh;
+    if (s.basis == TransformBasis::Pca) {
+        std::vector<double> val;
+        symmetricEigen(sub, D, val, bh);
+    } else if (s.basis == TransformBasis::Hadamard) {
+        bh = randomHadamard(D, (uint64_t(kind) * 1000003ull + uint64_t(layer)) * 1009ull + uint64_t(h) + 1);
+    } else {
+        bh.assign(size_t(D) * D, 0.0);
+        for (int i = 0; i < D; ++i) bh[size_t(i) * D + i] = 1.0;
+    }
+    return bh;
+}
 
 namespace {
 
@@ -53,16 +70,17 @@ std::vector<float> gatherRows(const TransformSettings& s, const std::vector<cons
     return out;
 }
 
-// W^{1/2} and W^{-1/2} (C x C, block-diagonal per head) of one (kind, layer).
-void weightRoots(const TransformSettings& s, const std::vector<const KvSet*>& caches, KvKind kind, int layer,
-                 std::vector<double>& root, std::vector<double>& invRoot)
+// W^{1/2} and W^{-1/2} of one (kind, layer), one D x D block per head: (H, D, D) row-major.
+void headWeightRoots(const TransformSettings& s, const std::vector<const KvSet*>& caches, KvKind kind, int layer,
+                     std::vector<double>& root, std::vector<double>& invRoot)
 {
     const KvShape& sh = caches.front()->shape();
     const int H = sh.numKvHeads, D = sh.headDim, C = H * D;
-    root.assign(size_t(C) * C, 0.0);
-    invRoot.assign(size_t(C) * C, 0.0);
+    root.assign(size_t(C) * D, 0.0);
+    invRoot.assign(size_t(C) * D, 0.0);
+    auto at = [D](std::vector<double>& m, int c, int j) -> double& { return m[size_t(c) * D + size_t(j % D)]; };
     if (s.weighting == TransformWeighting::Mse) {
-        for (int c = 0; c < C; ++c) root[size_t(c) * C + c] = invRoot[size_t(c) * C + c] = 1.0;
+        for (int c = 0; c < C; ++c) at(root, c, c) = at(invRoot, c, c) = 1.0;
         return;
     }
     if (kind == KvKind::Key) {
@@ -80,8 +98,8 @@ void weightRoots(const TransformSettings& s, const std::vector<const KvSet*>& ca
         for (double x : w) mx = std::max(mx, x);
         for (int c = 0; c < C; ++c) {
             const double x = std::max(w[size_t(c)], std::max(1e-30, 1e-4 * mx));
-            root[size_t(c) * C + c] = std::sqrt(x);
-            invRoot[size_t(c) * C + c] = 1.0 / std::sqrt(x);
+            at(root, c, c) = std::sqrt(x);
+            at(invRoot, c, c) = 1.0 / std::sqrt(x);
         }
         return;
     }
@@ -90,12 +108,27 @@ void weightRoots(const TransformSettings& s, const std::vector<const KvSet*>& ca
         std::vector<double> mh(size_t(D) * D), r, ir;
         for (size_t i = 0; i < mh.size(); ++i) mh[i] = m[size_t(h) * D * D + i];
         sqrtPair(mh, D, r, ir);
+        std::copy(r.begin(), r.end(), root.begin() + std::ptrdiff_t(size_t(h) * D * D));
+        std::copy(ir.begin(), ir.end(), invRoot.begin() + std::ptrdiff_t(size_t(h) * D * D));
+    }
+}
+
+// The same as dense C x C matrices (block-diagonal).
+void weightRoots(const TransformSettings& s, const std::vector<const KvSet*>& caches, KvKind kind, int layer,
+                 std::vector<double>& root, std::vector<double>& invRoot)
+{
+    const KvShape& sh = caches.front()->shape();
+    const int H = sh.numKvHeads, D = sh.headDim, C = H * D;
+    std::vector<double> rh, irh;
+    headWeightRoots(s, caches, kind, layer, rh, irh);
+    root.assign(size_t(C) * C, 0.0);
+    invRoot.assign(size_t(C) * C, 0.0);
+    for (int h = 0; h < H; ++h)
         for (int i = 0; i < D; ++i)
             for (int j = 0; j < D; ++j) {
-                root[size_t(h * D + i) * C + size_t(h * D + j)] = r[size_t(i) * D + j];
-                invRoot[size_t(h * D + i) * C + size_t(h * D + j)] = ir[size_t(i) * D + j];
+                root[size_t(h * D + i) * C + size_t(h * D + j)] = rh[size_t(h * D + i) * D + size_t(j)];
+                invRoot[size_t(h * D + i) * C + size_t(h * D + j)] = irh[size_t(h * D + i) * D + size_t(j)];
             }
-    }
 }
 
 // The mean of each of the C columns of n rows (row-major), summed in row order in double; zeros
@@ -116,6 +149,11 @@ TransformBlock fitBlock(const TransformSettings& s, const std::vector<const KvSe
     const KvShape& sh = caches.front()->shape();
     const int H = sh.numKvHeads, D = sh.headDim, C = H * D;
     const std::vector<double> mean = rowMeans(rows, n, C);
+    if (C >= detail::wideOrder()) {  // float PCA on LAPACK, products with the per-head weights (transform_wide.h)
+        std::vector<double> root, invRoot;
+        headWeightRoots(s, caches, kind, layer, root, invRoot);
+        return detail::fitWideBlock(s, kind, layer, H, D, rows, n, mean, root, invRoot);
+    }
     const bool blas = C >= detail::kBlasOrder;  // large blocks: the products below go to BLAS (linalg.h)
     std::vector<double> cov(size_t(C) * C, 0.0);
     if (blas) {
@@ -149,18 +187,13 @@ TransformBlock fitBlock(const TransformSettings& s, const std::vector<const KvSe
         symmetricEigen(wcov, C, val, basis);
     } else {
         for (int h = 0; h < H; ++h) {
-            std::vector<double> bh;
+            std::vector<double> sub;
             if (s.basis == TransformBasis::Pca) {
-                std::vector<double> sub(size_t(D) * D), val;
+                sub.resize(size_t(D) * D);
                 for (int i = 0; i < D; ++i)
                     for (int j = 0; j < D; ++j) sub[size_t(i) * D + j] = wcov[size_t(h * D + i) * C + size_t(h * D + j)];
-                symmetricEigen(sub, D, val, bh);
-            } else if (s.basis == TransformBasis::Hadamard) {
-                bh = randomHadamard(D, (uint64_t(kind) * 1000003ull + uint64_t(layer)) * 1009ull + uint64_t(h) + 1);
-            } else {
-                bh.assign(size_t(D) * D, 0.0);
-                for (int i = 0; i < D; ++i) bh[size_t(i) * D + i] = 1.0;
             }
+            const std::vector<double> bh = detail::headBasis(s, kind, layer, h, D, sub);
             for (int i = 0; i < D; ++i)
                 for (int j = 0; j < D; ++j) basis[size_t(h * D + i) * C + size_t(h * D + j)] = bh[size_t(i) * D + j];
         }
@@ -425,9 +458,8 @@ TransformFit fitTransformBlocks(const TransformSettings& s, const std::vector<co
         rows[size_t(u)] = gatherRows(s, caches, kind, layer, &counts[size_t(u)]);
         m.blocks[size_t(u)] = fitBlock(s, caches, kind, layer, rows[size_t(u)], counts[size_t(u)]);
         const TransformBlock& b = m.blocks[size_t(u)];
-        std::vector<double> a(b.decode.begin(), b.decode.end());
-        const std::vector<double> inv = invertMatrix(a, C, "transform: " + std::string(kindName(kind)) + " layer " + std::to_string(layer));
-        m.blocks[size_t(u)].encode.assign(inv.begin(), inv.end());
+        m.blocks[size_t(u)].encode =
+            detail::encoderMatrix(b, D, "transform: " + std::string(kindName(kind)) + " layer " + std::to_string(layer));
         // The rows become their components z = A^{-1} (x - mean), once for every level's counts.
         std::vector<float>& r = rows[size_t(u)];
         const std::vector<float>& e = m.blocks[size_t(u)].encode;
@@ -436,7 +468,15 @@ TransformFit fitTransformBlocks(const TransformSettings& s, const std::vector<co
             std::vector<float> centred(r.size());
             for (size_t t = 0; t < counts[size_t(u)]; ++t)
                 for (int c = 0; c < C; ++c) centred[t * C + size_t(c)] = r[t * C + size_t(c)] - b.mean[size_t(c)];
-            if (counts[size_t(u)] > 0) detail::gemm(true, int(counts[size_t(u)]), C, C, centred.data(), e.data(), r.data());
+            const int rows = int(counts[size_t(u)]);
+            if (rows > 0 && C >= detail::wideOrder()) {  // components of variance 0 are never coded: left at 0
+                int K = C;
+                while (K > 0 && !(b.variance[size_t(K - 1)] > 0)) --K;
+                std::fill(r.begin(), r.end(), 0.0f);
+                if (K > 0) detail::sgemmCol('T', 'N', K, rows, C, e.data(), C, centred.data(), C, r.data(), C);
+            } else if (rows > 0) {
+                detail::gemm(true, rows, C, C, centred.data(), e.data(), r.data());
+            }
             return;
         }
         for (size_t t = 0; t < counts[size_t(u)]; ++t) {
@@ -567,9 +607,7 @@ void prepareTransform(CodecParams& p, const KvSet& kv, const std::string& source
                                                              ": recalibrate");
         detail::parallelUnits(int(m.blocks.size()), [&](int u) {
             TransformBlock& b = m.blocks[size_t(u)];
-            std::vector<double> a(b.decode.begin(), b.decode.end());
-            const std::vector<double> inv = invertMatrix(a, m.channels(), source + ": transform.model");
-            b.encode.assign(inv.begin(), inv.end());
+            b.encode = detail::encoderMatrix(b, m.headDim, source + ": transform.model");
         });
     } else {
         // No calibration: statistics from the cache itself, a data-independent basis, and
