@@ -114,6 +114,24 @@ inline bool sameOutput(const std::vector<uint8_t>& a, const std::vector<uint8_t>
 }
 
 
+// o_proj-like weights of H heads of D dims: per head A^T A / D with A drawn from g (standard
+// normal) through rng, head after head; symmetric positive semi-definite.
+inline std::vector<float> randomGramWeights(std::mt19937& rng, std::normal_distribution<float>& g, int H, int D)
+{
+    std::vector<float> w(size_t(H) * D * D, 0.0f);
+    for (int h = 0; h < H; ++h) {
+        std::vector<float> a(size_t(D) * D);
+        for (float& x : a) x = g(rng);
+        for (int i = 0; i < D; ++i)
+            for (int j = 0; j < D; ++j) {
+                float s = 0;
+                for (int k = 0; k < D; ++k) s += a[size_t(k) * D + i] * a[size_t(k) * D + j];
+                w[(size_t(h) * D + i) * D + j] = s / D;
+            }
+    }
+    return w;
+}
+
 // A float32 cache with what the transform codec's stages read: RoPE inverse frequencies (and a
 // nonzero position0), query second moments, o_proj weights and attention mass, all deterministic.
 inline KvSet transformCache(const KvShape& shape, uint64_t seed, DType dtype = DType::F32, int position0 = 5)

@@ -6,6 +6,8 @@
 //   KVSCOPE_REGEN_GOLDEN=1 ./tst_transform
 #include "testmain.h"
 
+#include "codec_cases.h"
+
 #include "codec/container.h"
 #include "codec/simd_path.h"
 #include "codec/symbol_stream.h"
@@ -52,18 +54,9 @@ KvSet syntheticCache(uint64_t seed, int tokens = 300, DType dtype = DType::F32, 
     std::uniform_real_distribution<float> u(0.1f, 2.0f);
     std::normal_distribution<float> g(0.0f, 1.0f);
     for (int l = 0; l < L; ++l) {
-        std::vector<float> q(size_t(H) * D), w(size_t(H) * D * D, 0.0f);
+        std::vector<float> q(size_t(H) * D);
         for (float& x : q) x = u(rng);
-        for (int h = 0; h < H; ++h) {
-            std::vector<float> a(size_t(D) * D);
-            for (float& x : a) x = g(rng);
-            for (int i = 0; i < D; ++i)
-                for (int j = 0; j < D; ++j) {
-                    float s = 0;
-                    for (int k = 0; k < D; ++k) s += a[size_t(k) * D + i] * a[size_t(k) * D + j];
-                    w[(size_t(h) * D + i) * D + j] = s / D;
-                }
-        }
+        std::vector<float> w = kvscope_test::randomGramWeights(rng, g, H, D);
         kv.querySq.push_back(q);
         kv.valueWeight.push_back(w);
     }

@@ -4,6 +4,8 @@
 // wide path against the double-precision one that smaller blocks keep).
 #include "testmain.h"
 
+#include "codec_cases.h"
+
 #include "codec/chunk_codec.h"
 #include "codec/profile.h"
 #include "codec/simd_path.h"
@@ -43,18 +45,9 @@ KvSet wideCache(uint64_t seed, int tokens, int H = 8, int D = 128)
         }
     }
     for (int i = 0; i < D / 2; ++i) kv.ropeInvFreq.push_back(float(1.0 / std::pow(10000.0, 2.0 * i / D)));
-    std::vector<float> q(static_cast<size_t>(C)), w(size_t(C) * D, 0.0f);
+    std::vector<float> q(static_cast<size_t>(C));
     for (float& x : q) x = u(model);
-    for (int h = 0; h < H; ++h) {
-        std::vector<float> a(size_t(D) * D);
-        for (float& x : a) x = g(model);
-        for (int i = 0; i < D; ++i)
-            for (int j = 0; j < D; ++j) {
-                float s = 0;
-                for (int k = 0; k < D; ++k) s += a[size_t(k) * D + i] * a[size_t(k) * D + j];
-                w[(size_t(h) * D + i) * D + j] = s / D;
-            }
-    }
+    const std::vector<float> w = kvscope_test::randomGramWeights(model, g, H, D);
     kv.querySq.push_back(q);
     kv.valueWeight.push_back(w);
     return kv;

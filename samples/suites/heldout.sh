@@ -36,15 +36,7 @@ ROWS=${ROWS:-"transform cachegen tuned baselines"}
 THREADS=${THREADS:-1}
 mkdir -p "$OUT"
 # The machine and the code the rows are measured with (heldout_table.py prints it in the page).
-python3 - "$OUT/machine.json" "$CLI" <<'PY'
-import json, os, subprocess, sys, time
-cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown")
-commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
-json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit + ("+dirty" if dirty else ""),
-           "cpu": cpu, "cores": os.cpu_count(), "load_average": os.getloadavg()[0], "cli": sys.argv[2]},
-          open(sys.argv[1], "w"), indent=1)
-PY
+python3 samples/suites/machine_json.py "$OUT/machine.json" "$CLI"
 for g in $GENRES; do
     S=samples/suites/$g.json
     [ -f "$S" ] || { echo "heldout: $S is missing (python3 samples/suites/make_genre_suites.py writes it)" >&2; exit 2; }

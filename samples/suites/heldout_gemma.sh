@@ -28,15 +28,7 @@ THREADS=${THREADS:-1}
 [ -s "$MODEL" ] || { echo "heldout_gemma: $MODEL is missing (kvscope-cli fetch-model gemma3-270m)" >&2; exit 2; }
 mkdir -p "$OUT"
 # The machine and the code the rows are measured with (heldout_table.py prints it in the page).
-python3 - "$OUT/machine.json" "$CLI" <<'PY'
-import json, os, subprocess, sys, time
-cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown")
-commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
-json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit + ("+dirty" if dirty else ""),
-           "cpu": cpu, "cores": os.cpu_count(), "load_average": os.getloadavg()[0], "cli": sys.argv[2]},
-          open(sys.argv[1], "w"), indent=1)
-PY
+python3 samples/suites/machine_json.py "$OUT/machine.json" "$CLI"
 items() {
     case $1 in
     code) echo ganreind-601,nithstund-602,faendban-603 ;;
