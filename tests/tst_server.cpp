@@ -391,9 +391,12 @@ private slots:
         QVERIFY(whole);
         QVERIFY(got.payload == payload);
         QCOMPARE(got.wireBytes, uint64_t(frame.size()));
-        // Every break is at a piece's end (a late reader may miss some; 0 = before the first piece).
+        // Every break is at a piece's end (a late reader may miss some; 0 = before the first piece)
+        // or at the header's end: the client reads the header whole, then the payload, and may
+        // reach its yield time in between (on a loaded machine).
         for (uint64_t b : seen)
-            QVERIFY2(b == 0 || std::find(ends.begin(), ends.end(), size_t(b)) != ends.end(), qPrintable(QString::number(b)));
+            QVERIFY2(b == 0 || b == kFrameHeaderBytes || std::find(ends.begin(), ends.end(), size_t(b)) != ends.end(),
+                     qPrintable(QString::number(b)));
         QVERIFY2(std::find(seen.begin(), seen.end(), uint64_t(3)) != seen.end(), "no break inside the header");
         QVERIFY(again.payload == payload);
         QCOMPARE(int(again.type), int(FrameType::Chunk));
