@@ -74,4 +74,4 @@ for g in $GENRES; do
     done
 done
 python3 samples/suites/heldout_table.py "$OUT" $GENRES --page docs/results/iso_quality_gemma.md \
-    --profile samples/profiles/gemma-3-270m.transform.json
+    --profile samples/profiles/gemma-3-270m.transform.json --script samples/suites/heldout_gemma.sh
