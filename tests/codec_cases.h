@@ -184,6 +184,20 @@ inline CodecParams transformParams(const KvSet& kv, const TransformSettings& s, 
 
 // Calibrates the transform model on `calib` into the profile (what `calibrate --codec transform`
 // stores), then prepares p for encoding `kv` with it.
+// The same with one level per relative water level in `thetas` (keys and values alike), coarsest first.
+inline CodecParams transformParams(const KvSet& kv, const TransformSettings& s, const std::vector<double>& thetas,
+                                   int chunkTokens)
+{
+    CodecParams p = transformParams(kv, s, chunkTokens);
+    p.profile.transformLevels.clear();
+    for (double t : thetas) {
+        TransformLevel l;
+        l.name = "t " + std::to_string(t);
+        l.keyTheta = l.valueTheta = t;
+        p.profile.transformLevels.push_back(l);
+    }
+    return p;
+}
 inline void calibrateTransform(CodecParams& p, const std::vector<const KvSet*>& calib, const KvSet& kv)
 {
     const TransformModel m = fitTransform(p.profile.transform, p.profile.transformLevels, calib);

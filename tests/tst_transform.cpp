@@ -82,20 +82,7 @@ void withAttentionMass(KvSet& kv)
 
 CodecParams transformParams(const KvSet& kv, const TransformSettings& s, const std::vector<double>& thetas)
 {
-    CodecParams p;
-    p.codec = CodecId::Transform;
-    p.shape = kv.shape();
-    p.dtype = kv.dtype();
-    p.profile = defaultProfile(kv.shape().numLayers);
-    p.profile.chunkTokens = 128;
-    p.profile.transform = s;
-    for (double t : thetas) {
-        TransformLevel l;
-        l.name = "t " + std::to_string(t);
-        l.keyTheta = l.valueTheta = t;
-        p.profile.transformLevels.push_back(l);
-    }
-    return p;
+    return kvscope_test::transformParams(kv, s, thetas, 128);
 }
 
 // Calibrates on `calib` and stores the model in the profile, like `calibrate --codec transform`.

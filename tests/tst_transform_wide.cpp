@@ -55,19 +55,7 @@ KvSet wideCache(uint64_t seed, int tokens, int H = 8, int D = 128)
 
 CodecParams transformParams(const KvSet& kv, const std::vector<double>& thetas)
 {
-    CodecParams p;
-    p.codec = CodecId::Transform;
-    p.shape = kv.shape();
-    p.dtype = kv.dtype();
-    p.profile = defaultProfile(kv.shape().numLayers);
-    p.profile.chunkTokens = 256;
-    for (double t : thetas) {
-        TransformLevel l;
-        l.name = "t " + std::to_string(t);
-        l.keyTheta = l.valueTheta = t;
-        p.profile.transformLevels.push_back(l);
-    }
-    return p;
+    return kvscope_test::transformParams(kv, TransformSettings{}, thetas, 256);
 }
 
 // Mean squared error over keys and values.
