@@ -82,6 +82,14 @@ results_write() {
   say "wrote docs/results/$1"
 }
 
+# default_models: MODELS, or else the SmolLM2-135M and Gemma 3 270M files of the model cache that
+# are there; dies when there is none.
+default_models() {
+  local cache="$HOME/.cache/kvscope/models"
+  MODELS="${MODELS:-$(ls "$cache"/SmolLM2-135M-Instruct.Q4_1.gguf "$cache"/gemma-3-270m-q4_k_m.gguf 2>/dev/null || true)}"
+  [ -n "$MODELS" ] || die "no model in $cache (installer/fetch_model.sh fetches them)"
+}
+
 # capture_kv MODEL CONTEXT KV: prefill CONTEXT with MODEL into KV (capture.json beside it in
 # $WORK), or keep both when REUSE=1 and they are there.
 # The start the codec pages share: results_start, then the 4K sample context captured with $MODEL

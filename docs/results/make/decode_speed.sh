@@ -17,9 +17,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 TOKENS="${TOKENS:-512,2048}"
 DECODE="${DECODE:-16}"
 ROUNDS="${ROUNDS:-2}"
-CACHE="$HOME/.cache/kvscope/models"
-MODELS="${MODELS:-$(ls "$CACHE"/SmolLM2-135M-Instruct.Q4_1.gguf "$CACHE"/gemma-3-270m-q4_k_m.gguf 2>/dev/null || true)}"
-[ -n "$MODELS" ] || die "no model in $CACHE (installer/fetch_model.sh fetches them)"
+default_models
 results_start
 runs=()
 for model in $MODELS; do

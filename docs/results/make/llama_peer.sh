@@ -26,9 +26,7 @@ ROUNDS="${ROUNDS:-2}"
 THREADS="${THREADS:-1}"
 PEER_PYTHON="${PEER_PYTHON:-python3}"
 PEER_EXTRA_BUFTS="${PEER_EXTRA_BUFTS:-0}"
-CACHE="$HOME/.cache/kvscope/models"
-MODELS="${MODELS:-$(ls "$CACHE"/SmolLM2-135M-Instruct.Q4_1.gguf "$CACHE"/gemma-3-270m-q4_k_m.gguf 2>/dev/null || true)}"
-[ -n "$MODELS" ] || die "no model in $CACHE (installer/fetch_model.sh fetches them)"
+default_models
 "$PEER_PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llama_cpp') is None)" 2>/dev/null ||
   die "$PEER_PYTHON cannot import llama_cpp (set PEER_PYTHON to a venv with llama-cpp-python built from source)"
 results_start
