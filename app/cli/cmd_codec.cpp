@@ -359,7 +359,7 @@ void addDecodeCommand(CLI::App& app, Output& out)
     };
     auto o = std::make_shared<Opts>();
     sub->add_option("kvc", o->in, "container (.kvc)")->required();
-    sub->add_option("--device", o->device, "cpu, cuda or cuda:N (the CUDA decoder; bit-identical output)")->capture_default_str();
+    sub->add_option("--device", o->device, "cpu, cuda or cuda:N (the CUDA decoder: the same bytes as --simd scalar)")->capture_default_str();
     addOutOption(sub, o->out, "KV file to write (HDF5)", true);
     sub->add_option("--level", o->levels, "level for every chunk, or one per chunk: 1,3,2,...; default: the file's default");
     sub->add_option("--source", o->source, "original KV file: report the reconstruction error against it");

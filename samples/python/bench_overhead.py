@@ -31,12 +31,12 @@ os.environ["OMP_NUM_THREADS"] = "1"  # before kvscope loads OpenMP: one thread, 
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import kvscope
+from cli_run import cli_json
 
 
 def best(f, repeats, clock=time.thread_time):
@@ -50,13 +50,6 @@ def best(f, repeats, clock=time.thread_time):
         out = f()
         t = min(t, clock() - t0)
     return t, out
-
-
-def cli_json(cli, *args):
-    r = subprocess.run([cli, *args, "--json"], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"kvscope-cli {args[0]} failed: {r.stderr.strip()}")
-    return json.loads(r.stdout)
 
 
 def summary(pairs):

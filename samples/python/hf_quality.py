@@ -32,7 +32,6 @@ import copy
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,16 +43,11 @@ import kvscope
 from kvscope.hf import KVScopeCache, load_gguf_model
 from transformers import DynamicCache
 
+from cli_run import cli_json
+
 DEFAULT_MODEL = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "kvscope", "models",
                              "SmolLM2-135M-Instruct.Q4_1.gguf")
 SOURCE_DIR = os.environ.get("KVSCOPE_SOURCE_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-
-
-def cli_json(cli, *args):
-    r = subprocess.run([cli, *args, "--json"], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"kvscope-cli {args[0]}: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
-    return json.loads(r.stdout)
 
 
 def sample(context_id):
