@@ -9,6 +9,7 @@
 #include "codec_cases.h"
 
 #include "codec/container.h"
+#include "codec/rans.h"
 #include "codec/simd_path.h"
 #include "codec/symbol_stream.h"
 #include "codec/transform.h"
@@ -634,6 +635,17 @@ private slots:
         }
         std::vector<uint8_t> stream;
         encodeSymbolMatrix(sym.data(), rows, cols, enc.data(), stream);
+        {  // the encoder's bytes are those of rans.h's plain reference (encPut: a divide, a loop)
+            rans::RansWriter w;
+            uint32_t x[rans::kRansWays];
+            for (uint32_t& v : x) rans::encInit(&v);
+            for (size_t i = sym.size(); i-- > 0;)
+                rans::encPut(&x[i % rans::kRansWays], w, enc[i % cols].start(sym[i]), enc[i % cols].freq(sym[i]));
+            for (int k = rans::kRansWays - 1; k >= 0; --k) rans::encFlush(x[k], w);
+            std::vector<uint8_t> want;
+            w.finishInto(want);
+            QCOMPARE(stream, want);
+        }
         std::vector<uint8_t> back(sym.size());
         decodeSymbolMatrix(stream.data(), stream.size(), rows, cols, dec.data(), back.data(), "s");
         QCOMPARE(back, sym);
