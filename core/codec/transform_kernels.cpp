@@ -418,7 +418,8 @@ __attribute__((target("avx512f"))) void forwardAvx512Cols(const ForwardTile& t, 
     }
 }
 
-// quantizeAvx2's rule, 8 components at a time; the last few masked.
+// quantizeAvx2's rule, 8 components at a time, the last few masked; only the lanes that fail the
+// test go through the scalar loop, in k order (escapes are common where M is 1 or 2).
 __attribute__((target("avx512f,avx512vl"))) void quantizeAvx512(const float* z, const double* div, const double* inv,
                                                                 const int* M, int K, uint8_t* sym, std::vector<uint8_t>& escapes)
 {
@@ -431,11 +432,11 @@ __attribute__((target("avx512f,avx512vl"))) void quantizeAvx512(const float* z, 
         const __m512d md = _mm512_cvtepi32_pd(m);
         const __mmask8 ok = _mm512_cmp_pd_mask(q, md, _CMP_LT_OQ) & _mm512_cmp_pd_mask(q, _mm512_sub_pd(_mm512_setzero_pd(), md), _CMP_GT_OQ) &
                             _mm512_cmp_pd_mask(_mm512_abs_pd(_mm512_sub_pd(t, q)), nearHalf, _CMP_LT_OQ);
-        if ((ok & in) != in) {
-            quantizeScalarFrom(z, div, M, k, std::min(K, k + 8), sym, escapes);
-            continue;
+        _mm256_mask_cvtepi32_storeu_epi8(sym + k, __mmask8(ok & in), _mm256_add_epi32(_mm512_cvtpd_epi32(q), m));
+        for (unsigned rest = unsigned(in & ~ok); rest != 0; rest &= rest - 1) {
+            const int j = k + __builtin_ctz(rest);
+            quantizeScalarFrom(z, div, M, j, j + 1, sym, escapes);
         }
-        _mm256_mask_cvtepi32_storeu_epi8(sym + k, in, _mm256_add_epi32(_mm512_cvtpd_epi32(q), m));
     }
 }
 
