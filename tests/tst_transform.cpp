@@ -9,6 +9,7 @@
 #include "codec_cases.h"
 
 #include "codec/container.h"
+#include "codec/rans.h"
 #include "codec/simd_path.h"
 #include "codec/symbol_stream.h"
 #include "codec/transform.h"
@@ -23,6 +24,8 @@
 
 #include <QFile>
 #include <QTemporaryDir>
+
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -632,6 +635,17 @@ private slots:
         }
         std::vector<uint8_t> stream;
         encodeSymbolMatrix(sym.data(), rows, cols, enc.data(), stream);
+        {  // the encoder's bytes are those of rans.h's plain reference (encPut: a divide, a loop)
+            rans::RansWriter w;
+            uint32_t x[rans::kRansWays];
+            for (uint32_t& v : x) rans::encInit(&v);
+            for (size_t i = sym.size(); i-- > 0;)
+                rans::encPut(&x[i % rans::kRansWays], w, enc[i % cols].start(sym[i]), enc[i % cols].freq(sym[i]));
+            for (int k = rans::kRansWays - 1; k >= 0; --k) rans::encFlush(x[k], w);
+            std::vector<uint8_t> want;
+            w.finishInto(want);
+            QCOMPARE(stream, want);
+        }
         std::vector<uint8_t> back(sym.size());
         decodeSymbolMatrix(stream.data(), stream.size(), rows, cols, dec.data(), back.data(), "s");
         QCOMPARE(back, sym);
@@ -1093,9 +1107,146 @@ private slots:
         check("avx512+amx", v.data(), amx.Cp);
     }
 
+    // The encoder's forward transform on every path: z bit for bit the fused multiply-adds of the
+    // reference order (issue 31: s = fma(eT, v, s), c ascending from +0), on component counts
+    // that are not a multiple of 8, 16 or 32 and tiles that end mid-way; and the same z are not
+    // what separate multiplies and adds give (so a path that stopped fusing would fail here).
+    void forwardTransformKernels_data()
+    {
+        QTest::addColumn<int>("C");
+        QTest::addColumn<int>("K");
+        QTest::addColumn<int>("nt");
+        QTest::newRow("SmolLM2 block 192 x 150, 64 tokens") << 192 << 150 << 64;
+        QTest::newRow("72 x 37, 23 tokens") << 72 << 37 << 23;
+        QTest::newRow("960 x 333, 13 tokens") << 960 << 333 << 13;
+        QTest::newRow("8 x 1, 1 token") << 8 << 1 << 1;
+    }
+    void forwardTransformKernels()
+    {
+        QFETCH(int, C);
+        QFETCH(int, K);
+        QFETCH(int, nt);
+        std::mt19937 rng(uint32_t(C * 11 + K));
+        std::normal_distribution<float> g(0.0f, 1.0f);
+        const int Kp = detail::forwardStride(K);
+        std::vector<float> encode(size_t(C) * C), v(size_t(nt) * C), eT(size_t(C) * Kp, -1.0f);
+        for (float& x : encode) x = g(rng);
+        for (float& x : v) x = g(rng);
+        std::vector<int> coded;  // every other component, then the rest: not a prefix
+        for (int j = 0; j < C && int(coded.size()) < K; j += 2) coded.push_back(j);
+        for (int j = 1; j < C && int(coded.size()) < K; j += 2) coded.push_back(j);
+        detail::transposeCodedRows(encode.data(), C, coded.data(), K, Kp, eT.data());
+        for (int c = 0; c < C; ++c)
+            for (int k = 0; k < Kp; ++k)
+                QCOMPARE(eT[size_t(c) * Kp + k], k < K ? encode[size_t(coded[size_t(k)]) * C + c] : 0.0f);
+        std::vector<float> fused(size_t(nt) * Kp), plain(size_t(nt) * Kp);
+        for (int i = 0; i < nt; ++i)
+            for (int k = 0; k < Kp; ++k) {
+                float s = 0.0f, p = 0.0f;
+                for (int c = 0; c < C; ++c) {
+                    const float e = eT[size_t(c) * Kp + k], x = v[size_t(i) * C + c];
+                    s = std::fma(e, x, s);
+                    volatile float prod = e * x;  // rounded on its own: no contraction
+                    p = p + prod;
+                }
+                fused[size_t(i) * Kp + k] = s;
+                plain[size_t(i) * Kp + k] = p;
+            }
+        if (C > 8) QVERIFY2(fused != plain, "fused and separate multiply-adds agree everywhere: the test cannot tell them apart");
+        for (SimdPath path : {SimdPath::Scalar, SimdPath::Avx2, SimdPath::Avx512}) {
+            if (!simdPathSupported(path)) continue;
+            std::vector<float> z(size_t(nt) * Kp, -7.0f);
+            detail::kernelsFor(path).forward(detail::ForwardTile{v.data(), eT.data(), z.data(), nt, C, Kp});
+            for (size_t i = 0; i < z.size(); ++i)
+                if (std::memcmp(&z[i], &fused[i], 4) != 0)
+                    QFAIL(qPrintable(QString("%1: token %2 component %3: %4, the reference %5")
+                                         .arg(simdPathName(path)).arg(i / size_t(Kp)).arg(i % size_t(Kp))
+                                         .arg(double(z[i]), 0, 'g', 9).arg(double(fused[i]), 0, 'g', 9)));
+        }
+    }
+
+    // Quantisation on every path gives the scalar loop's symbols and escapes (a division in
+    // double), also for values a hair from a rounding boundary, where the vector paths' product
+    // with 1 / div could round the other way and they must fall back to the division.
+    void quantizeKernels()
+    {
+        std::mt19937 rng(31);
+        const int K = 203;
+        std::vector<double> div(static_cast<size_t>(K)), inv(static_cast<size_t>(K));
+        std::vector<int> M(static_cast<size_t>(K));
+        for (int k = 0; k < K; ++k) {
+            div[size_t(k)] = double(0.01f + 0.3f * float(rng() % 1000) / 1000.0f) * double(1 << (k % 4));
+            inv[size_t(k)] = 1.0 / div[size_t(k)];
+            M[size_t(k)] = 1 + int(rng() % 127);
+        }
+        int nearBoundary = 0;
+        for (int row = 0; row < 200; ++row) {
+            std::vector<float> z(static_cast<size_t>(K));
+            for (int k = 0; k < K; ++k) {
+                const int q = int(rng() % (2 * M[size_t(k)] + 9)) - M[size_t(k)] - 4;  // escapes too
+                const double half = (q + 0.5) * div[size_t(k)];
+                const int ulps = int(rng() % 5) - 2;  // on the boundary or a few float ulps off it
+                float x = float(half);
+                for (int u = 0; u < std::abs(ulps); ++u) x = std::nextafter(x, ulps > 0 ? 1e30f : -1e30f);
+                z[size_t(k)] = row % 2 ? x : float(q * div[size_t(k)]) + 0.1f * float(int(rng() % 9) - 4) * float(div[size_t(k)]);
+                nearBoundary += row % 2;
+            }
+            std::vector<uint8_t> refSym(static_cast<size_t>(K)), refEsc;
+            detail::kernelsFor(SimdPath::Scalar).quantize(z.data(), div.data(), inv.data(), M.data(), K, refSym.data(), refEsc);
+            for (SimdPath path : {SimdPath::Avx2, SimdPath::Avx512}) {
+                if (!simdPathSupported(path)) continue;
+                std::vector<uint8_t> sym(static_cast<size_t>(K)), esc;
+                detail::kernelsFor(path).quantize(z.data(), div.data(), inv.data(), M.data(), K, sym.data(), esc);
+                QVERIFY2(sym == refSym, qPrintable(QString("%1: row %2 symbols").arg(simdPathName(path)).arg(row)));
+                QVERIFY2(esc == refEsc, qPrintable(QString("%1: row %2 escapes").arg(simdPathName(path)).arg(row)));
+            }
+        }
+        QVERIFY(nearBoundary > 10000);
+    }
+
+    // encodeChunks, the whole-cache path (issue 31: every pair of chunk and block in one loop,
+    // block after block): the bytes encodeChunk gives each chunk and level, with 1 and 2 threads,
+    // and the error of the first failing chunk although a later chunk fails in a lower block.
+    void encodeChunksMatchChunkByChunk()
+    {
+        const KvSet calib = syntheticCache(21, 300), kv = syntheticCache(22, 300);
+        TransformSettings s;
+        s.sinkTokens = 2;
+        CodecParams p = kvscope_test::transformParams(kv, s, {0.3, 0.05}, 64);
+        calibrate(p, {&calib});
+        prepareTransform(p, kv, "test");
+        QCOMPARE(p.numChunks(), 5);
+        std::vector<ChunkRequest> all;
+        for (int c = 0; c < p.numChunks(); ++c)
+            for (int l = 1; l <= p.numLevels(); ++l) all.push_back({c, l});
+        const int saved = omp_get_max_threads();
+        for (int threads : {1, 2}) {
+            omp_set_num_threads(threads);
+            const std::vector<std::vector<uint8_t>> got = encodeChunks(p, kv, all, nullptr);
+            QCOMPARE(got.size(), all.size());
+            for (size_t i = 0; i < all.size(); ++i)
+                QVERIFY2(got[i] == encodeChunk(p, kv, all[i].chunk, all[i].level, nullptr),
+                         qPrintable(QString("%1 threads, chunk %2 level %3").arg(threads).arg(all[i].chunk).arg(all[i].level)));
+        }
+        KvSet bad = syntheticCache(22, 300);
+        const std::vector<float> nan(16, std::nanf(""));
+        bad.writeRows(KvKind::Value, 2, 0, 64 + 5, 1, nan.data());  // chunk 1, the last block
+        bad.writeRows(KvKind::Key, 0, 1, 128 + 5, 1, nan.data());   // chunk 2, the first block
+        for (int threads : {1, 2}) {
+            omp_set_num_threads(threads);
+            try {
+                encodeChunks(p, bad, all, nullptr);
+                QFAIL("a cache with NaNs encoded");
+            } catch (const Error& e) {
+                QCOMPARE(QString(e.what()), QString("value layer 2: a value is not finite"));
+            }
+        }
+        omp_set_num_threads(saved);
+    }
+
     // The encoder's forward transform and quantisation on every SIMD path this CPU has give the
-    // scalar path's payload bytes (issue 31: the blocked product sums each component in the
-    // plain dot product's order): coded-component counts that are not a multiple of 8 or 16,
+    // scalar path's payload bytes (issue 31: the blocked product sums each component in one fixed
+    // order of fused multiply-adds): coded-component counts that are not a multiple of 8 or 16,
     // tiles of tokens that end mid-chunk, escapes at the fine level, token classes, RD rounding.
     void encoderPathsAgree_data()
     {

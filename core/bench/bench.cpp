@@ -72,13 +72,14 @@ CodecBenchResult benchCodec(const KvSet& kv, const CodecParams& p, int level, co
         tables = tablesFromCounts(p, level, counts);
     }
     const LevelTables* t = shared ? &tables : nullptr;
-    std::vector<std::vector<uint8_t>> payloads(static_cast<size_t>(chunks));
-    const double enc = bestOf(opt.repeats, [&] {
-        for (int c = 0; c < chunks; ++c) payloads[size_t(c)] = encodeChunk(p, kv, c, level, t);
-    });
-    // Decoding is the whole-cache path (KvcReader::decodeAll): decodeChunks over every chunk.
     std::vector<LevelTables> perLevel(shared ? size_t(p.numLevels()) : 0);
     if (shared) perLevel[size_t(level - 1)] = tables;
+    // Encoding is the whole-cache path (writeKvc): encodeChunks over every chunk.
+    std::vector<ChunkRequest> all;
+    for (int c = 0; c < chunks; ++c) all.push_back({c, level});
+    std::vector<std::vector<uint8_t>> payloads;
+    const double enc = bestOf(opt.repeats, [&] { payloads = encodeChunks(p, kv, all, shared ? &perLevel : nullptr); });
+    // Decoding is the whole-cache path (KvcReader::decodeAll): decodeChunks over every chunk.
     std::vector<ChunkPayload> batch;
     for (int c = 0; c < chunks; ++c) batch.push_back({c, level, payloads[size_t(c)].data(), payloads[size_t(c)].size(), "bench"});
     KvSet out(p.shape, p.dtype);

@@ -17,6 +17,19 @@ std::vector<uint8_t> encodeChunk(const CodecParams& p, const KvSet& kv, int chun
     return detail::encodeCacheGenChunk(p, kv, chunk, level, shared);
 }
 
+std::vector<std::vector<uint8_t>> encodeChunks(const CodecParams& p, const KvSet& kv, const std::vector<ChunkRequest>& which,
+                                               const std::vector<LevelTables>* sharedPerLevel)
+{
+    KVSCOPE_ASSERT(kv.shape() == p.shape);
+    for (const ChunkRequest& r : which)
+        KVSCOPE_ASSERT(r.chunk >= 0 && r.chunk < p.numChunks() && r.level >= 1 && r.level <= p.numLevels());
+    if (p.codec == CodecId::Transform) return detail::encodeTransformChunks(p, kv, which);
+    std::vector<std::vector<uint8_t>> out;
+    for (const ChunkRequest& r : which)
+        out.push_back(encodeChunk(p, kv, r.chunk, r.level, sharedPerLevel ? &(*sharedPerLevel)[size_t(r.level - 1)] : nullptr));
+    return out;
+}
+
 void decodeChunk(const CodecParams& p, const uint8_t* data, size_t size, int chunk, int level,
                  const LevelTables* shared, KvSet& out, const std::string& where)
 {

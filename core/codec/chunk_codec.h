@@ -104,6 +104,20 @@ void calibrateProfile(CodecParams& p, const std::vector<const KvSet*>& caches);
 std::vector<uint8_t> encodeChunk(const CodecParams& p, const KvSet& kv, int chunk, int level,
                                  const LevelTables* shared);
 
+// A chunk for encodeChunks to encode, at a level (1-based).
+struct ChunkRequest {
+    int chunk = 0;
+    int level = 1;
+};
+
+// Encodes every request of `which`, giving each the bytes encodeChunk gives it, and on failure
+// the error of the first failing request in the list's order. The transform codec runs every pair
+// of request and (kind, layer) block in one parallel loop, block after block (so a block's
+// matrices stay in cache across chunks); the other codecs encode request after request.
+// sharedPerLevel: one LevelTables per level when the profile uses TableMode::Shared, else null.
+std::vector<std::vector<uint8_t>> encodeChunks(const CodecParams& p, const KvSet& kv, const std::vector<ChunkRequest>& which,
+                                               const std::vector<LevelTables>* sharedPerLevel);
+
 // Decodes a payload produced by encodeChunk into the chunk's tokens of `out`, whose shape and
 // dtype must match p. Validates every size and offset; throws kvscope::Error "where: reason" on
 // any inconsistency and never reads outside [data, data + size).

@@ -55,13 +55,14 @@ inline void writeBlock(KvSet& kv, KvKind kind, int layer, int t0, int n, const f
         kv.writeRows(kind, layer, h, t0, n, x + size_t(h) * n * s.headDim);
 }
 
-// Runs body(unit) for unit in [0, count) on all cores. When units fail, the error of the
-// lowest-numbered one is rethrown, so a corrupt file gives the same message on every run.
-template <typename Body>
-void parallelUnits(int count, Body body)
+// Runs body(unit) for unit in [0, count) on all cores. When units fail, the error of the one of
+// lowest rank(unit) is rethrown (ranks distinct), so a corrupt file gives the same message on
+// every run whatever order the units run in.
+template <typename Rank, typename Body>
+void parallelRanked(int count, Rank rank, Body body)
 {
     std::exception_ptr error;
-    int errorUnit = count;
+    long long errorRank = 0;
     std::mutex m;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int u = 0; u < count; ++u) {
@@ -69,13 +70,20 @@ void parallelUnits(int count, Body body)
             body(u);
         } catch (...) {
             std::lock_guard<std::mutex> lock(m);
-            if (u < errorUnit) {
-                errorUnit = u;
+            if (!error || rank(u) < errorRank) {
+                errorRank = rank(u);
                 error = std::current_exception();
             }
         }
     }
     if (error) std::rethrow_exception(error);
+}
+
+// parallelRanked with the unit's number as its rank.
+template <typename Body>
+void parallelUnits(int count, Body body)
+{
+    parallelRanked(count, [](int u) { return (long long)u; }, body);
 }
 
 inline void putU32(std::vector<uint8_t>& out, uint32_t v)
@@ -299,6 +307,9 @@ void decodeBaselineChunk(const CodecParams& p, const uint8_t* data, size_t size,
 // Transform codec (transform_chunk.cpp); p.transform must be set.
 
 std::vector<uint8_t> encodeTransformChunk(const CodecParams& p, const KvSet& kv, int chunk, int level);
+// Every request of `which` (encodeChunks), the pairs of request and block in one parallel loop.
+std::vector<std::vector<uint8_t>> encodeTransformChunks(const CodecParams& p, const KvSet& kv,
+                                                        const std::vector<ChunkRequest>& which);
 void decodeTransformChunk(const CodecParams& p, const uint8_t* data, size_t size, int chunk, int level, KvSet& out,
                           const std::string& where);
 // Every chunk of `chunks` (decodeChunks), the pairs of chunk and block in one parallel loop.

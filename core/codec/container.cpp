@@ -9,6 +9,7 @@
 #include "common/error.h"
 
 #include <fcntl.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -109,9 +110,17 @@ KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const KvcPut& put
     rep.levelTableBytes.assign(size_t(levels), 0);
     uint64_t offset = kKvcHeaderSize;
     ByteWriter index;
-    for (int c = 0; c < chunks; ++c)
-        for (int l = 1; l <= levels; ++l, step()) {
-            const std::vector<uint8_t> payload = encodeChunk(p, kv, c, l, shared ? &tables[size_t(l - 1)] : nullptr);
+    // Every level of as many chunks as there are threads per encodeChunks call (the transform
+    // codec's chunks in parallel; the same bytes as one encodeChunk each), written in order.
+    const int group = std::max(1, omp_get_max_threads());
+    for (int c0 = 0; c0 < chunks; c0 += group) {
+        std::vector<ChunkRequest> batch;
+        for (int c = c0; c < std::min(chunks, c0 + group); ++c)
+            for (int l = 1; l <= levels; ++l) batch.push_back({c, l});
+        const std::vector<std::vector<uint8_t>> payloads = encodeChunks(p, kv, batch, shared ? &tables : nullptr);
+        for (size_t i = 0; i < batch.size(); ++i, step()) {
+            const int c = batch[i].chunk, l = batch[i].level;
+            const std::vector<uint8_t>& payload = payloads[i];
             if (payload.size() > UINT32_MAX) throw inputError(path, "chunk " + std::to_string(c), "payload over 4 GiB; use smaller chunks");
             put(payload.data(), payload.size(), offset);
             index.u64(offset);
@@ -120,6 +129,7 @@ KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const KvcPut& put
             offset += payload.size();
             rep.levelBytes[size_t(l - 1)] += payload.size();
         }
+    }
 
     ByteWriter sections[kNumSections];
     for (int l = 1; l <= levels; ++l)

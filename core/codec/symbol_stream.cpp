@@ -13,22 +13,41 @@
 
 namespace kvscope {
 
+// rans::encPut's arithmetic without a divide or a branch (entropy_stage.cpp's v1 encoder): the 0,
+// 1 or 2 bytes renormalisation emits are both stored below `ptr`, which moves by the count (a byte
+// stored but not taken is overwritten by the next). The same bytes as encPut.
 void encodeSymbolMatrix(const uint8_t* sym, int rows, int cols, const CodingTable* tables, std::vector<uint8_t>& out)
 {
     const size_t n = size_t(rows) * size_t(cols);
     if (n == 0) return;
-    rans::RansWriter w;
-    w.reserve(n + 4 * rans::kRansWays + 16);
+    const rans::FreqDivider& div = rans::freqDivider();
+    thread_local std::vector<uint8_t> buf;
+    buf.resize(2 * n + 2 + 4 * rans::kRansWays);  // at most 2 bytes a symbol, the flushed states
+    uint8_t* const bufEnd = buf.data() + buf.size();
+    uint8_t* ptr = bufEnd;
+    auto put = [&ptr, &div](uint32_t& x, const CodingTable& t, int s) {
+        const uint32_t sf = t.sf[s], freq = sf >> 16;
+        KVSCOPE_ASSERT(freq > 0);
+        const uint32_t xMax = ((rans::kRansL >> rans::kProbBits) << 8) * freq;  // < 2^31
+        const uint32_t k = uint32_t(x >= xMax) + uint32_t(uint64_t(x) >= (uint64_t(xMax) << 8));
+        ptr[-1] = uint8_t(x);
+        ptr[-2] = uint8_t(x >> 8);
+        ptr -= k;
+        x >>= 8 * k;
+        const uint32_t q = div.div(x, freq);
+        x = (q << rans::kProbBits) + (x - q * freq) + (sf & 0xffffu);
+    };
     uint32_t x[rans::kRansWays];
     for (uint32_t& v : x) rans::encInit(&v);
+    size_t c = (n - 1) % size_t(cols);
     for (size_t i = n; i-- > 0;) {  // last symbol first: see rans.h
-        const CodingTable& t = tables[i % size_t(cols)];
-        const int s = sym[i];
-        KVSCOPE_ASSERT(t.freq(s) > 0);
-        rans::encPut(&x[i % rans::kRansWays], w, t.start(s), t.freq(s));
+        put(x[i % rans::kRansWays], tables[c], sym[i]);
+        c = c == 0 ? size_t(cols) - 1 : c - 1;
     }
-    for (int k = rans::kRansWays - 1; k >= 0; --k) rans::encFlush(x[k], w);
-    w.finishInto(out);
+    for (int k = rans::kRansWays - 1; k >= 0; --k)  // state 0 last, so the decoder reads it first
+        for (int byte = 0; byte < 4; ++byte) *--ptr = uint8_t(x[k] >> (8 * (3 - byte)));
+    KVSCOPE_ASSERT(ptr >= buf.data() + 2);
+    out.insert(out.end(), ptr, bufEnd);
 }
 
 void decodeSymbolMatrix(const uint8_t* data, size_t size, int rows, int cols, const CodingTable* tables, uint8_t* sym,

@@ -13,8 +13,8 @@
 //
 // The encoder's forward transform (encodeBlock) is the same product the other way round: z_t =
 // E (x_t - mean) for the coded rows of E = A^{-1}, over tiles of tokens with those rows
-// transposed, every z summed over the channels in ascending order from +0 (a plain dot
-// product's order), so every path gives the payload bytes of the scalar loop.
+// transposed, every z summed over the channels in ascending order from +0 with one fused
+// multiply-add per term (std::fma in the scalar loop), so every path gives the same payload bytes.
 #include "codec/codec_detail.h"
 #include "codec/escape_rules.h"
 #include "codec/fold_rules.h"
@@ -191,7 +191,7 @@ TransformQuantized quantizeBlock(const CodecParams& p, const KvSet& kv, KvKind k
     const int H = m.heads, D = m.headDim, C = H * D, T = p.shape.numTokens;
     const TransformBlock& b = m.block(kind, layer);
     const TransformLevelBlock& lb = m.levelBlock(level, kind, layer);
-    std::vector<float> x;
+    thread_local std::vector<float> x;  // reused: a fresh one would be mapped and cleared per block
     readModelBlock(m, kv, kind, layer, t0, n, x);  // (H, n, D)
     TransformQuantized qb;
     BlockPayload& out = qb.out;
@@ -204,10 +204,9 @@ TransformQuantized quantizeBlock(const CodecParams& p, const KvSet& kv, KvKind k
         for (int h = 0; h < H; ++h)
             for (int d = 0; d < D; ++d) out.raw.push_back(floatToHalf(x[(size_t(h) * n + t) * D + d]));
     }
-    for (float v : x)
-        if (!std::isfinite(v))
-            throw Error(std::string(kindName(kind)) + (m.settings.layerGroup > 1 ? " layer group " : " layer ") +
-                        std::to_string(layer) + ": a value is not finite");
+    if (!allFinite(x.data(), x.size()))
+        throw Error(std::string(kindName(kind)) + (m.settings.layerGroup > 1 ? " layer group " : " layer ") +
+                    std::to_string(layer) + ": a value is not finite");
     if (kind == KvKind::Key && m.settings.ropeUndo)
         for (int h = 0; h < H; ++h)
             applyRopeTable(x.data() + size_t(h) * n * D, n, D, rope, true);
@@ -244,17 +243,14 @@ TransformQuantized quantizeBlock(const CodecParams& p, const KvSet& kv, KvKind k
     const int Kp = forwardStride(K);
     thread_local std::vector<float> eT, v, z;
     eT.resize(size_t(C) * Kp);
-    for (int c = 0; c < C; ++c) {  // rows written in order, the padding 0
-        float* row = eT.data() + size_t(c) * Kp;
-        for (int k = 0; k < K; ++k) row[k] = b.encode[size_t(coded[size_t(k)]) * C + size_t(c)];
-        for (int k = K; k < Kp; ++k) row[k] = 0.0f;
-    }
-    std::vector<double> div(size_t(kImportanceClasses) * K);  // [class * K + k]: Delta_j 2^class
+    transposeCodedRows(b.encode.data(), C, coded.data(), K, Kp, eT.data());
+    std::vector<double> div(size_t(kImportanceClasses) * K), inv(div.size());  // [class * K + k]: Delta_j 2^class, 1 / it
     std::vector<int> folded(size_t(kImportanceClasses) * K);  // [class * K + k]: the folded max |q|
     for (int c = 0; c < kImportanceClasses; ++c)
         for (int k = 0; k < K; ++k) {
             const int j = coded[size_t(k)];
             div[size_t(c) * K + size_t(k)] = double(lb.step[size_t(j)]) * double(1 << c);
+            inv[size_t(c) * K + size_t(k)] = 1.0 / div[size_t(c) * K + size_t(k)];
             folded[size_t(c) * K + size_t(k)] = foldedMax(lb.maxQ[size_t(j)], c);
         }
     constexpr int kForwardTile = 64;
@@ -265,15 +261,14 @@ TransformQuantized quantizeBlock(const CodecParams& p, const KvSet& kv, KvKind k
         for (int i = 0; i < nt; ++i) {
             const int t = codedTokens[size_t(r0 + i)];
             for (int h = 0; h < H; ++h)
-                for (int d = 0; d < D; ++d)
-                    v[size_t(i) * C + size_t(h * D + d)] = x[(size_t(h) * n + t) * D + d] - b.mean[size_t(h * D + d)];
+                centreRow(&x[(size_t(h) * n + t) * D], &b.mean[size_t(h) * D], D, &v[size_t(i) * C + size_t(h) * D]);
         }
         kernels.forward(ForwardTile{v.data(), eT.data(), z.data(), nt, C, Kp});
         for (int i = 0; i < nt; ++i) {
             const int r = r0 + i, c = rowClass[size_t(r)];
             uint8_t* row = sym.data() + size_t(r) * K;
             const float* zr = z.data() + size_t(i) * Kp;
-            kernels.quantize(zr, &div[size_t(c) * K], &folded[size_t(c) * K], K, row, out.escapes);
+            kernels.quantize(zr, &div[size_t(c) * K], &inv[size_t(c) * K], &folded[size_t(c) * K], K, row, out.escapes);
             if (!rdo) continue;
             for (int k = 0; k < K; ++k) {
                 const int M = folded[size_t(c) * K + size_t(k)];
@@ -536,18 +531,38 @@ size_t rawBytesPerBlock(const CodecParams& p, int t0, int n)
 
 std::vector<uint8_t> encodeTransformChunk(const CodecParams& p, const KvSet& kv, int chunk, int level)
 {
+    return std::move(encodeTransformChunks(p, kv, {ChunkRequest{chunk, level}}).front());
+}
+
+// Pair k is block k / N of request k % N: a thread goes through one block's chunks in turn, with its
+// encode matrix in cache. Failures rank as request after request, block after block.
+std::vector<std::vector<uint8_t>> encodeTransformChunks(const CodecParams& p, const KvSet& kv,
+                                                        const std::vector<ChunkRequest>& which)
+{
     KVSCOPE_ASSERT(p.transform);
-    const int L = p.transform->numLayers, B = 2 * L, t0 = p.chunkStart(chunk), n = p.chunkLength(chunk);
-    std::vector<BlockPayload> blocks(static_cast<size_t>(B));
-    const std::vector<double> rope = chunkRopeTable(*p.transform, t0, n);
-    parallelUnits(B, [&](int u) { blocks[size_t(u)] = encodeBlock(p, kv, kKinds[u / L], u % L, level, t0, n, rope.data()); });
-    std::vector<uint8_t> out;
-    for (const BlockPayload& b : blocks) putU32(out, uint32_t(b.escapes.size()));
-    for (const BlockPayload& b : blocks) putU32(out, uint32_t(b.stream.size()));
-    for (const BlockPayload& b : blocks) putU16s(out, b.raw.data(), b.raw.size());
-    for (const BlockPayload& b : blocks) {
-        out.insert(out.end(), b.escapes.begin(), b.escapes.end());
-        out.insert(out.end(), b.stream.begin(), b.stream.end());
+    const int L = p.transform->numLayers, B = 2 * L, N = int(which.size());
+    std::vector<std::vector<double>> rope(static_cast<size_t>(N));
+    parallelUnits(N, [&](int i) {
+        rope[size_t(i)] = chunkRopeTable(*p.transform, p.chunkStart(which[size_t(i)].chunk), p.chunkLength(which[size_t(i)].chunk));
+    });
+    std::vector<BlockPayload> blocks(size_t(N) * B);  // [request * B + block]
+    parallelRanked(N * B, [&](int k) { return (long long)(k % N) * B + k / N; }, [&](int k) {
+        const ChunkRequest& r = which[size_t(k % N)];
+        const int u = k / N;
+        blocks[size_t(k % N) * B + u] = encodeBlock(p, kv, kKinds[u / L], u % L, r.level, p.chunkStart(r.chunk),
+                                                    p.chunkLength(r.chunk), rope[size_t(k % N)].data());
+    });
+    std::vector<std::vector<uint8_t>> out(static_cast<size_t>(N));
+    for (int i = 0; i < N; ++i) {
+        const BlockPayload* b = blocks.data() + size_t(i) * B;
+        std::vector<uint8_t>& o = out[size_t(i)];
+        for (int u = 0; u < B; ++u) putU32(o, uint32_t(b[u].escapes.size()));
+        for (int u = 0; u < B; ++u) putU32(o, uint32_t(b[u].stream.size()));
+        for (int u = 0; u < B; ++u) putU16s(o, b[u].raw.data(), b[u].raw.size());
+        for (int u = 0; u < B; ++u) {
+            o.insert(o.end(), b[u].escapes.begin(), b[u].escapes.end());
+            o.insert(o.end(), b[u].stream.begin(), b[u].stream.end());
+        }
     }
     return out;
 }
@@ -641,8 +656,10 @@ void decodeTransformChunk(const CodecParams& p, const uint8_t* data, size_t size
 }
 
 // Every (chunk, block) pair in one parallel loop, so that threads do not wait for each other at
-// the end of every chunk. Failures are ranked as decoding the chunks one by one would meet them:
-// chunk first, its layout before its blocks, then the lowest block; only the first is rethrown.
+// the end of every chunk; pair k is block k / count of chunk k % count, so that a thread goes
+// through one block's chunks in turn with its columns, tables and tiles in cache. Failures are
+// ranked as decoding the chunks one by one would meet them: chunk first, its layout before its
+// blocks, then the lowest block; only the first is rethrown.
 void decodeTransformChunks(const CodecParams& p, const std::vector<ChunkPayload>& chunks, KvSet& out)
 {
     const size_t count = chunks.size();
@@ -657,22 +674,12 @@ void decodeTransformChunks(const CodecParams& p, const std::vector<ChunkPayload>
             good = i;
         }
     }
-    const int units = good > 0 ? 2 * p.transform->numLayers : 0;
-    const int total = int(good) * units;
-    std::mutex m;
-    int errorPair = total;
-    std::exception_ptr pairError;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int k = 0; k < total; ++k) {
-        const ChunkPayload& c = chunks[size_t(k / units)];
-        try {
-            decodeUnit(p, lay[size_t(k / units)], c.data, k % units, c.level, out, c.where);
-        } catch (...) {
-            std::lock_guard<std::mutex> lock(m);
-            if (k < errorPair) errorPair = k, pairError = std::current_exception();
-        }
-    }
-    if (pairError) std::rethrow_exception(pairError);
+    const int units = good > 0 ? 2 * p.transform->numLayers : 0, n = int(good);
+    // A failing pair's chunk comes before a failing layout's (good is the first such chunk).
+    parallelRanked(n * units, [&](int k) { return (long long)(k % n) * units + k / n; }, [&](int k) {
+        const ChunkPayload& c = chunks[size_t(k % n)];
+        decodeUnit(p, lay[size_t(k % n)], c.data, k / n, c.level, out, c.where);
+    });
     if (error) std::rethrow_exception(error);
 }
 

@@ -1,9 +1,11 @@
 // The transform decoder's kernels (transform_kernels.h): the inverse transform over a tile of
 // tokens and the dequantisation of a row of symbols, scalar, AVX2 and AVX-512, and the encoder's
 // forward transform and quantisation. Compiled with -ffp-contract=off: the scalar inverse
-// transform is FORMAT.md's reference (one rounded multiply and one rounded add per term), and the
-// encoder's paths all give its bytes. The register-blocked AVX2 and AVX-512 sums fuse each term's
-// multiply and add (FMA, explicit intrinsics): within FORMAT.md's tolerance of the reference.
+// transform is FORMAT.md's reference (one rounded multiply and one rounded add per term). The
+// register-blocked AVX2 and AVX-512 sums fuse each term's multiply and add (FMA, explicit
+// intrinsics): within FORMAT.md's tolerance of the reference. The encoder's forward transform
+// fuses every term on every path (std::fma in the scalar reference) in one fixed order, so all
+// paths give the same bytes.
 #include "codec/transform_kernels.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -274,17 +276,34 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void dequantAvx512(const ui
 
 // ---- the encoder: forward transform over a tile of tokens, quantisation of a row -----------------
 
-void forwardScalar(const ForwardTile& t)
+// The reference: every z one fused multiply-add per channel, c ascending from +0 (ForwardTile).
+// The sums of a token's components are independent, so they advance together channel by channel.
+__attribute__((always_inline)) inline void forwardScalarBody(const ForwardTile& t)
 {
     for (int i = 0; i < t.nt; ++i) {
         const float* v = t.v + size_t(i) * t.C;
         float* z = t.z + size_t(i) * t.Kp;
-        for (int k = 0; k < t.Kp; ++k) {
-            float s = 0;
-            for (int c = 0; c < t.C; ++c) s += t.eT[size_t(c) * t.Kp + k] * v[c];
-            z[k] = s;
+        std::fill(z, z + t.Kp, 0.0f);
+        for (int c = 0; c < t.C; ++c) {
+            const float* e = t.eT + size_t(c) * t.Kp;
+            for (int k = 0; k < t.Kp; ++k) z[k] = std::fma(e[k], v[c], z[k]);
         }
     }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+// std::fma is a library call in a build for any x86-64; on a CPU with FMA3 the same loop runs with
+// the instruction inlined (one rounding per term either way: the same bytes).
+__attribute__((target("fma"))) void forwardScalarFma(const ForwardTile& t) { forwardScalarBody(t); }
+#endif
+
+void forwardScalar(const ForwardTile& t)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    static const bool fma = __builtin_cpu_supports("fma");
+    if (fma) return forwardScalarFma(t);
+#endif
+    forwardScalarBody(t);
 }
 
 void putVarint(std::vector<uint8_t>& out, uint64_t v)
@@ -311,15 +330,17 @@ void quantizeScalarFrom(const float* z, const double* div, const int* M, int fro
     }
 }
 
-void quantizeScalar(const float* z, const double* div, const int* M, int K, uint8_t* sym, std::vector<uint8_t>& escapes)
+void quantizeScalar(const float* z, const double* div, const double*, const int* M, int K, uint8_t* sym,
+                    std::vector<uint8_t>& escapes)
 {
     quantizeScalarFrom(z, div, M, 0, K, sym, escapes);
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-// I tokens x J vectors of 8 components in registers while every channel goes by.
+// I tokens x J vectors of 8 components in registers while every channel goes by, each term the
+// reference's fused multiply-add (the AVX2 path needs FMA3: simdPathSupported checks it).
 template <int J>
-__attribute__((target("avx2"))) void forwardAvx2Cols(const ForwardTile& t, int k0)
+__attribute__((target("avx2,fma"))) void forwardAvx2Cols(const ForwardTile& t, int k0)
 {
     constexpr int I = 4;
     for (int i0 = 0; i0 < t.nt; i0 += I) {
@@ -341,7 +362,7 @@ __attribute__((target("avx2"))) void forwardAvx2Cols(const ForwardTile& t, int k
             for (int i = 0; i < I; ++i) {
                 const __m256 x = _mm256_broadcast_ss(v[i] + c);
 #pragma GCC unroll 3
-                for (int j = 0; j < J; ++j) acc[i][j] = _mm256_add_ps(acc[i][j], _mm256_mul_ps(a[j], x));
+                for (int j = 0; j < J; ++j) acc[i][j] = _mm256_fmadd_ps(a[j], x, acc[i][j]);
             }
         }
 #pragma GCC unroll 4
@@ -352,7 +373,7 @@ __attribute__((target("avx2"))) void forwardAvx2Cols(const ForwardTile& t, int k
     }
 }
 
-__attribute__((target("avx2"))) void forwardAvx2(const ForwardTile& t)
+__attribute__((target("avx2,fma"))) void forwardAvx2(const ForwardTile& t)
 {
     int k0 = 0;
     for (; k0 + 16 <= t.Kp; k0 += 16) forwardAvx2Cols<2>(t, k0);
@@ -361,7 +382,7 @@ __attribute__((target("avx2"))) void forwardAvx2(const ForwardTile& t)
 
 // AVX-512: I tokens x J vectors of 16 components in registers while every channel goes by, the
 // last vector masked to the 8 components of a stride that is not a multiple of 16 (eT's padding
-// columns are 0 and never stored). The same rounded multiply and add per term as the scalar loop.
+// columns are 0 and never stored). The same fused multiply-add per term as the scalar loop.
 template <int I, int J>
 __attribute__((target("avx512f"))) void forwardAvx512Cols(const ForwardTile& t, int k0, __mmask16 lastMask)
 {
@@ -384,7 +405,7 @@ __attribute__((target("avx512f"))) void forwardAvx512Cols(const ForwardTile& t, 
             for (int i = 0; i < I; ++i) {
                 const __m512 x = _mm512_set1_ps(v[i][c]);
 #pragma GCC unroll 2
-                for (int j = 0; j < J; ++j) acc[i][j] = _mm512_add_ps(acc[i][j], _mm512_mul_ps(a[j], x));
+                for (int j = 0; j < J; ++j) acc[i][j] = _mm512_fmadd_ps(a[j], x, acc[i][j]);
             }
         }
 #pragma GCC unroll 8
@@ -397,6 +418,28 @@ __attribute__((target("avx512f"))) void forwardAvx512Cols(const ForwardTile& t, 
     }
 }
 
+// quantizeAvx2's rule, 8 components at a time, the last few masked; only the lanes that fail the
+// test go through the scalar loop, in k order (escapes are common where M is 1 or 2).
+__attribute__((target("avx512f,avx512vl"))) void quantizeAvx512(const float* z, const double* div, const double* inv,
+                                                                const int* M, int K, uint8_t* sym, std::vector<uint8_t>& escapes)
+{
+    const __m512d nearHalf = _mm512_set1_pd(0.5 - 0x1p-40);
+    for (int k = 0; k < K; k += 8) {
+        const __mmask8 in = __mmask8(K - k >= 8 ? 0xffu : (1u << (K - k)) - 1);
+        const __m512d t = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_maskz_loadu_ps(in, z + k)), _mm512_maskz_loadu_pd(in, inv + k));
+        const __m512d q = _mm512_roundscale_pd(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256i m = _mm256_maskz_loadu_epi32(in, M + k);
+        const __m512d md = _mm512_cvtepi32_pd(m);
+        const __mmask8 ok = _mm512_cmp_pd_mask(q, md, _CMP_LT_OQ) & _mm512_cmp_pd_mask(q, _mm512_sub_pd(_mm512_setzero_pd(), md), _CMP_GT_OQ) &
+                            _mm512_cmp_pd_mask(_mm512_abs_pd(_mm512_sub_pd(t, q)), nearHalf, _CMP_LT_OQ);
+        _mm256_mask_cvtepi32_storeu_epi8(sym + k, __mmask8(ok & in), _mm256_add_epi32(_mm512_cvtpd_epi32(q), m));
+        for (unsigned rest = unsigned(in & ~ok); rest != 0; rest &= rest - 1) {
+            const int j = k + __builtin_ctz(rest);
+            quantizeScalarFrom(z, div, M, j, j + 1, sym, escapes);
+        }
+    }
+}
+
 __attribute__((target("avx512f"))) void forwardAvx512(const ForwardTile& t)
 {
     int k0 = 0;
@@ -406,20 +449,24 @@ __attribute__((target("avx512f"))) void forwardAvx512(const ForwardTile& t)
     else if (rest > 0) forwardAvx512Cols<8, 1>(t, k0, rest == 16 ? 0xffff : 0x00ff);
 }
 
-// 4 components at a time in double, the scalar loop's division and rounding (to nearest, even:
-// nearbyint's default mode); a group holding an escape (or a value that is not finite) is done by
-// the scalar loop, so escapes keep their order.
-__attribute__((target("avx2"))) void quantizeAvx2(const float* z, const double* div, const int* M, int K, uint8_t* sym,
-                                                  std::vector<uint8_t>& escapes)
+// 4 components at a time in double, the scalar loop's rounding (to nearest, even: nearbyint's
+// default mode) of z times 1 / div instead of z / div: the product is within 2^-51 of the quotient
+// (relative), so the two round to the same integer unless a half-integer lies that close; a group
+// with a lane within 2^-40 of one (|q| < M <= 127 here), an escape or a value that is not finite
+// is done by the scalar loop, so the symbols are the division's and escapes keep their order.
+__attribute__((target("avx2"))) void quantizeAvx2(const float* z, const double* div, const double* inv, const int* M, int K,
+                                                  uint8_t* sym, std::vector<uint8_t>& escapes)
 {
+    const __m256d sign = _mm256_set1_pd(-0.0), nearHalf = _mm256_set1_pd(0.5 - 0x1p-40);
     int k = 0;
     for (; k + 4 <= K; k += 4) {
-        const __m256d q = _mm256_round_pd(_mm256_div_pd(_mm256_cvtps_pd(_mm_loadu_ps(z + k)), _mm256_loadu_pd(div + k)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256d t = _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(z + k)), _mm256_loadu_pd(inv + k));
+        const __m256d q = _mm256_round_pd(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         const __m128i m = _mm_loadu_si128(reinterpret_cast<const __m128i*>(M + k));
         const __m256d md = _mm256_cvtepi32_pd(m);
-        const __m256d inside = _mm256_and_pd(_mm256_cmp_pd(q, md, _CMP_LT_OQ),
-                                             _mm256_cmp_pd(q, _mm256_sub_pd(_mm256_setzero_pd(), md), _CMP_GT_OQ));
+        const __m256d inside = _mm256_and_pd(
+            _mm256_and_pd(_mm256_cmp_pd(q, md, _CMP_LT_OQ), _mm256_cmp_pd(q, _mm256_sub_pd(_mm256_setzero_pd(), md), _CMP_GT_OQ)),
+            _mm256_cmp_pd(_mm256_andnot_pd(sign, _mm256_sub_pd(t, q)), nearHalf, _CMP_LT_OQ));
         if (_mm256_movemask_pd(inside) != 0xf) {
             quantizeScalarFrom(z, div, M, k, k + 4, sym, escapes);
             continue;
@@ -435,10 +482,80 @@ __attribute__((target("avx2"))) void quantizeAvx2(const float* z, const double* 
 
 }  // namespace
 
+namespace {
+
+#if defined(__x86_64__) || defined(__i386__)
+// Blocks of 8 components x 8 channels through registers (rows past K read as 0: the padding
+// columns); returns the channels done, a multiple of 8.
+__attribute__((target("avx2"))) int transposeAvx2(const float* encode, int C, const int* coded, int K, int Kp, float* eT)
+{
+    const int C8 = C / 8 * 8;
+    for (int k0 = 0; k0 < Kp; k0 += 8)
+        for (int c0 = 0; c0 < C8; c0 += 8) {
+            __m256 r[8];
+            for (int j = 0; j < 8; ++j)
+                r[j] = k0 + j < K ? _mm256_loadu_ps(encode + size_t(coded[k0 + j]) * C + c0) : _mm256_setzero_ps();
+            __m256 t[8], u[8];
+            for (int j = 0; j < 8; j += 2) {
+                t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
+                t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+            }
+            for (int j = 0; j < 8; j += 4) {
+                u[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44);
+                u[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xee);
+                u[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44);
+                u[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xee);
+            }
+            for (int i = 0; i < 4; ++i) {  // channel c0 + i from the low halves, c0 + 4 + i from the high
+                _mm256_storeu_ps(eT + size_t(c0 + i) * Kp + k0, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+                _mm256_storeu_ps(eT + size_t(c0 + 4 + i) * Kp + k0, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+            }
+        }
+    return C8;
+}
+#endif
+
+}  // namespace
+
+void transposeCodedRows(const float* encode, int C, const int* coded, int K, int Kp, float* eT)
+{
+    int from = 0;
+#if defined(__x86_64__) || defined(__i386__)
+    if (simdPath() != SimdPath::Scalar) from = transposeAvx2(encode, C, coded, K, Kp, eT);
+#endif
+    constexpr int B = 16;  // channels of a block: one cache line of a row of `encode`
+    for (int c0 = from; c0 < C; c0 += B) {
+        const int nc = std::min(B, C - c0);
+        for (int k = 0; k < K; ++k) {
+            const float* src = encode + size_t(coded[k]) * C + c0;
+            for (int j = 0; j < nc; ++j) eT[size_t(c0 + j) * Kp + k] = src[j];
+        }
+        for (int j = 0; j < nc; ++j) std::fill(eT + size_t(c0 + j) * Kp + K, eT + size_t(c0 + j + 1) * Kp, 0.0f);
+    }
+}
+
+bool allFinite(const float* x, size_t n)
+{
+    uint32_t bad = 0;
+#pragma omp simd reduction(| : bad)
+    for (size_t i = 0; i < n; ++i) {
+        uint32_t u;
+        std::memcpy(&u, x + i, 4);
+        bad |= uint32_t((u & 0x7f800000u) == 0x7f800000u);  // exponent all ones: infinite or NaN
+    }
+    return bad == 0;
+}
+
+void centreRow(const float* __restrict x, const float* __restrict mean, int n, float* __restrict v)
+{
+#pragma omp simd
+    for (int d = 0; d < n; ++d) v[d] = x[d] - mean[d];
+}
+
 TileKernels kernelsFor(SimdPath path)
 {
 #if defined(__x86_64__) || defined(__i386__)
-    if (path == SimdPath::Avx512) return {dequantAvx512, accumulateAvx512, forwardAvx512, quantizeAvx2};
+    if (path == SimdPath::Avx512) return {dequantAvx512, accumulateAvx512, forwardAvx512, quantizeAvx512};
     if (path == SimdPath::Avx2) return {dequantAvx2, accumulateAvx2, forwardAvx2, quantizeAvx2};
 #endif
     (void)path;

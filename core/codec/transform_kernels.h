@@ -1,8 +1,8 @@
 // Internal to codec/: the transform codec's kernels (transform_kernels.cpp) as transform_chunk.cpp
 // calls them: for the decoder a row's dequantisation (symbols and escapes to components) and a
 // tile's inverse transform, for the encoder a tile's forward transform and a row's quantisation;
-// scalar, AVX2 or AVX-512 (simd_path.h). Every path gives the same bytes (transform_chunk.cpp
-// says why).
+// scalar, AVX2 or AVX-512 (simd_path.h). The encoder's paths give the same bytes, the decoder's
+// stay within FORMAT.md's tolerance (transform_chunk.cpp says why).
 #pragma once
 
 #include "codec/escape_rules.h"
@@ -51,8 +51,8 @@ struct EscapeReader {
 };
 
 // The encoder's forward transform over a tile of tokens: z[i * Kp + k] = sum over c ascending of
-// eT[c * Kp + k] * v[i * C + c] for i < nt, k < Kp, starting from +0, one rounded multiply and
-// one rounded add per term: the order of a plain dot product, so every path gives its bytes.
+// eT[c * Kp + k] * v[i * C + c] for i < nt, k < Kp, starting from +0, each term one fused
+// multiply-add (s = fma(eT, v, s)): one fixed order and rounding, so every path gives its bytes.
 // eT is the encode rows of the coded components, transposed (C, Kp); Kp = K rounded up to a
 // multiple of 8, the padding columns 0.
 struct ForwardTile {
@@ -62,6 +62,14 @@ struct ForwardTile {
     int nt, C, Kp;
 };
 constexpr int forwardStride(int K) { return (K + 7) / 8 * 8; }
+// eT (C, Kp) of ForwardTile from the encode matrix `encode` (rows of C floats): eT[c * Kp + k] =
+// encode[coded[k] * C + c] for k < K, 0 for K <= k < Kp; in blocks of channels, so each row of
+// `encode` is read a cache line at a time.
+void transposeCodedRows(const float* encode, int C, const int* coded, int K, int Kp, float* eT);
+// Whether none of x[0, n) is infinite or NaN.
+bool allFinite(const float* x, size_t n);
+// v[d] = x[d] - mean[d] for d < n (a token's row of ForwardTile::v).
+void centreRow(const float* __restrict x, const float* __restrict mean, int n, float* __restrict v);
 
 // The codec's kernels on a SIMD path (simd_path.h).
 struct TileKernels {
@@ -69,10 +77,12 @@ struct TileKernels {
     void (*dequant)(const uint8_t* sym, const int* M, const float* step, float mult, int K, float* z, EscapeReader& esc);
     void (*accumulate)(const Tile&);
     // Encoder: a tile's forward transform, and a row's quantisation with rounding to nearest:
-    // sym[k] = rint(z[k] / div[k]) + M[k] (div = step 2^class, in double), the edge symbol and a
-    // zigzag varint appended to escapes when |q| >= M[k], in k order.
+    // sym[k] = rint(z[k] / div[k]) + M[k] (div = step 2^class, the division in double), the edge
+    // symbol and a zigzag varint appended to escapes when |q| >= M[k], in k order. inv[k] = 1 /
+    // div[k] in double: a path may multiply by it where that provably rounds to the same q.
     void (*forward)(const ForwardTile&);
-    void (*quantize)(const float* z, const double* div, const int* M, int K, uint8_t* sym, std::vector<uint8_t>& escapes);
+    void (*quantize)(const float* z, const double* div, const double* inv, const int* M, int K, uint8_t* sym,
+                     std::vector<uint8_t>& escapes);
 };
 
 TileKernels kernelsFor(SimdPath path);
