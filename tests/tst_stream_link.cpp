@@ -481,6 +481,14 @@ private slots:
         r = planChunks(in);
         QCOMPARE(r.plan, (std::vector<int>{2, 1}));
         QVERIFY(std::abs(r.deadline - 0.275) < 1e-12);
+        // The margin is of the time left: at now = 1 s the same fetches end at 1.25 s and the target
+        // is 1.275 s (a tenth of the TTFT would allow 1.375 s, both chunks at level 2).
+        in.overrunDeadline = 0;
+        in.now = 1.0;
+        r = planChunks(in);
+        QCOMPARE(r.plan, (std::vector<int>{2, 1}));
+        QVERIFY(std::abs(r.deadline - 1.275) < 1e-12);
+        in.now = 0;
         // A plan that meets the SLO ignores both.
         in.slo = 0.3;
         r = planChunks(in);

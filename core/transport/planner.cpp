@@ -174,12 +174,14 @@ PlanResult planChunks(const PlanInput& in)
     search();
     best.deadline = in.slo;
     if (!bestFeasible && in.overrunMargin > 0 && std::isfinite(bestTtft)) {
-        // Nothing meets the SLO: among the plans that finish within overrunMargin of the fastest
-        // (or by the target an earlier plan of this run stretched to, when that is earlier and
-        // still reachable), the least distortion. Where the worker, not the link, bounds the
-        // finish, every level finishes about as early, and the fastest plan's level 1 buys nothing.
+        // Nothing meets the SLO: among the plans whose remaining time is within overrunMargin of
+        // the fastest's (or that finish by the target an earlier plan of this run stretched to,
+        // when that is earlier and still reachable), the least distortion. Where the worker, not
+        // the link, bounds the finish, every level finishes about as early, and the fastest plan's
+        // level 1 buys nothing. The margin is of the time left, not of the TTFT: near the end of a
+        // run a tenth of the TTFT would be most of the work left (measured: docs/streaming.md).
         const double fastest = bestTtft;
-        const double stretched = fastest * (1.0 + in.overrunMargin);
+        const double stretched = in.now + (fastest - in.now) * (1.0 + in.overrunMargin);
         deadline = in.overrunDeadline >= fastest - kTtftTolerance ? std::min(stretched, in.overrunDeadline) : stretched;
         bestTtft = bestDist = std::numeric_limits<double>::infinity();
         search();

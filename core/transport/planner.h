@@ -40,8 +40,8 @@
 //    (both only grow along a plan). Among plans whose predicted TTFT meets the SLO, the one with
 //    the least total distortion (sum over chunks of weight x tokens x the choice's distortion;
 //    PlanChunk::weight) wins, ties
-//    going to the earlier TTFT. When no plan meets the SLO, the plans that finish by (1 +
-//    PlanInput::overrunMargin) x the earliest TTFT are searched again for the least distortion:
+//    going to the earlier TTFT. When no plan meets the SLO, the plans that finish by now + (1 +
+//    PlanInput::overrunMargin) x (the earliest TTFT - now) are searched again for the least distortion:
 //    the estimate says the SLO is lost either way, and where the worker rather than the link
 //    bounds the finish, the fastest plan (every fetch at level 1) is hardly faster than a better
 //    one. The stretched target is held for the run (PlanInput::overrunDeadline) and moves later
@@ -126,8 +126,9 @@ struct PlanInput {
     double slo = 0;                  // in the same clock as now
     int horizon = 5;
     bool allowText = true;
-    // No plan meets slo: take the least distortion among plans with TTFT <= (1 + overrunMargin) x
-    // the earliest (0: the earliest TTFT alone, ties to less distortion), or by overrunDeadline
+    // No plan meets slo: take the least distortion among plans with TTFT - now <= (1 +
+    // overrunMargin) x (the earliest TTFT - now) (0: the earliest TTFT alone, ties to less
+    // distortion), or by overrunDeadline
     // (the target an earlier plan of this run stretched to; 0: none) when that is earlier and
     // still reachable.
     double overrunMargin = 0;
