@@ -443,6 +443,77 @@ private slots:
         QCOMPARE(planChunks(in).plan, (std::vector<int>{2, 1}));
     }
 
+    // Issue 32: when no plan meets the SLO, the least distortion among the plans that finish within
+    // overrunMargin of the earliest TTFT, not the earliest alone. Two chunks of 100 tokens (the
+    // first weighted 4), level 1 100 B and level 2 120 B at 1000 B/s, each decode 50 ms, SLO 0.1 s:
+    // both at level 1 arrive at 0.1 and 0.2 s, decoded by 0.25 s; a chunk at level 2 adds 20 ms.
+    void plannerOverrun()
+    {
+        PlanInput in;
+        in.distortion = {0.0, 0.03, 0.01};
+        in.chunks = {PlanChunk{100, {0, 100, 120}, 4}, PlanChunk{100, {0, 100, 120}}};
+        in.throughput = 1000;
+        in.decodeSecondsPerToken = 0.0005;
+        in.slo = 0.1;
+        PlanResult r = planChunks(in);  // margin 0: the earliest TTFT
+        QVERIFY(!r.feasible);
+        QCOMPARE(r.plan, (std::vector<int>{1, 1}));
+        QVERIFY(std::abs(r.predictedTtft - 0.25) < 1e-12);
+        // 10 %: by 0.275 s, room for one chunk at level 2 (0.27 s): the weighted one.
+        in.overrunMargin = 0.1;
+        r = planChunks(in);
+        QVERIFY(!r.feasible);
+        QCOMPARE(r.plan, (std::vector<int>{2, 1}));
+        QVERIFY(std::abs(r.predictedTtft - 0.27) < 1e-12);
+        QVERIFY(std::abs(r.deadline - 0.275) < 1e-12);
+        QVERIFY(std::abs(r.distortion - (4 * 100 * 0.01 + 100 * 0.03)) < 1e-12);
+        // 20 %: by 0.30 s, both (0.29 s).
+        in.overrunMargin = 0.2;
+        QCOMPARE(planChunks(in).plan, (std::vector<int>{2, 2}));
+        // A target held from an earlier plan of the run binds while it is reachable (0.26 s: no room
+        // for a level-2 chunk), and is stretched again once the earliest TTFT has passed it.
+        in.overrunMargin = 0.1;
+        in.overrunDeadline = 0.26;
+        r = planChunks(in);
+        QCOMPARE(r.plan, (std::vector<int>{1, 1}));
+        QVERIFY(std::abs(r.deadline - 0.26) < 1e-12);
+        in.overrunDeadline = 0.2;
+        r = planChunks(in);
+        QCOMPARE(r.plan, (std::vector<int>{2, 1}));
+        QVERIFY(std::abs(r.deadline - 0.275) < 1e-12);
+        // The margin is of the time left: at now = 1 s the same fetches end at 1.25 s and the target
+        // is 1.275 s (a tenth of the TTFT would allow 1.375 s, both chunks at level 2).
+        in.overrunDeadline = 0;
+        in.now = 1.0;
+        r = planChunks(in);
+        QCOMPARE(r.plan, (std::vector<int>{2, 1}));
+        QVERIFY(std::abs(r.deadline - 1.275) < 1e-12);
+        in.now = 0;
+        // A plan that meets the SLO ignores both.
+        in.slo = 0.3;
+        r = planChunks(in);
+        QVERIFY(r.feasible);
+        QCOMPARE(r.plan, (std::vector<int>{2, 2}));
+        QVERIFY(std::abs(r.deadline - 0.3) < 1e-12);
+
+        // Where the worker bounds the finish (four chunks, decodes of 0.5 s, level 1 100 B and level
+        // 2 200 B): the earliest TTFT, 2.1 s, needs only the first fetch at level 1; the plan with
+        // every chunk at level 2 finishes at 2.2 s, within 10 %, at half the distortion.
+        in = PlanInput{};
+        in.distortion = {0.0, 0.03, 0.01};
+        for (int k = 0; k < 4; ++k) in.chunks.push_back(PlanChunk{100, {0, 100, 200}});
+        in.throughput = 1000;
+        in.decodeSecondsPerToken = 0.005;
+        in.slo = 1.0;
+        r = planChunks(in);
+        QCOMPARE(r.plan, (std::vector<int>{1, 2, 2, 2}));
+        QVERIFY(std::abs(r.predictedTtft - 2.1) < 1e-12);
+        in.overrunMargin = 0.1;
+        r = planChunks(in);
+        QCOMPARE(r.plan, (std::vector<int>{2, 2, 2, 2}));
+        QVERIFY(std::abs(r.predictedTtft - 2.2) < 1e-12);
+    }
+
     // Fair sharing: two backlogged senders get equal shares; a third that began and stopped asking
     // (its peer stopped reading) does not hold them back.
     void pacerFair()

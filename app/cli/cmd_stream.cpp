@@ -71,6 +71,9 @@ void addStreamOptions(CLI::App* sub, StreamOpts& o)
     sub->add_option("--estimate-error-margin", o.estimateErrorMargin,
                     "adaptive: the throughput estimate is discounted by 1 + the recent prediction error, counted as at most this")
         ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+    sub->add_option("--overrun-margin", o.overrunMargin,
+                    "adaptive: when no plan meets the SLO, the best quality among plans whose time left is within this fraction of the fastest's")
+        ->capture_default_str()->check(CLI::Range(0.0, 1.0));
     sub->add_option("--quality", o.quality, "kl: KL and delta PPL of every run's cache (eval quality module); agreement: answers only")
         ->check(CLI::IsMember({"kl", "agreement"}))->capture_default_str();
     sub->add_option("--fault", o.faults, "server faults: die:N, corrupt:N, stall:N (N = chunk reply from 0)");

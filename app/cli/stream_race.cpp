@@ -121,6 +121,7 @@ StreamOptions streamOptions(const StreamOpts& o)
     so.plannerMargin = o.plannerMargin;
     so.lastChunkWeight = o.lastChunkWeight;
     so.estimateErrorMargin = o.estimateErrorMargin;
+    so.overrunMargin = o.overrunMargin;
     so.keepCache = o.quality == "kl";
     return so;
 }
@@ -503,7 +504,8 @@ json StreamRace::report(const json& results) const
     j["level_distortion"] = streamer.levelDistortion();
     j["level_distortion_source"] = streamer.distortionSource();
     j["planner"] = {{"margin", so.plannerMargin}, {"last_chunk_weight", so.lastChunkWeight},
-                    {"estimate_error_margin", so.estimateErrorMargin}, {"horizon", so.horizon}};
+                    {"estimate_error_margin", so.estimateErrorMargin}, {"overrun_margin", so.overrunMargin},
+                    {"horizon", so.horizon}};
     if (m_qref) j["quality_continuation"] = m_continuationSource;
     return j;
 }

@@ -60,7 +60,7 @@ struct StreamOpts {
     double slo = 0, targetPrefill = 0, targetDecode = 0, targetKvBytes = 0, stallTimeout = 2.0;
     int runs = 1, qualityTokens = 32, window = 0, horizon = 5;
     double plannerMargin = StreamOptions{}.plannerMargin, lastChunkWeight = StreamOptions{}.lastChunkWeight,
-           estimateErrorMargin = StreamOptions{}.estimateErrorMargin;
+           estimateErrorMargin = StreamOptions{}.estimateErrorMargin, overrunMargin = StreamOptions{}.overrunMargin;
     bool noOracle = false;
 };
 

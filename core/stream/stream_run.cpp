@@ -204,7 +204,10 @@ StreamRun::AdaptivePlan StreamRun::planAdaptive(double now)
     in.tailSeconds = m_tailSeconds;
     in.slo = m_opt.sloSeconds * (1.0 - m_opt.plannerMargin);
     in.horizon = m_opt.horizon;
+    in.overrunMargin = m_opt.overrunMargin;
+    in.overrunDeadline = m_overrunDeadline;
     pr = planChunks(in);
+    if (!pr.feasible) m_overrunDeadline = pr.deadline;
     ap.throughput = thr;
     return ap;
 }

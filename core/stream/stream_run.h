@@ -118,6 +118,7 @@ private:
     // and the planner follows the modelled worker timeline (m_modelWorkerEnd) instead of the real one.
     const bool m_deferJobs;
     const double m_prior;  // the previous run's estimate, discounted
+    double m_overrunDeadline = 0;  // the target the planner stretched to when nothing met the SLO (run clock; 0: none)
     const double m_tailPrefill, m_tailSeconds;
     const double m_recomputePerToken, m_recomputeFloor;
     std::atomic<double> m_decodePerToken;

@@ -85,6 +85,11 @@ struct StreamOptions {
     double plannerMargin = 0.1;
     double lastChunkWeight = 16.0;
     double estimateErrorMargin = 1.0;
+    // overrunMargin: when no plan meets the SLO, the least distortion among plans whose time left
+    // is within this fraction of the fastest plan's (PlanInput::overrunMargin; 0: the fastest
+    // plan). 0.1: the run is late by the estimate anyway, and a tenth more lets the
+    // planner keep quality where the worker, not the link, bounds the finish (docs/streaming.md).
+    double overrunMargin = 0.1;
     bool keepCache = false;      // return the assembled cache in StreamResult::cache
     // Optional, for live views: called on the run's thread once each chunk's fetch is settled,
     // with the fetch's fields (level, bytes, sent/arrived; job fields 0: its decode may still be

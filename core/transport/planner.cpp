@@ -96,12 +96,14 @@ PlanResult planChunks(const PlanInput& in)
     std::vector<double> suffixTokens(size_t(n) + 1, 0.0);
     for (int j = n - 1; j >= 0; --j) suffixTokens[size_t(j)] = suffixTokens[size_t(j) + 1] + weighted(j);
 
+    // Plans are judged against `deadline`: the SLO, or in the second pass the stretched target.
+    double deadline = in.slo;
     double bestTtft = std::numeric_limits<double>::infinity(), bestDist = bestTtft;
     bool bestFeasible = false;
     std::vector<int> plan(size_t(n), 1);
 
     auto consider = [&](double ttft, double dist, int k) {
-        const bool feasible = ttft <= in.slo + kTtftTolerance;
+        const bool feasible = ttft <= deadline + kTtftTolerance;
         bool better;
         const double distTol = kDistTolerance * std::max(1.0, std::abs(bestDist));
         if (feasible != bestFeasible) better = feasible;
@@ -119,8 +121,8 @@ PlanResult planChunks(const PlanInput& in)
     auto hopeless = [&](double partialTtft, double partialDist, int j, int m) {
         const double rest = (suffixTokens[size_t(j)] - suffixTokens[size_t(m)]) * minLevelDist;
         const double distTol = kDistTolerance * std::max(1.0, std::abs(bestDist));
-        if (bestFeasible) return partialTtft > in.slo + kTtftTolerance || partialDist + rest > bestDist + distTol;
-        return partialTtft > in.slo + kTtftTolerance && partialTtft > bestTtft + kTtftTolerance;
+        if (bestFeasible) return partialTtft > deadline + kTtftTolerance || partialDist + rest > bestDist + distTol;
+        return partialTtft > deadline + kTtftTolerance && partialTtft > bestTtft + kTtftTolerance;
     };
     // One fetched chunk's step of the timeline.
     auto step = [&](int j, int c, double& link, double& worker, double& dist) {
@@ -130,42 +132,61 @@ PlanResult planChunks(const PlanInput& in)
         dist += weighted(j) * in.distortion[size_t(c)];
     };
 
-    for (int k = 0; k <= textable; ++k) {
-        const int m = n - k;  // chunks fetched: the first m of the list
-        // The k text chunks first (released now), then the decodes owed for the replies in flight.
-        double worker = worker0, textDist = 0;
-        for (int j = m; j < n; ++j) {
-            worker += std::max(in.recomputeFloorSeconds, double(in.chunks[size_t(j)].tokens) * in.recomputeSecondsPerToken);
-            textDist += weighted(j) * in.distortion[0];
-            plan[size_t(j)] = 0;
-        }
-        for (const PlanJob& o : in.owed) worker = std::max(worker, o.release) + o.seconds;
-        const double link0 = std::max(in.now, in.linkBusyUntil);
-        if (m == 0 || levels < 1) {
-            if (m == 0) consider(worker + in.tailSeconds, textDist, k);
-            continue;
-        }
-        const int h = std::min(horizon, m);
-        std::function<void(int, double, double, double)> dfs = [&](int j, double link, double w, double dist) {
-            if (hopeless(w + in.tailSeconds, dist + textDist, j, m)) return;
-            if (j == h) {
-                // The fetches after the horizon repeat its last level.
-                const int last = plan[size_t(h - 1)];
-                for (int q = h; q < m; ++q) {
-                    step(q, last, link, w, dist);
-                    plan[size_t(q)] = last;
+    auto search = [&]() {
+        for (int k = 0; k <= textable; ++k) {
+            const int m = n - k;  // chunks fetched: the first m of the list
+            // The k text chunks first (released now), then the decodes owed for the replies in flight.
+            double worker = worker0, textDist = 0;
+            for (int j = m; j < n; ++j) {
+                worker += std::max(in.recomputeFloorSeconds, double(in.chunks[size_t(j)].tokens) * in.recomputeSecondsPerToken);
+                textDist += weighted(j) * in.distortion[0];
+                plan[size_t(j)] = 0;
+            }
+            for (const PlanJob& o : in.owed) worker = std::max(worker, o.release) + o.seconds;
+            const double link0 = std::max(in.now, in.linkBusyUntil);
+            if (m == 0 || levels < 1) {
+                if (m == 0) consider(worker + in.tailSeconds, textDist, k);
+                continue;
+            }
+            const int h = std::min(horizon, m);
+            std::function<void(int, double, double, double)> dfs = [&](int j, double link, double w, double dist) {
+                if (hopeless(w + in.tailSeconds, dist + textDist, j, m)) return;
+                if (j == h) {
+                    // The fetches after the horizon repeat its last level.
+                    const int last = plan[size_t(h - 1)];
+                    for (int q = h; q < m; ++q) {
+                        step(q, last, link, w, dist);
+                        plan[size_t(q)] = last;
+                    }
+                    consider(w + in.tailSeconds, dist + textDist, k);
+                    return;
                 }
-                consider(w + in.tailSeconds, dist + textDist, k);
-                return;
-            }
-            for (int c = 1; c < choices; ++c) {
-                double l = link, ww = w, d = dist;
-                step(j, c, l, ww, d);
-                plan[size_t(j)] = c;
-                dfs(j + 1, l, ww, d);
-            }
-        };
-        dfs(0, link0, worker, 0.0);
+                for (int c = 1; c < choices; ++c) {
+                    double l = link, ww = w, d = dist;
+                    step(j, c, l, ww, d);
+                    plan[size_t(j)] = c;
+                    dfs(j + 1, l, ww, d);
+                }
+            };
+            dfs(0, link0, worker, 0.0);
+        }
+    };
+    search();
+    best.deadline = in.slo;
+    if (!bestFeasible && in.overrunMargin > 0 && std::isfinite(bestTtft)) {
+        // Nothing meets the SLO: among the plans whose remaining time is within overrunMargin of
+        // the fastest's (or that finish by the target an earlier plan of this run stretched to,
+        // when that is earlier and still reachable), the least distortion. Where the worker, not
+        // the link, bounds the finish, every level finishes about as early, and the fastest plan's
+        // level 1 buys nothing. The margin is of the time left, not of the TTFT: near the end of a
+        // run a tenth of the TTFT would be most of the work left (measured: docs/streaming.md).
+        const double fastest = bestTtft;
+        const double stretched = in.now + (fastest - in.now) * (1.0 + in.overrunMargin);
+        deadline = in.overrunDeadline >= fastest - kTtftTolerance ? std::min(stretched, in.overrunDeadline) : stretched;
+        bestTtft = bestDist = std::numeric_limits<double>::infinity();
+        search();
+        best.deadline = deadline;
+        bestFeasible = false;  // against the SLO
     }
     best.choice = best.plan.empty() ? 1 : best.plan.front();
     best.predictedTtft = bestTtft;

@@ -40,10 +40,16 @@
 //    (both only grow along a plan). Among plans whose predicted TTFT meets the SLO, the one with
 //    the least total distortion (sum over chunks of weight x tokens x the choice's distortion;
 //    PlanChunk::weight) wins, ties
-//    going to the earlier TTFT; when no plan meets the SLO, the one with the earliest TTFT wins. The
+//    going to the earlier TTFT. When no plan meets the SLO, the plans that finish by now + (1 +
+//    PlanInput::overrunMargin) x (the earliest TTFT - now) are searched again for the least distortion:
+//    the estimate says the SLO is lost either way, and where the worker rather than the link
+//    bounds the finish, the fastest plan (every fetch at level 1) is hardly faster than a better
+//    one. The stretched target is held for the run (PlanInput::overrunDeadline) and moves later
+//    only when the earliest TTFT passes it, so re-planning cannot stretch it step by step. The
 //    streamer commits only the plan's next fetch (when its window has room) and its next text chunk
 //    (only when the worker is about to run out of work, so that the split is decided as late as
-//    possible), and plans again after every commit, arrival and wake-up (MPC).
+//    possible), and plans again after every commit, arrival and wake-up (MPC): a plan chosen
+//    under a low estimate is raised as soon as a higher estimate leaves room (slack is spent).
 //  - Distortion of a level: the profile's measured mean KL (levels[*].measured.mean_kl, written by
 //    `kvscope-cli tune`), else its measured KL ("kl"), else a fallback from the level's size:
 //    4^-(bits per value), the rate-distortion law of a Gaussian source, so more bits always means
@@ -120,6 +126,13 @@ struct PlanInput {
     double slo = 0;                  // in the same clock as now
     int horizon = 5;
     bool allowText = true;
+    // No plan meets slo: take the least distortion among plans with TTFT - now <= (1 +
+    // overrunMargin) x (the earliest TTFT - now) (0: the earliest TTFT alone, ties to less
+    // distortion), or by overrunDeadline
+    // (the target an earlier plan of this run stretched to; 0: none) when that is earlier and
+    // still reachable.
+    double overrunMargin = 0;
+    double overrunDeadline = 0;
 };
 
 struct PlanResult {
@@ -129,6 +142,7 @@ struct PlanResult {
     double predictedTtft = 0;       // same clock as PlanInput::now
     double distortion = 0;          // sum of weight x tokens x distortion
     bool feasible = false;          // predicted TTFT <= slo
+    double deadline = 0;            // what the plan was chosen against: slo, or the stretched target when !feasible
 };
 
 PlanResult planChunks(const PlanInput& in);

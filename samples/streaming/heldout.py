@@ -6,7 +6,8 @@ core/stream/streamer.h StreamOptions). They are set on the DEV cells below and t
 reported on the HELDOUT cells, which share no trace and no context with them:
 
     python3 samples/streaming/heldout.py [--cli build/dev/app/cli/kvscope-cli] [--set dev|heldout|all]
-        [--runs 10] [--out /tmp/kvscope-heldout] [--traces ../shared/traces] [-- extra stream options]
+        [--runs 10] [--out /tmp/kvscope-heldout] [--traces ../shared/traces] [--only TRACE] [--context NAME]
+        [-- extra stream options]
 
 Every cell is one `kvscope-cli stream --policy adaptive --runs N --threads 1 --json` with the
 oracle on (every fixed level replayed at each run's link offset), no --codec (the default model's
@@ -108,6 +109,7 @@ def main():
     ap.add_argument("--traces", default=os.path.join(ROOT, "..", "shared", "traces"))
     ap.add_argument("--table-only", action="store_true", help="print the table of the cells already measured; run none")
     ap.add_argument("--only", default="", help="run only the cells of this trace (two shells can share the work)")
+    ap.add_argument("--context", default="", help="run only the cells of this context (gpl9k, story, code, narrative, meetings)")
     ap.add_argument("extra", nargs="*", help="more stream options after --, e.g. -- --planner-margin 0.1")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -121,7 +123,7 @@ def main():
         for trace, context, slo in CELLS[s]:
             if args.table_only and not os.path.exists(os.path.join(args.out, f"{s}.{trace}.{context}.json")):
                 continue
-            if args.only and trace != args.only:
+            if (args.only and trace != args.only) or (args.context and context != args.context):
                 continue
             j, path = run_cell(args, s, trace, context, slo, ctx, args.extra)
             p = j["policies"][0]
