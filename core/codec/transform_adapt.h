@@ -1,7 +1,9 @@
 // A backward-adaptive basis for the transform codec (issue 30): chunk n of a (kind, layer) block
 // is coded in the eigenbasis of a covariance that the decoder can compute itself, from the
 // symbols of chunks 0..n-1 and the calibrated model, so no basis travels. The building blocks
-// only: no profile option and no chunk coder uses them yet (docs/roadmap.md, "Transform codec").
+// only, and a chain coder over them (encodeAdaptiveChunks, decodeAdaptiveChunks) that reuses the
+// chunk payloads of FORMAT.md unchanged; no profile option or container uses it yet
+// (docs/roadmap.md, "Transform codec").
 //
 // READ ME FIRST: what makes the chain decodable.
 // - Everything is in the calibrated model's component coordinates z (transform.h READ ME FIRST,
@@ -23,6 +25,7 @@
 //   stream whose chunks switch levels needs every earlier chunk at the level the encoder used.
 #pragma once
 
+#include "codec/chunk_codec.h"
 #include "codec/transform.h"
 
 #include <cstdint>
@@ -61,5 +64,24 @@ void accumulateAdaptive(AdaptiveBasis& a, const TransformLevelBlock& lb, const i
 // `sweeps` sweeps or until the off-diagonal mass is below 1e-24 of the total. Returns the sweeps
 // run. Deterministic: the same inputs give the same bits on every x86-64 and ARM build.
 int jacobiSweeps(std::vector<double>& m, int n, std::vector<double>& v, int sweeps);
+
+// The chain over a whole cache at one level. Chunk 0 is coded exactly as the calibrated codec
+// codes it; chunk n > 0 in the basis derived from the symbols of chunks 0..n-1 (escapes
+// resolved), its tables Laplace laws of the derived variances, each block at the water level of
+// its calibrated steps (a block with no coded component stays uncoded). The payloads have the
+// layout of FORMAT.md "Chunk payloads (transform)"; only the model they decode with differs.
+struct AdaptiveSettings {
+    double priorTokens = 2000;  // P
+    int sweeps = 3;             // Jacobi sweeps per block and chunk
+};
+
+// p: a transform codec whose model prepareTransform set. Throws kvscope::Error for what the chain
+// does not support: entropy "fixed", token importance, layer groups.
+std::vector<std::vector<uint8_t>> encodeAdaptiveChunks(const CodecParams& p, const KvSet& kv, int level,
+                                                       const AdaptiveSettings& s);
+// Decodes every chunk, in order (chunk n needs chunks 0..n-1 at the same level), into out
+// (p.shape, zero-filled or not). Throws kvscope::Error naming the chunk on a damaged payload.
+void decodeAdaptiveChunks(const CodecParams& p, const std::vector<std::vector<uint8_t>>& chunks, int level,
+                          const AdaptiveSettings& s, KvSet& out);
 
 }  // namespace kvscope
