@@ -4,6 +4,7 @@
 // calibration's, and the chain coder's round trip (every SIMD path decodes the encoder's chain).
 #include "testmain.h"
 
+#include "codec/profile.h"
 #include "codec/transform.h"
 #include "codec/transform_adapt.h"
 #include "codec_cases.h"
@@ -304,6 +305,32 @@ private slots:
             QFAIL("entropy fixed was accepted");
         } catch (const Error& e) {
             QVERIFY2(std::string(e.what()).find("entropy \"fixed\" is not supported") != std::string::npos, e.what());
+        }
+    }
+
+    // "adapt_basis" in a profile's transform object: read, written back, checked; and every path
+    // but eval's trial (encodeChunk: the container, streams, the server) refuses it.
+    void profileOptionAndRefusal()
+    {
+        const KvShape shape{2, 2, 16, 200};
+        const KvSet kv = kvscope_test::transformCache(shape, 1);
+        CodecParams p = kvscope_test::transformParams(kv, TransformSettings{}, {0.05}, 64);
+        p.profile.transform.adaptPriorTokens = 500;
+        const std::string text = profileToJson(p.profile);
+        const CodecProfile back = profileFromJson(text, "a.json");
+        QCOMPARE(back.transform.adaptPriorTokens, 500.0);
+        QCOMPARE(back.transform.adaptSweeps, 3);
+        const size_t at = text.find("\"prior_tokens\":");
+        QVERIFY(at != std::string::npos);
+        std::string bad = text;
+        bad.replace(at, std::string("\"prior_tokens\":500.0").size(), "\"prior_tokens\":-1.0");
+        kvscope_test::expectError("a.json", [&] { profileFromJson(bad, "a.json"); }, "transform.adapt_basis.prior_tokens");
+        kvscope_test::calibrateTransform(p, {&kv}, kv);
+        try {
+            encodeChunk(p, kv, 1, 1, nullptr);
+            QFAIL("encodeChunk coded a chunk of an adaptive chain by itself");
+        } catch (const Error& e) {
+            QVERIFY2(std::string(e.what()).find("transform.adapt_basis: chunk 1") == 0, e.what());
         }
     }
 
