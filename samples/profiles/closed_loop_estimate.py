@@ -14,15 +14,15 @@ per kind and level, at EQUAL squared error:
               and lambda the calibrated variances: the prior weighs as P tokens. The components
               whose eigenvalue exceeds the block's water level theta are coded, step sqrt(12 theta).
   open P      the same fitted on the original tokens (the earlier proxy; not realisable)
-Both are run at the level's theta times several factors, and the adaptive bits are interpolated
-(linear in log error) at the calibrated point's error. Bits: the empirical entropy of each
+The adaptive codes are run at the level's theta times factors found by a secant search until two
+bracket the calibrated point's error, and their bits are interpolated there (linear in log error). Bits: the empirical entropy of each
 component's symbols over the cache ("emp", no escapes, no table cost: a lower bound), and what a
 codec could spend ("real"): calibrated = the profile's counted tables with escapes as in the codec;
 adaptive = a discretised Laplace table of the eigenvalue (a decoder derives it from the same
 covariance), alphabet and escapes as in the codec.
 
   /usr/bin/python3 samples/profiles/closed_loop_estimate.py --profile P.transform.json HELD.h5 [...]
-      [--levels 2,3,4] [--priors 500,2000,8000]
+      [--levels 2,3,4] [--priors 500,2000,8000] [--open-prior 2000] [--verbose]
 Needs numpy and h5py.
 """
 import argparse
