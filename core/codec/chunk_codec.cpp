@@ -12,6 +12,10 @@ std::vector<uint8_t> encodeChunk(const CodecParams& p, const KvSet& kv, int chun
 {
     KVSCOPE_ASSERT(kv.shape() == p.shape);
     KVSCOPE_ASSERT(chunk >= 0 && chunk < p.numChunks() && level >= 1 && level <= p.numLevels());
+    if (p.codec == CodecId::Transform && p.profile.transform.adaptPriorTokens > 0)
+        throw Error("transform.adapt_basis: chunk " + std::to_string(chunk) +
+                    " would be coded in a basis derived from the chunks before it at one level; only eval codes that "
+                    "(no .kvc container, stream or server yet)");
     if (p.codec == CodecId::Transform) return detail::encodeTransformChunk(p, kv, chunk, level);
     if (p.codec != CodecId::CacheGen) return detail::encodeBaselineChunk(p, kv, chunk);
     return detail::encodeCacheGenChunk(p, kv, chunk, level, shared);

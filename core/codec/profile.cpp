@@ -318,6 +318,16 @@ void parseTransformJson(const json& t, CodecProfile& p, const std::string& src)
         s.rdoLambda = t.at("rdo_lambda").get<double>();
     }
     s.adaptMean = getBool(t, "adapt_mean", false, src, "transform");
+    if (t.contains("adapt_basis")) {
+        const json& a = t.at("adapt_basis");
+        if (!a.is_object() || !a.contains("prior_tokens") || !a.at("prior_tokens").is_number())
+            throw inputError(src, "transform.adapt_basis", "must be an object with a number prior_tokens");
+        s.adaptPriorTokens = a.at("prior_tokens").get<double>();
+        s.adaptSweeps = getInt(a, "sweeps", 3, src);
+        if (!(s.adaptPriorTokens > 0 && s.adaptPriorTokens <= 1e7))
+            throw inputError(src, "transform.adapt_basis.prior_tokens", "is outside (0, 1e7]");
+        if (s.adaptSweeps < 1 || s.adaptSweeps > 50) throw inputError(src, "transform.adapt_basis.sweeps", "is outside 1..50");
+    }
     s.layerGroup = getInt(t, "layer_group", 1, src);
     p.transformDefaultLevel = getInt(t, "default_level", 1, src);
     if (!t.contains("levels") || !t.at("levels").is_array() || t.at("levels").empty() || t.at("levels").size() > 64)
@@ -470,6 +480,7 @@ std::string profileToJson(const CodecProfile& p)
         }
         if (s.rdoLambda != 0) t["rdo_lambda"] = s.rdoLambda;
         if (s.adaptMean) t["adapt_mean"] = true;
+        if (s.adaptPriorTokens > 0) t["adapt_basis"] = {{"prior_tokens", s.adaptPriorTokens}, {"sweeps", s.adaptSweeps}};
         if (s.layerGroup != 1) t["layer_group"] = s.layerGroup;
         t["default_level"] = p.transformDefaultLevel;
         json tl = json::array();

@@ -1,6 +1,7 @@
 #include "eval/codec_trial.h"
 
 #include "codec/transform.h"
+#include "codec/transform_adapt.h"
 #include "common/error.h"
 
 #include <chrono>
@@ -78,7 +79,11 @@ CodecTrial runCodecTrial(const KvSet& kv, const CodecParams& paramsIn, int level
         t.tableBytes = blob.size();
     }
     std::vector<std::vector<uint8_t>> payloads;
-    for (int c = 0; c < params.numChunks(); ++c) {
+    const bool adaptive = params.codec == CodecId::Transform && params.profile.transform.adaptPriorTokens > 0;
+    const AdaptiveSettings as{params.profile.transform.adaptPriorTokens, params.profile.transform.adaptSweeps};
+    if (adaptive) payloads = encodeAdaptiveChunks(params, kv, level, as);
+    for (int c = 0; c < params.numChunks() && adaptive; ++c) t.bytes += payloads[size_t(c)].size();
+    for (int c = 0; c < params.numChunks() && !adaptive; ++c) {
         payloads.push_back(encodeChunk(params, kv, c, level, shared ? &tables : nullptr));
         t.bytes += payloads.back().size();
         if (params.codec == CodecId::CacheGen) addBlockBytes(params, payloads.back(), c, t.blockBytes);
@@ -88,7 +93,8 @@ CodecTrial runCodecTrial(const KvSet& kv, const CodecParams& paramsIn, int level
 
     t0 = Clock::now();
     t.decoded = KvSet(kv.shape(), kv.dtype());
-    for (int c = 0; c < params.numChunks(); ++c)
+    if (adaptive) decodeAdaptiveChunks(params, payloads, level, as, t.decoded);
+    for (int c = 0; c < params.numChunks() && !adaptive; ++c)
         decodeChunk(params, payloads[size_t(c)].data(), payloads[size_t(c)].size(), c, level, shared ? &tables : nullptr,
                     t.decoded, "chunk " + std::to_string(c));
     t.decodeSeconds = std::chrono::duration<double>(Clock::now() - t0).count();

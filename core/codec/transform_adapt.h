@@ -1,0 +1,87 @@
+// A backward-adaptive basis for the transform codec (issue 30): chunk n of a (kind, layer) block
+// is coded in the eigenbasis of a covariance that the decoder can compute itself, from the
+// symbols of chunks 0..n-1 and the calibrated model, so no basis travels. The building blocks
+// only, and a chain coder over them (encodeAdaptiveChunks, decodeAdaptiveChunks) that reuses the
+// chunk payloads of FORMAT.md unchanged; no profile option or container uses it yet
+// (docs/roadmap.md, "Transform codec").
+//
+// READ ME FIRST: what makes the chain decodable.
+// - Everything is in the calibrated model's component coordinates z (transform.h READ ME FIRST,
+//   3): the calibrated covariance there is diag(lambda), and a chunk's basis is a rotation R
+//   (C x C, row j = component j of the chunk in calibrated coordinates): y = R z, z = R^T y.
+// - Chunk n's covariance is (P diag(lambda) + S) / (P + N), S = sum of zhat zhat^T over the N
+//   coded tokens of chunks 0..n-1 AS RECONSTRUCTED: zhat = R_c^T (q * Delta) with the integer
+//   symbols q (escapes resolved) of chunk c and its rotation. P (prior tokens) shrinks toward the
+//   calibration, which carries the components that are never coded.
+// - Encoder and every decoder must derive bit-identical R: they start from the same exact
+//   integers and doubles and run the same scalar double arithmetic in a fixed order (this file
+//   is compiled with -ffp-contract=off; no SIMD, no threads inside one block). The float inverse
+//   transforms differ by an ulp between SIMD paths, which is why the chain reads the symbols, not
+//   the decoded floats.
+// - The eigensolver is cyclic Jacobi warm-started in the previous chunk's basis with a fixed
+//   number of sweeps: the result need not be an exact eigenbasis (any orthonormal R decodes),
+//   only the same on both sides, and a fixed budget bounds the decoder's time.
+// - The chain depends on the level of every earlier chunk (the symbols it accumulated), so a
+//   stream whose chunks switch levels needs every earlier chunk at the level the encoder used.
+#pragma once
+
+#include "codec/chunk_codec.h"
+#include "codec/transform.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace kvscope {
+
+struct AdaptiveBasis {
+    int C = 0;
+    double priorTokens = 0;       // P, > 0
+    std::vector<double> lambda;   // (C) the calibrated variances, descending (the prior's diagonal)
+    std::vector<double> sum;      // (C, C) S, row-major, calibrated coordinates
+    double tokens = 0;            // N
+    std::vector<double> rotation; // (C, C) R of the next chunk (identity before the first)
+    std::vector<double> variance; // (C) the next chunk's component variances, descending
+};
+
+// The state before chunk 0: R = I, variances lambda. Throws kvscope::Error when priorTokens <= 0.
+AdaptiveBasis startAdaptiveBasis(const std::vector<float>& lambda, double priorTokens);
+
+// Derives R and the variances of the next chunk from lambda, S and N (the current R is the warm
+// start), with at most `sweeps` Jacobi sweeps. With N = 0 it leaves R = I.
+void advanceAdaptiveBasis(AdaptiveBasis& a, int sweeps);
+
+// The next chunk's quantizer at water level theta (READ ME FIRST, 4 and 5 of transform.h): the
+// components of variance > theta coded with step sqrt(12 theta), alphabets from their variances,
+// Laplace tables of their variances (what a model fitted on the cache uses).
+TransformLevelBlock adaptiveLevelBlock(const AdaptiveBasis& a, double theta);
+
+// Adds a chunk's reconstructed tokens to S and N: q (rows x K, row-major) are the exact integer
+// symbols (escapes resolved) of the coded components of lb, in ascending component order.
+void accumulateAdaptive(AdaptiveBasis& a, const TransformLevelBlock& lb, const int32_t* q, int rows);
+
+// Cyclic Jacobi on the symmetric m (n x n, row-major, destroyed: its diagonal ends as the
+// eigenvalues), accumulating the rotations into v (n x n, rows rotated: v <- J^T v) for at most
+// `sweeps` sweeps or until the off-diagonal mass is below 1e-24 of the total. Returns the sweeps
+// run. Deterministic: the same inputs give the same bits on every x86-64 and ARM build.
+int jacobiSweeps(std::vector<double>& m, int n, std::vector<double>& v, int sweeps);
+
+// The chain over a whole cache at one level. Chunk 0 is coded exactly as the calibrated codec
+// codes it; chunk n > 0 in the basis derived from the symbols of chunks 0..n-1 (escapes
+// resolved), its tables Laplace laws of the derived variances, each block at the water level of
+// its calibrated steps (a block with no coded component stays uncoded). The payloads have the
+// layout of FORMAT.md "Chunk payloads (transform)"; only the model they decode with differs.
+struct AdaptiveSettings {
+    double priorTokens = 2000;  // P
+    int sweeps = 3;             // Jacobi sweeps per block and chunk
+};
+
+// p: a transform codec whose model prepareTransform set. Throws kvscope::Error for what the chain
+// does not support: entropy "fixed", token importance, layer groups.
+std::vector<std::vector<uint8_t>> encodeAdaptiveChunks(const CodecParams& p, const KvSet& kv, int level,
+                                                       const AdaptiveSettings& s);
+// Decodes every chunk, in order (chunk n needs chunks 0..n-1 at the same level), into out
+// (p.shape, zero-filled or not). Throws kvscope::Error naming the chunk on a damaged payload.
+void decodeAdaptiveChunks(const CodecParams& p, const std::vector<std::vector<uint8_t>>& chunks, int level,
+                          const AdaptiveSettings& s, KvSet& out);
+
+}  // namespace kvscope

@@ -1,0 +1,189 @@
+// The backward-adaptive chain over a cache's chunks (transform_adapt.h): per chunk, a model
+// derived from the calibrated one and the chain's state, the calibrated chunk coder on it, and
+// the state advanced from the payload's symbols, which encoder and decoder read alike.
+// Compiled with -ffp-contract=off (the derived matrices must be the same bits on both sides).
+#include "codec/codec_detail.h"
+#include "codec/symbol_stream.h"
+#include "codec/transform_adapt.h"
+
+#include "common/error.h"
+
+#include <cmath>
+#include <memory>
+#include <string>
+
+namespace kvscope {
+
+namespace {
+
+struct Chain {
+    const CodecParams& p;
+    int level;
+    AdaptiveSettings s;
+    std::vector<AdaptiveBasis> state;  // per block u = kind * L + layer
+    std::vector<double> theta;         // per block; +inf when the calibrated level codes nothing
+
+    Chain(const CodecParams& params, int lv, const AdaptiveSettings& settings) : p(params), level(lv), s(settings)
+    {
+        if (!p.transform) throw Error("adaptive basis: the transform codec needs its model");
+        const TransformModel& m = *p.transform;
+        if (!entropyUsesTables(m.settings.entropy))
+            throw Error("adaptive basis: entropy \"fixed\" is not supported (the chain derives coding tables)");
+        if (m.settings.tokenImportance) throw Error("adaptive basis: token_importance is not supported");
+        if (m.settings.layerGroup != 1) throw Error("adaptive basis: layer_group > 1 is not supported");
+        if (level < 1 || level > m.numLevels())
+            throw Error("adaptive basis: level " + std::to_string(level) + " is outside 1.." + std::to_string(m.numLevels()));
+        const int B = 2 * m.numLayers;
+        for (int u = 0; u < B; ++u) {
+            state.push_back(startAdaptiveBasis(m.blocks[size_t(u)].variance, s.priorTokens));
+            double th = HUGE_VAL;
+            for (float st : m.levels[size_t(level - 1)][size_t(u)].step)
+                if (st > 0) {
+                    th = double(st) * double(st) / 12.0;
+                    break;
+                }
+            theta.push_back(th);
+        }
+    }
+
+    // The model chunk `chunk` is coded with: the calibrated one for chunk 0, else per block the
+    // decode matrix A R^T (and, for the encoder, R A^{-1}) and the derived level block.
+    std::shared_ptr<const TransformModel> modelFor(int chunk, bool encoder) const
+    {
+        if (chunk == 0) return p.transform;
+        auto m = std::make_shared<TransformModel>(*p.transform);
+        const int C = m->channels(), B = 2 * m->numLayers;
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int u = 0; u < B; ++u) {
+            TransformBlock& b = m->blocks[size_t(u)];
+            const std::vector<double>& R = state[size_t(u)].rotation;
+            std::vector<float> a(size_t(C) * C);
+            for (int c = 0; c < C; ++c)
+                for (int j = 0; j < C; ++j) {
+                    double v = 0;
+                    for (int k = 0; k < C; ++k) v += double(b.decode[size_t(c) * C + k]) * R[size_t(j) * C + k];
+                    a[size_t(c) * C + j] = float(v);
+                }
+            b.decode = std::move(a);
+            prepareDecodeColumns(b);
+            if (encoder) {
+                std::vector<float> e(size_t(C) * C);
+                for (int j = 0; j < C; ++j)
+                    for (int c = 0; c < C; ++c) {
+                        double v = 0;
+                        for (int k = 0; k < C; ++k) v += R[size_t(j) * C + k] * double(b.encode[size_t(k) * C + c]);
+                        e[size_t(j) * C + c] = float(v);
+                    }
+                b.encode = std::move(e);
+            }
+            for (int j = 0; j < C; ++j) b.variance[size_t(j)] = float(state[size_t(u)].variance[size_t(j)]);
+            m->levels[size_t(level - 1)][size_t(u)] = std::isfinite(theta[size_t(u)])
+                                                          ? adaptiveLevelBlock(state[size_t(u)], theta[size_t(u)])
+                                                          : TransformLevelBlock{std::vector<float>(size_t(C), 0.0f),
+                                                                                std::vector<uint8_t>(size_t(C), 0), {}};
+        }
+        return m;
+    }
+
+    // Advances every block's state with the symbols of `payload`, coded with params q.
+    void advance(const CodecParams& q, const std::vector<uint8_t>& payload, int chunk)
+    {
+        const TransformModel& m = *q.transform;
+        const int L = m.numLayers, B = 2 * L, C = m.channels(), T = q.shape.numTokens;
+        const int t0 = q.chunkStart(chunk), n = q.chunkLength(chunk);
+        const std::string where = "chunk " + std::to_string(chunk);
+        int raw = 0;
+        for (int t = t0; t < t0 + n; ++t) raw += t < m.settings.sinkTokens || t >= T - m.settings.recentTokens;
+        const int R = n - raw;
+        if (payload.size() < 8 * size_t(B)) throw Error(where + ": the payload is shorter than its size arrays");
+        std::vector<size_t> escOff(static_cast<size_t>(B)), strOff(static_cast<size_t>(B));
+        size_t off = 8 * size_t(B) + size_t(raw) * C * 2 * size_t(B);
+        for (int u = 0; u < B; ++u) {
+            escOff[size_t(u)] = off;
+            off += detail::getU32(payload.data() + 4 * size_t(u));
+            strOff[size_t(u)] = off;
+            off += detail::getU32(payload.data() + 4 * size_t(B + u));
+        }
+        if (off != payload.size()) throw Error(where + ": block sizes do not add up to the payload");
+        std::string error;
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int u = 0; u < B; ++u) {
+            try {
+                const TransformLevelBlock& lb = m.levels[size_t(level - 1)][size_t(u)];
+                std::vector<int> M;
+                for (int j = 0; j < C; ++j)
+                    if (lb.step[size_t(j)] > 0) M.push_back(lb.maxQ[size_t(j)]);
+                const int K = int(M.size());
+                std::vector<int32_t> qs(size_t(R) * K);
+                if (K > 0 && R > 0) {
+                    std::vector<CodingTable> tables;
+                    detail::transformCodingTables(q, kKindsOf(u, L), u % L, level, 0, true, tables);
+                    std::vector<uint8_t> sym(size_t(R) * K);
+                    const size_t strN = (u + 1 < B ? escOff[size_t(u + 1)] : payload.size()) - strOff[size_t(u)];
+                    const std::string w = where + " block " + std::to_string(u);
+                    if (m.settings.entropy == TransformEntropy::Rans32)
+                        decodeSymbolMatrixW32(payload.data() + strOff[size_t(u)], strN, R, K, tables.data(), sym.data(), w);
+                    else
+                        decodeSymbolMatrix(payload.data() + strOff[size_t(u)], strN, R, K, tables.data(), sym.data(), w);
+                    const uint8_t* esc = payload.data() + escOff[size_t(u)];
+                    const uint8_t* escEnd = payload.data() + strOff[size_t(u)];
+                    for (size_t i = 0; i < sym.size(); ++i) {
+                        const int Mk = M[i % size_t(K)], v = int(sym[i]) - Mk;
+                        if (v > -Mk && v < Mk) {
+                            qs[i] = v;
+                            continue;
+                        }
+                        uint64_t z = 0;
+                        for (int shift = 0;; shift += 7) {  // zigzag LEB128 (FORMAT.md)
+                            if (esc >= escEnd || shift > 35) throw Error(w + ": escape list is truncated");
+                            z |= uint64_t(*esc & 127) << shift;
+                            if (*esc++ < 128) break;
+                        }
+                        qs[i] = int32_t(z & 1 ? -int64_t((z + 1) >> 1) : int64_t(z >> 1));
+                    }
+                }
+                accumulateAdaptive(state[size_t(u)], lb, qs.data(), R);
+                advanceAdaptiveBasis(state[size_t(u)], s.sweeps);
+            } catch (const Error& e) {
+#pragma omp critical
+                if (error.empty()) error = e.what();
+            }
+        }
+        if (!error.empty()) throw Error(error);
+    }
+
+    static KvKind kKindsOf(int u, int L) { return u < L ? KvKind::Key : KvKind::Value; }
+};
+
+}  // namespace
+
+std::vector<std::vector<uint8_t>> encodeAdaptiveChunks(const CodecParams& p, const KvSet& kv, int level,
+                                                       const AdaptiveSettings& s)
+{
+    Chain chain(p, level, s);
+    std::vector<std::vector<uint8_t>> out;
+    for (int c = 0; c < p.numChunks(); ++c) {
+        CodecParams q = p;
+        q.transform = chain.modelFor(c, true);
+        out.push_back(detail::encodeTransformChunk(q, kv, c, level));
+        chain.advance(q, out.back(), c);
+    }
+    return out;
+}
+
+void decodeAdaptiveChunks(const CodecParams& p, const std::vector<std::vector<uint8_t>>& chunks, int level,
+                          const AdaptiveSettings& s, KvSet& out)
+{
+    Chain chain(p, level, s);
+    if (int(chunks.size()) != p.numChunks())
+        throw Error("adaptive basis: " + std::to_string(chunks.size()) + " chunks, the cache has " + std::to_string(p.numChunks()));
+    for (int c = 0; c < p.numChunks(); ++c) {
+        CodecParams q = p;
+        q.transform = chain.modelFor(c, false);
+        const std::string where = "chunk " + std::to_string(c);
+        detail::decodeTransformChunk(q, chunks[size_t(c)].data(), chunks[size_t(c)].size(), c, level, out, where);
+        chain.advance(q, chunks[size_t(c)], c);
+    }
+}
+
+}  // namespace kvscope
