@@ -52,7 +52,9 @@ for g in $GENRES; do
         f="$OUT/$g.$fam.json"
         [ -s "$f" ] && { echo "heldout: $f exists, kept (delete it to rerun)" >&2; continue; }
         mkdir "$f.lock" 2>/dev/null || { echo "heldout: $f is being measured by another run, skipped" >&2; continue; }
-        trap 'rmdir "$f.lock" 2>/dev/null' EXIT
+        # On an early exit the row's lock goes too; a row that finished removed its own (|| true: the
+        # trap's status would become the script's).
+        trap 'rmdir "$f.lock" 2>/dev/null || true' EXIT
         echo "heldout: $g $r" >&2
         case $r in
         transform) "$CLI" $E --codec transform --baselines none --levels "${TRANSFORM_LEVELS:-all}" > "$f.tmp" ;;
