@@ -82,19 +82,7 @@ void encodeHeadStream(const quant::BlockSpec& b, int h, const uint8_t* sym, cons
     std::vector<uint8_t> buf(2 * n + 2 + 4 * rans::kRansWays);
     uint8_t* const bufEnd = buf.data() + buf.size();
     uint8_t* ptr = bufEnd;
-    // Emits the 0, 1 or 2 low bytes renormalisation needs without a branch: both bytes are stored
-    // below ptr and ptr moves by the count (a byte stored but not taken is overwritten later).
-    auto put = [&ptr, &div](uint32_t& x, const CodingTable& ct, int sy) {
-        const uint32_t sf = ct.sf[sy], freq = sf >> 16;
-        const uint32_t xMax = ((rans::kRansL >> rans::kProbBits) << 8) * freq;  // < 2^31
-        const uint32_t k = uint32_t(x >= xMax) + uint32_t(uint64_t(x) >= (uint64_t(xMax) << 8));
-        ptr[-1] = uint8_t(x);
-        ptr[-2] = uint8_t(x >> 8);
-        ptr -= k;
-        x >>= 8 * k;
-        const uint32_t q = div.div(x, freq);
-        x = (q << rans::kProbBits) + (x - q * freq) + (sf & 0xffffu);
-    };
+    auto put = [&ptr, &div](uint32_t& x, const CodingTable& ct, int sy) { encPutFast(x, ptr, ct, sy, div); };
     uint32_t x[rans::kRansWays];
     for (uint32_t& v : x) rans::encInit(&v);
     for (int t = b.tokens - 1; t >= 0; --t) {  // reverse order: see rans.h

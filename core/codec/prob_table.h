@@ -60,6 +60,23 @@ struct CodingTable {
 };
 static_assert(sizeof(CodingTable) % 64 == 0, "SIMD gathers index tables as arrays of 32-bit words");
 
+// rans::encPut's step for a coding table without a divide or a branch (the encoders' hot loops):
+// the 0, 1 or 2 bytes renormalisation emits are both stored below ptr, which moves back by the
+// count (a byte stored but not taken is overwritten by the next). The same bytes as encPut; the
+// symbol's frequency must not be 0.
+inline void encPutFast(uint32_t& x, uint8_t*& ptr, const CodingTable& t, int s, const rans::FreqDivider& div)
+{
+    const uint32_t sf = t.sf[s], freq = sf >> 16;
+    const uint32_t xMax = ((rans::kRansL >> rans::kProbBits) << 8) * freq;  // < 2^31
+    const uint32_t k = uint32_t(x >= xMax) + uint32_t(uint64_t(x) >= (uint64_t(xMax) << 8));
+    ptr[-1] = uint8_t(x);
+    ptr[-2] = uint8_t(x >> 8);
+    ptr -= k;
+    x >>= 8 * k;
+    const uint32_t q = div.div(x, freq);
+    x = (q << rans::kProbBits) + (x - q * freq) + (sf & 0xffffu);
+}
+
 // Fills c from t; builds the decoder's bucket index when forDecoding.
 void toCodingTable(const ProbTable& t, CodingTable* c, bool forDecoding);
 // Builds the table for `counts` directly in coding form (same result as buildProbTable).
@@ -68,6 +85,10 @@ void buildCodingTable(const uint32_t* counts, int alphabet, CodingTable* c, bool
 // Normalises counts (alphabet entries) to a table. Deterministic: the same counts give the same
 // table on every machine. A zero total gives the centre symbol nearly all the mass.
 ProbTable buildProbTable(const uint32_t* counts, int alphabet);
+
+// The frequencies of a Laplace law of `variance` quantized with `step` on the symbols -M..M (the
+// edge symbols take the tails): the table of a component known only by its variance.
+std::vector<uint16_t> laplaceFreq(double variance, double step, int M);
 
 // Appends the serialised table to out.
 void serializeProbTable(const ProbTable& t, std::vector<uint8_t>& out);

@@ -13,9 +13,7 @@
 
 namespace kvscope {
 
-// rans::encPut's arithmetic without a divide or a branch (entropy_stage.cpp's v1 encoder): the 0,
-// 1 or 2 bytes renormalisation emits are both stored below `ptr`, which moves by the count (a byte
-// stored but not taken is overwritten by the next). The same bytes as encPut.
+// Coded with encPutFast (prob_table.h): the same bytes as rans::encPut.
 void encodeSymbolMatrix(const uint8_t* sym, int rows, int cols, const CodingTable* tables, std::vector<uint8_t>& out)
 {
     const size_t n = size_t(rows) * size_t(cols);
@@ -26,16 +24,8 @@ void encodeSymbolMatrix(const uint8_t* sym, int rows, int cols, const CodingTabl
     uint8_t* const bufEnd = buf.data() + buf.size();
     uint8_t* ptr = bufEnd;
     auto put = [&ptr, &div](uint32_t& x, const CodingTable& t, int s) {
-        const uint32_t sf = t.sf[s], freq = sf >> 16;
-        KVSCOPE_ASSERT(freq > 0);
-        const uint32_t xMax = ((rans::kRansL >> rans::kProbBits) << 8) * freq;  // < 2^31
-        const uint32_t k = uint32_t(x >= xMax) + uint32_t(uint64_t(x) >= (uint64_t(xMax) << 8));
-        ptr[-1] = uint8_t(x);
-        ptr[-2] = uint8_t(x >> 8);
-        ptr -= k;
-        x >>= 8 * k;
-        const uint32_t q = div.div(x, freq);
-        x = (q << rans::kProbBits) + (x - q * freq) + (sf & 0xffffu);
+        KVSCOPE_ASSERT(t.freq(s) > 0);
+        encPutFast(x, ptr, t, s, div);
     };
     uint32_t x[rans::kRansWays];
     for (uint32_t& v : x) rans::encInit(&v);

@@ -11,25 +11,6 @@
 
 namespace kvscope {
 
-namespace {
-
-// The table of a Laplace law of the given variance quantized with `step`, alphabet 2M + 1, the
-// edge symbols taking the tails (the same law as a model fitted on the cache itself).
-std::vector<uint16_t> laplaceFreq(double variance, double step, int M)
-{
-    const int A = 2 * M + 1;
-    const double b = std::sqrt(std::max(variance, 1e-30) / 2.0);
-    auto cdf = [b](double x) { return x < 0 ? 0.5 * std::exp(x / b) : 1.0 - 0.5 * std::exp(-x / b); };
-    std::vector<uint32_t> counts(static_cast<size_t>(A));
-    for (int q = -M; q <= M; ++q) {
-        const double lo = q == -M ? -1e300 : (q - 0.5) * step, hi = q == M ? 1e300 : (q + 0.5) * step;
-        counts[size_t(q + M)] = uint32_t(std::lround((cdf(hi) - cdf(lo)) * double(1 << 24)));
-    }
-    return buildProbTable(counts.data(), A).freq;
-}
-
-}  // namespace
-
 int jacobiSweeps(std::vector<double>& m, int n, std::vector<double>& v, int sweeps)
 {
     KVSCOPE_ASSERT(m.size() == size_t(n) * n && v.size() == size_t(n) * n);

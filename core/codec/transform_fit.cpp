@@ -280,21 +280,6 @@ TransformLevelBlock levelSteps(const TransformModel& m, const TransformLevel& le
     return lb;
 }
 
-// A Laplace distribution of the component's variance, quantized with its step: the table a model
-// fitted on the cache itself uses (no calibration data to count on).
-std::vector<uint16_t> laplaceTable(double variance, double step, int M)
-{
-    const int A = 2 * M + 1;
-    const double b = std::sqrt(std::max(variance, 1e-30) / 2.0);
-    auto cdf = [b](double x) { return x < 0 ? 0.5 * std::exp(x / b) : 1.0 - 0.5 * std::exp(-x / b); };
-    std::vector<uint32_t> counts(static_cast<size_t>(A));
-    for (int q = -M; q <= M; ++q) {
-        const double lo = q == -M ? -1e300 : (q - 0.5) * step, hi = q == M ? 1e300 : (q + 0.5) * step;
-        counts[size_t(q + M)] = uint32_t(std::lround((cdf(hi) - cdf(lo)) * double(1 << 24)));
-    }
-    return buildProbTable(counts.data(), A).freq;
-}
-
 // READ ME FIRST, 9: the block means of a calibrated model replaced by those of kv's coded tokens
 // (past the sinks; with m's RoPE, which is kv's, undone for keys). Blocks whose cache rows are
 // empty keep the calibrated mean.
@@ -625,7 +610,7 @@ void prepareTransform(CodecParams& p, const KvSet& kv, const std::string& source
                 for (size_t u = 0; u < lbs.size(); ++u)
                     for (size_t j = 0; j < lbs[u].step.size(); ++j)
                         if (lbs[u].maxQ[j])
-                            lbs[u].freq.push_back(laplaceTable(m.blocks[u].variance[j], lbs[u].step[j], lbs[u].maxQ[j]));
+                            lbs[u].freq.push_back(laplaceFreq(m.blocks[u].variance[j], lbs[u].step[j], lbs[u].maxQ[j]));
         m.fittedOnCache = true;
     }
     if (m.settings.ropeUndo) {

@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from corpus_probe import ITEMS, ROOT, bits_at, pooled  # noqa: E402
+from corpus_probe import ITEMS, ROOT, bits_at, pooled, write_item  # noqa: E402
 
 
 def timing(paths, name):
@@ -49,10 +49,7 @@ def main():
     json.dump(prof, open(w(name + ".json"), "w"))
     evals = []
     for genre, item in ITEMS.items():
-        suite = json.load(open(os.path.join(ROOT, "samples/suites", genre + ".json")))
-        it = next(x for x in suite["items"] if x["id"] == item)
-        open(w(genre + ".txt"), "w").write(it["context"])
-        open(w(genre + ".continuation.txt"), "w").write(it["continuation"])
+        write_item(genre, item, w)
         out = w("eval_" + genre + ".json")
         if not os.path.exists(out) or os.path.getsize(out) == 0:
             with open(out, "w") as f:

@@ -28,6 +28,14 @@ def run(cmd, out=None):
         subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.DEVNULL)
 
 
+def write_item(genre, item, w):
+    """The held-out item's context and continuation as w(genre + ".txt") and w(genre + ".continuation.txt")."""
+    suite = json.load(open(os.path.join(ROOT, "samples/suites", genre + ".json")))
+    it = next(x for x in suite["items"] if x["id"] == item)
+    open(w(genre + ".txt"), "w").write(it["context"])
+    open(w(genre + ".continuation.txt"), "w").write(it["continuation"])
+
+
 def capture(cli, text, h5):
     if not os.path.exists(h5):
         run([cli, "capture", "--context", text, "--out", h5, "--threads", "1"])
@@ -76,10 +84,7 @@ def main():
             run([a.cli, "calibrate", "--codec", "transform", *kvs, "--profile", ladder, "--out", w(name + ".json")])
     evals = []
     for genre, item in ITEMS.items():
-        suite = json.load(open(os.path.join(ROOT, "samples/suites", genre + ".json")))
-        it = next(x for x in suite["items"] if x["id"] == item)
-        open(w(genre + ".txt"), "w").write(it["context"])
-        open(w(genre + ".continuation.txt"), "w").write(it["continuation"])
+        write_item(genre, item, w)
         out = w("eval_" + genre + ".json")
         if not os.path.exists(out):
             run([a.cli, "eval", "--context", w(genre + ".txt"), "--codec", "transform", "--profile", w("shipped.json"),
