@@ -3,6 +3,7 @@
 // the state advanced from the payload's symbols, which encoder and decoder read alike.
 // Compiled with -ffp-contract=off (the derived matrices must be the same bits on both sides).
 #include "codec/codec_detail.h"
+#include "codec/escape_rules.h"
 #include "codec/symbol_stream.h"
 #include "codec/transform_adapt.h"
 
@@ -133,13 +134,10 @@ struct Chain {
                             qs[i] = v;
                             continue;
                         }
-                        uint64_t z = 0;
-                        for (int shift = 0;; shift += 7) {  // zigzag LEB128 (FORMAT.md)
-                            if (esc >= escEnd || shift > 35) throw Error(w + ": escape list is truncated");
-                            z |= uint64_t(*esc & 127) << shift;
-                            if (*esc++ < 128) break;
-                        }
-                        qs[i] = int32_t(z & 1 ? -int64_t((z + 1) >> 1) : int64_t(z >> 1));
+                        int64_t e = 0;
+                        if (hd::readEscape(esc, escEnd, int(sym[i]), Mk, &e) != hd::kEscapeOk)
+                            throw Error(w + ": escape list is corrupt");
+                        qs[i] = int32_t(e);
                     }
                 }
                 accumulateAdaptive(state[size_t(u)], lb, qs.data(), R);

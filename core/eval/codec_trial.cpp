@@ -81,22 +81,27 @@ CodecTrial runCodecTrial(const KvSet& kv, const CodecParams& paramsIn, int level
     std::vector<std::vector<uint8_t>> payloads;
     const bool adaptive = params.codec == CodecId::Transform && params.profile.transform.adaptPriorTokens > 0;
     const AdaptiveSettings as{params.profile.transform.adaptPriorTokens, params.profile.transform.adaptSweeps};
-    if (adaptive) payloads = encodeAdaptiveChunks(params, kv, level, as);
-    for (int c = 0; c < params.numChunks() && adaptive; ++c) t.bytes += payloads[size_t(c)].size();
-    for (int c = 0; c < params.numChunks() && !adaptive; ++c) {
-        payloads.push_back(encodeChunk(params, kv, c, level, shared ? &tables : nullptr));
-        t.bytes += payloads.back().size();
-        if (params.codec == CodecId::CacheGen) addBlockBytes(params, payloads.back(), c, t.blockBytes);
+    if (adaptive) {
+        payloads = encodeAdaptiveChunks(params, kv, level, as);
+        for (const auto& pl : payloads) t.bytes += pl.size();
+    } else {
+        for (int c = 0; c < params.numChunks(); ++c) {
+            payloads.push_back(encodeChunk(params, kv, c, level, shared ? &tables : nullptr));
+            t.bytes += payloads.back().size();
+            if (params.codec == CodecId::CacheGen) addBlockBytes(params, payloads.back(), c, t.blockBytes);
+        }
     }
     t.bytes += t.tableBytes;
     t.encodeSeconds = std::chrono::duration<double>(Clock::now() - t0).count();
 
     t0 = Clock::now();
     t.decoded = KvSet(kv.shape(), kv.dtype());
-    if (adaptive) decodeAdaptiveChunks(params, payloads, level, as, t.decoded);
-    for (int c = 0; c < params.numChunks() && !adaptive; ++c)
-        decodeChunk(params, payloads[size_t(c)].data(), payloads[size_t(c)].size(), c, level, shared ? &tables : nullptr,
-                    t.decoded, "chunk " + std::to_string(c));
+    if (adaptive)
+        decodeAdaptiveChunks(params, payloads, level, as, t.decoded);
+    else
+        for (int c = 0; c < params.numChunks(); ++c)
+            decodeChunk(params, payloads[size_t(c)].data(), payloads[size_t(c)].size(), c, level,
+                        shared ? &tables : nullptr, t.decoded, "chunk " + std::to_string(c));
     t.decodeSeconds = std::chrono::duration<double>(Clock::now() - t0).count();
     t.decoded.tokens = kv.tokens;
     t.decoded.context = kv.context;
