@@ -283,13 +283,10 @@ int LinkPacer::beginSend()
     std::lock_guard<std::mutex> lock(m_mutex);
     const int id = m_nextId++;
     Sender snd;
-    // A new sender starts level with the least-served waiting one (a fresh flow owes nothing and is owed nothing).
-    bool any = false;
-    for (const auto& [k, v] : m_senders)
-        if (v.waiting) {
-            snd.tag = any ? std::min(snd.tag, v.tag) : v.tag;
-            any = true;
-        }
+    // A new sender starts level with the least-served waiting one (a fresh flow owes nothing and is
+    // owed nothing), or, when none waits at this instant, at the virtual time of the last grant:
+    // never at 0, which would let it cut in ahead of every flow already sending.
+    snd.tag = leastWaitingTag(-1);
     m_senders[id] = snd;
     if (m_active++ == 0) {
         // The link was idle: what it could have carried meanwhile is gone.
@@ -342,14 +339,7 @@ uint64_t LinkPacer::grant(uint64_t want, double now, int id)
         // Coming back from a stall: never behind the least-served waiting sender. Coming back
         // from writing what it was granted is not a stall: its deficit, if any, still counts.
         const bool stalled = me->lastAsk < 0 || now - me->lastAsk > kComebackSeconds;
-        bool any = false;
-        double least = 0;
-        for (const auto& [k, v] : m_senders)
-            if (v.waiting && k != id) {
-                least = any ? std::min(least, v.tag) : v.tag;
-                any = true;
-            }
-        if (any && stalled) me->tag = std::max(me->tag, least);
+        if (stalled) me->tag = std::max(me->tag, leastWaitingTag(id));
         me->waiting = true;
     }
     if (me) me->lastAsk = now;
@@ -363,12 +353,25 @@ uint64_t LinkPacer::grant(uint64_t want, double now, int id)
         n = std::min<uint64_t>(n, kFairQuantum);
     }
     if (me) {
+        m_virtualTime = std::max(m_virtualTime, me->tag);  // the start tag of the flow in service
         me->tag += double(n);
         me->waiting = false;
     }
     m_busySent += n;
     m_totalSent += n;
     return n;
+}
+
+double LinkPacer::leastWaitingTag(int except) const
+{
+    bool any = false;
+    double least = 0;
+    for (const auto& [k, v] : m_senders)
+        if (v.waiting && k != except) {
+            least = any ? std::min(least, v.tag) : v.tag;
+            any = true;
+        }
+    return any ? least : m_virtualTime;
 }
 
 double LinkPacer::whenAvailable(uint64_t bytes) const

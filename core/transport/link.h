@@ -96,7 +96,10 @@ private:
 // senders get equal shares, a sender that wants less keeps what it wants, and the rest is split
 // among the others. A sender that stops asking (its peer stopped reading) is not waited for: only
 // waiting senders count, and one that comes back after more than kComebackSeconds has its tag
-// raised to the smallest waiting tag, so it cannot claim the capacity it missed.
+// raised to the smallest waiting tag, so it cannot claim the capacity it missed. A new sender
+// starts there too. When no sender waits at that instant, both take the virtual time (the
+// largest tag a grant started from): a new flow with tag 0 would otherwise cut in ahead of
+// every flow already sending for as long as their tags are ahead of it.
 class LinkPacer {
 public:
     LinkPacer() : LinkPacer(LinkSchedule::constant(125e6)) {}
@@ -150,6 +153,11 @@ private:
         double lastAsk = -1;   // monotonic time of its last grant() call (-1: never asked)
     };
     std::map<int, Sender> m_senders;
+    // Start-time fair queueing's virtual time: the largest start tag granted so far. Where a
+    // sender that arrives, or comes back, while no other one waits is placed.
+    double m_virtualTime = 0;
+    // The smallest tag among the waiting senders other than `except`, else the virtual time.
+    double leastWaitingTag(int except) const;
     int m_nextId = 0;
     double m_idleSince = 0;     // link time the link went idle
     double m_idleLost = 0, m_busyLost = 0, m_busyCapacity = 0;
