@@ -1,54 +1,155 @@
 // The backward-adaptive basis (transform_adapt.h). Compiled with -ffp-contract=off: encoder and
-// decoders must derive the same bits (READ ME FIRST there).
+// decoders must derive the same bits (READ ME FIRST there). The vector kernels below do only
+// element-wise products and sums (no reordered reductions), so every path gives the scalar bits.
 #include "codec/transform_adapt.h"
 
 #include "codec/prob_table.h"
 
 #include "common/error.h"
+#include "common/simd_path.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
 
 namespace kvscope {
 
-int jacobiSweeps(std::vector<double>& m, int n, std::vector<double>& v, int sweeps)
+namespace {
+
+// a' = c a - s b, b' = s a + c b, element by element: two rounded products and one rounded sum
+// per element on every path.
+void rotateScalar(double* a, double* b, int n, double c, double s)
+{
+    for (int k = 0; k < n; ++k) {
+        const double x = a[k], y = b[k];
+        a[k] = c * x - s * y;
+        b[k] = s * x + c * y;
+    }
+}
+
+// y[k] += a * x[k] (a rounded product, then a rounded sum).
+void axpyScalar(double* y, const double* x, int n, double a)
+{
+    for (int k = 0; k < n; ++k) y[k] += a * x[k];
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx2"))) void rotateAvx2(double* a, double* b, int n, double c, double s)
+{
+    const __m256d cv = _mm256_set1_pd(c), sv = _mm256_set1_pd(s);
+    int k = 0;
+    for (; k + 4 <= n; k += 4) {
+        const __m256d x = _mm256_loadu_pd(a + k), y = _mm256_loadu_pd(b + k);
+        _mm256_storeu_pd(a + k, _mm256_sub_pd(_mm256_mul_pd(cv, x), _mm256_mul_pd(sv, y)));
+        _mm256_storeu_pd(b + k, _mm256_add_pd(_mm256_mul_pd(sv, x), _mm256_mul_pd(cv, y)));
+    }
+    rotateScalar(a + k, b + k, n - k, c, s);
+}
+
+__attribute__((target("avx2"))) void axpyAvx2(double* y, const double* x, int n, double a)
+{
+    const __m256d av = _mm256_set1_pd(a);
+    int k = 0;
+    for (; k + 4 <= n; k += 4)
+        _mm256_storeu_pd(y + k, _mm256_add_pd(_mm256_loadu_pd(y + k), _mm256_mul_pd(av, _mm256_loadu_pd(x + k))));
+    axpyScalar(y + k, x + k, n - k, a);
+}
+
+__attribute__((target("avx512f"))) void rotateAvx512(double* a, double* b, int n, double c, double s)
+{
+    const __m512d cv = _mm512_set1_pd(c), sv = _mm512_set1_pd(s);
+    int k = 0;
+    for (; k + 8 <= n; k += 8) {
+        const __m512d x = _mm512_loadu_pd(a + k), y = _mm512_loadu_pd(b + k);
+        _mm512_storeu_pd(a + k, _mm512_sub_pd(_mm512_mul_pd(cv, x), _mm512_mul_pd(sv, y)));
+        _mm512_storeu_pd(b + k, _mm512_add_pd(_mm512_mul_pd(sv, x), _mm512_mul_pd(cv, y)));
+    }
+    rotateScalar(a + k, b + k, n - k, c, s);
+}
+
+__attribute__((target("avx512f"))) void axpyAvx512(double* y, const double* x, int n, double a)
+{
+    const __m512d av = _mm512_set1_pd(a);
+    int k = 0;
+    for (; k + 8 <= n; k += 8)
+        _mm512_storeu_pd(y + k, _mm512_add_pd(_mm512_loadu_pd(y + k), _mm512_mul_pd(av, _mm512_loadu_pd(x + k))));
+    axpyScalar(y + k, x + k, n - k, a);
+}
+#endif
+
+void rotate(SimdPath path, double* a, double* b, int n, double c, double s)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (path == SimdPath::Avx512) return rotateAvx512(a, b, n, c, s);
+    if (path == SimdPath::Avx2) return rotateAvx2(a, b, n, c, s);
+#endif
+    rotateScalar(a, b, n, c, s);
+}
+
+void axpy(SimdPath path, double* y, const double* x, int n, double a)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (path == SimdPath::Avx512) return axpyAvx512(y, x, n, a);
+    if (path == SimdPath::Avx2) return axpyAvx2(y, x, n, a);
+#endif
+    axpyScalar(y, x, n, a);
+}
+
+}  // namespace
+
+// The rotations' column updates are not written as they happen (strided stores, most of the time
+// of a sweep): within pass p (pivot row p, q = p + 1..), row q is brought up to date just before
+// its rotation from the rows rotated before it, and after the pass the columns are written as rows
+// (column p from row p, the upper triangle of rows > p from their lower one). The arithmetic is the
+// same as updating rows and columns at every rotation.
+int jacobiSweeps(std::vector<double>& m, int n, std::vector<double>& v, int sweeps, double minCorrelation)
 {
     KVSCOPE_ASSERT(m.size() == size_t(n) * n && v.size() == size_t(n) * n);
-    auto at = [&](int i, int j) -> double& { return m[size_t(i) * n + j]; };
+    const SimdPath path = simdPath();
+    double* const a = m.data();
+    auto row = [&](int i) { return a + size_t(i) * n; };
+    const double min2 = minCorrelation * minCorrelation;
     double total = 0;
     for (double x : m) total += x * x;
     int done = 0;
     for (; done < sweeps; ++done) {
         double off = 0;
         for (int i = 0; i < n; ++i)
-            for (int j = i + 1; j < n; ++j) off += at(i, j) * at(i, j);
+            for (int j = i + 1; j < n; ++j) off += row(i)[j] * row(i)[j];
         if (off <= 1e-24 * total) break;
-        for (int p = 0; p < n; ++p)
+        bool rotated = false;
+        for (int p = 0; p + 1 < n; ++p) {
+            double* mp = row(p);
             for (int q = p + 1; q < n; ++q) {
-                const double apq = at(p, q), app = at(p, p), aqq = at(q, q);
+                double* mq = row(q);
+                for (int k = p + 1; k < q; ++k) mq[k] = row(k)[q];
+                const double apq = mp[q], app = mp[p], aqq = mq[q];
                 if (apq * apq <= 1e-30 * (app * app + aqq * aqq) || std::fabs(apq) < 1e-300) continue;
+                if (apq * apq <= min2 * std::fabs(app * aqq)) continue;
                 const double tau = (aqq - app) / (2 * apq);
                 const double t = (tau >= 0 ? 1.0 : -1.0) / (std::fabs(tau) + std::sqrt(1 + tau * tau));
                 const double c = 1 / std::sqrt(1 + t * t), s = t * c;
-                // m <- J^T m J: rows p, q, then columns p, q (the symmetric copy of the rows).
-                for (int k = 0; k < n; ++k) {
-                    const double mpk = at(p, k), mqk = at(q, k);
-                    at(p, k) = c * mpk - s * mqk;
-                    at(q, k) = s * mpk + c * mqk;
-                }
-                for (int k = 0; k < n; ++k) {
-                    const double mkp = at(k, p), mkq = at(k, q);
-                    at(k, p) = c * mkp - s * mkq;
-                    at(k, q) = s * mkp + c * mkq;
-                }
-                double* vp = v.data() + size_t(p) * n;
-                double* vq = v.data() + size_t(q) * n;
-                for (int k = 0; k < n; ++k) {
-                    const double a = vp[k], b = vq[k];
-                    vp[k] = c * a - s * b;
-                    vq[k] = s * a + c * b;
-                }
+                // m <- J^T m J: rows p and q rotated, the 2 x 2 block set to its exact result.
+                rotate(path, mp, mq, n, c, s);
+                mp[p] = app - t * apq;
+                mq[q] = aqq + t * apq;
+                mp[q] = mq[p] = 0;
+                rotate(path, v.data() + size_t(p) * n, v.data() + size_t(q) * n, n, c, s);
+                rotated = true;
             }
+            for (int k = p + 1; k < n; ++k) {
+                double* mk = row(k);
+                mk[p] = mp[k];
+                for (int q = k + 1; q < n; ++q) mk[q] = row(q)[k];
+            }
+        }
+        // Row i's columns > i went stale in the passes after pass i; its lower part is current.
+        for (int i = 0; i < n; ++i)
+            for (int j = i + 1; j < n; ++j) row(i)[j] = row(j)[i];
+        if (!rotated) return done + 1;
     }
     return done;
 }
@@ -61,9 +162,12 @@ AdaptiveBasis startAdaptiveBasis(const std::vector<float>& lambda, double priorT
     a.C = int(lambda.size());
     a.priorTokens = priorTokens;
     a.lambda.assign(lambda.begin(), lambda.end());
-    a.sum.assign(size_t(a.C) * a.C, 0.0);
     a.rotation.assign(size_t(a.C) * a.C, 0.0);
-    for (int i = 0; i < a.C; ++i) a.rotation[size_t(i) * a.C + i] = 1.0;
+    a.cov.assign(size_t(a.C) * a.C, 0.0);
+    for (int i = 0; i < a.C; ++i) {
+        a.rotation[size_t(i) * a.C + i] = 1.0;
+        a.cov[size_t(i) * a.C + i] = priorTokens * a.lambda[size_t(i)];
+    }
     a.variance = a.lambda;
     return a;
 }
@@ -72,41 +176,21 @@ void advanceAdaptiveBasis(AdaptiveBasis& a, int sweeps)
 {
     if (a.tokens <= 0) return;
     const int C = a.C;
-    const double w = 1.0 / (a.priorTokens + a.tokens);
-    std::vector<double> cov(a.sum.size());
-    for (int i = 0; i < C; ++i)
-        for (int j = 0; j < C; ++j)
-            cov[size_t(i) * C + j] = (a.sum[size_t(i) * C + j] + (i == j ? a.priorTokens * a.lambda[size_t(i)] : 0.0)) * w;
-    // Warm start: the covariance in the previous basis, R cov R^T, which is nearly diagonal.
-    std::vector<double> tmp(cov.size(), 0.0), warm(cov.size(), 0.0);
-    const std::vector<double>& R = a.rotation;
-    for (int i = 0; i < C; ++i)
-        for (int k = 0; k < C; ++k) {
-            const double r = R[size_t(i) * C + k];
-            if (r == 0) continue;
-            const double* ck = cov.data() + size_t(k) * C;
-            double* ti = tmp.data() + size_t(i) * C;
-            for (int j = 0; j < C; ++j) ti[j] += r * ck[j];
-        }
-    for (int i = 0; i < C; ++i)
-        for (int j = i; j < C; ++j) {
-            double s = 0;
-            const double* ti = tmp.data() + size_t(i) * C;
-            const double* rj = R.data() + size_t(j) * C;
-            for (int k = 0; k < C; ++k) s += ti[k] * rj[k];
-            warm[size_t(i) * C + j] = warm[size_t(j) * C + i] = s;
-        }
-    std::vector<double> v = a.rotation;
-    jacobiSweeps(warm, C, v, sweeps);
+    jacobiSweeps(a.cov, C, a.rotation, sweeps, kAdaptiveMinCorrelation);
     std::vector<int> order(static_cast<size_t>(C));
     for (int i = 0; i < C; ++i) order[size_t(i)] = i;
     std::stable_sort(order.begin(), order.end(),
-                     [&](int x, int y) { return warm[size_t(x) * C + x] > warm[size_t(y) * C + y]; });
+                     [&](int x, int y) { return a.cov[size_t(x) * C + x] > a.cov[size_t(y) * C + y]; });
+    std::vector<double> rot(a.rotation.size()), cov(a.cov.size());
+    const double w = a.priorTokens + a.tokens;
     for (int r = 0; r < C; ++r) {
         const int i = order[size_t(r)];
-        a.variance[size_t(r)] = std::max(0.0, warm[size_t(i) * C + i]);
-        std::copy_n(v.data() + size_t(i) * C, C, a.rotation.data() + size_t(r) * C);
+        a.variance[size_t(r)] = std::max(0.0, a.cov[size_t(i) * C + i] / w);
+        std::copy_n(a.rotation.data() + size_t(i) * C, C, rot.data() + size_t(r) * C);
+        for (int s = 0; s < C; ++s) cov[size_t(r) * C + s] = a.cov[size_t(i) * C + order[size_t(s)]];
     }
+    a.rotation = std::move(rot);
+    a.cov = std::move(cov);
 }
 
 TransformLevelBlock adaptiveLevelBlock(const AdaptiveBasis& a, double theta)
@@ -136,36 +220,22 @@ void accumulateAdaptive(AdaptiveBasis& a, const TransformLevelBlock& lb, const i
     const int K = int(coded.size());
     a.tokens += rows;
     if (K == 0 || rows == 0) return;
-    // G = Y^T Y of the chunk's reconstructed components y = q Delta (K x K), then S += R_K^T G R_K.
+    // G = Y^T Y of the chunk's reconstructed components y = q Delta (K x K; its upper triangle,
+    // row i from column i, summed over the rows in order), added to cov at the coded components:
+    // in the chunk's own basis the chunk adds exactly G.
+    const SimdPath path = simdPath();
     std::vector<double> g(size_t(K) * K, 0.0), y(static_cast<size_t>(K));
     for (int r = 0; r < rows; ++r) {
         for (int k = 0; k < K; ++k) y[size_t(k)] = double(q[size_t(r) * K + k]) * double(lb.step[size_t(coded[size_t(k)])]);
-        for (int i = 0; i < K; ++i) {
-            const double yi = y[size_t(i)];
-            if (yi == 0) continue;
-            double* gi = g.data() + size_t(i) * K;
-            for (int j = 0; j < K; ++j) gi[j] += yi * y[size_t(j)];
-        }
+        for (int i = 0; i < K; ++i)
+            if (y[size_t(i)] != 0) axpy(path, g.data() + size_t(i) * K + i, y.data() + i, K - i, y[size_t(i)]);
     }
-    std::vector<double> t(size_t(K) * C, 0.0);  // G R_K (K x C)
     for (int i = 0; i < K; ++i)
-        for (int k = 0; k < K; ++k) {
-            const double gik = g[size_t(i) * K + k];
-            if (gik == 0) continue;
-            const double* rk = a.rotation.data() + size_t(coded[size_t(k)]) * C;
-            double* ti = t.data() + size_t(i) * C;
-            for (int c = 0; c < C; ++c) ti[c] += gik * rk[c];
+        for (int j = i; j < K; ++j) {
+            const double gij = g[size_t(i) * K + j];
+            a.cov[size_t(coded[size_t(i)]) * C + coded[size_t(j)]] += gij;
+            if (j != i) a.cov[size_t(coded[size_t(j)]) * C + coded[size_t(i)]] += gij;
         }
-    for (int i = 0; i < K; ++i) {  // S += R_K^T (G R_K): row c of S gets R[coded i][c] times row i
-        const double* ri = a.rotation.data() + size_t(coded[size_t(i)]) * C;
-        const double* ti = t.data() + size_t(i) * C;
-        for (int c = 0; c < C; ++c) {
-            const double r = ri[c];
-            if (r == 0) continue;
-            double* sc = a.sum.data() + size_t(c) * C;
-            for (int d = 0; d < C; ++d) sc[d] += r * ti[d];
-        }
-    }
 }
 
 }  // namespace kvscope

@@ -13,14 +13,20 @@
 //   coded tokens of chunks 0..n-1 AS RECONSTRUCTED: zhat = R_c^T (q * Delta) with the integer
 //   symbols q (escapes resolved) of chunk c and its rotation. P (prior tokens) shrinks toward the
 //   calibration, which carries the components that are never coded.
+// - The state is that covariance, times P + N, IN THE CURRENT BASIS (`cov` = R (P diag(lambda) +
+//   S) R^T): in chunk c's own basis its tokens add exactly Y^T Y (y = q * Delta), an O(K^2)
+//   update, and the Jacobi starts from it, nearly diagonal, with no change of basis to compute.
 // - Encoder and every decoder must derive bit-identical R: they start from the same exact
-//   integers and doubles and run the same scalar double arithmetic in a fixed order (this file
-//   is compiled with -ffp-contract=off; no SIMD, no threads inside one block). The float inverse
+//   integers and doubles and run the same double arithmetic in a fixed order (these files are
+//   compiled with -ffp-contract=off; vector paths only for element-wise products and sums, which
+//   round as the scalar ones; no reordered sums, no threads inside one block). The float inverse
 //   transforms differ by an ulp between SIMD paths, which is why the chain reads the symbols, not
 //   the decoded floats.
 // - The eigensolver is cyclic Jacobi warm-started in the previous chunk's basis with a fixed
-//   number of sweeps: the result need not be an exact eigenbasis (any orthonormal R decodes),
-//   only the same on both sides, and a fixed budget bounds the decoder's time.
+//   number of sweeps, skipping pairs correlated by less than kAdaptiveMinCorrelation: the result
+//   need not be an exact eigenbasis (any orthonormal R decodes, and what a chunk leaves undone
+//   stays in `cov` for the next), only the same on both sides, and a fixed budget bounds the
+//   decoder's time.
 // - The chain depends on the level of every earlier chunk (the symbols it accumulated), so a
 //   stream whose chunks switch levels needs every earlier chunk at the level the encoder used.
 #pragma once
@@ -37,17 +43,22 @@ struct AdaptiveBasis {
     int C = 0;
     double priorTokens = 0;       // P, > 0
     std::vector<double> lambda;   // (C) the calibrated variances, descending (the prior's diagonal)
-    std::vector<double> sum;      // (C, C) S, row-major, calibrated coordinates
+    std::vector<double> sum;      // unused, empty: the state is `cov` (kept for source compatibility)
     double tokens = 0;            // N
+    // (C, C) (P + N) times the covariance, in the basis `rotation` (row i, column j: components i
+    // and j of the next chunk before its Jacobi, or of this chunk after it), exactly symmetric.
+    std::vector<double> cov;
     std::vector<double> rotation; // (C, C) R of the next chunk (identity before the first)
     std::vector<double> variance; // (C) the next chunk's component variances, descending
 };
 
-// The state before chunk 0: R = I, variances lambda. Throws kvscope::Error when priorTokens <= 0.
+// The state before chunk 0: R = I, cov = P diag(lambda), variances lambda. Throws kvscope::Error
+// when priorTokens <= 0.
 AdaptiveBasis startAdaptiveBasis(const std::vector<float>& lambda, double priorTokens);
 
-// Derives R and the variances of the next chunk from lambda, S and N (the current R is the warm
-// start), with at most `sweeps` Jacobi sweeps. With N = 0 it leaves R = I.
+// Derives R and the variances of the next chunk: at most `sweeps` Jacobi sweeps on cov (pairs of
+// correlation under kAdaptiveMinCorrelation skipped), rotations composed into R, components sorted
+// by descending variance (stable), variances cov's diagonal / (P + N). With N = 0 it leaves R = I.
 void advanceAdaptiveBasis(AdaptiveBasis& a, int sweeps);
 
 // The next chunk's quantizer at water level theta (READ ME FIRST, 4 and 5 of transform.h): the
@@ -55,15 +66,22 @@ void advanceAdaptiveBasis(AdaptiveBasis& a, int sweeps);
 // Laplace tables of their variances (what a model fitted on the cache uses).
 TransformLevelBlock adaptiveLevelBlock(const AdaptiveBasis& a, double theta);
 
-// Adds a chunk's reconstructed tokens to S and N: q (rows x K, row-major) are the exact integer
-// symbols (escapes resolved) of the coded components of lb, in ascending component order.
+// Adds a chunk's reconstructed tokens to cov and N: q (rows x K, row-major) are the exact integer
+// symbols (escapes resolved) of the coded components of lb, in ascending component order, coded
+// in the state's current basis (before the next advanceAdaptiveBasis).
 void accumulateAdaptive(AdaptiveBasis& a, const TransformLevelBlock& lb, const int32_t* q, int rows);
 
-// Cyclic Jacobi on the symmetric m (n x n, row-major, destroyed: its diagonal ends as the
-// eigenvalues), accumulating the rotations into v (n x n, rows rotated: v <- J^T v) for at most
-// `sweeps` sweeps or until the off-diagonal mass is below 1e-24 of the total. Returns the sweeps
-// run. Deterministic: the same inputs give the same bits on every x86-64 and ARM build.
-int jacobiSweeps(std::vector<double>& m, int n, std::vector<double>& v, int sweeps);
+// Cyclic Jacobi on the exactly symmetric m (n x n, row-major, kept exactly symmetric: its
+// diagonal ends as the eigenvalues), accumulating the rotations into v (n x n, rows rotated:
+// v <- J^T v) for at most `sweeps` sweeps, until the off-diagonal mass is below 1e-24 of the total
+// or a sweep rotates nothing. A pair (p, q) is skipped when m_pq^2 <= minCorrelation^2 |m_pp m_qq|.
+// Returns the sweeps run. Deterministic: the same inputs give the same bits on every x86-64 and
+// ARM build and SIMD path.
+int jacobiSweeps(std::vector<double>& m, int n, std::vector<double>& v, int sweeps, double minCorrelation = 0);
+
+// The chain's Jacobi skips pairs whose correlation is under this: a residual correlation rho
+// costs about 0.72 rho^2 bits per pair of coded components, and it stays in cov for the next chunk.
+constexpr double kAdaptiveMinCorrelation = 1e-4;
 
 // The chain over a whole cache at one level. Chunk 0 is coded exactly as the calibrated codec
 // codes it; chunk n > 0 in the basis derived from the symbols of chunks 0..n-1 (escapes

@@ -1,9 +1,12 @@
 // The backward-adaptive chain over a cache's chunks (transform_adapt.h): per chunk, a model
 // derived from the calibrated one and the chain's state, the calibrated chunk coder on it, and
 // the state advanced from the payload's symbols, which encoder and decoder read alike.
-// Compiled with -ffp-contract=off (the derived matrices must be the same bits on both sides).
+// Compiled with -ffp-contract=off. What must be the same bits on both sides is the state (R, the
+// variances, hence the tables); the chunk's matrices A R^T and R A^{-1} only reconstruct and
+// quantise, so they are float products (BLAS), as any transform model's matrices are float.
 #include "codec/codec_detail.h"
 #include "codec/escape_rules.h"
+#include "codec/linalg.h"
 #include "codec/symbol_stream.h"
 #include "codec/transform_adapt.h"
 
@@ -23,6 +26,7 @@ struct Chain {
     AdaptiveSettings s;
     std::vector<AdaptiveBasis> state;  // per block u = kind * L + layer
     std::vector<double> theta;         // per block; +inf when the calibrated level codes nothing
+    std::shared_ptr<TransformModel> work;  // the model of chunks 1.., changed in place per chunk
 
     Chain(const CodecParams& params, int lv, const AdaptiveSettings& settings) : p(params), level(lv), s(settings)
     {
@@ -47,43 +51,33 @@ struct Chain {
         }
     }
 
-    // The model chunk `chunk` is coded with: the calibrated one for chunk 0, else per block the
-    // decode matrix A R^T (and, for the encoder, R A^{-1}) and the derived level block.
-    std::shared_ptr<const TransformModel> modelFor(int chunk, bool encoder) const
+    // The model chunk `chunk` is coded with: the calibrated one for chunk 0, else one working copy
+    // (made once) with, per block, the decode matrix A R^T (and, for the encoder, R A^{-1}) and the
+    // derived level block. Its decoder's derived tables are reset (TransformDecodeSlot).
+    std::shared_ptr<const TransformModel> modelFor(int chunk, bool encoder)
     {
         if (chunk == 0) return p.transform;
-        auto m = std::make_shared<TransformModel>(*p.transform);
-        const int C = m->channels(), B = 2 * m->numLayers;
+        if (!work) work = std::make_shared<TransformModel>(*p.transform);
+        TransformModel& m = *work;
+        const TransformModel& base = *p.transform;
+        const int C = m.channels(), B = 2 * m.numLayers;
 #pragma omp parallel for schedule(dynamic, 1)
         for (int u = 0; u < B; ++u) {
-            TransformBlock& b = m->blocks[size_t(u)];
+            TransformBlock& b = m.blocks[size_t(u)];
+            const TransformBlock& b0 = base.blocks[size_t(u)];
             const std::vector<double>& R = state[size_t(u)].rotation;
-            std::vector<float> a(size_t(C) * C);
-            for (int c = 0; c < C; ++c)
-                for (int j = 0; j < C; ++j) {
-                    double v = 0;
-                    for (int k = 0; k < C; ++k) v += double(b.decode[size_t(c) * C + k]) * R[size_t(j) * C + k];
-                    a[size_t(c) * C + j] = float(v);
-                }
-            b.decode = std::move(a);
+            std::vector<float> r(R.begin(), R.end());
+            detail::gemm(true, C, C, C, b0.decode.data(), r.data(), b.decode.data());  // A R^T
             prepareDecodeColumns(b);
-            if (encoder) {
-                std::vector<float> e(size_t(C) * C);
-                for (int j = 0; j < C; ++j)
-                    for (int c = 0; c < C; ++c) {
-                        double v = 0;
-                        for (int k = 0; k < C; ++k) v += R[size_t(j) * C + k] * double(b.encode[size_t(k) * C + c]);
-                        e[size_t(j) * C + c] = float(v);
-                    }
-                b.encode = std::move(e);
-            }
+            if (encoder) detail::gemm(false, C, C, C, r.data(), b0.encode.data(), b.encode.data());  // R A^{-1}
             for (int j = 0; j < C; ++j) b.variance[size_t(j)] = float(state[size_t(u)].variance[size_t(j)]);
-            m->levels[size_t(level - 1)][size_t(u)] = std::isfinite(theta[size_t(u)])
-                                                          ? adaptiveLevelBlock(state[size_t(u)], theta[size_t(u)])
-                                                          : TransformLevelBlock{std::vector<float>(size_t(C), 0.0f),
-                                                                                std::vector<uint8_t>(size_t(C), 0), {}};
+            m.levels[size_t(level - 1)][size_t(u)] = std::isfinite(theta[size_t(u)])
+                                                         ? adaptiveLevelBlock(state[size_t(u)], theta[size_t(u)])
+                                                         : TransformLevelBlock{std::vector<float>(size_t(C), 0.0f),
+                                                                               std::vector<uint8_t>(size_t(C), 0), {}};
         }
-        return m;
+        m.decodeCache = TransformDecodeSlot{};
+        return work;
     }
 
     // Advances every block's state with the symbols of `payload`, coded with params q.
