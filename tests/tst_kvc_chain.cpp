@@ -130,6 +130,35 @@ private slots:
         kvscope_test::expectError("plain.kvc", [&] { KvcChainDecoder(*plain, 1); }, "do not chain");
     }
 
+    // A consumer that gives up the rest of a level (a stream falling back to text) decodes the
+    // chunks it holds: the same tokens as the whole level's decode; the chain then takes no more.
+    void decodesTheHeldPrefix()
+    {
+        const auto reader = KvcReader::fromBuffer(m_file.data(), m_file.size(), "chain.kvc");
+        const KvSet whole = reader->decodeAll({2});
+        KvcChainDecoder chain(*reader, 2);
+        KvSet out(m_kv.shape(), m_kv.dtype());
+        for (int c = 0; c < 3; ++c) {
+            const auto b = reader->readChunk(c, 2);
+            QVERIFY(!chain.add(c, 2, b.data(), b.size(), out));
+        }
+        chain.decodeHeld(out);
+        QVERIFY(chain.closed());
+        const KvShape& sh = m_kv.shape();
+        const size_t row = size_t(sh.headDim) * dtypeSize(m_kv.dtype());
+        for (int l = 0; l < sh.numLayers; ++l)
+            for (KvKind k : {KvKind::Key, KvKind::Value})
+                for (int h = 0; h < sh.numKvHeads; ++h) {
+                    const size_t off = size_t(h) * sh.numTokens * row;
+                    QVERIFY(std::memcmp(out.data(k, l) + off, whole.data(k, l) + off, 3 * kChunk * row) == 0);
+                    // chunk 3 was not decoded: still zero
+                    std::vector<uint8_t> zero(row, 0);
+                    QVERIFY(std::memcmp(out.data(k, l) + off + 3 * kChunk * row, zero.data(), row) == 0);
+                }
+        const auto b3 = reader->readChunk(3, 2);
+        kvscope_test::expectError("chain.kvc", [&] { chain.add(3, 2, b3.data(), b3.size(), out); }, "decoded already");
+    }
+
     // The CUDA front end refuses a chained file before touching a device (no GPU needed).
     void cudaDecoderRefusesChains()
     {

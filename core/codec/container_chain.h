@@ -49,10 +49,17 @@ public:
     // missed throws from that call, naming the chunk, with the chunks before it decoded into out.
     bool add(int chunk, int level, const uint8_t* data, size_t size, KvSet& out);
 
+    // Decodes the chunks held (0..next()-1) into out, for a consumer that gives up the rest of the
+    // level (a stream that recomputes them from text); add() refuses any chunk after it. Does
+    // nothing when the level was decoded whole, or a second time. Throws like add().
+    void decodeHeld(KvSet& out);
+    bool closed() const { return m_closed; }
+
 private:
     const KvcReader& m_reader;
     int m_level;
     std::vector<std::vector<uint8_t>> m_payloads;
+    bool m_closed = false;  // decodeHeld ran
 };
 
 }  // namespace kvscope
