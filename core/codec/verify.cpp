@@ -9,15 +9,23 @@ namespace kvscope {
 
 namespace {
 
-// A chained file (container_chain.h): every payload's CRC, then each level whose CRCs all hold
-// decoded as its chain. A damaged chunk stops its level's chain, so the chunks after it are
-// checked by CRC only; the damage is recorded at the chunk the decoder names.
+// A chained file (container_chain.h), level by level in chunk order: every payload's CRC, and
+// the level decoded as its chain up to the first damaged chunk (the chunks before it decode as a
+// prefix; those after it are checked by CRC only). The damage is recorded at the chunk the
+// reader names: a chain decodes when its last chunk is added, so a decode failure names its own.
 void verifyChains(const KvcReader& reader, KvSet& scratch, KvcVerifyReport& r, const Progress& progress)
 {
     const int total = r.chunks * r.levels;
     for (int l = 1; l <= r.levels; ++l) {
         KvcChainDecoder chain(reader, l);
         bool broken = false;
+        auto record = [&](const Error& e, int c) {
+            const std::string msg = e.what();
+            const size_t at = msg.find(": chunk ", reader.name().size());
+            const int named = at == std::string::npos ? c : std::atoi(msg.c_str() + at + 8);
+            r.damaged.push_back({named >= 0 && named <= c ? named : c, l, msg});
+            broken = true;
+        };
         for (int c = 0; c < r.chunks; ++c) {
             try {
                 const std::vector<uint8_t> b = reader.readChunk(c, l);
@@ -25,12 +33,14 @@ void verifyChains(const KvcReader& reader, KvSet& scratch, KvcVerifyReport& r, c
             } catch (const Cancelled&) {
                 throw;
             } catch (const Error& e) {
-                // A decode failure surfaces with the last chunk: its message names the chunk.
-                const std::string msg = e.what();
-                const size_t at = msg.find(": chunk ", reader.name().size());
-                const int named = at == std::string::npos ? c : std::atoi(msg.c_str() + at + 8);
-                r.damaged.push_back({named >= 0 && named <= c ? named : c, l, msg});
-                broken = true;
+                if (!broken) {
+                    try {
+                        chain.decodeHeld(scratch);
+                    } catch (const Error& held) {
+                        record(held, c);
+                    }
+                }
+                record(e, c);
             }
             ++r.checked;
             if (progress && !progress(double(r.checked) / total)) throw Cancelled();
