@@ -97,6 +97,24 @@ private slots:
         QVERIFY(!KvcReader::fromBuffer(plainFile.data(), plainFile.size(), "plain.kvc")->params().chainsChunks());
     }
 
+    // The transform section's version 3 carries the chain's prior and sweeps (FORMAT.md); a model
+    // without the option stays version 1, and a version-3 model out of range is refused.
+    void modelVersion3()
+    {
+        std::vector<uint8_t> b, plain;
+        serializeTransformModel(*m_p.transform, b);
+        serializeTransformModel(*m_plain.transform, plain);
+        QCOMPARE(int(b[4] | b[5] << 8), 3);
+        QCOMPARE(int(plain[4] | plain[5] << 8), 1);
+        QCOMPARE(b.size(), plain.size() + 12);
+        const TransformModel m = parseTransformModel(b.data(), b.size(), m_kv.shape(), "model");
+        QCOMPARE(m.settings.adaptPriorTokens, 200.0);
+        QCOMPARE(m.settings.adaptSweeps, 3);
+        std::memset(b.data() + 28, 0, 4);  // sweeps: after magic, version, 6 switches, sink, recent, prior
+        kvscope_test::expectError("model", [&] { parseTransformModel(b.data(), b.size(), m_kv.shape(), "model"); },
+                                  "adapt_basis prior_tokens or sweeps out of range");
+    }
+
     // A reader that gets chunk n > 0 without chunks 0..n-1 of its level refuses it in one line.
     void refusesChunksOutsideTheirChain()
     {
