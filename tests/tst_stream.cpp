@@ -147,6 +147,64 @@ private slots:
         }
     }
 
+    // Issue 30: a file whose chunks chain through the adaptive basis (adapt_basis) streams at a
+    // fixed level (level:1 of one), every chunk fetched over the socket and decoded in order to
+    // the bytes the local file decodes to; adaptive, which would switch levels between chunks, is
+    // refused in one line.
+    void streamAdaptiveBasis()
+    {
+        const std::string modelPath = defaultModelPath();
+        if (!QFile::exists(QString::fromStdString(modelPath)))
+            QSKIP("the default model is absent (kvscope-cli fetch-model fetches it)");
+        RuntimeOptions ro;
+        ro.threads = 1;
+        const std::unique_ptr<Model> m = Model::open("", "", ro);
+        const std::string text = readSmallFile(KVSCOPE_SOURCE_DIR "/samples/contexts/story.txt", 1u << 20);
+        // 300 tokens (2 chunks) and one level: the chain costs seconds per chunk on a loaded machine.
+        std::vector<int32_t> tokens = m->contextTokens(text);
+        tokens.resize(std::min<size_t>(tokens.size(), 300));
+        const std::vector<int32_t> question = m->questionTokens("Who is the story about?");
+        InferenceSession s(m->runtime());
+        s.append(tokens, nullptr);
+        const KvSet original = s.exportKv();
+
+        CodecParams p;
+        p.codec = CodecId::Transform;
+        p.shape = original.shape();
+        p.dtype = original.dtype();
+        p.profile = defaultProfile(original.shape().numLayers);
+        p.profile.transformLevels = {defaultTransformLevels()[2]};
+        p.profile.transform.adaptPriorTokens = 500;
+        prepareTransform(p, original, "test");
+        const std::string file = path("story.adapt.kvc");
+        writeKvc(original, p, file);
+        const auto local = KvcReader::openFile(file);
+        QVERIFY(local->params().chainsChunks());
+        const int chunks = local->params().numChunks();
+        QCOMPARE(chunks, 2);
+
+        auto server = serve(file);
+        Streamer st(*m, "127.0.0.1", server->port(), tokens, question, original);
+        st.setCodec(CodecId::Transform);
+        StreamOptions opt;
+        opt.sloSeconds = 120;
+        opt.qualityTokens = 2;
+        opt.keepCache = true;
+        st.prepare(opt, "tst_stream");
+        opt.policy = parsePolicy("level:1");
+        const StreamResult r = st.run(opt, &server->pacer());
+        QVERIFY(r.cache);
+        for (const ChunkEvent& e : r.chunks) QCOMPARE(e.level, 1);
+        const KvSet expect = local->decodeAll({1});
+        for (int l = 0; l < original.shape().numLayers; ++l)
+            for (KvKind k : {KvKind::Key, KvKind::Value})
+                QVERIFY(std::memcmp(expect.data(k, l), r.cache->data(k, l), expect.tensorBytes()) == 0);
+        std::printf("ADAPT level:1: %d chunks, TTFT %.3f s, %llu bytes\n", chunks, r.ttftSeconds,
+                    (unsigned long long)r.deliveredBytes);
+        opt.policy = parsePolicy("adaptive");
+        kvscope_test::expectError("--policy adaptive", [&] { st.run(opt, &server->pacer()); }, "cannot switch levels");
+    }
+
     // kvscope-cli stream --codec transform: the store is encoded with the transform codec (a model
     // fitted on the cache, no profile), streamed, and every run's cache scored (KL, delta PPL).
     void streamCliTransform()

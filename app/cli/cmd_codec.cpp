@@ -112,6 +112,9 @@ json encodeReport(const KvSet& kv, const CodecParams& p, const std::string& path
         const size_t side = transformSideBytes(*p.transform);
         j["transform_model_bytes"] = transformModelBytes(*p.transform);
         j["model_from"] = p.transform->fittedOnCache ? "cache" : "profile";
+        // Chained chunks (container_chain.h): a level decodes only whole and in order.
+        if (p.chainsChunks())
+            j["adapt_basis"] = {{"prior_tokens", p.profile.transform.adaptPriorTokens}, {"sweeps", p.profile.transform.adaptSweeps}};
         for (json& l : j["levels"]) {
             l.update(sizeJson(l["chunk_bytes"].get<uint64_t>() + side, p.shape));
             l["side_bytes"] = side;

@@ -7,15 +7,22 @@
 
 namespace kvscope {
 
+std::string chainedChunkReason(int chunk, int level)
+{
+    return "chunk " + std::to_string(chunk) + " of an adaptive-basis file (transform.adapt_basis) decodes only after chunks 0.." +
+           std::to_string(chunk - 1) + " at level " + std::to_string(level) +
+           " (its basis derives from their symbols): decode the level in order";
+}
+
 std::vector<uint8_t> encodeChunk(const CodecParams& p, const KvSet& kv, int chunk, int level,
                                  const LevelTables* shared)
 {
     KVSCOPE_ASSERT(kv.shape() == p.shape);
     KVSCOPE_ASSERT(chunk >= 0 && chunk < p.numChunks() && level >= 1 && level <= p.numLevels());
-    if (p.codec == CodecId::Transform && p.profile.transform.adaptPriorTokens > 0)
+    if (p.chainsChunks())
         throw Error("transform.adapt_basis: chunk " + std::to_string(chunk) +
-                    " would be coded in a basis derived from the chunks before it at one level; only eval codes that "
-                    "(no .kvc container, stream or server yet)");
+                    " is coded in a basis derived from the chunks before it at its level; encode whole levels "
+                    "(writeKvc, encodeAdaptiveChunks)");
     if (p.codec == CodecId::Transform) return detail::encodeTransformChunk(p, kv, chunk, level);
     if (p.codec != CodecId::CacheGen) return detail::encodeBaselineChunk(p, kv, chunk);
     return detail::encodeCacheGenChunk(p, kv, chunk, level, shared);
@@ -39,6 +46,7 @@ void decodeChunk(const CodecParams& p, const uint8_t* data, size_t size, int chu
 {
     KVSCOPE_ASSERT(out.shape() == p.shape);
     KVSCOPE_ASSERT(chunk >= 0 && chunk < p.numChunks() && level >= 1 && level <= p.numLevels());
+    if (p.chainsChunks() && chunk > 0) throw Error(where + ": " + chainedChunkReason(chunk, level));
     if (p.codec == CodecId::Transform) return detail::decodeTransformChunk(p, data, size, chunk, level, out, where);
     if (p.codec != CodecId::CacheGen) return detail::decodeBaselineChunk(p, data, size, chunk, out, where);
     detail::decodeCacheGenChunk(p, data, size, chunk, level, shared, out, where);
@@ -50,6 +58,8 @@ void decodeChunks(const CodecParams& p, const std::vector<ChunkPayload>& chunks,
     KVSCOPE_ASSERT(out.shape() == p.shape);
     for (const ChunkPayload& c : chunks)
         KVSCOPE_ASSERT(c.chunk >= 0 && c.chunk < p.numChunks() && c.level >= 1 && c.level <= p.numLevels());
+    for (const ChunkPayload& c : chunks)
+        if (p.chainsChunks() && c.chunk > 0) throw Error(c.where + ": " + chainedChunkReason(c.chunk, c.level));
     if (p.codec == CodecId::CacheGen) return detail::decodeCacheGenChunks(p, chunks, sharedPerLevel, out);
     if (p.codec == CodecId::Transform) return detail::decodeTransformChunks(p, chunks, out);
     for (const ChunkPayload& c : chunks) decodeChunk(p, c.data, c.size, c.chunk, c.level, nullptr, out, c.where);

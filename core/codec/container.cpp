@@ -1,4 +1,5 @@
 #include "codec/container.h"
+#include "codec/container_chain.h"
 #include "codec/container_layout.h"
 
 #include "common/file_io.h"
@@ -66,6 +67,50 @@ private:
     bool m_committed = false;
 };
 
+// The 160-byte header (FORMAT.md) of a file of fileSize bytes whose sections are refs and transformRef.
+ByteWriter headerBytes(const CodecParams& p, int chunks, int levels, const SectionRef* refs, const SectionRef& transformRef,
+                       uint64_t fileSize)
+{
+    ByteWriter h;
+    h.bytes(kMagic, 8);
+    h.u16(p.entropy == EntropyLayout::Rans4x8 ? uint16_t(1) : kKvcVersionMajor);
+    // x.0 files stay byte-identical; 2.1 adds the transform section, 2.2 per-head tables, 2.3 chained chunks.
+    const bool perHead = p.codec == CodecId::CacheGen && p.profile.tableScope == TableScope::Head;
+    h.u16(p.codec == CodecId::Transform ? uint16_t(p.chainsChunks() ? 3 : 1) : perHead ? uint16_t(2) : uint16_t(0));
+    h.u32(uint32_t(kKvcHeaderSize));
+    h.u8(uint8_t(p.codec));
+    h.u8(uint8_t(p.dtype));
+    h.u8(uint8_t(p.profile.keyQuantizer));
+    h.u8(uint8_t(p.profile.valueQuantizer));
+    h.u8(uint8_t(p.profile.tables));
+    h.u8(perHead ? 1 : 0);  // table_scope
+    h.u8(0); h.u8(0);
+    h.u32(uint32_t(p.shape.numLayers));
+    h.u32(uint32_t(p.shape.numKvHeads));
+    h.u32(uint32_t(p.shape.headDim));
+    h.u32(uint32_t(p.shape.numTokens));
+    h.u32(uint32_t(p.profile.chunkTokens));
+    h.u32(uint32_t(chunks));
+    h.u32(uint32_t(levels));
+    h.u32(uint32_t(p.profile.deltaGroup));
+    h.u32(uint32_t(p.profile.anchorBins));
+    h.u32(uint32_t(p.defaultLevel()));
+    h.u64(fileSize);
+    for (int s = 0; s < kNumSections; ++s) {
+        const SectionRef& r = refs[s];
+        h.u64(r.offset);
+        h.u32(r.size);
+        h.u32(r.crc);
+    }
+    h.u64(transformRef.offset);  // offset 136: the transform section (zeros for other codecs)
+    h.u32(transformRef.size);
+    h.u32(transformRef.crc);
+    while (h.b.size() < kKvcHeaderSize - 4) h.u8(0);
+    h.u32(crc32(h.b.data(), h.b.size()));
+    KVSCOPE_ASSERT(h.b.size() == kKvcHeaderSize);
+    return h;
+}
+
 }  // namespace
 
 // The one writer of the format; the file and the byte vector are two `put`s.
@@ -110,25 +155,32 @@ KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const KvcPut& put
     rep.levelTableBytes.assign(size_t(levels), 0);
     uint64_t offset = kKvcHeaderSize;
     ByteWriter index;
+    auto writePayload = [&](int c, int l, const std::vector<uint8_t>& payload) {
+        if (payload.size() > UINT32_MAX) throw inputError(path, "chunk " + std::to_string(c), "payload over 4 GiB; use smaller chunks");
+        put(payload.data(), payload.size(), offset);
+        index.u64(offset);
+        index.u32(uint32_t(payload.size()));
+        index.u32(crc32(payload.data(), payload.size()));
+        offset += payload.size();
+        rep.levelBytes[size_t(l - 1)] += payload.size();
+    };
+    if (p.chainsChunks()) {
+        // Each level is one chain (container_chain.h), coded whole, then written chunk-major.
+        const auto perLevel = encodeChainLevels(p, kv, [&] {
+            for (int c = 0; c < chunks; ++c) step();
+        });
+        for (int c = 0; c < chunks; ++c)
+            for (int l = 1; l <= levels; ++l) writePayload(c, l, perLevel[size_t(l - 1)][size_t(c)]);
+    }
     // Every level of as many chunks as there are threads per encodeChunks call (the transform
     // codec's chunks in parallel; the same bytes as one encodeChunk each), written in order.
     const int group = std::max(1, omp_get_max_threads());
-    for (int c0 = 0; c0 < chunks; c0 += group) {
+    for (int c0 = p.chainsChunks() ? chunks : 0; c0 < chunks; c0 += group) {
         std::vector<ChunkRequest> batch;
         for (int c = c0; c < std::min(chunks, c0 + group); ++c)
             for (int l = 1; l <= levels; ++l) batch.push_back({c, l});
         const std::vector<std::vector<uint8_t>> payloads = encodeChunks(p, kv, batch, shared ? &tables : nullptr);
-        for (size_t i = 0; i < batch.size(); ++i, step()) {
-            const int c = batch[i].chunk, l = batch[i].level;
-            const std::vector<uint8_t>& payload = payloads[i];
-            if (payload.size() > UINT32_MAX) throw inputError(path, "chunk " + std::to_string(c), "payload over 4 GiB; use smaller chunks");
-            put(payload.data(), payload.size(), offset);
-            index.u64(offset);
-            index.u32(uint32_t(payload.size()));
-            index.u32(crc32(payload.data(), payload.size()));
-            offset += payload.size();
-            rep.levelBytes[size_t(l - 1)] += payload.size();
-        }
+        for (size_t i = 0; i < batch.size(); ++i, step()) writePayload(batch[i].chunk, batch[i].level, payloads[i]);
     }
 
     ByteWriter sections[kNumSections];
@@ -166,48 +218,16 @@ KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const KvcPut& put
     if (p.codec == CodecId::Transform) {
         std::vector<uint8_t> t;
         serializeTransformModel(*p.transform, t);
+        const TransformSettings& ms = p.transform->settings;  // the chain a reader runs: the one coded here
+        if (ms.adaptPriorTokens != p.profile.transform.adaptPriorTokens || (p.chainsChunks() && ms.adaptSweeps != p.profile.transform.adaptSweeps))
+            throw inputError(path, "transform section", "the model's adapt_basis differs from the profile's (prepareTransform)");
         if (t.size() > UINT32_MAX) throw inputError(path, "transform section", "section over 4 GiB");
         transformRef = {offset, uint32_t(t.size()), crc32(t.data(), t.size())};
         put(t.data(), t.size(), offset);
         offset += t.size();
     }
 
-    ByteWriter h;
-    h.bytes(kMagic, 8);
-    h.u16(p.entropy == EntropyLayout::Rans4x8 ? uint16_t(1) : kKvcVersionMajor);
-    // x.0 files stay byte-identical; 2.1 adds the transform section, 2.2 per-head tables.
-    const bool perHead = p.codec == CodecId::CacheGen && p.profile.tableScope == TableScope::Head;
-    h.u16(p.codec == CodecId::Transform ? uint16_t(1) : perHead ? uint16_t(2) : uint16_t(0));
-    h.u32(uint32_t(kKvcHeaderSize));
-    h.u8(uint8_t(p.codec));
-    h.u8(uint8_t(p.dtype));
-    h.u8(uint8_t(p.profile.keyQuantizer));
-    h.u8(uint8_t(p.profile.valueQuantizer));
-    h.u8(uint8_t(p.profile.tables));
-    h.u8(perHead ? 1 : 0);  // table_scope
-    h.u8(0); h.u8(0);
-    h.u32(uint32_t(p.shape.numLayers));
-    h.u32(uint32_t(p.shape.numKvHeads));
-    h.u32(uint32_t(p.shape.headDim));
-    h.u32(uint32_t(p.shape.numTokens));
-    h.u32(uint32_t(p.profile.chunkTokens));
-    h.u32(uint32_t(chunks));
-    h.u32(uint32_t(levels));
-    h.u32(uint32_t(p.profile.deltaGroup));
-    h.u32(uint32_t(p.profile.anchorBins));
-    h.u32(uint32_t(p.defaultLevel()));
-    h.u64(offset);  // file size
-    for (const SectionRef& r : refs) {
-        h.u64(r.offset);
-        h.u32(r.size);
-        h.u32(r.crc);
-    }
-    h.u64(transformRef.offset);  // offset 136: the transform section (zeros for other codecs)
-    h.u32(transformRef.size);
-    h.u32(transformRef.crc);
-    while (h.b.size() < kKvcHeaderSize - 4) h.u8(0);
-    h.u32(crc32(h.b.data(), h.b.size()));
-    KVSCOPE_ASSERT(h.b.size() == kKvcHeaderSize);
+    const ByteWriter h = headerBytes(p, chunks, levels, refs, transformRef, offset);
     put(h.b.data(), h.b.size(), 0);
     rep.fileBytes = offset;
     return rep;
@@ -427,6 +447,7 @@ void KvcReader::decodeAllInto(const std::vector<int>& levels, KvSet& out, const 
     out.querySq.clear();
     out.valueWeight.clear();
     out.attnMass.clear();
+    if (m_params.chainsChunks()) return decodeChainInto(levels, out, progress);
     // Batches of chunks through decodeChunks (unit by unit across the batch: shared tables are
     // prepared once per batch and unit); progress is reported per batch.
     const bool shared = m_params.codec == CodecId::CacheGen && m_params.profile.tables == TableMode::Shared;

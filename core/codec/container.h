@@ -16,7 +16,9 @@ namespace kvscope {
 // Version 2 changed the entropy-coded streams of cachegen chunks (EntropyLayout); minor 1 (1.1 or
 // 2.1) adds the transform codec's section. Readers accept majors 1 and 2.
 constexpr uint16_t kKvcVersionMajor = 2;
-constexpr uint16_t kKvcVersionMinor = 2;  // 1: the transform codec's files; 2: cachegen with per-head tables; others x.0
+// Minor 1: the transform codec's files; 2: cachegen with per-head tables; 3: transform files whose
+// chunks chain (adapt_basis, container_chain.h); others x.0.
+constexpr uint16_t kKvcVersionMinor = 3;
 constexpr uint16_t kKvcOldestMajor = 1;
 constexpr size_t kKvcHeaderSize = 160;
 
@@ -83,10 +85,12 @@ public:
 
     // The payload of (chunk, level) after its CRC was checked.
     std::vector<uint8_t> readChunk(int chunk, int level) const;
-    // Decodes (chunk, level) into its tokens of out (shape and dtype of params()).
+    // Decodes (chunk, level) into its tokens of out (shape and dtype of params()). Chained files
+    // (container_chain.h) refuse chunk > 0: their chunks decode only in order, as a level.
     void decodeChunkInto(int chunk, int level, KvSet& out) const;
     // Checks that `data` is the payload of (chunk, level) (its size and CRC against the index), then
-    // decodes it like decodeChunkInto. For payloads fetched elsewhere: a chunk server, Redis.
+    // decodes it like decodeChunkInto. For payloads fetched elsewhere: a chunk server, Redis
+    // (chained files: KvcChainDecoder).
     void decodePayloadInto(int chunk, int level, const uint8_t* data, size_t size, KvSet& out) const;
 
     // The file without its chunk payloads: the header, then every byte from the first section to
@@ -98,7 +102,8 @@ public:
     static std::unique_ptr<KvcReader> fromSkeleton(std::vector<uint8_t> bytes, const std::string& name);
 
     // Decodes every chunk, chunk i at levels[i] (one entry = that level for every chunk).
-    // Refuses (kvscope::Error) when the decoded cache would exceed maxOutputBytes().
+    // Refuses (kvscope::Error) when the decoded cache would exceed maxOutputBytes(), and for a file
+    // whose chunks chain (params().chainsChunks()) a mix of levels.
     KvSet decodeAll(const std::vector<int>& levels, const Progress& progress = {}) const;
     // The same into `out`, which must have the file's shape and dtype (else kvscope::Error): no
     // allocation, for decoding again and again. Its metadata becomes the file's, as decodeAll's; when
@@ -124,6 +129,7 @@ private:
     void parseTables(const Parse& s);
     void parseIndex(const Parse& s);
     void readAt(uint64_t offset, size_t size, uint8_t* dst, const std::string& what) const;
+    void decodeChainInto(const std::vector<int>& levels, KvSet& out, const Progress& progress) const;  // container_chain.cpp
     std::string where(const std::string& place) const { return m_name + ": " + place; }
 
     struct IndexEntry {

@@ -25,6 +25,9 @@ std::unique_ptr<GpuCodec> gpuCodec(const CodecParams& p, const std::vector<Level
     if (p.codec == CodecId::Transform) {
         if (!p.transform) throw Error("GPU decode: the transform codec needs its model (transform section)");
         const TransformModel& m = *p.transform;
+        if (p.chainsChunks() || m.settings.adaptPriorTokens > 0)
+            throw Error("GPU decode: the CUDA transform decoder does not run the adaptive-basis chain (transform.adapt_basis, "
+                        "format 2.3): this file decodes on the CPU");
         if (m.settings.layerGroup != 1)
             throw Error("GPU decode: the CUDA transform decoder reads one layer per block; layer_group " +
                         std::to_string(m.settings.layerGroup) + " decodes on the CPU");

@@ -159,8 +159,9 @@ struct TransformSettings {
     // Layers per block (READ ME FIRST, 10): 1..64, dividing the cache's layers.
     int layerGroup = 1;
     // Backward-adaptive basis (codec/transform_adapt.h, "adapt_basis"): 0 = off, else the prior's
-    // weight in tokens and the Jacobi sweeps per block and chunk. Only eval codes it so far (chunk
-    // n depends on chunks 0..n-1 at one level); encodeChunk refuses it. operator== ignores these.
+    // weight in tokens and the Jacobi sweeps per block and chunk. Chunk n depends on chunks 0..n-1
+    // at one level, so only whole levels code it (eval, writeKvc: container_chain.h); encodeChunk
+    // refuses it. A .kvc carries both in its model (version 3). operator== ignores these.
     double adaptPriorTokens = 0;
     int adaptSweeps = 3;
     bool operator==(const TransformSettings& o) const;

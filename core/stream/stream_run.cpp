@@ -45,6 +45,10 @@ const KvcReader& StreamRun::chooseReader(const Streamer& streamer, const Policy&
     const int levels = reader.params().numLevels();
     if (policy.kind == Policy::Level && policy.level > levels)
         throw Error("--policy " + policy.name() + ": the file has " + std::to_string(levels) + " levels");
+    if (policy.kind == Policy::Adaptive && reader.params().chainsChunks())
+        throw Error("--policy adaptive: " + reader.name() + " codes its chunks with an adaptive basis (transform.adapt_basis): "
+                    "chunk n decodes only after chunks 0..n-1 at its level, so the planner cannot switch levels; "
+                    "stream it with --policy level:N or text");
     return reader;
 }
 
@@ -57,6 +61,8 @@ StreamRun::StreamRun(Streamer& streamer, const StreamOptions& options, LinkPacer
       m_fp16BytesPerToken(size_t(fp16KvBytesPerToken(m_params.shape))),
       m_modelledDecodeBytesPerToken(m_hw.kvBytesPerToken > 0 ? m_hw.kvBytesPerToken : double(m_fp16BytesPerToken)),
       m_adaptive(m_policy.kind == Policy::Adaptive),
+      m_chained(m_params.chainsChunks()),
+      m_chain(m_chained && m_policy.kind == Policy::Level ? std::make_unique<KvcChainDecoder>(m_reader, m_policy.level) : nullptr),
       m_deferJobs(m_hw.decodeGBps > 0 && m_hw.prefillTokensPerSecond > 0),
       m_prior(streamer.m_priorThroughput * kPriorDiscount),
       m_tailPrefill(m_modelPrefill ? modelledPassSeconds(m_hw, int(m_question.size())) : streamer.m_prefillSeconds),
@@ -275,6 +281,7 @@ StreamRun::Step StreamRun::fixedStep(int window, int& level)
     case Policy::Level: level = m_policy.level; break;
     case Policy::Adaptive: break;
     }
+    if (m_chainBroken) level = 0;
     if (level == 0) {
         commitText(m_todo.front());
         m_todo.pop_front();
@@ -437,6 +444,11 @@ void StreamRun::readFront(double wakeAt)
             tokens = localTokens(f.chunk);
         }
         m_jobs[size_t(f.chunk)] = recomputeJob(f.chunk, std::move(tokens));
+    } else if (m_chainBroken) {
+        note(f.chunk, "its chain broke at an earlier chunk");
+        giveUp(f.chunk);
+        submitReady();
+        return;
     } else {
         m_jobs[size_t(f.chunk)] = decodeJob(f.chunk, f.level, std::move(rep.payload));
     }

@@ -10,6 +10,7 @@
 // hand-over to the worker.
 #pragma once
 
+#include "codec/container_chain.h"
 #include "stream/streamer.h"
 #include "stream/worker.h"
 #include "transport/planner.h"
@@ -112,6 +113,12 @@ private:
     // (m_todo.front() is the next fetch) and recomputes text from chunk 0 forwards (m_todo.back(),
     // while it is m_textFront): see planner.h.
     const bool m_adaptive;
+    // A file whose chunks chain (container_chain.h, fixed levels only): its decodes are handed to the
+    // worker in chunk order, into m_chain, and once a chunk is given up the chain is broken: every
+    // later chunk is recomputed from text (a fetched one too).
+    const bool m_chained;
+    std::unique_ptr<KvcChainDecoder> m_chain;
+    bool m_chainBroken = false;
     // When decode and recompute are both modelled, their real runs on this CPU only build the
     // cache (their durations are replayed from the model after the run), so the worker is held
     // until the last reply has arrived: the real jobs then cannot slow this machine's transfer,

@@ -57,7 +57,8 @@ std::function<void()> StreamRun::decodeJob(int i, int level, std::vector<uint8_t
     return [this, i, level, payload = std::move(payload)]() {
         ChunkEvent& ev = m_res.chunks[size_t(i)];
         const double s = monoSeconds();
-        m_reader.decodePayloadInto(i, level, payload.data(), payload.size(), m_assembled);
+        if (m_chain) m_chain->add(i, level, payload.data(), payload.size(), m_assembled);  // the whole level at its last chunk
+        else m_reader.decodePayloadInto(i, level, payload.data(), payload.size(), m_assembled);
         const double e = monoSeconds();
         ev.jobStartS = since(s);
         ev.decodedS = since(e);
@@ -72,6 +73,7 @@ std::function<void()> StreamRun::recomputeJob(int i, std::vector<int32_t> tokens
         ChunkEvent& ev = m_res.chunks[size_t(i)];
         const double s = monoSeconds();
         const int start = m_params.chunkStart(i), n = m_params.chunkLength(i);
+        if (m_chain) m_chain->decodeHeld(m_assembled);  // the chain broke here: the chunks before it decode now
         if (!m_sessionValid || m_recomputeSession->position() != start) {
             if (start == 0) {
                 m_recomputeSession->truncate(0);
@@ -137,7 +139,9 @@ void StreamRun::submitOne(int i)
 void StreamRun::submitReady()
 {
     for (int i = m_prefixSubmitted; i < m_chunks; ++i) {
-        if (!m_submitted[size_t(i)] && m_ready[size_t(i)] && (m_res.chunks[size_t(i)].level > 0 || i == m_prefixSubmitted))
+        // Decodes run as soon as they can, except a chain's, which run in chunk order like recomputes.
+        const bool anyOrder = m_res.chunks[size_t(i)].level > 0 && !m_chained;
+        if (!m_submitted[size_t(i)] && m_ready[size_t(i)] && (anyOrder || i == m_prefixSubmitted))
             submitOne(i);
         if (m_submitted[size_t(i)] && i == m_prefixSubmitted) ++m_prefixSubmitted;
     }
@@ -151,6 +155,16 @@ void StreamRun::giveUp(int i)
     ev.bytes = 0;
     ev.sentS = ev.firstByteS = ev.arrivedS = since(monoSeconds());
     logLine("chunk " + std::to_string(i) + ": recomputed from local tokens");
+    if (m_chained && !m_chainBroken) {
+        m_chainBroken = true;
+        logLine("chunk " + std::to_string(i) + ": the adaptive-basis chain stops here; later chunks are recomputed from text");
+        // Fetched but not handed over (they wait for an earlier chunk): their chain no longer reaches them.
+        for (int k = m_prefixSubmitted; k < m_chunks; ++k)
+            if (k != i && m_ready[size_t(k)] && !m_submitted[size_t(k)] && m_res.chunks[size_t(k)].level > 0) {
+                note(k, "its chain broke at chunk " + std::to_string(i));
+                giveUp(k);
+            }
+    }
     m_jobs[size_t(i)] = recomputeJob(i, localTokens(i));
     m_jobPredicted[size_t(i)] = jobCost(i, 0);
     m_ready[size_t(i)] = 1;
