@@ -24,7 +24,7 @@ set(third_party   "hdf5;torch;hiredis;pcre2;icu;spm;zstd;htscodecs;json;zlib;omp
 set(re_hdf5       "^(hdf5|H5[A-Za-z]*)\\.h$")
 set(at_hdf5       "core/kvio/kv_h5(_api\\.h|_api\\.cpp|_write\\.cpp|\\.cpp)")
 set(re_torch      "^(torch|ATen|c10)/")
-set(at_torch      "core/model/(llama_runtime\\.cpp|llama_session\\.cpp|llama_runtime_impl\\.h)")
+set(at_torch      "core/model/(llama_runtime\\.cpp|llama_session\\.cpp|llama_branches\\.cpp|llama_runtime_impl\\.h)")
 set(re_hiredis    "^hiredis/")
 set(at_hiredis    "core/transport/redis_store.cpp")
 set(re_pcre2      "^pcre2\\.h$")

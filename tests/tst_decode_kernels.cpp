@@ -18,6 +18,7 @@
 #include <cmath>
 #include <fstream>
 #include <random>
+#include <tuple>
 
 using namespace kvscope;
 
@@ -226,6 +227,43 @@ private slots:
         }
         qInfo("%s: worst |decode attention - double| / max|V| = %.2e", simdPathName(SimdPath(path)), worst);
         QVERIFY2(worst <= 1e-5, qPrintable(QString::number(worst)));
+    }
+
+    // Issue 37: the cache read in the dtype it was captured in. An fp16 or bf16 cache gives, on
+    // every path, the very output (bit for bit) the same values give as fp32: the kernel converts
+    // them exactly and sums in the same order. Shapes with a window and a softcap included.
+    void decodeAttentionReadsHalfCaches_data()
+    {
+        QTest::addColumn<int>("path");
+        for (SimdPath p : paths()) QTest::newRow(simdPathName(p)) << int(p);
+    }
+    void decodeAttentionReadsHalfCaches()
+    {
+        QFETCH(int, path);
+        std::mt19937 rng(11);
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (const KvElem elem : {KvElem::F16, KvElem::BF16}) {
+            for (const auto& [groups, hd, first, S, softcap] :
+                 {std::tuple<int, int, int64_t, int64_t, double>{3, 64, 0, 700, 0.0}, {4, 256, 100, 1500, 50.0}, {2, 8, 0, 33, 0.0}}) {
+                std::vector<float> q(size_t(groups * hd)), K(size_t(S * hd)), V(size_t(S * hd));
+                std::vector<uint16_t> Kh(K.size()), Vh(V.size());
+                for (float& v : q) v = 0.3f * nd(rng);
+                for (size_t i = 0; i < K.size(); ++i) {
+                    Kh[i] = elem == KvElem::F16 ? floatToHalf(nd(rng)) : floatToBf16(nd(rng));
+                    Vh[i] = elem == KvElem::F16 ? floatToHalf(nd(rng)) : floatToBf16(nd(rng));
+                    K[i] = elem == KvElem::F16 ? halfToFloat(Kh[i]) : bf16ToFloat(Kh[i]);
+                    V[i] = elem == KvElem::F16 ? halfToFloat(Vh[i]) : bf16ToFloat(Vh[i]);
+                }
+                DecodeAttention a;
+                a.q = q.data(), a.groups = groups, a.headDim = hd, a.first = first, a.S = S, a.softcap = softcap;
+                std::vector<float> want(q.size()), got(q.size()), scratch(size_t(groups * (S - first)));
+                a.K = K.data(), a.V = V.data(), a.elem = KvElem::F32;
+                decodeAttention(a, want.data(), scratch.data(), SimdPath(path));
+                a.K = Kh.data(), a.V = Vh.data(), a.elem = elem;
+                decodeAttention(a, got.data(), scratch.data(), SimdPath(path));
+                QVERIFY2(want == got, qPrintable(QString("%1, head_dim %2, %3 keys").arg(elem == KvElem::F16 ? "fp16" : "bf16").arg(hd).arg(S - first)));
+            }
+        }
     }
 
     // Every matrix of the default model (its Q4_1 projections and its Q8_0 embedding, which is

@@ -337,6 +337,55 @@ private slots:
         QVERIFY_THROWS_EXCEPTION(Error, batched.resumeGroup(0));
     }
 
+    // Issue 37: the greedy answers of an item's questions run together (extendGroups) get, to the
+    // bit, the logits each gets alone from resumeGroup and append: extensions of 1 token (the
+    // decode attention), 3 and 4 (the decode kernels) and 5 and 7 (one shared product) in one
+    // pass, in no particular order of groups, then one more token each after what they ran.
+    void extendGroupsEqualAppendAfterTheTrunk()
+    {
+        if (!m_ref) QSKIP("needs the default model");
+        const SuitePreparedItem& it = m_ref->items().front();
+        const int n = int(it.context.size());
+        std::vector<InferenceSession::BranchGroup> groups;
+        for (size_t k = 0; k < 6 && k < it.questions.size(); ++k) groups.push_back({it.questions[k].prompt, {}});
+        QCOMPARE(groups.size(), size_t(6));
+        const std::vector<int> which = {5, 0, 2, 3, 1};
+        std::vector<std::vector<int32_t>> first, second;
+        for (int i = 0; i < 5; ++i) {
+            std::vector<int32_t> t;
+            for (int j = 0; j < std::vector<int>{1, 3, 4, 5, 7}[size_t(i)]; ++j) t.push_back(int32_t(100 + 37 * j + 11 * i));
+            first.push_back(t);
+            second.push_back({int32_t(900 + i)});
+        }
+        InferenceSession batched(m_model->runtime()), alone(m_model->runtime());
+        for (InferenceSession* s : {&batched, &alone}) {
+            s->loadKv(it.original);
+            s->appendBranchGroups(groups);
+        }
+        const std::vector<std::vector<float>> got1 = batched.extendGroups(which, first);
+        const std::vector<std::vector<float>> got2 = batched.extendGroups(which, second);
+        QCOMPARE(batched.position(), n);
+        auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+            return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
+        };
+        for (size_t i = 0; i < which.size(); ++i) {
+            std::vector<float> want1, want2;
+            alone.truncate(n);
+            alone.resumeGroup(which[i]);
+            alone.append(first[i], &want1);
+            alone.append(second[i], &want2);
+            QVERIFY2(same(got1[i], want1), qPrintable(QString("extension of %1 tokens differs").arg(first[i].size())));
+            QVERIFY2(same(got2[i], want2), qPrintable(QString("the token after %1 differs").arg(first[i].size())));
+        }
+        // The stash now holds what ran after the trunk; a group given twice is refused.
+        batched.resumeGroup(which[4]);
+        QCOMPARE(batched.position(), n + int(groups[size_t(which[4])].trunk.size()) + 8);
+        batched.truncate(n);
+        QVERIFY_THROWS_EXCEPTION(Error, batched.extendGroups({1, 1}, {{5}, {6}}));
+        batched.truncate(n - 1);
+        QVERIFY_THROWS_EXCEPTION(Error, batched.extendGroups({1}, {{5}}));
+    }
+
     // fp16 is bit-exact: scored again (not reused), it must reproduce the reference exactly.
     void fp16EqualsTheReference()
     {

@@ -70,29 +70,23 @@ std::string tokensText(const std::vector<int32_t>& t)
 
 namespace {
 
-// Scores question k of an item from its branch group's logits; a greedy answer that leaves the
-// gold option generates after the question's trunk (resumeGroup), from a cache of n tokens.
-QuestionScore scoreQuestion(InferenceSession& s, const Tokenizer& tok, const std::vector<int32_t>& stops,
-                            const SuitePreparedItem::Question& q, const InferenceSession::BranchGroupLogits& logits, int n, int k)
+// Scores the options of question q from its branch group's logits; goldArgmax receives the
+// arg-max after each of the gold option's tokens but its last (what the greedy answer follows).
+QuestionScore scoreOptions(const SuitePreparedItem::Question& q, const InferenceSession::BranchGroupLogits& logits,
+                           std::vector<int32_t>& goldArgmax)
 {
     const std::vector<float>& last = logits.trunkLast;
-    const std::vector<std::vector<float>>& branchLogits = logits.branches;
     QuestionScore qs;
-    const int P = n + int(q.prompt.size());
     const size_t vocab = last.size();
     std::vector<double> lp0;
     logSoftmax(last.data(), vocab, lp0);
-    std::vector<int32_t> goldArgmax;  // arg-max after gold tokens 0..j
     for (size_t o = 0; o < q.options.size(); ++o) {
         const std::vector<int32_t>& t = q.options[o];
         double ll = lp0[size_t(t[0])];
-        if (t.size() > 1) {
-            const std::vector<float>& all = branchLogits[o];
-            for (size_t j = 1; j < t.size(); ++j) {
-                const float* lg = all.data() + (j - 1) * vocab;
-                ll += logSoftmaxAt(lg, vocab, t[j]);
-                if (int(o) == q.gold) goldArgmax.push_back(argmax(lg, vocab));
-            }
+        for (size_t j = 1; j < t.size(); ++j) {
+            const float* lg = logits.branches[o].data() + (j - 1) * vocab;
+            ll += logSoftmaxAt(lg, vocab, t[j]);
+            if (int(o) == q.gold) goldArgmax.push_back(argmax(lg, vocab));
         }
         qs.optionLogLik.push_back(ll);
         qs.optionTokens.push_back(int(t.size()));
@@ -104,47 +98,65 @@ QuestionScore scoreQuestion(InferenceSession& s, const Tokenizer& tok, const std
             norm > qs.optionLogLik[size_t(qs.predictedNorm)] / qs.optionTokens[size_t(qs.predictedNorm)])
             qs.predictedNorm = int(o);
     }
-    // Greedy answer: follows the gold option's logits while it agrees with them (they are
-    // already computed), then generates one token at a time after the question's trunk;
-    // stops once the match is decided.
-    const std::vector<int32_t>& gold = q.options[size_t(q.gold)];
-    const std::string a = normalizeAnswer(q.answer);
-    int32_t next = argmax(last.data(), vocab);
-    bool onGold = true, synced = false;
-    for (;;) {
-        qs.greedy.push_back(next);
-        const bool stop = std::find(stops.begin(), stops.end(), next) != stops.end();
-        const std::string generated = tok.decode(qs.greedy, true);
-        const std::string g = normalizeAnswer(generated, true);
-        if (g.compare(0, a.size() + 1, a + " ") == 0) {
-            qs.exactMatch = true;
-            break;
-        }
-        const bool compatible = a.compare(0, g.size(), g) == 0 || (g.compare(0, a.size(), a) == 0 && g.size() == a.size());
-        if (!compatible || stop || int(qs.greedy.size()) >= q.maxAnswerTokens) {
-            qs.exactMatch = answerExactMatch(generated, q.answer);
-            break;
-        }
-        const size_t j = qs.greedy.size() - 1;
-        onGold = onGold && j + 1 < gold.size() && qs.greedy[j] == gold[j];
-        if (onGold) {
-            next = goldArgmax[j];
-            continue;
-        }
-        std::vector<float> lg;
-        if (!synced) {
-            s.truncate(n);
-            s.resumeGroup(k);
-            KVSCOPE_ASSERT(s.position() == P);
-            s.append(qs.greedy, &lg);
-            synced = true;
-        } else {
-            s.append({qs.greedy.back()}, &lg);
-        }
-        next = argmax(lg.data(), lg.size());
-    }
     return qs;
 }
+
+// The greedy answer of one question, token by token: it follows the gold option's logits while it
+// agrees with them (already computed), then needs a forward after the question's trunk per token;
+// it stops once the match is decided. take() is handed each next token and says what to run
+// next, so that the caller can run the forwards of every question of an item together.
+class GreedyAnswer {
+public:
+    GreedyAnswer(const Tokenizer& tok, const std::vector<int32_t>& stops, const SuitePreparedItem::Question& q,
+                 std::vector<int32_t> goldArgmax, QuestionScore& score)
+        : tok_(&tok), stops_(&stops), q_(&q), goldArgmax_(std::move(goldArgmax)), score_(&score),
+          answer_(normalizeAnswer(q.answer))
+    {
+    }
+
+    // Records `next` and follows the gold option as far as it can: returns the tokens to run
+    // after the trunk (and what earlier calls ran after it) for the next token, or nothing once
+    // the answer is decided (score.exactMatch is then final).
+    std::vector<int32_t> take(int32_t next)
+    {
+        const std::vector<int32_t>& gold = q_->options[size_t(q_->gold)];
+        std::vector<int32_t>& greedy = score_->greedy;
+        for (;;) {
+            greedy.push_back(next);
+            const bool stop = std::find(stops_->begin(), stops_->end(), next) != stops_->end();
+            const std::string generated = tok_->decode(greedy, true);
+            const std::string g = normalizeAnswer(generated, true);
+            if (g.compare(0, answer_.size() + 1, answer_ + " ") == 0) {
+                score_->exactMatch = true;
+                return {};
+            }
+            const bool compatible = answer_.compare(0, g.size(), g) == 0 ||
+                                    (g.compare(0, answer_.size(), answer_) == 0 && g.size() == answer_.size());
+            if (!compatible || stop || int(greedy.size()) >= q_->maxAnswerTokens) {
+                score_->exactMatch = answerExactMatch(generated, q_->answer);
+                return {};
+            }
+            const size_t j = greedy.size() - 1;
+            onGold_ = onGold_ && j + 1 < gold.size() && greedy[j] == gold[j];
+            if (onGold_) {
+                next = goldArgmax_[j];
+                continue;
+            }
+            if (synced_) return {greedy.back()};
+            synced_ = true;
+            return greedy;  // the trunk's stash holds none of the answer yet
+        }
+    }
+
+private:
+    const Tokenizer* tok_;
+    const std::vector<int32_t>* stops_;
+    const SuitePreparedItem::Question* q_;
+    std::vector<int32_t> goldArgmax_;
+    QuestionScore* score_;
+    std::string answer_;
+    bool onGold_ = true, synced_ = false;
+};
 
 // Scores one item from `kv`. With refLogProbs null this is the reference pass: the continuation's
 // log-probs go to keepLogProbs and its arg-max to keepArgmax. Otherwise the KL and the agreement
@@ -201,10 +213,37 @@ ItemScore scoreItem(const Model& model, const SuitePreparedItem& item, const KvS
         for (const std::vector<int32_t>& t : q.options) g.branches.emplace_back(t.begin(), t.end() - 1);
         groups.push_back(std::move(g));
     }
-    const std::vector<InferenceSession::BranchGroupLogits> logits =
-        groups.empty() ? std::vector<InferenceSession::BranchGroupLogits>() : s.appendBranchGroups(groups);
-    for (size_t k = 0; k < item.questions.size(); ++k)
-        sc.questions.push_back(scoreQuestion(s, tok, stops, item.questions[k], logits[k], n, int(k)));
+    if (groups.empty()) return sc;
+    const std::vector<InferenceSession::BranchGroupLogits> logits = s.appendBranchGroups(groups);
+    // The greedy answers: each round runs the next forward of every question still generating in
+    // one extendGroups pass, with the same logits as one question at a time.
+    sc.questions.resize(item.questions.size());
+    std::vector<GreedyAnswer> answers;
+    std::vector<int> pending;
+    std::vector<std::vector<int32_t>> run;
+    for (size_t k = 0; k < item.questions.size(); ++k) {
+        std::vector<int32_t> goldArgmax;
+        sc.questions[k] = scoreOptions(item.questions[k], logits[k], goldArgmax);
+        answers.emplace_back(tok, stops, item.questions[k], std::move(goldArgmax), sc.questions[k]);
+        const std::vector<float>& last = logits[k].trunkLast;
+        std::vector<int32_t> next = answers[k].take(argmax(last.data(), last.size()));
+        if (next.empty()) continue;
+        pending.push_back(int(k));
+        run.push_back(std::move(next));
+    }
+    while (!pending.empty()) {
+        const std::vector<std::vector<float>> lg = s.extendGroups(pending, run);
+        std::vector<int> still;
+        std::vector<std::vector<int32_t>> again;
+        for (size_t i = 0; i < pending.size(); ++i) {
+            std::vector<int32_t> next = answers[size_t(pending[i])].take(argmax(lg[i].data(), lg[i].size()));
+            if (next.empty()) continue;
+            still.push_back(pending[i]);
+            again.push_back(std::move(next));
+        }
+        pending = std::move(still);
+        run = std::move(again);
+    }
     return sc;
 }
 

@@ -2,9 +2,11 @@
 #include "model/decode_attention.h"
 
 #include "common/error.h"
+#include "common/half.h"
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace kvscope {
 
@@ -19,15 +21,31 @@ void decodeValuesAvx2(const DecodeAttention& a, const float* p, float* out);
 
 namespace {
 
+// Row `row` of a cache (headDim values of type `elem`) as fp32 into out.
+void loadRow(const void* base, KvElem elem, int64_t row, int headDim, float* out)
+{
+    const int64_t at = row * headDim;
+    switch (elem) {
+    case KvElem::F32: std::copy_n(static_cast<const float*>(base) + at, headDim, out); return;
+    case KvElem::F16:
+        for (int d = 0; d < headDim; ++d) out[d] = halfToFloat(static_cast<const uint16_t*>(base)[at + d]);
+        return;
+    case KvElem::BF16:
+        for (int d = 0; d < headDim; ++d) out[d] = bf16ToFloat(static_cast<const uint16_t*>(base)[at + d]);
+        return;
+    }
+}
+
 void scoresScalar(const DecodeAttention& a, float* scores)
 {
     const int64_t n = a.S - a.first;
+    std::vector<float> k(size_t(a.headDim));
     for (int64_t j = 0; j < n; ++j) {
-        const float* k = a.K + (a.first + j) * a.headDim;
+        loadRow(a.K, a.elem, a.first + j, a.headDim, k.data());
         for (int g = 0; g < a.groups; ++g) {
             const float* q = a.q + g * a.headDim;
             float s = 0.0f;
-            for (int d = 0; d < a.headDim; ++d) s += q[d] * k[d];
+            for (int d = 0; d < a.headDim; ++d) s += q[d] * k[size_t(d)];
             scores[g * n + j] = s;
         }
     }
@@ -37,12 +55,13 @@ void valuesScalar(const DecodeAttention& a, const float* p, float* out)
 {
     const int64_t n = a.S - a.first;
     std::fill(out, out + a.groups * a.headDim, 0.0f);
+    std::vector<float> v(size_t(a.headDim));
     for (int64_t j = 0; j < n; ++j) {
-        const float* v = a.V + (a.first + j) * a.headDim;
+        loadRow(a.V, a.elem, a.first + j, a.headDim, v.data());
         for (int g = 0; g < a.groups; ++g) {
             const float w = p[g * n + j];
             float* o = out + g * a.headDim;
-            for (int d = 0; d < a.headDim; ++d) o[d] += w * v[d];
+            for (int d = 0; d < a.headDim; ++d) o[d] += w * v[size_t(d)];
         }
     }
 }

@@ -1,6 +1,7 @@
 // The Llama-family forward pass (libtorch, CPU), behind a torch-free interface so that Qt code
 // and the CLI can include it. Torch lives in llama_runtime.cpp (weights), llama_session.cpp (the
-// session and forward pass) and their private llama_runtime_impl.h, nowhere else.
+// session and forward pass), llama_branches.cpp (its branch passes) and their private
+// llama_runtime_impl.h, nowhere else.
 //
 // READ ME FIRST
 //  - One forward serves prefill, generation, scoring and prefill-with-past: an InferenceSession
@@ -14,7 +15,8 @@
 //    queries (queryBlock), each query block reading only the keys it sees: memory per layer is
 //    O(queryBlock x keyBlock), whatever the context length.
 //  - KV precision: every K/V row is rounded to RuntimeOptions::kvDtype (fp16 by default, as a
-//    serving stack stores it) *before* attention reads it, during prefill too. So the cache a
+//    serving stack stores it) *before* attention reads it, during prefill too, and the session
+//    holds it in that dtype (attention converts what it reads to fp32, exactly). So the cache a
 //    session exports (exportKv) is exactly the cache the model attended to, and generating from
 //    a KvSet read back from disk reproduces generation right after prefill, token for token.
 //    Use kvDtype F32 to reproduce fp32 reference implementations (llama2.c's run.c).
@@ -151,6 +153,17 @@ public:
     // Puts group g's trunk (of the last appendBranchGroups) after the cache, which must still end
     // where it ended then. Throws kvscope::Error otherwise or for a g out of range.
     void resumeGroup(int g);
+    // Runs tokens[i] after group groups[i]'s stash (its trunk, then whatever earlier calls ran after
+    // it) for every i in one forward pass, and returns the logits of each one's last token (vocab):
+    // what truncate to the cache's end, resumeGroup(groups[i]), append(tokens[i]) would give, to
+    // the bit on one thread (each one's rows go through the products and the attention that append
+    // uses for that many tokens: those of up to kWeightKernelMaxBatch tokens share one pass of the
+    // decode kernels over the weights, longer ones get a product each). The tokens join their
+    // group's stash; the cache is left as it was. What a scorer needs to generate the greedy
+    // answers of many questions together. Throws kvscope::Error when the stash is gone (see
+    // appendBranchGroups), for a group out of range or given twice, and like append.
+    std::vector<std::vector<float>> extendGroups(const std::vector<int>& groups,
+                                                 const std::vector<std::vector<int32_t>>& tokens);
 
 private:
     void exportCodecStatistics(KvSet& kv) const;

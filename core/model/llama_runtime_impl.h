@@ -1,6 +1,7 @@
-// Private to the runtime's two translation units (llama_runtime.cpp: weights and the runtime;
-// llama_session.cpp: the session, its forward pass and attention): the torch-side state behind
-// llama_runtime.h. Includes torch, so nothing else may include it.
+// Private to the runtime's translation units (llama_runtime.cpp: weights and the runtime;
+// llama_session.cpp: the session, its forward pass and attention; llama_branches.cpp: the
+// session's branch passes): the torch-side state behind llama_runtime.h. Includes torch, so
+// nothing else may include it.
 #pragma once
 
 #include "model/llama_runtime.h"
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvscope {
@@ -27,6 +29,15 @@ struct Weight {
     PackedMatrix blocks;                        // packed's view for the kernels; data null when none
     int64_t rows = 0, cols = 0;
 };
+
+inline torch::Tensor rmsNorm(const torch::Tensor& x, const torch::Tensor& w, double eps)
+{
+    const torch::Tensor var = x.pow(2).mean(-1, /*keepdim=*/true);
+    return w * (x * torch::rsqrt(var + eps));
+}
+
+// Throws kvscope::Error naming a token id outside the vocabulary.
+void checkTokens(const ModelConfig& c, const std::vector<int32_t>& tokens);
 
 // Rows [r0, r0 + n) of a packed weight as float32 into out (n x cols), over torch's threads.
 inline void expandRows(const HostTensor& t, int64_t r0, int64_t n, float* out)
@@ -109,19 +120,46 @@ struct LlamaRuntime::Impl {
         return out;
     }
 
-    // x (T <= kWeightKernelMaxBatch, in) times w^T (+ b) on the stored blocks (weight_kernels.h),
-    // rows split over torch's threads.
+    // x (T, in) times w^T (+ b) on the stored blocks (weight_kernels.h), output rows split over
+    // torch's threads, activation rows kWeightKernelMaxBatch per kernel call: a row's result does
+    // not depend on the others, and a range of weight rows stays in cache across the calls.
     torch::Tensor kernelLinear(const torch::Tensor& x, const Weight& w, const torch::Tensor& b) const
     {
         const torch::Tensor xc = x.contiguous();
-        const int64_t T = xc.size(0), N = w.rows;
+        const int64_t T = xc.size(0), N = w.rows, K = w.cols;
         torch::Tensor out = torch::empty({T, N});
         const float* xp = xc.data_ptr<float>();
         float* yp = out.data_ptr<float>();
         at::parallel_for(0, N, 256, [&](int64_t r0, int64_t r1) {
-            packedMatmul(w.blocks, r0, r1, xp, int(T), yp, N, kernelPath);
+            for (int64_t t = 0; t < T; t += kWeightKernelMaxBatch) {
+                const int n = int(std::min<int64_t>(kWeightKernelMaxBatch, T - t));
+                packedMatmul(w.blocks, r0, r1, xp + t * K, n, yp + t * N, N, kernelPath);
+            }
         });
         if (b.defined()) out.add_(b);
+        return out;
+    }
+
+    // x (T, in) made of independent spans of rows (first row, rows), each given to the bit what
+    // linear() gives it alone: spans of up to kWeightKernelMaxBatch rows on the kernels, all in one
+    // call (the weights read once for them), and every other span in its own product, as alone
+    // (BLAS's per-row sums can depend on the size of a small product: measured, tst_suite).
+    torch::Tensor linearSpans(const torch::Tensor& x, const Weight& w, const torch::Tensor& b,
+                              const std::vector<std::pair<int, int>>& spans) const
+    {
+        torch::Tensor out = torch::empty({x.size(0), w.rows});
+        std::vector<int64_t> small;
+        for (const auto& [first, n] : spans) {
+            if (n <= kWeightKernelMaxBatch && w.blocks.data && kernels) {
+                for (int i = 0; i < n; ++i) small.push_back(first + i);
+                continue;
+            }
+            out.narrow(0, first, n).copy_(linear(x.narrow(0, first, n), w, b));
+        }
+        if (!small.empty()) {
+            const torch::Tensor at = torch::tensor(small);
+            out.index_copy_(0, at, kernelLinear(x.index_select(0, at), w, b));
+        }
         return out;
     }
 
@@ -159,10 +197,18 @@ struct BlockAttention {
         torch::Tensor maskGlobal, maskLocal;
     };
     std::vector<Group> groups;
+    // Extensions (InferenceSession::extendGroups): rows [start, start + size) run after stashed group
+    // `index`, as one append after resumeGroup(index) would run them, and join its stash.
+    struct Extend {
+        int start = 0, size = 0, index = 0;
+    };
+    std::vector<Extend> extends;
 };
 
 struct InferenceSession::State {
-    std::vector<torch::Tensor> keys, values;  // per layer (kv_heads, capacity, head_dim), fp32
+    // Per layer (kv_heads, capacity, head_dim) in RuntimeOptions::kvDtype, as a serving stack holds
+    // them (fp16 by default: half the bytes a decode step reads); attention converts what it reads.
+    std::vector<torch::Tensor> keys, values;
     int length = 0;
     int capacity = 0;
     std::vector<int32_t> tokens;
@@ -174,10 +220,11 @@ struct InferenceSession::State {
     // cache slot received, and (slots) how many recorded queries saw each slot.
     std::vector<torch::Tensor> attnMass;
     torch::Tensor attnSeen;
-    // appendBranchGroups' trunks: per group, per layer (kv_heads, trunk, head_dim) keys and values
-    // as the cache held them, valid while the cache ends at stashLength.
+    // appendBranchGroups' trunks (and what extendGroups ran after them): per group, per layer
+    // (kv_heads, stashed tokens, head_dim) keys and values as the cache held them, valid while the
+    // cache ends at stashLength.
     std::vector<std::vector<torch::Tensor>> stashKeys, stashValues;
-    std::vector<std::vector<int32_t>> stashTokens;  // per group, its trunk
+    std::vector<std::vector<int32_t>> stashTokens;  // per group, its trunk and extensions
     int stashLength = -1;
 
     void reserve(const LlamaRuntime::Impl& d, int needed)
@@ -187,7 +234,7 @@ struct InferenceSession::State {
         const int cap = std::max(needed, std::max(64, capacity * 2));
         for (size_t l = 0; l < size_t(c.numLayers); ++l) {
             for (auto* cache : {&keys, &values}) {
-                torch::Tensor fresh = torch::zeros({c.numKvHeads, cap, c.headDim});
+                torch::Tensor fresh = torch::zeros({c.numKvHeads, cap, c.headDim}, torch::TensorOptions().dtype(d.kvType));
                 if (length > 0) fresh.narrow(1, 0, length).copy_((*cache)[l].narrow(1, 0, length));
                 if (cache->size() <= l) cache->push_back(fresh);
                 else (*cache)[l] = fresh;

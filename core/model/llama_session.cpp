@@ -1,5 +1,6 @@
 // The inference session of llama_runtime.h on libtorch: the KV cache, the forward pass over a
-// block of tokens (prefill, decode, branches) and the blocked attention.
+// block of tokens (prefill, decode, branches) and the blocked attention. The branch passes that
+// share it are in llama_branches.cpp.
 #include "model/llama_runtime_impl.h"
 
 #include "common/error.h"
@@ -9,18 +10,21 @@
 
 namespace kvscope {
 
+void runtime_detail::checkTokens(const ModelConfig& c, const std::vector<int32_t>& tokens)
+{
+    for (int32_t t : tokens)
+        if (t < 0 || t >= c.vocabSize)
+            throw Error("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(c.vocabSize) + ")");
+}
+
+using runtime_detail::checkTokens;
 using runtime_detail::Layer;
+using runtime_detail::rmsNorm;
 using runtime_detail::Weight;
 
 namespace {
 
 namespace F = torch::nn::functional;
-
-torch::Tensor rmsNorm(const torch::Tensor& x, const torch::Tensor& w, double eps)
-{
-    const torch::Tensor var = x.pow(2).mean(-1, /*keepdim=*/true);
-    return w * (x * torch::rsqrt(var + eps));
-}
 
 torch::Tensor rotateHalf(const torch::Tensor& x)
 {
@@ -56,7 +60,8 @@ std::pair<torch::Tensor, torch::Tensor> ropeTablesAt(const torch::Tensor& invFre
 // the masked triangle on the causal diagonal shrinks with the sub-block, and the score buffer
 // (KH x groups*queryBlock x keyBlock) stays in cache. Only key blocks that some query of the
 // sub-block partly masks get an additive mask.
-//   q (H, T, hd), query head h reads KV head h / (H / KH); K, V (KH, >= P+T, hd) fp32.
+//   q (H, T, hd), query head h reads KV head h / (H / KH); K, V (KH, >= P+T, hd) in the cache's
+//   dtype: the keys the call reads are converted to fp32 once, up front (exactly).
 //   window > 0: query at p sees keys j with p - window < j <= p. softcap > 0: scores become
 //   softcap * tanh(score / softcap). Returns (H, T, hd).
 //   mass (optional, (KH, >= P+T)): adds each key's attention probability summed over the group's
@@ -68,6 +73,9 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& K, const torch
     const int64_t H = q.size(0), T = q.size(1), hd = q.size(2), KH = K.size(0), groups = H / KH;
     const torch::Tensor q4 = (q * scale).view({KH, groups, T, hd});
     torch::Tensor out = torch::empty({KH, groups, T, hd});
+    const int64_t base = window > 0 ? std::max<int64_t>(0, P - window + 1) : 0;  // the first key read
+    const torch::Tensor Kf = K.narrow(1, base, P + T - base).to(torch::kFloat32);
+    const torch::Tensor Vf = V.narrow(1, base, P + T - base).to(torch::kFloat32);
     for (int64_t q0 = 0; q0 < T; q0 += queryBlock) {
         const int64_t Tq = std::min<int64_t>(queryBlock, T - q0);
         const int64_t p0 = P + q0, p1 = P + q0 + Tq;  // positions of the sub-block: [p0, p1)
@@ -91,7 +99,7 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& K, const torch
         torch::Tensor acc = torch::zeros({KH, groups * Tq, hd});
         for (int64_t k0 = first; k0 < p1; k0 += keyBlock) {
             const int64_t B = std::min<int64_t>(keyBlock, p1 - k0);
-            const torch::Tensor Kb = K.narrow(1, k0, B), Vb = V.narrow(1, k0, B);
+            const torch::Tensor Kb = Kf.narrow(1, k0 - base, B), Vb = Vf.narrow(1, k0 - base, B);
             torch::Tensor s = torch::bmm(qg, Kb.transpose(1, 2));  // (KH, g*Tq, B)
             if (softcap > 0) s = torch::tanh(s / softcap) * softcap;
             const torch::Tensor mask = blockMask(k0, B);
@@ -106,7 +114,7 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& K, const torch
         if (mass) {
             for (int64_t k0 = first; k0 < p1; k0 += keyBlock) {
                 const int64_t B = std::min<int64_t>(keyBlock, p1 - k0);
-                torch::Tensor sc = torch::bmm(qg, K.narrow(1, k0, B).transpose(1, 2));  // (KH, g*Tq, B)
+                torch::Tensor sc = torch::bmm(qg, Kf.narrow(1, k0 - base, B).transpose(1, 2));  // (KH, g*Tq, B)
                 if (softcap > 0) sc = torch::tanh(sc / softcap) * softcap;
                 const torch::Tensor mask = blockMask(k0, B);
                 if (mask.defined()) sc.view({KH, groups, Tq, B}).add_(mask);
@@ -118,8 +126,9 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& K, const torch
     return out.view({H, T, hd});
 }
 
-// One query (q (H, 1, hd), position P) over the first P + 1 cached keys with decode_attention.h:
-// the same visible keys and the same result as attend() up to the order of the sums.
+// One query (q (H, 1, hd), position P) over the first P + 1 cached keys with decode_attention.h,
+// which reads the cache in its own dtype: the same visible keys and the same result as attend()
+// up to the order of the sums.
 torch::Tensor attendOne(const torch::Tensor& q, const torch::Tensor& K, const torch::Tensor& V, int P, int window,
                         double scale, double softcap, SimdPath path)
 {
@@ -129,11 +138,16 @@ torch::Tensor attendOne(const torch::Tensor& q, const torch::Tensor& K, const to
     const int64_t S = int64_t(P) + 1;
     const int64_t first = window > 0 ? std::max<int64_t>(0, S - window) : 0;
     std::vector<float> scratch(size_t(groups * (S - first)));
+    const KvElem elem = K.scalar_type() == torch::kFloat16    ? KvElem::F16
+                        : K.scalar_type() == torch::kBFloat16 ? KvElem::BF16
+                                                              : KvElem::F32;
+    const int64_t bytes = K.element_size();
     for (int64_t kh = 0; kh < KH; ++kh) {
         DecodeAttention a;
         a.q = qs.data_ptr<float>() + kh * groups * hd;
-        a.K = K.data_ptr<float>() + kh * K.stride(0);
-        a.V = V.data_ptr<float>() + kh * V.stride(0);
+        a.K = static_cast<const char*>(K.data_ptr()) + kh * K.stride(0) * bytes;
+        a.V = static_cast<const char*>(V.data_ptr()) + kh * V.stride(0) * bytes;
+        a.elem = elem;
         a.groups = int(groups);
         a.headDim = int(hd);
         a.first = first;
@@ -152,8 +166,8 @@ torch::Tensor attendMasked(const torch::Tensor& q, const torch::Tensor& keys, co
     const int64_t H = q.size(0), T = q.size(1), hd = q.size(2), KH = keys.size(0), g = H / KH;
     // One product per KV head over its query heads' rows: the cache is read in place, where a
     // broadcast over the query heads would copy K and V once per head.
-    const torch::Tensor K = keys.narrow(1, 0, S);    // (KH, S, hd)
-    const torch::Tensor V = values.narrow(1, 0, S);  // (KH, S, hd)
+    const torch::Tensor K = keys.narrow(1, 0, S).to(torch::kFloat32);    // (KH, S, hd)
+    const torch::Tensor V = values.narrow(1, 0, S).to(torch::kFloat32);  // (KH, S, hd)
     const torch::Tensor qg = q.reshape({KH, g * T, hd});
     torch::Tensor scores = torch::bmm(qg, K.transpose(1, 2)).mul_(scale);  // (KH, g*T, S)
     if (softcap > 0) scores = torch::tanh(scores / softcap) * softcap;
@@ -162,13 +176,6 @@ torch::Tensor attendMasked(const torch::Tensor& q, const torch::Tensor& keys, co
 }
 
 torch::Tensor geluTanh(const torch::Tensor& x) { return F::gelu(x, F::GELUFuncOptions().approximate("tanh")); }
-
-void checkTokens(const ModelConfig& c, const std::vector<int32_t>& tokens)
-{
-    for (int32_t t : tokens)
-        if (t < 0 || t >= c.vocabSize)
-            throw Error("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(c.vocabSize) + ")");
-}
 
 }  // namespace
 
@@ -208,7 +215,7 @@ void InferenceSession::loadKv(const KvSet& kv)
             torch::Tensor rows = torch::empty({want.numKvHeads, n, want.headDim});
             for (int h = 0; h < want.numKvHeads; ++h)
                 kv.readRows(kind, l, h, 0, n, rows[h].data_ptr<float>());
-            cache.narrow(1, 0, n).copy_(rows.to(d.kvType).to(torch::kFloat32));
+            cache.narrow(1, 0, n).copy_(rows.to(d.kvType));
         }
     }
     s_->length = n;
@@ -224,7 +231,7 @@ KvSet InferenceSession::exportKv() const
     for (int l = 0; l < shape.numLayers; ++l) {
         for (KvKind kind : {KvKind::Key, KvKind::Value}) {
             const torch::Tensor& cache = (kind == KvKind::Key ? s_->keys : s_->values)[size_t(l)];
-            const torch::Tensor rows = cache.narrow(1, 0, s_->length).contiguous();
+            const torch::Tensor rows = cache.narrow(1, 0, s_->length).to(torch::kFloat32).contiguous();
             for (int h = 0; h < shape.numKvHeads; ++h)
                 kv.writeRows(kind, l, h, 0, s_->length, rows[h].data_ptr<float>());
         }
@@ -247,12 +254,18 @@ torch::Tensor InferenceSession::State::forwardBlock(const LlamaRuntime::Impl& d,
     if (c.embedScale != 1.0) x = x * float(c.embedScale);
     const auto [cosG, sinG] = ropeTablesAt(d.invFreq, pos);
     const auto [cosL, sinL] = ropeTablesAt(d.invFreqLocal, pos);
+    // Extensions are independent appends: each one's rows go through the products append gives them.
+    std::vector<std::pair<int, int>> spans;
+    for (const BlockAttention::Extend& e : attention.extends) spans.emplace_back(e.start, e.size);
+    auto linear = [&](const torch::Tensor& in, const Weight& w, const torch::Tensor& b = {}) {
+        return spans.empty() ? d.linear(in, w, b) : d.linearSpans(in, w, b, spans);
+    };
     for (size_t l = 0; l < d.layers.size(); ++l) {
         const Layer& L = d.layers[l];
         const torch::Tensor h = rmsNorm(x, L.inNorm, c.rmsNormEps);
-        torch::Tensor q = d.linear(h, L.wq, L.bq).view({T, H, hd});
-        torch::Tensor k = d.linear(h, L.wk, L.bk).view({T, KH, hd});
-        torch::Tensor v = d.linear(h, L.wv, L.bv).view({T, KH, hd}).transpose(0, 1);
+        torch::Tensor q = linear(h, L.wq, L.bq).view({T, H, hd});
+        torch::Tensor k = linear(h, L.wk, L.bk).view({T, KH, hd});
+        torch::Tensor v = linear(h, L.wv, L.bv).view({T, KH, hd}).transpose(0, 1);
         if (c.qkNorm) {
             q = rmsNorm(q, L.qNorm, c.rmsNormEps);
             k = rmsNorm(k, L.kNorm, c.rmsNormEps);
@@ -269,12 +282,12 @@ torch::Tensor InferenceSession::State::forwardBlock(const LlamaRuntime::Impl& d,
         }
         torch::Tensor o = s_->attendLayer(d, l, q, k, v, attention, recordQueries);
         o = o.transpose(0, 1).reshape({T, H * hd});
-        torch::Tensor attnOut = d.linear(o, L.wo);
+        torch::Tensor attnOut = linear(o, L.wo);
         if (c.sandwichNorm) attnOut = rmsNorm(attnOut, L.postNorm, c.rmsNormEps);
         x = x + attnOut;
         const torch::Tensor h2 = rmsNorm(x, c.sandwichNorm ? L.preFfnNorm : L.postNorm, c.rmsNormEps);
-        const torch::Tensor gate = d.linear(h2, L.wGate);
-        torch::Tensor mlp = d.linear((d.geglu ? geluTanh(gate) : F::silu(gate)) * d.linear(h2, L.wUp), L.wDown);
+        const torch::Tensor gate = linear(h2, L.wGate);
+        torch::Tensor mlp = linear((d.geglu ? geluTanh(gate) : F::silu(gate)) * linear(h2, L.wUp), L.wDown);
         if (c.sandwichNorm) mlp = rmsNorm(mlp, L.postFfnNorm, c.rmsNormEps);
         x = x + mlp;
     }
@@ -293,16 +306,46 @@ torch::Tensor InferenceSession::State::attendLayer(const LlamaRuntime::Impl& d, 
     const int P = s_->length, T = int(q.size(1)), S = P + T;
     // The cache holds what a serving stack would store: K/V rounded to kvDtype.
     const torch::Tensor kq = k.to(d.kvType), vq = v.to(d.kvType);
-    if (!attention.groups.empty()) {
-        // Each group in turn occupies the slots after the cache, as if it were the only one.
+    if (!attention.extends.empty()) {
+        // Each extension in turn: its group's stash, then its rows after the cache, attended as
+        // append attends them (one row: the decode attention, unless append would record the mass).
         torch::Tensor out = torch::empty({q.size(0), T, hd});
+        const int window = L.sliding ? c.slidingWindow : 0;
+        for (const BlockAttention::Extend& e : attention.extends) {
+            torch::Tensor& stashK = s_->stashKeys[size_t(e.index)][l];
+            torch::Tensor& stashV = s_->stashValues[size_t(e.index)][l];
+            const int at = P + int(stashK.size(1));
+            s_->keys[l].narrow(1, P, at - P).copy_(stashK);
+            s_->values[l].narrow(1, P, at - P).copy_(stashV);
+            s_->keys[l].narrow(1, at, e.size).copy_(kq.narrow(1, e.start, e.size));
+            s_->values[l].narrow(1, at, e.size).copy_(vq.narrow(1, e.start, e.size));
+            const torch::Tensor qe = q.narrow(1, e.start, e.size);
+            out.narrow(1, e.start, e.size)
+                .copy_(e.size == 1 && !d.options.attnMass && d.kernels
+                           ? attendOne(qe, s_->keys[l], s_->values[l], at, window, scale, c.attnSoftcap, d.kernelPath)
+                           : attend(qe, s_->keys[l], s_->values[l], at, window, scale, c.attnSoftcap, d.options.keyBlock,
+                                    d.options.queryBlock));
+            stashK = s_->keys[l].narrow(1, P, at - P + e.size).clone();
+            stashV = s_->values[l].narrow(1, P, at - P + e.size).clone();
+        }
+        return out;
+    }
+    if (!attention.groups.empty()) {
+        // Each group in turn occupies the slots after the cache, as if it were the only one, in an
+        // fp32 copy of the cache made once for all groups.
+        torch::Tensor out = torch::empty({q.size(0), T, hd});
+        int largest = 0;
+        for (const BlockAttention::Group& g : attention.groups) largest = std::max(largest, g.size);
+        torch::Tensor keys = torch::empty({KH, P + largest, hd}), values = torch::empty({KH, P + largest, hd});
+        keys.narrow(1, 0, P).copy_(s_->keys[l].narrow(1, 0, P));
+        values.narrow(1, 0, P).copy_(s_->values[l].narrow(1, 0, P));
         for (const BlockAttention::Group& g : attention.groups) {
-            s_->keys[l].narrow(1, P, g.size).copy_(kq.narrow(1, g.start, g.size));
-            s_->values[l].narrow(1, P, g.size).copy_(vq.narrow(1, g.start, g.size));
-            s_->stashKeys[size_t(g.index)][l] = s_->keys[l].narrow(1, P, g.trunk).clone();
-            s_->stashValues[size_t(g.index)][l] = s_->values[l].narrow(1, P, g.trunk).clone();
+            keys.narrow(1, P, g.size).copy_(kq.narrow(1, g.start, g.size));
+            values.narrow(1, P, g.size).copy_(vq.narrow(1, g.start, g.size));
+            s_->stashKeys[size_t(g.index)][l] = kq.narrow(1, g.start, g.trunk).clone();
+            s_->stashValues[size_t(g.index)][l] = vq.narrow(1, g.start, g.trunk).clone();
             out.narrow(1, g.start, g.size)
-                .copy_(attendMasked(q.narrow(1, g.start, g.size), s_->keys[l], s_->values[l], P + g.size,
+                .copy_(attendMasked(q.narrow(1, g.start, g.size), keys, values, P + g.size,
                                     L.sliding ? g.maskLocal : g.maskGlobal, scale, c.attnSoftcap));
         }
         return out;
@@ -427,229 +470,6 @@ void InferenceSession::append(const std::vector<int32_t>& tokens, std::vector<fl
         }
         if (progress && !progress(start + T, total)) throw Error("cancelled");
     }
-}
-
-namespace {
-
-// The positions and masks of one trunk with its branches after P0 cached slots (appendBranches'
-// layout): posv receives the NT + branch tokens' RoPE positions, mask and maskLocal (T, P0 + T)
-// the additive masks of global and sliding layers.
-void branchMasks(const ModelConfig& c, int P0, int NT, const std::vector<std::vector<int32_t>>& branches,
-                 std::vector<float>& posv, torch::Tensor& mask, torch::Tensor& maskLocal)
-{
-    std::vector<int> branchStart;
-    int T = NT;
-    for (const auto& b : branches) {
-        branchStart.push_back(T);
-        T += int(b.size());
-    }
-    // Positions: the trunk continues the cache; every branch starts right after the trunk.
-    posv.assign(size_t(T), 0.0f);
-    for (int i = 0; i < NT; ++i) posv[size_t(i)] = float(P0 + i);
-    for (size_t b = 0; b < branches.size(); ++b)
-        for (size_t o = 0; o < branches[b].size(); ++o) posv[size_t(branchStart[b]) + o] = float(P0 + NT + int(o));
-    // Mask (T, P0 + T): trunk token i sees slots j <= P0 + i; branch token (b, o) sees the
-    // context and the trunk (j < P0 + NT) and its own branch's slots up to itself.
-    torch::Tensor allowed = torch::zeros({T, P0 + T}, torch::kBool);
-    auto a = allowed.accessor<bool, 2>();
-    for (int i = 0; i < NT; ++i)
-        for (int j = 0; j <= P0 + i; ++j) a[i][j] = true;
-    for (size_t b = 0; b < branches.size(); ++b)
-        for (size_t o = 0; o < branches[b].size(); ++o) {
-            const int i = branchStart[b] + int(o);
-            for (int j = 0; j < P0 + NT; ++j) a[i][j] = true;
-            for (int j = P0 + branchStart[b]; j <= P0 + i; ++j) a[i][j] = true;
-        }
-    mask = torch::zeros({T, P0 + T}).masked_fill(allowed.logical_not(), -INFINITY);
-    maskLocal = mask;
-    if (c.slidingWindow > 0) {  // sliding layers: slot j < P0 + NT holds position j, a branch slot its own
-        torch::Tensor windowed = allowed.clone();
-        auto w = windowed.accessor<bool, 2>();
-        for (int i = 0; i < T; ++i)
-            for (int j = 0; j < P0 + T; ++j) {
-                const float keyPos = j < P0 + NT ? float(j) : posv[size_t(j - P0)];
-                if (w[i][j] && keyPos <= posv[size_t(i)] - float(c.slidingWindow)) w[i][j] = false;
-            }
-        maskLocal = torch::zeros({T, P0 + T}).masked_fill(windowed.logical_not(), -INFINITY);
-    }
-}
-
-// Final norm and LM head of the rows `rows` of x (hidden states before the last norm): (rows, vocab).
-torch::Tensor headLogits(const LlamaRuntime::Impl& d, const torch::Tensor& x, const std::vector<int64_t>& rows)
-{
-    const ModelConfig& c = d.spec.config;
-    const torch::Tensor sel = torch::from_blob(const_cast<int64_t*>(rows.data()), {int64_t(rows.size())}, torch::kLong).clone();
-    return d.linear(rmsNorm(x.index_select(0, sel), d.norm, c.rmsNormEps), d.lmHead).contiguous();
-}
-
-}  // namespace
-
-void InferenceSession::appendBranches(const std::vector<int32_t>& trunk, const std::vector<std::vector<int32_t>>& branches,
-                                      std::vector<float>* trunkLastLogits, std::vector<std::vector<float>>* branchLogits)
-{
-    const LlamaRuntime::Impl& d = runtime_->impl();
-    const ModelConfig& c = d.spec.config;
-    if (trunk.empty()) throw Error("no tokens to run");
-    std::vector<int32_t> all = trunk;
-    for (const auto& b : branches) all.insert(all.end(), b.begin(), b.end());
-    checkTokens(c, all);
-    const int P0 = s_->length, NT = int(trunk.size()), T = int(all.size());
-    if (size_t(P0) + size_t(T) > size_t(KvLimits::maxTokens))
-        throw Error("context longer than " + std::to_string(KvLimits::maxTokens) + " tokens");
-
-    c10::InferenceMode guard;
-    s_->reserve(d, P0 + T);
-    std::vector<float> posv;
-    BlockAttention attention;
-    branchMasks(c, P0, NT, branches, posv, attention.maskGlobal, attention.maskLocal);
-    const torch::Tensor pos = torch::from_blob(posv.data(), {T, 1}, torch::kFloat32).clone();
-    const torch::Tensor x = s_->forwardBlock(d, all.data(), T, pos, attention, false);
-    // Keep the trunk; the branches' slots are scratch, overwritten by the next append.
-    s_->length = P0 + NT;
-    s_->tokens.insert(s_->tokens.end(), trunk.begin(), trunk.end());
-    s_->stashLength = -1;
-    std::vector<int64_t> rowsWanted = {NT - 1};
-    for (int i = NT; i < T; ++i) rowsWanted.push_back(i);
-    const torch::Tensor logits = headLogits(d, x, rowsWanted);
-    const float* p = logits.data_ptr<float>();
-    const size_t V = size_t(c.vocabSize);
-    if (trunkLastLogits) trunkLastLogits->assign(p, p + V);
-    if (branchLogits) {
-        branchLogits->assign(branches.size(), {});
-        for (size_t b = 0, row = 1; b < branches.size(); row += branches[b].size(), ++b)
-            (*branchLogits)[b].assign(p + V * row, p + V * (row + branches[b].size()));
-    }
-}
-
-std::vector<InferenceSession::BranchGroupLogits> InferenceSession::appendBranchGroups(const std::vector<BranchGroup>& groups)
-{
-    static_assert(kBranchGroupAlone == kWeightKernelMaxBatch, "a group alone must run as appendBranches runs it");
-    const LlamaRuntime::Impl& d = runtime_->impl();
-    const ModelConfig& c = d.spec.config;
-    const int P0 = s_->length;
-    std::vector<int> sizes;
-    for (const BranchGroup& g : groups) {
-        if (g.trunk.empty()) throw Error("no tokens to run");
-        checkTokens(c, g.trunk);
-        int T = int(g.trunk.size());
-        for (const auto& b : g.branches) {
-            checkTokens(c, b);
-            T += int(b.size());
-        }
-        if (size_t(P0) + size_t(T) > size_t(KvLimits::maxTokens))
-            throw Error("context longer than " + std::to_string(KvLimits::maxTokens) + " tokens");
-        sizes.push_back(T);
-    }
-    c10::InferenceMode guard;
-    s_->stashTokens.assign(groups.size(), {});
-    s_->stashKeys.assign(groups.size(), std::vector<torch::Tensor>(d.layers.size()));
-    s_->stashValues.assign(groups.size(), std::vector<torch::Tensor>(d.layers.size()));
-    s_->stashLength = -1;
-    std::vector<BranchGroupLogits> out(groups.size());
-    // A group small enough for the decode kernels runs alone, as appendBranches would run it; the
-    // others share passes of up to prefillBlock tokens (a larger group has one of its own).
-    std::vector<std::vector<int>> passes;
-    std::vector<int> batch;
-    int filled = 0;
-    for (size_t g = 0; g < groups.size(); ++g) {
-        if (sizes[g] <= kBranchGroupAlone) {
-            passes.push_back({int(g)});
-            continue;
-        }
-        if (!batch.empty() && filled + sizes[g] > d.options.prefillBlock) {
-            passes.push_back(std::move(batch));
-            batch.clear();
-            filled = 0;
-        }
-        batch.push_back(int(g));
-        filled += sizes[g];
-    }
-    if (!batch.empty()) passes.push_back(std::move(batch));
-    for (const std::vector<int>& pass : passes) runBranchPass(groups, pass, out);
-    s_->stashLength = P0;
-    return out;
-}
-
-void InferenceSession::runBranchPass(const std::vector<BranchGroup>& groups, const std::vector<int>& pass,
-                                     std::vector<BranchGroupLogits>& out)
-{
-    const LlamaRuntime::Impl& d = runtime_->impl();
-    const ModelConfig& c = d.spec.config;
-    const int P0 = s_->length;
-    BlockAttention attention;
-    std::vector<int32_t> all;
-    std::vector<float> posAll;
-    int largest = 0;
-    for (int g : pass) {
-        const BranchGroup& bg = groups[size_t(g)];
-        BlockAttention::Group span;
-        span.start = int(all.size());
-        span.trunk = int(bg.trunk.size());
-        span.index = g;
-        all.insert(all.end(), bg.trunk.begin(), bg.trunk.end());
-        for (const auto& b : bg.branches) all.insert(all.end(), b.begin(), b.end());
-        span.size = int(all.size()) - span.start;
-        std::vector<float> posv;
-        branchMasks(c, P0, span.trunk, bg.branches, posv, span.maskGlobal, span.maskLocal);
-        posAll.insert(posAll.end(), posv.begin(), posv.end());
-        largest = std::max(largest, span.size);
-        s_->stashTokens[size_t(g)] = bg.trunk;
-        attention.groups.push_back(std::move(span));
-    }
-    s_->reserve(d, P0 + largest);
-    const int T = int(all.size());
-    const torch::Tensor pos = torch::from_blob(posAll.data(), {T, 1}, torch::kFloat32).clone();
-    const torch::Tensor x = s_->forwardBlock(d, all.data(), T, pos, attention, false);
-
-    // The LM head on the rows appendBranches would read (the trunk's last token, every branch
-    // token): a group with few enough rows for the decode kernels alone, as there; the others in
-    // one product.
-    std::vector<int64_t> sharedRows;
-    std::vector<std::pair<size_t, int64_t>> sharedAt;  // (index in pass, first row in the shared product)
-    auto rowsOf = [&](const BlockAttention::Group& span) {
-        std::vector<int64_t> rows;
-        for (int i = span.trunk - 1; i < span.size; ++i) rows.push_back(span.start + i);
-        return rows;
-    };
-    const size_t V = size_t(c.vocabSize);
-    auto deliver = [&](const BlockAttention::Group& span, const float* p) {
-        BranchGroupLogits& o = out[size_t(span.index)];
-        o.trunkLast.assign(p, p + V);
-        const BranchGroup& bg = groups[size_t(span.index)];
-        o.branches.assign(bg.branches.size(), {});
-        for (size_t b = 0, row = 1; b < bg.branches.size(); row += bg.branches[b].size(), ++b)
-            o.branches[b].assign(p + V * row, p + V * (row + bg.branches[b].size()));
-    };
-    for (size_t i = 0; i < attention.groups.size(); ++i) {
-        const std::vector<int64_t> rows = rowsOf(attention.groups[i]);
-        if (int(rows.size()) <= kWeightKernelMaxBatch) {
-            deliver(attention.groups[i], headLogits(d, x, rows).data_ptr<float>());
-        } else {
-            sharedAt.emplace_back(i, int64_t(sharedRows.size()));
-            sharedRows.insert(sharedRows.end(), rows.begin(), rows.end());
-        }
-    }
-    if (sharedRows.empty()) return;
-    const torch::Tensor logits = headLogits(d, x, sharedRows);
-    for (const auto& [i, row] : sharedAt) deliver(attention.groups[i], logits.data_ptr<float>() + size_t(row) * V);
-}
-
-void InferenceSession::resumeGroup(int g)
-{
-    if (s_->stashLength < 0 || s_->length != s_->stashLength || g < 0 || size_t(g) >= s_->stashKeys.size())
-        throw Error("no branch group " + std::to_string(g) + " to resume after a cache of " + std::to_string(s_->length) +
-                    " tokens");
-    const LlamaRuntime::Impl& d = runtime_->impl();
-    c10::InferenceMode guard;
-    const std::vector<int32_t>& trunk = s_->stashTokens[size_t(g)];
-    const int NT = int(trunk.size());
-    s_->reserve(d, s_->length + NT);
-    for (size_t l = 0; l < d.layers.size(); ++l) {
-        s_->keys[l].narrow(1, s_->length, NT).copy_(s_->stashKeys[size_t(g)][l]);
-        s_->values[l].narrow(1, s_->length, NT).copy_(s_->stashValues[size_t(g)][l]);
-    }
-    s_->length += NT;
-    s_->tokens.insert(s_->tokens.end(), trunk.begin(), trunk.end());
 }
 
 }  // namespace kvscope
