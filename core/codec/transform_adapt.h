@@ -2,8 +2,9 @@
 // is coded in the eigenbasis of a covariance that the decoder can compute itself, from the
 // symbols of chunks 0..n-1 and the calibrated model, so no basis travels. The building blocks
 // only, and a chain coder over them (encodeAdaptiveChunks, decodeAdaptiveChunks) that reuses the
-// chunk payloads of FORMAT.md unchanged; no profile option or container uses it yet
-// (docs/roadmap.md, "Transform codec").
+// chunk payloads of FORMAT.md unchanged. The profile option `"adapt_basis"` turns it on: eval
+// codes the cache as one chain, and `.kvc` files of format 2.3 hold one chain per level
+// (container_chain.h; docs/transform.md, "Chained .kvc files").
 //
 // READ ME FIRST: what makes the chain decodable.
 // - Everything is in the calibrated model's component coordinates z (transform.h READ ME FIRST,
