@@ -459,59 +459,28 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
     if (!finite || negZeroMean) std::fill(lo.begin(), lo.end(), 0), std::fill(hi.begin(), hi.end(), C);
     const bool plain = finite && !negZeroMean && b.decodeFinite;  // Tile::plain
 
-    // Per tile of tokens: the dequantised components (token-major, zq[i * K + k] = q step 2^class,
-    // 0 exactly when q = 0, escapes read in the stream's order), then v_t = mean + sum over k
+    // Per tile of tokens (inverseTiles): the dequantised components (zq = q step 2^class, 0
+    // exactly when q = 0, escapes read in the stream's order), then v_t = mean + sum over k
     // ascending of col_k zq_tk (terms with q = 0 skipped), then each head's row, keys rotated
     // back by RoPE when the model undoes it, straight into the output's dtype. On AMX (AVX-512
-    // path, plain blocks) the product is Z B on tiles instead (transform_kernels.h, AmxProduct),
-    // with rows of Cp floats.
+    // path, plain blocks) the product is Z B on tiles instead (transform_kernels.h, AmxProduct).
     std::vector<int> folded(size_t(kImportanceClasses) * K);  // [class * K + k]: the folded max |q|
     for (int c = 0; c < kImportanceClasses; ++c)
         for (int k = 0; k < K; ++k) folded[size_t(c) * K + size_t(k)] = foldedMax(lb.maxQ[size_t(coded[size_t(k)])], c);
     EscapeReader escapes{esc, esc + escBytes, &where};
-    const SimdPath path = simdPath();
-    const TileKernels kernels = kernelsFor(path);
-    bool useAmx = path == SimdPath::Avx512 && plain && K > 0 && amxEnabled();
+    bool useAmx = simdPath() == SimdPath::Avx512 && plain && K > 0 && amxEnabled();
     if (useAmx) {
-        std::call_once(cached.amxOnce, [&] { cached.amxOk = cached.amx.prepare(col, step.data(), K, C); });
+        std::call_once(cached.amxOnce, [&] { cached.amxOk = cached.amx.prepare(col, step.data(), b.mean.data(), K, C); });
         useAmx = cached.amxOk;
     }
-    const AmxProduct& amx = cached.amx;
-    const int ldv = useAmx ? amx.Cp : C;
     const bool ropeKeys = kind == KvKind::Key && m.settings.ropeUndo;
-    std::vector<float> v(size_t(kTileTokens) * std::max(ldv, D), 0.0f), zq;
-    std::vector<uint16_t> zb;  // (kTileTokens, Kp) bfloat16 for AMX
-    std::vector<AmxFixup> fixups;
-    if (useAmx) zb.assign(size_t(kTileTokens) * amx.Kp, 0);
-    else zq.resize(size_t(kTileTokens) * K);
-    for (int r0 = 0; r0 < R; r0 += kTileTokens) {
-        const int nt = std::min(kTileTokens, R - r0);
-        fixups.clear();
-        for (int i = 0; i < nt; ++i) {
-            const int cls = rowClass[size_t(r0 + i)];
-            const uint8_t* srow = sym.data() + size_t(r0 + i) * K;
-            if (useAmx) amx.dequantRow(srow, folded.data() + size_t(cls) * K, cls, i, zb.data() + size_t(i) * amx.Kp, escapes, fixups);
-            else kernels.dequant(srow, folded.data() + size_t(cls) * K, step.data(), float(1 << cls), K, zq.data() + size_t(i) * K, escapes);
-            std::memcpy(&v[size_t(i) * ldv], b.mean.data(), sizeof(float) * size_t(C));
-        }
-        if (useAmx) {
-            std::fill(zb.begin() + std::ptrdiff_t(size_t(nt) * amx.Kp), zb.end(), uint16_t(0));  // rows past nt
-            amx.accumulate(v.data(), zb.data(), nt);
-            amx.applyFixups(v.data(), col, step.data(), fixups);
-        } else {
-            kernels.accumulate(Tile{v.data(), col, zq.data(), lo.data(), hi.data(), nt, K, C, plain});
-        }
-        for (int i = 0; i < nt; ++i) {
-            const int t = codedTokens[size_t(r0 + i)];
-            for (int h = 0; h < H; ++h) {
-                float* row = &v[size_t(i) * ldv + size_t(h) * D];
-                if (ropeKeys) applyRopeTable(row, 1, D, rope + size_t(t) * D, false);
-                outKv.writeRows(kind, layer * G + h / Hc, h % Hc, t0 + t, 1, row);
-            }
-        }
-    }
+    inverseTiles(InverseJob{R, K, C, H, D, sym.data(), rowClass.data(), folded.data(), step.data(), col, lo.data(), hi.data(),
+                            plain, b.mean.data(), useAmx ? &cached.amx : nullptr, codedTokens.data(), ropeKeys ? rope : nullptr,
+                            kind, layer, G, Hc, t0},
+                 escapes, outKv);
     if (escapes.p != escapes.end) throw Error(where + ": escape list has unused bytes");
     size_t ri = 0;  // raw tokens: their fp16 values as stored
+    std::vector<float> v(static_cast<size_t>(D));
     for (int t : rawTokens)
         for (int h = 0; h < H; ++h) {
             for (int d = 0; d < D; ++d, ++ri) v[size_t(d)] = halfToFloat(uint16_t(raw[2 * ri] | raw[2 * ri + 1] << 8));
