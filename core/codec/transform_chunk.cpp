@@ -343,14 +343,14 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
 }
 
 // The coded tokens' symbols (R x K) of a block's stream (past its token classes), with the
-// entropy choice of the model.
-std::vector<uint8_t> decodeBlockSymbols(const TransformModel& m, const TransformLevelBlock& lb, const std::vector<int>& coded,
-                                        const std::vector<uint8_t>& rowClass, const uint8_t* stream, size_t streamBytes,
-                                        TransformDecodeCache::Entry& cached, const std::string& where)
+// entropy choice of the model, into sym.
+void decodeBlockSymbols(const TransformModel& m, const TransformLevelBlock& lb, const std::vector<int>& coded,
+                        const std::vector<uint8_t>& rowClass, const uint8_t* stream, size_t streamBytes,
+                        TransformDecodeCache::Entry& cached, const std::string& where, std::vector<uint8_t>& sym)
 {
     const int R = int(rowClass.size()), K = int(coded.size());
     const bool imp = m.settings.tokenImportance;
-    std::vector<uint8_t> sym(size_t(R) * K);
+    sym.resize(size_t(R) * K);  // every symbol is written below
     const auto decodeMatrix = m.settings.entropy == TransformEntropy::Rans32 ? decodeSymbolMatrixW32 : decodeSymbolMatrix;
     if (entropyUsesTables(m.settings.entropy) && imp) {
         thread_local std::vector<CodingTable> tables;
@@ -400,7 +400,6 @@ std::vector<uint8_t> decodeBlockSymbols(const TransformModel& m, const Transform
             }
     }
 
-    return sym;
 }
 
 // rope: chunkRopeTable of the chunk (keys are rotated with it when the model undoes RoPE).
@@ -429,7 +428,8 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
     }
 
     TransformDecodeCache::Entry& cached = decodeEntry(m, level, kind, layer);
-    const std::vector<uint8_t> sym = decodeBlockSymbols(m, lb, coded, rowClass, stream, streamBytes, cached, where);
+    thread_local std::vector<uint8_t> sym;
+    decodeBlockSymbols(m, lb, coded, rowClass, stream, streamBytes, cached, where, sym);
 
     // The decode columns of the coded components (TransformBlock::columns: read in place when
     // the coded components are the first K, as a water level over a sorted basis gives them;
