@@ -29,6 +29,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 
@@ -133,11 +134,13 @@ struct TransformDecodeCache {
         bool amxOk = false;
     };
     std::unique_ptr<Entry[]> entries;  // [(level - 1) * 2L + kind * L + layer]
+    std::mutex ropeMutex;
+    std::map<std::pair<int, int>, std::shared_ptr<const std::vector<double>>> rope;  // chunkRopeTable by (t0, n)
 };
 
 namespace {
 
-TransformDecodeCache::Entry& decodeEntry(const TransformModel& m, int level, KvKind kind, int layer)
+TransformDecodeCache& decodeCache(const TransformModel& m)
 {
     const TransformDecodeSlot& slot = m.decodeCache;
     std::lock_guard<std::mutex> lock(slot.m);
@@ -145,7 +148,12 @@ TransformDecodeCache::Entry& decodeEntry(const TransformModel& m, int level, KvK
         slot.cache = std::make_shared<TransformDecodeCache>();
         slot.cache->entries.reset(new TransformDecodeCache::Entry[size_t(m.numLevels()) * 2 * size_t(m.numLayers)]);
     }
-    return slot.cache->entries[(size_t(level - 1) * 2 + size_t(kind)) * size_t(m.numLayers) + size_t(layer)];
+    return *slot.cache;
+}
+
+TransformDecodeCache::Entry& decodeEntry(const TransformModel& m, int level, KvKind kind, int layer)
+{
+    return decodeCache(m).entries[(size_t(level - 1) * 2 + size_t(kind)) * size_t(m.numLayers) + size_t(layer)];
 }
 
 struct BlockPayload {
@@ -154,11 +162,23 @@ struct BlockPayload {
 };
 
 // One RoPE table (ropeTable) of the chunk's tokens, shared by every layer's keys; empty when the
-// model keeps RoPE in.
-std::vector<double> chunkRopeTable(const TransformModel& m, int t0, int n)
+// model keeps RoPE in. Kept with the model's derived state for the first kRopeTablesKept chunks
+// asked for (a cos and a sin per pair and token cost more than applying them; a bench, a server
+// and the encoder ask for the same chunks again), computed afresh beyond that.
+constexpr size_t kRopeTablesKept = 64;  // 8 MB of tables at 256 tokens and 64 dims
+std::shared_ptr<const std::vector<double>> chunkRopeTable(const TransformModel& m, int t0, int n)
 {
-    std::vector<double> cs;
-    if (m.settings.ropeUndo) ropeTable(n, m.headDim, m.ropeInvFreq.data(), m.ropePosition0, t0, cs);
+    if (!m.settings.ropeUndo) return std::make_shared<const std::vector<double>>();
+    TransformDecodeCache& cache = decodeCache(m);
+    {
+        std::lock_guard<std::mutex> lock(cache.ropeMutex);
+        auto it = cache.rope.find({t0, n});
+        if (it != cache.rope.end()) return it->second;
+    }
+    auto cs = std::make_shared<std::vector<double>>();
+    ropeTable(n, m.headDim, m.ropeInvFreq.data(), m.ropePosition0, t0, *cs);
+    std::lock_guard<std::mutex> lock(cache.ropeMutex);
+    if (cache.rope.size() < kRopeTablesKept) cache.rope.emplace(std::make_pair(t0, n), cs);
     return cs;
 }
 
@@ -510,7 +530,7 @@ std::vector<std::vector<uint8_t>> encodeTransformChunks(const CodecParams& p, co
 {
     KVSCOPE_ASSERT(p.transform);
     const int L = p.transform->numLayers, B = 2 * L, N = int(which.size());
-    std::vector<std::vector<double>> rope(static_cast<size_t>(N));
+    std::vector<std::shared_ptr<const std::vector<double>>> rope(static_cast<size_t>(N));
     parallelUnits(N, [&](int i) {
         rope[size_t(i)] = chunkRopeTable(*p.transform, p.chunkStart(which[size_t(i)].chunk), p.chunkLength(which[size_t(i)].chunk));
     });
@@ -519,7 +539,7 @@ std::vector<std::vector<uint8_t>> encodeTransformChunks(const CodecParams& p, co
         const ChunkRequest& r = which[size_t(k % N)];
         const int u = k / N;
         blocks[size_t(k % N) * B + u] = encodeBlock(p, kv, kKinds[u / L], u % L, r.level, p.chunkStart(r.chunk),
-                                                    p.chunkLength(r.chunk), rope[size_t(k % N)].data());
+                                                    p.chunkLength(r.chunk), rope[size_t(k % N)]->data());
     });
     std::vector<std::vector<uint8_t>> out(static_cast<size_t>(N));
     for (int i = 0; i < N; ++i) {
@@ -543,8 +563,8 @@ std::vector<TransformSymbols> transformBlockSymbols(const CodecParams& p, const 
     std::vector<TransformSymbols> out;
     if (!entropyUsesTables(p.transform->settings.entropy)) return out;
     const int t0 = p.chunkStart(chunk), n = p.chunkLength(chunk);
-    const std::vector<double> rope = chunkRopeTable(*p.transform, t0, n);
-    const TransformQuantized qb = quantizeBlock(p, kv, kind, layer, level, t0, n, rope.data());
+    const auto rope = chunkRopeTable(*p.transform, t0, n);
+    const TransformQuantized qb = quantizeBlock(p, kv, kind, layer, level, t0, n, rope->data());
     for (int c = 0; c < kImportanceClasses; ++c) {
         TransformSymbols m;
         m.cls = c;
@@ -575,7 +595,7 @@ struct ChunkLayout {
     size_t raw = 0;  // fp16 bytes per block
     const uint8_t* rawStart = nullptr;
     std::vector<size_t> escOff, strOff, escN, strN;  // per block
-    std::vector<double> rope;
+    std::shared_ptr<const std::vector<double>> rope;
 };
 
 ChunkLayout parseLayout(const CodecParams& p, const uint8_t* data, size_t size, int chunk, const std::string& where)
@@ -612,7 +632,7 @@ void decodeUnit(const CodecParams& p, const ChunkLayout& c, const uint8_t* data,
     const std::string w = where + ": " + kindName(kind) + (p.transform->settings.layerGroup > 1 ? " layer group " : " layer ") +
                           std::to_string(u % L);
     decodeBlock(p, kind, u % L, level, c.t0, c.n, c.rawStart + c.raw * size_t(u), data + c.escOff[size_t(u)],
-                c.escN[size_t(u)], data + c.strOff[size_t(u)], c.strN[size_t(u)], c.rope.data(), out, w);
+                c.escN[size_t(u)], data + c.strOff[size_t(u)], c.strN[size_t(u)], c.rope->data(), out, w);
 }
 
 }  // namespace
