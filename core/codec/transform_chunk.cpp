@@ -4,12 +4,13 @@
 //
 // The inverse transform (decodeBlock) is the hot loop of decoding: v_t = mean + sum_k A[:, j_k] zq_tk
 // for every coded token t. It runs over tiles of kTileTokens tokens, so a decode column is read
-// once per tile (scalar, AVX2 or AVX-512, simd_path.h; the kernels are in transform_kernels.cpp,
-// AMX tiles in transform_amx.cpp). The scalar path is FORMAT.md's reference arithmetic (this file
-// and the kernels are compiled with -ffp-contract=off): each term one rounded multiply and one
-// rounded add, in ascending k. The AVX2 and AVX-512 paths keep the sums of a few tokens in
-// registers across all components with one fused multiply-add per term, and AMX multiplies
-// bfloat16 tiles: both within FORMAT.md's stated tolerance of the reference, not its bytes.
+// once per tile (scalar, AVX2 or AVX-512, simd_path.h; the tile loop and its store are in
+// transform_decode.cpp, the kernels in transform_kernels.cpp, AMX tiles in transform_amx.cpp).
+// The scalar path is FORMAT.md's reference arithmetic (this file and the kernels are compiled
+// with -ffp-contract=off): each term one rounded multiply and one rounded add, in ascending k.
+// The AVX2 and AVX-512 paths keep the sums of a few tokens in registers across all components
+// with one fused multiply-add per term, and AMX multiplies bfloat16 tiles: both within
+// FORMAT.md's stated tolerance of the reference, not its bytes.
 //
 // The encoder's forward transform (encodeBlock) is the same product the other way round: z_t =
 // E (x_t - mean) for the coded rows of E = A^{-1}, over tiles of tokens with those rows
