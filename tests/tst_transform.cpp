@@ -996,6 +996,60 @@ private slots:
         restoreDecoderPath();
     }
 
+    // The decoder's store (transform_decode.cpp): with fp16 output the AVX2 and AVX-512 paths
+    // re-apply RoPE and round in one pass; the bytes must be those of the generic store (RoPE in
+    // double as rope.cpp does it, then floatToHalfN) of the same sums, which a float32 output of
+    // the same payloads gives. Keys with RoPE undone, head dims a multiple of 16 (the AVX-512
+    // store) and of 8 only (the AVX2 store, AVX-512's generic one), two levels.
+    void fusedStoreSameBytes_data()
+    {
+        QTest::addColumn<int>("heads");
+        QTest::addColumn<int>("headDim");
+        QTest::newRow("2 x 16 channels") << 2 << 16;
+        QTest::newRow("3 x 24 channels") << 3 << 24;
+        QTest::newRow("2 x 64 channels") << 2 << 64;
+    }
+    void fusedStoreSameBytes()
+    {
+        QFETCH(int, heads);
+        QFETCH(int, headDim);
+        const KvSet calib = syntheticCache(21, 300, DType::F32, heads, headDim);
+        const KvSet kv = syntheticCache(22, 300, DType::F32, heads, headDim);
+        TransformSettings s;
+        s.entropy = TransformEntropy::Rans32;
+        s.ropeUndo = true;
+        s.sinkTokens = 2;
+        CodecParams p = transformParams(kv, s, {0.05, 1e-6});
+        const TransformModel m = fitTransform(p.profile.transform, p.profile.transformLevels, {&calib});
+        serializeTransformModel(m, p.profile.transformModel);
+        prepareTransform(p, kv, "test");
+        for (int level : {1, 2}) {
+            std::vector<ChunkRequest> all;
+            for (int c = 0; c < p.numChunks(); ++c) all.push_back({c, level});
+            const std::vector<std::vector<uint8_t>> payloads = encodeChunks(p, kv, all, nullptr);
+            std::vector<ChunkPayload> batch;
+            for (int c = 0; c < p.numChunks(); ++c) batch.push_back({c, level, payloads[size_t(c)].data(), payloads[size_t(c)].size(), "test"});
+            for (const DecoderPath& path : decoderPaths()) {
+                path.select();
+                KvSet f16(p.shape, DType::F16), f32(p.shape, DType::F32);
+                decodeChunks(p, batch, nullptr, f16);
+                decodeChunks(p, batch, nullptr, f32);
+                size_t differ = 0, n = 0;
+                for (int l = 0; l < p.shape.numLayers; ++l)
+                    for (KvKind k : {KvKind::Key, KvKind::Value}) {
+                        const size_t count = p.shape.layerValues();
+                        std::vector<uint16_t> want(count);
+                        floatToHalfN(reinterpret_cast<const float*>(f32.data(k, l)), want.data(), count);
+                        const uint16_t* got = reinterpret_cast<const uint16_t*>(f16.data(k, l));
+                        for (size_t i = 0; i < count; ++i, ++n) differ += got[i] != want[i];
+                    }
+                QVERIFY2(differ == 0, qPrintable(QString("%1, level %2: %3 of %4 fp16 values differ from the generic store's")
+                                                     .arg(QString::fromStdString(path.name())).arg(level).arg(differ).arg(n)));
+            }
+        }
+        restoreDecoderPath();
+    }
+
     // The inverse transform's kernels against the scalar reference on random tiles, value by
     // value: within 2^-16 of the sum of the terms' magnitudes S = |mean| + sum |A z| (FORMAT.md),
     // channel counts that are not a multiple of 16, components not a multiple of 32, tiles that
@@ -1089,15 +1143,14 @@ private slots:
         }
         if (!amxSupported()) QSKIP("no AMX on this CPU (or the kernel refuses its tile state)");
         detail::AmxProduct amx;
-        QVERIFY(amx.prepare(col.data(), step.data(), K, C));
+        QVERIFY(amx.prepare(col.data(), step.data(), mean.data(), K, C));
         std::vector<uint16_t> zb(size_t(detail::kTileTokens) * amx.Kp, 0);
-        std::vector<float> v(size_t(detail::kTileTokens) * amx.Cp, 0.0f);
+        std::vector<float> v(size_t(detail::kTileTokens) * amx.Cp, -1.0f);  // overwritten: the sums start from the mean
         std::vector<detail::AmxFixup> fixups;
         detail::EscapeReader esc{escapes.data(), escapes.data() + escapes.size(), &where};
         for (int i = 0; i < nt; ++i) {
             amx.dequantRow(sym.data() + size_t(i) * K, M.data() + size_t(cls[size_t(i)]) * K, cls[size_t(i)], i,
                            zb.data() + size_t(i) * amx.Kp, esc, fixups);
-            std::copy(mean.begin(), mean.end(), v.begin() + std::ptrdiff_t(size_t(i) * amx.Cp));
         }
         QVERIFY(esc.p == esc.end);
         amx.accumulate(v.data(), zb.data(), nt);

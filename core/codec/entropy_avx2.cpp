@@ -57,7 +57,8 @@ KVS_AVX2 __attribute__((noinline)) void lookupRare256(const int* T, __m256i idx,
     lk.freq = _mm256_load_si256(reinterpret_cast<const __m256i*>(fr));
 }
 
-KVS_AVX2 inline Lookup8 lookup256(const int* T, __m256i idx, __m256i slot)
+// Always inlined: a call returns the Lookup8 through memory (entropy_avx512.cpp, lookup512).
+KVS_AVX2 inline __attribute__((always_inline)) Lookup8 lookup256(const int* T, __m256i idx, __m256i slot)
 {
     const __m256i m12 = _mm256_set1_epi32(4095), one = _mm256_set1_epi32(1);
     const __m256i b = _mm256_add_epi32(_mm256_srli_epi32(idx, 1), _mm256_srli_epi32(slot, CodingTable::kBucketShift));

@@ -67,7 +67,7 @@ KVS_AVX512 __attribute__((noinline)) Lookup16 lookupRare512(const int* T, __m512
 
 // Resolves 16 lanes from their bucket entries' low words a (s0 | start0 | last0) and high words
 // c (last1 | last2); the lanes outside [start0, last2] take the scalar walk.
-KVS_AVX512 inline Lookup16 resolve512(__m512i a, __m512i c, __m512i slot, const int* T, __m512i idx)
+KVS_AVX512 inline __attribute__((always_inline)) Lookup16 resolve512(__m512i a, __m512i c, __m512i slot, const int* T, __m512i idx)
 {
     const __m512i m12 = _mm512_set1_epi32(4095), one = _mm512_set1_epi32(1);
     const __m512i e0 = _mm512_srli_epi32(a, 20), e1 = _mm512_and_si512(c, m12), e2 = _mm512_srli_epi32(c, 12);
@@ -87,7 +87,9 @@ KVS_AVX512 inline Lookup16 resolve512(__m512i a, __m512i c, __m512i slot, const 
     return lk;
 }
 
-KVS_AVX512 inline Lookup16 lookup512(const int* T, __m512i idx, __m512i slot)
+// Always inlined: a call returns the Lookup16 through memory (three vectors on the stack), on
+// the chain from one state vector to the next.
+KVS_AVX512 inline __attribute__((always_inline)) Lookup16 lookup512(const int* T, __m512i idx, __m512i slot)
 {
     const __m512i one = _mm512_set1_epi32(1);
     const __m512i b = _mm512_add_epi32(_mm512_srli_epi32(idx, 1), _mm512_srli_epi32(slot, CodingTable::kBucketShift));

@@ -109,8 +109,11 @@ int w32Period(int cols) { return cols / std::gcd(cols, 16) * 16; }
 const int32_t* periodTableWords(int cols, int P)
 {
     thread_local std::vector<int32_t> tw;
+    thread_local int twCols = 0, twP = 0;  // what tw holds: a block's streams repeat the same shape
+    if (cols == twCols && P == twP) return tw.data();
     tw.resize(2 * size_t(P));
     for (int d = 0; d < P; ++d) tw[size_t(d)] = tw[size_t(P + d)] = int32_t(size_t(d % cols) * kTableWords);
+    twCols = cols, twP = P;
     return tw.data();
 }
 

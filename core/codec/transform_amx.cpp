@@ -74,12 +74,14 @@ void setAmxEnabled(bool on) { amxChoice().store(int(on && amxSupported()), std::
 
 namespace detail {
 
-bool AmxProduct::prepare(const float* col, const float* step, int K_, int C_)
+bool AmxProduct::prepare(const float* col, const float* step, const float* mean, int K_, int C_)
 {
     K = K_, C = C_;
     Kp = (K + 31) / 32 * 32;
     Cp = (C + 15) / 16 * 16;
     b.resize(size_t(Kp / 32) * (Cp / 16) * 2 * 512);
+    mean16.assign(size_t(16) * Cp, 0.0f);
+    for (int r = 0; r < 16; ++r) std::memcpy(&mean16[size_t(r) * Cp], mean, sizeof(float) * size_t(C));
     return prepareTiles(col, step);
 }
 
@@ -134,80 +136,98 @@ struct TileConfig {
     uint8_t rows[16] = {};
 };
 
-// Two tiles of 16 tokens x NG groups of 16 channels: sums in tiles 0..3 (row tile r, group j:
-// tile 2 r + j), the rows' Z columns kc in tiles 4 and 5, B tiles in 6 and 7 in turn, so that
-// each B tile loaded (the operand that does not fit the L1 cache) serves 32 tokens.
-template <int Rows, int NG>
-__attribute__((target("amx-tile,amx-bf16"))) void amxTiles(float* v, size_t ldv, const uint16_t* z, size_t ldz,
-                                                           const uint16_t* b, int KC, int NGt, int g0)
+// Rows x 16 tokens of one group of 16 channels: the sums in tiles 0..Rows-1, started from the
+// mean (mean16, the same stride), the rows' Z columns kc streamed through tiles 4 and 5, B's hi and
+// lo tiles of (kc, g) in 6 and 7. Each B tile loaded (B does not fit the L1 cache) serves all the
+// tile's rows; Z, 64 rows of Kp bfloat16, stays in L1. The sum of a token is mean + the products
+// in ascending kc, hi before lo.
+template <int Rows>
+__attribute__((target("amx-tile,amx-bf16"))) void amxGroup(float* v, size_t ldv, const float* mean16, const uint16_t* z,
+                                                           size_t ldz, const uint16_t* b, int KC, int NG, int g)
 {
-    float* v1 = v + 16 * ldv / 4;
-    const uint16_t* z1 = z + 16 * ldz / 2;
-    _tile_loadd(0, v + 16 * g0, ldv);
-    if (NG > 1) _tile_loadd(1, v + 16 * (g0 + 1), ldv);
-    if (Rows > 1) _tile_loadd(2, v1 + 16 * g0, ldv);
-    if (Rows > 1 && NG > 1) _tile_loadd(3, v1 + 16 * (g0 + 1), ldv);
+    const size_t rv = 16 * ldv / 4, rz = 16 * ldz / 2;
+    const float* m = mean16 + 16 * g;
+    _tile_loadd(0, m, ldv);
+    if (Rows > 1) _tile_loadd(1, m, ldv);
+    if (Rows > 2) _tile_loadd(2, m, ldv);
+    if (Rows > 3) _tile_loadd(3, m, ldv);
     for (int kc = 0; kc < KC; ++kc) {
-        _tile_loadd(4, z + 32 * kc, ldz);
-        if (Rows > 1) _tile_loadd(5, z1 + 32 * kc, ldz);
-        const uint16_t* bk = b + (size_t(kc) * NGt + g0) * 1024;
-        for (int half = 0; half < 2; ++half, bk += 512) {
-            _tile_loadd(6, bk, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            if (Rows > 1) _tile_dpbf16ps(2, 5, 6);
-            if (NG > 1) {
-                _tile_loadd(7, bk + 1024, 64);
-                _tile_dpbf16ps(1, 4, 7);
-                if (Rows > 1) _tile_dpbf16ps(3, 5, 7);
-            }
+        const uint16_t* bk = b + (size_t(kc) * NG + g) * 1024;
+        const uint16_t* zk = z + 32 * kc;
+        _tile_loadd(6, bk, 64);
+        _tile_loadd(7, bk + 512, 64);
+        _tile_loadd(4, zk, ldz);
+        if (Rows > 1) _tile_loadd(5, zk + rz, ldz);
+        _tile_dpbf16ps(0, 4, 6);
+        if (Rows > 1) _tile_dpbf16ps(1, 5, 6);
+        _tile_dpbf16ps(0, 4, 7);
+        if (Rows > 1) _tile_dpbf16ps(1, 5, 7);
+        if (Rows > 2) {
+            _tile_loadd(4, zk + 2 * rz, ldz);
+            if (Rows > 3) _tile_loadd(5, zk + 3 * rz, ldz);
+            _tile_dpbf16ps(2, 4, 6);
+            if (Rows > 3) _tile_dpbf16ps(3, 5, 6);
+            _tile_dpbf16ps(2, 4, 7);
+            if (Rows > 3) _tile_dpbf16ps(3, 5, 7);
         }
     }
-    _tile_stored(0, v + 16 * g0, ldv);
-    if (NG > 1) _tile_stored(1, v + 16 * (g0 + 1), ldv);
-    if (Rows > 1) _tile_stored(2, v1 + 16 * g0, ldv);
-    if (Rows > 1 && NG > 1) _tile_stored(3, v1 + 16 * (g0 + 1), ldv);
+    float* out = v + 16 * g;
+    _tile_stored(0, out, ldv);
+    if (Rows > 1) _tile_stored(1, out + rv, ldv);
+    if (Rows > 2) _tile_stored(2, out + 2 * rv, ldv);
+    if (Rows > 3) _tile_stored(3, out + 3 * rv, ldv);
 }
 
 }  // namespace
 
 __attribute__((target("amx-tile,amx-bf16"))) void AmxProduct::accumulate(float* v, const uint16_t* z, int nt) const
 {
+    static_assert(kTileTokens == 64, "a tile is at most 4 x 16 rows");
     TileConfig cfg;
     for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
     _tile_loadconfig(&cfg);
-    const int KC = Kp / 32, NG = Cp / 16;
+    const int KC = Kp / 32, NG = Cp / 16, rows = (nt + 15) / 16;
     const size_t ldv = size_t(Cp) * 4, ldz = size_t(Kp) * 2;
-    for (int r0 = 0; r0 < nt; r0 += 32) {
-        float* vr = v + size_t(r0) * Cp;
-        const uint16_t* zr = z + size_t(r0) * Kp;
-        const bool two = nt - r0 > 16;
-        int g = 0;
-        for (; g + 2 <= NG; g += 2)
-            two ? amxTiles<2, 2>(vr, ldv, zr, ldz, b.data(), KC, NG, g) : amxTiles<1, 2>(vr, ldv, zr, ldz, b.data(), KC, NG, g);
-        if (g < NG) two ? amxTiles<2, 1>(vr, ldv, zr, ldz, b.data(), KC, NG, g) : amxTiles<1, 1>(vr, ldv, zr, ldz, b.data(), KC, NG, g);
-    }
+    const float* m = mean16.data();
+    for (int g = 0; g < NG; ++g) switch (rows) {
+        case 1: amxGroup<1>(v, ldv, m, z, ldz, b.data(), KC, NG, g); break;
+        case 2: amxGroup<2>(v, ldv, m, z, ldz, b.data(), KC, NG, g); break;
+        case 3: amxGroup<3>(v, ldv, m, z, ldz, b.data(), KC, NG, g); break;
+        default: amxGroup<4>(v, ldv, m, z, ldz, b.data(), KC, NG, g); break;
+        }
     _tile_release();
 }
 
-// Symbols to Z: 16 components at a time; a vector holding an escape goes component by component,
-// in order, so that the escape list is read in the stream's order.
+// 16 small integers q (16-bit lanes) -> the bfloat16 of q * mult.
+__attribute__((target("avx512f,avx512bw"))) static inline __m256i smallToBf16(__m256i q16, __m512 mult)
+{
+    const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(q16)), mult);
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(f), 16));
+}
+
+// Symbols to Z: 32 components at a time, q = s - M in 16-bit lanes, then q 2^class in float32
+// (exact: |q| < 2^8, class <= 3), whose high half is its bfloat16 (exact too). A vector holding an
+// escape goes component by component, in order, so that the escape list is read in the stream's
+// order.
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void AmxProduct::dequantRow(const uint8_t* sym, const int* M, int cls,
                                                                                 int row, uint16_t* zrow, EscapeReader& esc,
                                                                                 std::vector<AmxFixup>& fixups) const
 {
     const float mult = float(1 << cls);
     const __m512 mv = _mm512_set1_ps(mult);
-    for (int k = 0; k < K; k += 16) {
-        const int n = std::min(16, K - k);
-        const __mmask16 in = __mmask16(n == 16 ? 0xffffu : (1u << n) - 1);
-        const __m512i s = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(in, sym + k));
-        const __m512i m = _mm512_maskz_loadu_epi32(in, M + k);
-        const __mmask16 escM =
-            in & (_mm512_cmpeq_epi32_mask(s, _mm512_setzero_si512()) | _mm512_cmpeq_epi32_mask(s, _mm512_add_epi32(m, m)));
+    for (int k = 0; k < K; k += 32) {
+        const int n = std::min(32, K - k);
+        const __mmask32 in = n == 32 ? ~__mmask32(0) : (__mmask32(1) << n) - 1;
+        const __mmask16 in0 = __mmask16(in), in1 = __mmask16(in >> 16);
+        const __m512i s = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(in, sym + k));
+        const __m512i m = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(_mm512_maskz_loadu_epi32(in0, M + k))),
+                                             _mm512_cvtepi32_epi16(_mm512_maskz_loadu_epi32(in1, M + k + 16)), 1);
+        const __mmask32 escM =
+            in & (_mm512_cmpeq_epi16_mask(s, _mm512_setzero_si512()) | _mm512_cmpeq_epi16_mask(s, _mm512_add_epi16(m, m)));
         if (!escM) {
-            const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(s, m)), mv);  // exact
-            const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(f), 16));
-            _mm256_mask_storeu_epi16(zrow + k, in, h);
+            const __m512i q = _mm512_sub_epi16(s, m);
+            _mm256_mask_storeu_epi16(zrow + k, in0, smallToBf16(_mm512_castsi512_si256(q), mv));
+            if (n > 16) _mm256_mask_storeu_epi16(zrow + k + 16, in1, smallToBf16(_mm512_extracti64x4_epi64(q, 1), mv));
             continue;
         }
         for (int j = k; j < k + n; ++j) {

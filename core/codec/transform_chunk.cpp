@@ -4,12 +4,13 @@
 //
 // The inverse transform (decodeBlock) is the hot loop of decoding: v_t = mean + sum_k A[:, j_k] zq_tk
 // for every coded token t. It runs over tiles of kTileTokens tokens, so a decode column is read
-// once per tile (scalar, AVX2 or AVX-512, simd_path.h; the kernels are in transform_kernels.cpp,
-// AMX tiles in transform_amx.cpp). The scalar path is FORMAT.md's reference arithmetic (this file
-// and the kernels are compiled with -ffp-contract=off): each term one rounded multiply and one
-// rounded add, in ascending k. The AVX2 and AVX-512 paths keep the sums of a few tokens in
-// registers across all components with one fused multiply-add per term, and AMX multiplies
-// bfloat16 tiles: both within FORMAT.md's stated tolerance of the reference, not its bytes.
+// once per tile (scalar, AVX2 or AVX-512, simd_path.h; the tile loop and its store are in
+// transform_decode.cpp, the kernels in transform_kernels.cpp, AMX tiles in transform_amx.cpp).
+// The scalar path is FORMAT.md's reference arithmetic (this file and the kernels are compiled
+// with -ffp-contract=off): each term one rounded multiply and one rounded add, in ascending k.
+// The AVX2 and AVX-512 paths keep the sums of a few tokens in registers across all components
+// with one fused multiply-add per term, and AMX multiplies bfloat16 tiles: both within
+// FORMAT.md's stated tolerance of the reference, not its bytes.
 //
 // The encoder's forward transform (encodeBlock) is the same product the other way round: z_t =
 // E (x_t - mean) for the coded rows of E = A^{-1}, over tiles of tokens with those rows
@@ -29,6 +30,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 
@@ -133,11 +135,13 @@ struct TransformDecodeCache {
         bool amxOk = false;
     };
     std::unique_ptr<Entry[]> entries;  // [(level - 1) * 2L + kind * L + layer]
+    std::mutex ropeMutex;
+    std::map<std::pair<int, int>, std::shared_ptr<const std::vector<double>>> rope;  // chunkRopeTable by (t0, n)
 };
 
 namespace {
 
-TransformDecodeCache::Entry& decodeEntry(const TransformModel& m, int level, KvKind kind, int layer)
+TransformDecodeCache& decodeCache(const TransformModel& m)
 {
     const TransformDecodeSlot& slot = m.decodeCache;
     std::lock_guard<std::mutex> lock(slot.m);
@@ -145,7 +149,12 @@ TransformDecodeCache::Entry& decodeEntry(const TransformModel& m, int level, KvK
         slot.cache = std::make_shared<TransformDecodeCache>();
         slot.cache->entries.reset(new TransformDecodeCache::Entry[size_t(m.numLevels()) * 2 * size_t(m.numLayers)]);
     }
-    return slot.cache->entries[(size_t(level - 1) * 2 + size_t(kind)) * size_t(m.numLayers) + size_t(layer)];
+    return *slot.cache;
+}
+
+TransformDecodeCache::Entry& decodeEntry(const TransformModel& m, int level, KvKind kind, int layer)
+{
+    return decodeCache(m).entries[(size_t(level - 1) * 2 + size_t(kind)) * size_t(m.numLayers) + size_t(layer)];
 }
 
 struct BlockPayload {
@@ -154,11 +163,23 @@ struct BlockPayload {
 };
 
 // One RoPE table (ropeTable) of the chunk's tokens, shared by every layer's keys; empty when the
-// model keeps RoPE in.
-std::vector<double> chunkRopeTable(const TransformModel& m, int t0, int n)
+// model keeps RoPE in. Kept with the model's derived state for the first kRopeTablesKept chunks
+// asked for (a cos and a sin per pair and token cost more than applying them; a bench, a server
+// and the encoder ask for the same chunks again), computed afresh beyond that.
+constexpr size_t kRopeTablesKept = 64;  // 8 MB of tables at 256 tokens and 64 dims
+std::shared_ptr<const std::vector<double>> chunkRopeTable(const TransformModel& m, int t0, int n)
 {
-    std::vector<double> cs;
-    if (m.settings.ropeUndo) ropeTable(n, m.headDim, m.ropeInvFreq.data(), m.ropePosition0, t0, cs);
+    if (!m.settings.ropeUndo) return std::make_shared<const std::vector<double>>();
+    TransformDecodeCache& cache = decodeCache(m);
+    {
+        std::lock_guard<std::mutex> lock(cache.ropeMutex);
+        auto it = cache.rope.find({t0, n});
+        if (it != cache.rope.end()) return it->second;
+    }
+    auto cs = std::make_shared<std::vector<double>>();
+    ropeTable(n, m.headDim, m.ropeInvFreq.data(), m.ropePosition0, t0, *cs);
+    std::lock_guard<std::mutex> lock(cache.ropeMutex);
+    if (cache.rope.size() < kRopeTablesKept) cache.rope.emplace(std::make_pair(t0, n), cs);
     return cs;
 }
 
@@ -343,14 +364,14 @@ BlockPayload encodeBlock(const CodecParams& p, const KvSet& kv, KvKind kind, int
 }
 
 // The coded tokens' symbols (R x K) of a block's stream (past its token classes), with the
-// entropy choice of the model.
-std::vector<uint8_t> decodeBlockSymbols(const TransformModel& m, const TransformLevelBlock& lb, const std::vector<int>& coded,
-                                        const std::vector<uint8_t>& rowClass, const uint8_t* stream, size_t streamBytes,
-                                        TransformDecodeCache::Entry& cached, const std::string& where)
+// entropy choice of the model, into sym.
+void decodeBlockSymbols(const TransformModel& m, const TransformLevelBlock& lb, const std::vector<int>& coded,
+                        const std::vector<uint8_t>& rowClass, const uint8_t* stream, size_t streamBytes,
+                        TransformDecodeCache::Entry& cached, const std::string& where, std::vector<uint8_t>& sym)
 {
     const int R = int(rowClass.size()), K = int(coded.size());
     const bool imp = m.settings.tokenImportance;
-    std::vector<uint8_t> sym(size_t(R) * K);
+    sym.resize(size_t(R) * K);  // every symbol is written below
     const auto decodeMatrix = m.settings.entropy == TransformEntropy::Rans32 ? decodeSymbolMatrixW32 : decodeSymbolMatrix;
     if (entropyUsesTables(m.settings.entropy) && imp) {
         thread_local std::vector<CodingTable> tables;
@@ -400,7 +421,6 @@ std::vector<uint8_t> decodeBlockSymbols(const TransformModel& m, const Transform
             }
     }
 
-    return sym;
 }
 
 // rope: chunkRopeTable of the chunk (keys are rotated with it when the model undoes RoPE).
@@ -429,7 +449,8 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
     }
 
     TransformDecodeCache::Entry& cached = decodeEntry(m, level, kind, layer);
-    const std::vector<uint8_t> sym = decodeBlockSymbols(m, lb, coded, rowClass, stream, streamBytes, cached, where);
+    thread_local std::vector<uint8_t> sym;
+    decodeBlockSymbols(m, lb, coded, rowClass, stream, streamBytes, cached, where, sym);
 
     // The decode columns of the coded components (TransformBlock::columns: read in place when
     // the coded components are the first K, as a water level over a sorted basis gives them;
@@ -459,59 +480,28 @@ void decodeBlock(const CodecParams& p, KvKind kind, int layer, int level, int t0
     if (!finite || negZeroMean) std::fill(lo.begin(), lo.end(), 0), std::fill(hi.begin(), hi.end(), C);
     const bool plain = finite && !negZeroMean && b.decodeFinite;  // Tile::plain
 
-    // Per tile of tokens: the dequantised components (token-major, zq[i * K + k] = q step 2^class,
-    // 0 exactly when q = 0, escapes read in the stream's order), then v_t = mean + sum over k
+    // Per tile of tokens (inverseTiles): the dequantised components (zq = q step 2^class, 0
+    // exactly when q = 0, escapes read in the stream's order), then v_t = mean + sum over k
     // ascending of col_k zq_tk (terms with q = 0 skipped), then each head's row, keys rotated
     // back by RoPE when the model undoes it, straight into the output's dtype. On AMX (AVX-512
-    // path, plain blocks) the product is Z B on tiles instead (transform_kernels.h, AmxProduct),
-    // with rows of Cp floats.
+    // path, plain blocks) the product is Z B on tiles instead (transform_kernels.h, AmxProduct).
     std::vector<int> folded(size_t(kImportanceClasses) * K);  // [class * K + k]: the folded max |q|
     for (int c = 0; c < kImportanceClasses; ++c)
         for (int k = 0; k < K; ++k) folded[size_t(c) * K + size_t(k)] = foldedMax(lb.maxQ[size_t(coded[size_t(k)])], c);
     EscapeReader escapes{esc, esc + escBytes, &where};
-    const SimdPath path = simdPath();
-    const TileKernels kernels = kernelsFor(path);
-    bool useAmx = path == SimdPath::Avx512 && plain && K > 0 && amxEnabled();
+    bool useAmx = simdPath() == SimdPath::Avx512 && plain && K > 0 && amxEnabled();
     if (useAmx) {
-        std::call_once(cached.amxOnce, [&] { cached.amxOk = cached.amx.prepare(col, step.data(), K, C); });
+        std::call_once(cached.amxOnce, [&] { cached.amxOk = cached.amx.prepare(col, step.data(), b.mean.data(), K, C); });
         useAmx = cached.amxOk;
     }
-    const AmxProduct& amx = cached.amx;
-    const int ldv = useAmx ? amx.Cp : C;
     const bool ropeKeys = kind == KvKind::Key && m.settings.ropeUndo;
-    std::vector<float> v(size_t(kTileTokens) * std::max(ldv, D), 0.0f), zq;
-    std::vector<uint16_t> zb;  // (kTileTokens, Kp) bfloat16 for AMX
-    std::vector<AmxFixup> fixups;
-    if (useAmx) zb.assign(size_t(kTileTokens) * amx.Kp, 0);
-    else zq.resize(size_t(kTileTokens) * K);
-    for (int r0 = 0; r0 < R; r0 += kTileTokens) {
-        const int nt = std::min(kTileTokens, R - r0);
-        fixups.clear();
-        for (int i = 0; i < nt; ++i) {
-            const int cls = rowClass[size_t(r0 + i)];
-            const uint8_t* srow = sym.data() + size_t(r0 + i) * K;
-            if (useAmx) amx.dequantRow(srow, folded.data() + size_t(cls) * K, cls, i, zb.data() + size_t(i) * amx.Kp, escapes, fixups);
-            else kernels.dequant(srow, folded.data() + size_t(cls) * K, step.data(), float(1 << cls), K, zq.data() + size_t(i) * K, escapes);
-            std::memcpy(&v[size_t(i) * ldv], b.mean.data(), sizeof(float) * size_t(C));
-        }
-        if (useAmx) {
-            std::fill(zb.begin() + std::ptrdiff_t(size_t(nt) * amx.Kp), zb.end(), uint16_t(0));  // rows past nt
-            amx.accumulate(v.data(), zb.data(), nt);
-            amx.applyFixups(v.data(), col, step.data(), fixups);
-        } else {
-            kernels.accumulate(Tile{v.data(), col, zq.data(), lo.data(), hi.data(), nt, K, C, plain});
-        }
-        for (int i = 0; i < nt; ++i) {
-            const int t = codedTokens[size_t(r0 + i)];
-            for (int h = 0; h < H; ++h) {
-                float* row = &v[size_t(i) * ldv + size_t(h) * D];
-                if (ropeKeys) applyRopeTable(row, 1, D, rope + size_t(t) * D, false);
-                outKv.writeRows(kind, layer * G + h / Hc, h % Hc, t0 + t, 1, row);
-            }
-        }
-    }
+    inverseTiles(InverseJob{R, K, C, H, D, sym.data(), rowClass.data(), folded.data(), step.data(), col, lo.data(), hi.data(),
+                            plain, b.mean.data(), useAmx ? &cached.amx : nullptr, codedTokens.data(), ropeKeys ? rope : nullptr,
+                            kind, layer, G, Hc, t0},
+                 escapes, outKv);
     if (escapes.p != escapes.end) throw Error(where + ": escape list has unused bytes");
     size_t ri = 0;  // raw tokens: their fp16 values as stored
+    std::vector<float> v(static_cast<size_t>(D));
     for (int t : rawTokens)
         for (int h = 0; h < H; ++h) {
             for (int d = 0; d < D; ++d, ++ri) v[size_t(d)] = halfToFloat(uint16_t(raw[2 * ri] | raw[2 * ri + 1] << 8));
@@ -541,7 +531,7 @@ std::vector<std::vector<uint8_t>> encodeTransformChunks(const CodecParams& p, co
 {
     KVSCOPE_ASSERT(p.transform);
     const int L = p.transform->numLayers, B = 2 * L, N = int(which.size());
-    std::vector<std::vector<double>> rope(static_cast<size_t>(N));
+    std::vector<std::shared_ptr<const std::vector<double>>> rope(static_cast<size_t>(N));
     parallelUnits(N, [&](int i) {
         rope[size_t(i)] = chunkRopeTable(*p.transform, p.chunkStart(which[size_t(i)].chunk), p.chunkLength(which[size_t(i)].chunk));
     });
@@ -550,7 +540,7 @@ std::vector<std::vector<uint8_t>> encodeTransformChunks(const CodecParams& p, co
         const ChunkRequest& r = which[size_t(k % N)];
         const int u = k / N;
         blocks[size_t(k % N) * B + u] = encodeBlock(p, kv, kKinds[u / L], u % L, r.level, p.chunkStart(r.chunk),
-                                                    p.chunkLength(r.chunk), rope[size_t(k % N)].data());
+                                                    p.chunkLength(r.chunk), rope[size_t(k % N)]->data());
     });
     std::vector<std::vector<uint8_t>> out(static_cast<size_t>(N));
     for (int i = 0; i < N; ++i) {
@@ -574,8 +564,8 @@ std::vector<TransformSymbols> transformBlockSymbols(const CodecParams& p, const 
     std::vector<TransformSymbols> out;
     if (!entropyUsesTables(p.transform->settings.entropy)) return out;
     const int t0 = p.chunkStart(chunk), n = p.chunkLength(chunk);
-    const std::vector<double> rope = chunkRopeTable(*p.transform, t0, n);
-    const TransformQuantized qb = quantizeBlock(p, kv, kind, layer, level, t0, n, rope.data());
+    const auto rope = chunkRopeTable(*p.transform, t0, n);
+    const TransformQuantized qb = quantizeBlock(p, kv, kind, layer, level, t0, n, rope->data());
     for (int c = 0; c < kImportanceClasses; ++c) {
         TransformSymbols m;
         m.cls = c;
@@ -606,7 +596,7 @@ struct ChunkLayout {
     size_t raw = 0;  // fp16 bytes per block
     const uint8_t* rawStart = nullptr;
     std::vector<size_t> escOff, strOff, escN, strN;  // per block
-    std::vector<double> rope;
+    std::shared_ptr<const std::vector<double>> rope;
 };
 
 ChunkLayout parseLayout(const CodecParams& p, const uint8_t* data, size_t size, int chunk, const std::string& where)
@@ -643,7 +633,7 @@ void decodeUnit(const CodecParams& p, const ChunkLayout& c, const uint8_t* data,
     const std::string w = where + ": " + kindName(kind) + (p.transform->settings.layerGroup > 1 ? " layer group " : " layer ") +
                           std::to_string(u % L);
     decodeBlock(p, kind, u % L, level, c.t0, c.n, c.rawStart + c.raw * size_t(u), data + c.escOff[size_t(u)],
-                c.escN[size_t(u)], data + c.strOff[size_t(u)], c.strN[size_t(u)], c.rope.data(), out, w);
+                c.escN[size_t(u)], data + c.strOff[size_t(u)], c.strN[size_t(u)], c.rope->data(), out, w);
 }
 
 }  // namespace

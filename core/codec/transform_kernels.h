@@ -8,6 +8,7 @@
 #include "codec/escape_rules.h"
 #include "codec/simd_path.h"
 #include "common/error.h"
+#include "kv/kv_set.h"
 
 #include <cstdint>
 #include <string>
@@ -102,17 +103,41 @@ struct AmxFixup {
 struct AmxProduct {
     int K = 0, C = 0, Kp = 0, Cp = 0;  // Kp: K rounded up to 32, Cp: C to 16
     std::vector<uint16_t> b;           // tiles (Kp / 32, Cp / 16, hi | lo) of 16 x 32 bfloat16
-    // B from the coded decode columns col (K, C) and their steps; false when a product is too
-    // large for the split (the caller takes the vector path).
-    bool prepare(const float* col, const float* step, int K, int C);
+    std::vector<float> mean16;         // (16, Cp): the block's mean in every row, the sums' start
+    // B from the coded decode columns col (K, C) and their steps, and the mean (C); false when a
+    // product is too large for the split (the caller takes the vector path).
+    bool prepare(const float* col, const float* step, const float* mean, int K, int C);
     bool prepareTiles(const float* col, const float* step);  // prepare's B, once K, C, Kp, Cp are set
     // Row `row` of Z (Kp bfloat16; the caller zeroes the padding) from its symbols, folded
     // maxima M and class; escapes read in order, those that do not fit appended to fixups.
     void dequantRow(const uint8_t* sym, const int* M, int cls, int row, uint16_t* zrow, EscapeReader& esc,
                     std::vector<AmxFixup>& fixups) const;
-    // v (rows of Cp floats, nt rounded up to 16 of them in the buffer) += Z B.
+    // v (rows of Cp floats, nt rounded up to 16 of them in the buffer) = mean + Z B.
     void accumulate(float* v, const uint16_t* z, int nt) const;
     void applyFixups(float* v, const float* col, const float* step, const std::vector<AmxFixup>& fixups) const;
 };
+
+// One block's coded tokens for the decoder's tile loop (transform_decode.cpp): their symbols
+// (R x K) and classes, what dequantises and multiplies them, and where their rows go.
+struct InverseJob {
+    int R, K, C, H, D;
+    const uint8_t* sym;       // (R, K)
+    const uint8_t* rowClass;  // (R)
+    const int* folded;        // (4, K): each class's folded max |q|
+    const float* step;        // (K)
+    const float* col;         // (K, C): Tile::col
+    const int* lo;
+    const int* hi;
+    bool plain;               // Tile::plain
+    const float* mean;        // (C)
+    const AmxProduct* amx;    // the AMX tiles when they take the product, else null
+    const int* tokens;        // (R) each coded token's index in the chunk
+    const double* rope;       // the chunk's RoPE table (keys of a model that undoes RoPE), else null
+    KvKind kind;
+    int layer, G, Hc, t0;     // block head h is head h % Hc of layer layer * G + h / Hc
+};
+// Decodes the job's tokens into out (escapes read in the stream's order): dequantisation, the
+// inverse transform, RoPE re-applied, the output dtype; FORMAT.md "Chunk payloads (transform)".
+void inverseTiles(const InverseJob& job, EscapeReader& escapes, KvSet& out);
 
 }  // namespace kvscope::detail
