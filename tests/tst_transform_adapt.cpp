@@ -42,6 +42,20 @@ std::vector<double> randomRotation(int n, int dims, std::mt19937_64& rng)
     return q;
 }
 
+// X^T X of `rows` x n standard normal samples (seeded): a dense symmetric positive matrix with a
+// spread of eigenvalues, what the Jacobi tests rotate.
+std::vector<double> randomGram(int n, int rows, uint64_t seed)
+{
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<double> g;
+    std::vector<double> x(size_t(rows) * n), m(size_t(n) * n, 0.0);
+    for (double& v : x) v = g(rng);
+    for (int i = 0; i < n; ++i)
+        for (int j = 0; j < n; ++j)
+            for (int r = 0; r < rows; ++r) m[size_t(i) * n + j] += x[size_t(r) * n + i] * x[size_t(r) * n + j];
+    return m;
+}
+
 double maxOrthonormalityError(const std::vector<double>& v, int n)
 {
     double worst = 0;
@@ -171,13 +185,7 @@ private slots:
     void jacobiMatchesTheFitsEigensolver()
     {
         const int n = 40;
-        std::mt19937_64 rng(7);
-        std::normal_distribution<double> g;
-        std::vector<double> x(size_t(3 * n) * n), m(size_t(n) * n, 0.0);
-        for (double& v : x) v = g(rng);
-        for (int i = 0; i < n; ++i)
-            for (int j = 0; j < n; ++j)
-                for (int r = 0; r < 3 * n; ++r) m[size_t(i) * n + j] += x[size_t(r) * n + i] * x[size_t(r) * n + j];
+        const std::vector<double> m = randomGram(n, 3 * n, 7);
         std::vector<double> values, vectors;
         symmetricEigen(m, n, values, vectors);
         std::vector<double> work = m, v(size_t(n) * n, 0.0);
@@ -208,13 +216,7 @@ private slots:
     void jacobiIsThePlainRotationOnEveryPath()
     {
         const int n = 48;
-        std::mt19937_64 rng(9);
-        std::normal_distribution<double> g;
-        std::vector<double> x(size_t(2 * n) * n), m(size_t(n) * n, 0.0);
-        for (double& v : x) v = g(rng);
-        for (int i = 0; i < n; ++i)
-            for (int j = 0; j < n; ++j)
-                for (int r = 0; r < 2 * n; ++r) m[size_t(i) * n + j] += x[size_t(r) * n + i] * x[size_t(r) * n + j];
+        const std::vector<double> m = randomGram(n, 2 * n, 9);
         std::vector<double> eye(size_t(n) * n, 0.0);
         for (int i = 0; i < n; ++i) eye[size_t(i) * n + i] = 1;
         // The plain rotation, scalar, 2 sweeps, pairs of correlation under 1e-3 skipped.
