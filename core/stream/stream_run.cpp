@@ -62,7 +62,7 @@ StreamRun::StreamRun(Streamer& streamer, const StreamOptions& options, LinkPacer
       m_modelledDecodeBytesPerToken(m_hw.kvBytesPerToken > 0 ? m_hw.kvBytesPerToken : double(m_fp16BytesPerToken)),
       m_adaptive(m_policy.kind == Policy::Adaptive),
       m_chained(m_params.chainsChunks()),
-      m_chain(m_chained && m_policy.kind == Policy::Level ? std::make_unique<KvcChainDecoder>(m_reader, m_policy.level) : nullptr),
+      m_chain(m_chained && m_policy.kind == Policy::Level ? std::make_unique<KvcChainDecoder>(m_reader) : nullptr),
       m_deferJobs(m_hw.decodeGBps > 0 && m_hw.prefillTokensPerSecond > 0),
       m_prior(streamer.m_priorThroughput * kPriorDiscount),
       m_tailPrefill(m_modelPrefill ? modelledPassSeconds(m_hw, int(m_question.size())) : streamer.m_prefillSeconds),
@@ -80,6 +80,10 @@ StreamRun::StreamRun(Streamer& streamer, const StreamOptions& options, LinkPacer
     m_res.policy = m_policy.name();
     m_res.sloSeconds = m_opt.sloSeconds;
     m_res.chunks.resize(size_t(m_chunks));
+    if (m_chained) {
+        m_resetChunks = m_params.profile.transform.adaptResetChunks;
+        m_chainBrokenAt.assign(size_t(segmentOf(m_chunks - 1) + 1), std::numeric_limits<int>::max());
+    }
     m_assembled.tokens = m_tokens;
     for (int i = 0; i < m_chunks; ++i) {
         m_todo.push_back(m_adaptive ? m_chunks - 1 - i : i);
@@ -281,7 +285,7 @@ StreamRun::Step StreamRun::fixedStep(int window, int& level)
     case Policy::Level: level = m_policy.level; break;
     case Policy::Adaptive: break;
     }
-    if (m_chainBroken) level = 0;
+    if (chainBroken(m_todo.front())) level = 0;
     if (level == 0) {
         commitText(m_todo.front());
         m_todo.pop_front();
@@ -444,7 +448,7 @@ void StreamRun::readFront(double wakeAt)
             tokens = localTokens(f.chunk);
         }
         m_jobs[size_t(f.chunk)] = recomputeJob(f.chunk, std::move(tokens));
-    } else if (m_chainBroken) {
+    } else if (chainBroken(f.chunk)) {
         note(f.chunk, "its chain broke at an earlier chunk");
         giveUp(f.chunk);
         submitReady();
