@@ -432,6 +432,22 @@ void addBenchCodecOptions(CLI::App* sub, BenchCodecOpts& o)
         ->capture_default_str();
 }
 
+// bench codec on a chained profile (adapt_basis): the calibrated codec's row after the chain's,
+// and the chain's speed as a fraction of it.
+void addChainFigures(json& j, const CodecParams& p, const CodecBenchResult& chain, const CodecBenchResult& cal, json calRow)
+{
+    calRow["codec"] = "transform (calibrated)";
+    j["results"].insert(j["results"].begin() + 1, calRow);
+    j["adapt_basis"] = {{"prior_tokens", p.profile.transform.adaptPriorTokens},
+                        {"sweeps", p.profile.transform.adaptSweeps},
+                        {"reset_chunks", p.profile.transform.adaptResetChunks}};
+    j["calibrated_encode_MBps"] = cal.encodeMBps;
+    j["calibrated_decode_MBps"] = cal.decodeMBps;
+    j["calibrated_bits_per_value"] = cal.bitsPerValue;
+    j["chain_encode_vs_calibrated"] = chain.encodeMBps / cal.encodeMBps;
+    j["chain_decode_vs_calibrated"] = chain.decodeMBps / cal.decodeMBps;
+}
+
 }  // namespace
 
 void addBenchCommand(CLI::App& app, Output& out)
@@ -550,19 +566,7 @@ void addBenchCommand(CLI::App& app, Output& out)
                   {"size_vs_zstd", double(ours.bytes) / double(z.bytes)},
                   {"results", json::array({row(ours), row(int8), row(z)})},
                   {"gpu", gpu}};
-        if (chained) {
-            json c = row(cal);
-            c["codec"] = "transform (calibrated)";
-            j["results"].insert(j["results"].begin() + 1, c);
-            j["adapt_basis"] = {{"prior_tokens", p.profile.transform.adaptPriorTokens},
-                                {"sweeps", p.profile.transform.adaptSweeps},
-                                {"reset_chunks", p.profile.transform.adaptResetChunks}};
-            j["calibrated_encode_MBps"] = cal.encodeMBps;
-            j["calibrated_decode_MBps"] = cal.decodeMBps;
-            j["calibrated_bits_per_value"] = cal.bitsPerValue;
-            j["chain_encode_vs_calibrated"] = ours.encodeMBps / cal.encodeMBps;
-            j["chain_decode_vs_calibrated"] = ours.decodeMBps / cal.decodeMBps;
-        }
+        if (chained) addChainFigures(j, p, ours, cal, row(cal));
         out.emit(j, [printGpu](const json& r) {
             std::printf("%-22s %5s %12s %12s %10s\n", "codec", "level", "encode MB/s", "decode MB/s", "bits/value");
             for (const json& x : r["results"])

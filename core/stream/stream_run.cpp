@@ -24,6 +24,9 @@ constexpr double kPriorDiscount = 1.0;
 
 constexpr double kProgressSeconds = 0.1;  // a reply read this long gives its rate so far to the planner
 constexpr double kJitReplies = 5;        // just-in-time requests where a reply takes 5x the guard or more
+// What the planner is told a level costs that a chained file's segment cannot take (another level
+// than the one its first fetch set): no plan with it can meet any deadline.
+constexpr double kUnaffordableBytes = 1e18;
 
 double agreement(const std::vector<int32_t>& ref, const std::vector<int32_t>& got)
 {
@@ -45,10 +48,10 @@ const KvcReader& StreamRun::chooseReader(const Streamer& streamer, const Policy&
     const int levels = reader.params().numLevels();
     if (policy.kind == Policy::Level && policy.level > levels)
         throw Error("--policy " + policy.name() + ": the file has " + std::to_string(levels) + " levels");
-    if (policy.kind == Policy::Adaptive && reader.params().chainsChunks())
-        throw Error("--policy adaptive: " + reader.name() + " codes its chunks with an adaptive basis (transform.adapt_basis): "
-                    "chunk n decodes only after chunks 0..n-1 at its level, so the planner cannot switch levels; "
-                    "stream it with --policy level:N or text");
+    if (policy.kind == Policy::Adaptive && reader.params().chainsChunks() && reader.params().profile.transform.adaptResetChunks == 0)
+        throw Error("--policy adaptive: " + reader.name() + " codes its chunks with an adaptive basis (transform.adapt_basis) "
+                    "without reset points: chunk n decodes only after chunks 0..n-1 at its level, so the planner cannot "
+                    "switch levels; stream it with --policy level:N or text, or encode it with adapt_basis.reset_chunks");
     return reader;
 }
 
@@ -62,7 +65,7 @@ StreamRun::StreamRun(Streamer& streamer, const StreamOptions& options, LinkPacer
       m_modelledDecodeBytesPerToken(m_hw.kvBytesPerToken > 0 ? m_hw.kvBytesPerToken : double(m_fp16BytesPerToken)),
       m_adaptive(m_policy.kind == Policy::Adaptive),
       m_chained(m_params.chainsChunks()),
-      m_chain(m_chained && m_policy.kind == Policy::Level ? std::make_unique<KvcChainDecoder>(m_reader) : nullptr),
+      m_chain(m_chained && (m_policy.kind == Policy::Level || m_adaptive) ? std::make_unique<KvcChainDecoder>(m_reader) : nullptr),
       m_deferJobs(m_hw.decodeGBps > 0 && m_hw.prefillTokensPerSecond > 0),
       m_prior(streamer.m_priorThroughput * kPriorDiscount),
       m_tailPrefill(m_modelPrefill ? modelledPassSeconds(m_hw, int(m_question.size())) : streamer.m_prefillSeconds),
@@ -83,6 +86,7 @@ StreamRun::StreamRun(Streamer& streamer, const StreamOptions& options, LinkPacer
     if (m_chained) {
         m_resetChunks = m_params.profile.transform.adaptResetChunks;
         m_chainBrokenAt.assign(size_t(segmentOf(m_chunks - 1) + 1), std::numeric_limits<int>::max());
+        m_segmentLevel.assign(m_chainBrokenAt.size(), 0);
     }
     m_assembled.tokens = m_tokens;
     for (int i = 0; i < m_chunks; ++i) {
@@ -195,7 +199,8 @@ StreamRun::AdaptivePlan StreamRun::planAdaptive(double now)
         PlanChunk pc;
         pc.tokens = m_params.chunkLength(k);
         pc.weight = k == m_chunks - 1 ? m_opt.lastChunkWeight : 1.0;
-        for (int c = 0; c <= m_levels; ++c) pc.bytes.push_back(wireBytes(k, c));
+        const int pinned = m_chained ? m_segmentLevel[size_t(segmentOf(k))] : 0;
+        for (int c = 0; c <= m_levels; ++c) pc.bytes.push_back(pinned > 0 && c > 0 && c != pinned ? kUnaffordableBytes : wireBytes(k, c));
         in.chunks.push_back(pc);
     }
     in.textable = textable;
@@ -300,6 +305,12 @@ StreamRun::Step StreamRun::fixedStep(int window, int& level)
 // fetch m_todo.front() at level (Send).
 StreamRun::Step StreamRun::adaptiveStep(int window, double& wakeAt, int& level)
 {
+    if (chainBroken(m_todo.front())) {  // its chain broke at an earlier chunk of its segment: no use fetching it
+        commitText(m_todo.front());
+        m_todo.pop_front();
+        submitReady();
+        return Step::Next;
+    }
     ChunkEvent& ev = m_res.chunks[size_t(m_todo.front())];
     const double now = monoSeconds();
     const AdaptivePlan ap = planAdaptive(now);
@@ -342,6 +353,11 @@ StreamRun::Step StreamRun::adaptiveStep(int window, double& wakeAt, int& level)
         }
     }
     level = std::max(1, pr.choice);
+    if (m_chained) {  // one level per segment of a chained file
+        int& pinned = m_segmentLevel[size_t(segmentOf(m_todo.front()))];
+        if (pinned == 0) pinned = level;
+        level = pinned;
+    }
     ev.throughputEstimate = thr;
     ev.predictedTtftS = pr.predictedTtft;
     return Step::Send;
