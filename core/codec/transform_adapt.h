@@ -1,10 +1,11 @@
 // A backward-adaptive basis for the transform codec (issue 30): chunk n of a (kind, layer) block
 // is coded in the eigenbasis of a covariance that the decoder can compute itself, from the
-// symbols of chunks 0..n-1 and the calibrated model, so no basis travels. The building blocks
-// only, and a chain coder over them (encodeAdaptiveChunks, decodeAdaptiveChunks) that reuses the
-// chunk payloads of FORMAT.md unchanged. The profile option `"adapt_basis"` turns it on: eval
-// codes the cache as one chain, and `.kvc` files of format 2.3 hold one chain per level
-// (container_chain.h; docs/transform.md, "Chained .kvc files").
+// symbols of chunks 0..n-1 and the calibrated model, so no basis travels. The building blocks,
+// a stepwise chain coder over them (AdaptiveChain) and whole-level ones (encodeAdaptiveChunks,
+// decodeAdaptiveChunks) that reuse the chunk payloads of FORMAT.md unchanged. The profile option
+// `"adapt_basis"` turns it on: eval codes the cache as one chain, and `.kvc` files of format 2.3
+// hold one chain per level and segment between reset points (container_chain.h;
+// docs/transform.md, "Chained .kvc files" and "Reset points and a stepwise chain").
 //
 // READ ME FIRST: what makes the chain decodable.
 // - Everything is in the calibrated model's component coordinates z (transform.h READ ME FIRST,

@@ -140,7 +140,11 @@ double StreamRun::wireBytes(int i, int level) const
 int StreamRun::textableCount() const
 {
     int c = 0;
-    for (auto it = m_todo.rbegin(); it != m_todo.rend() && *it == m_textFront + c; ++it) ++c;
+    for (auto it = m_todo.rbegin(); it != m_todo.rend() && *it == m_textFront + c; ++it) {
+        // A chained file's segment with a fetch committed: its later chunks need this one decoded.
+        if (m_chained && m_segmentLevel[size_t(segmentOf(*it))] > 0) break;
+        ++c;
+    }
     return c;
 }
 

@@ -119,8 +119,9 @@ private:
     // from text the chain is broken up to the next reset point: the later chunks of its segment
     // are recomputed from text (a fetched one too), and the chain resumes at the next segment.
     // Adaptive streams only files with reset points, one level per segment: the first fetch of a
-    // segment (its last chunk: fetches go backwards) sets it, and the planner sees the other
-    // levels of that segment's chunks as unaffordable.
+    // segment (its last chunk: fetches go backwards) sets it, the planner sees the other levels of
+    // that segment's chunks as unaffordable, and its chunks are no longer textable (the text
+    // split stays out of a segment once a fetch of it is committed).
     const bool m_chained;
     std::unique_ptr<KvcChainDecoder> m_chain;
     int m_resetChunks = 0;              // the file's reset_chunks (0: one segment)
