@@ -3,11 +3,13 @@
 // reader decodes a level to the bytes eval decodes; every reader refuses a chunk out of its chain
 // with a one-line error; KvcChainDecoder decodes chunk by chunk to the whole level's bytes; reset
 // points restart the chain (a chunk after one decodes without the chunks before it, and the level
-// may change there); verify checks them; a chunk server streams one level over a real socket to a
-// KvcChainDecoder; the CUDA front end refuses them. Synthetic caches only (links
+// may change there); verify checks them; bench codec codes the same chain; a chunk server streams
+// one level over a real socket to a KvcChainDecoder; the CUDA front end refuses them. Synthetic caches only (links
 // kvscope_transport, no model).
 #include "testmain.h"
 #include "stream_cases.h"
+
+#include "bench/bench.h"
 
 #include "codec/container.h"
 #include "codec/container_chain.h"
@@ -285,6 +287,29 @@ private slots:
         std::memset(b.data() + 32, 0, 4);  // reset_chunks: after magic, version, 6 switches, sink, recent, prior, sweeps
         kvscope_test::expectError("model", [&] { parseTransformModel(b.data(), b.size(), m_kv.shape(), "model"); },
                                   "adapt_basis reset_chunks 0 out of range");
+    }
+
+    // bench codec on an adapt_basis profile codes the chain the file holds (with and without
+    // resets), and its calibrated peer (withoutChain) the calibrated codec's chunks.
+    void benchCodesTheChain()
+    {
+        BenchOptions b;
+        b.repeats = 1;
+        b.threads = 1;
+        for (const auto& [params, file] : {std::make_pair(&m_p, &m_file), std::make_pair(&m_reset, &m_resetFile)}) {
+            const auto reader = KvcReader::fromBuffer(file->data(), file->size(), "chain.kvc");
+            const CodecBenchResult chain = benchCodec(m_kv, *params, 2, b);
+            uint64_t inFile = 0;
+            for (int c = 0; c < params->numChunks(); ++c) inFile += reader->chunkBytes(c, 2);
+            QCOMPARE(chain.bytes, inFile);
+            QVERIFY(chain.encodeMBps > 0 && chain.decodeMBps > 0);
+            const CodecParams cal = withoutChain(*params);
+            QVERIFY(!cal.chainsChunks() && params->chainsChunks());
+            uint64_t calibrated = 0;
+            for (int c = 0; c < params->numChunks(); ++c)
+                calibrated += encodeChunk(params == &m_p ? m_plain : m_plain64, m_kv, c, 2, nullptr).size();
+            QCOMPARE(benchCodec(m_kv, cal, 2, b).bytes, calibrated);
+        }
     }
 
     // The CUDA front end refuses a chained file before touching a device (no GPU needed).
