@@ -5,7 +5,7 @@
 // points restart the chain (a chunk after one decodes without the chunks before it, and the level
 // may change there); verify checks them; bench codec codes the same chain; a chunk server streams
 // one level over a real socket to a KvcChainDecoder; the CUDA front end refuses them. Synthetic caches only (links
-// kvscope_transport, no model).
+// kvscope_transport and kvscope_bench, no model).
 #include "testmain.h"
 #include "stream_cases.h"
 
