@@ -1,11 +1,15 @@
 // Chained .kvc files (issue 30: the backward-adaptive basis, "adapt_basis", as a codec path;
 // core/codec/container_chain.h): the writer stores, per level, exactly the chain eval codes; the
 // reader decodes a level to the bytes eval decodes; every reader refuses a chunk out of its chain
-// with a one-line error; verify checks them; a chunk server streams one level over a real socket
-// to a KvcChainDecoder; the CUDA front end refuses them. Synthetic caches only (links
-// kvscope_transport, no model).
+// with a one-line error; KvcChainDecoder decodes chunk by chunk to the whole level's bytes; reset
+// points restart the chain (a chunk after one decodes without the chunks before it, and the level
+// may change there); verify checks them; bench codec codes the same chain; a chunk server streams
+// one level over a real socket to a KvcChainDecoder; the CUDA front end refuses them. Synthetic caches only (links
+// kvscope_transport and kvscope_bench, no model).
 #include "testmain.h"
 #include "stream_cases.h"
+
+#include "bench/bench.h"
 
 #include "codec/container.h"
 #include "codec/container_chain.h"
@@ -41,6 +45,24 @@ private:
     CodecParams m_plain;  // the same calibrated model without it
     AdaptiveSettings m_as;
     std::vector<uint8_t> m_file;
+    // Reset points: chunks of 64 tokens (10, the last of 24), the chain restarting every 4 chunks
+    // (at chunks 0, 4, 8), and the same without resets.
+    CodecParams m_reset, m_noReset, m_plain64;
+    AdaptiveSettings m_asReset;
+    std::vector<uint8_t> m_resetFile;
+
+    static bool sameTokens(const KvSet& a, const KvSet& b, int t0, int n)
+    {
+        const KvShape& sh = a.shape();
+        const size_t row = size_t(sh.headDim) * dtypeSize(a.dtype());
+        for (int l = 0; l < sh.numLayers; ++l)
+            for (KvKind k : {KvKind::Key, KvKind::Value})
+                for (int h = 0; h < sh.numKvHeads; ++h) {
+                    const size_t off = (size_t(h) * sh.numTokens + size_t(t0)) * row;
+                    if (std::memcmp(a.data(k, l) + off, b.data(k, l) + off, size_t(n) * row) != 0) return false;
+                }
+        return true;
+    }
 
     std::string path(const char* name) const { return (m_dir.path() + "/" + name).toStdString(); }
 
@@ -61,6 +83,20 @@ private slots:
         prepareTransform(m_p, m_kv, "test cache");
         QVERIFY(m_p.chainsChunks() && !m_plain.chainsChunks());
         writeKvc(m_kv, m_p, m_file);
+
+        m_plain64 = m_plain;
+        m_plain64.profile.chunkTokens = 64;
+        prepareTransform(m_plain64, m_kv, "test cache");
+        m_noReset = m_p;
+        m_noReset.profile.chunkTokens = 64;
+        prepareTransform(m_noReset, m_kv, "test cache");
+        m_reset = m_noReset;
+        m_reset.profile.transform.adaptResetChunks = 4;
+        prepareTransform(m_reset, m_kv, "test cache");
+        m_asReset = chainSettings(m_reset);
+        QCOMPARE(m_asReset.resetChunks, 4);
+        QCOMPARE(m_reset.numChunks(), 10);
+        writeKvc(m_kv, m_reset, m_resetFile);
     }
 
     // Every level of the file is the chain eval codes (encodeAdaptiveChunks), byte for byte, and
@@ -131,50 +167,149 @@ private slots:
                                   "decodes only after");
         kvscope_test::expectError("transform.adapt_basis", [&] { encodeChunk(m_p, m_kv, 2, 1, nullptr); }, "encode whole levels");
 
-        KvcChainDecoder chain(*reader, 2);
+        KvcChainDecoder chain(*reader);
         const auto c0 = reader->readChunk(0, 2), c1 = reader->readChunk(1, 2), c1l1 = reader->readChunk(1, 1);
-        kvscope_test::expectError("chain.kvc", [&] { chain.add(1, 2, c1.data(), c1.size(), out); }, "(expected chunk 0)");
-        QVERIFY(!chain.add(0, 2, c0.data(), c0.size(), out));
-        kvscope_test::expectError("chain.kvc", [&] { chain.add(1, 1, c1l1.data(), c1l1.size(), out); },
+        kvscope_test::expectError("chain.kvc", [&] { chain.push(1, 2, c1.data(), c1.size(), out); }, "(expected chunk 0)");
+        kvscope_test::expectError("chain.kvc", [&] { chain.push(0, 4, c0.data(), c0.size(), out); }, "no such level");
+        QVERIFY(!chain.push(0, 2, c0.data(), c0.size(), out));
+        QCOMPARE(chain.level(), 2);
+        kvscope_test::expectError("chain.kvc", [&] { chain.push(1, 1, c1l1.data(), c1l1.size(), out); },
                                   "this chain decodes level 2");
         std::vector<uint8_t> bad = c1;
         bad[bad.size() / 2] ^= 4;
-        kvscope_test::expectError("chain.kvc", [&] { chain.add(1, 2, bad.data(), bad.size(), out); }, "CRC mismatch");
+        kvscope_test::expectError("chain.kvc", [&] { chain.push(1, 2, bad.data(), bad.size(), out); }, "CRC mismatch");
         QCOMPARE(chain.next(), 1);
 
         std::vector<uint8_t> plainFile;
         writeKvc(m_kv, m_plain, plainFile);
         const auto plain = KvcReader::fromBuffer(plainFile.data(), plainFile.size(), "plain.kvc");
-        kvscope_test::expectError("plain.kvc", [&] { KvcChainDecoder(*plain, 1); }, "do not chain");
+        kvscope_test::expectError("plain.kvc", [&] { KvcChainDecoder{*plain}; }, "do not chain");
     }
 
-    // A consumer that gives up the rest of a level (a stream falling back to text) decodes the
-    // chunks it holds: the same tokens as the whole level's decode; the chain then takes no more.
-    void decodesTheHeldPrefix()
+    // Issue 30, stepwise decoding: each chunk pushed decodes at once, to the tokens the whole
+    // level's decode gives, byte for byte, and touches no token of a later chunk. A consumer that
+    // gives up a chunk (a stream recomputing it from text) keeps the chunks before it; without
+    // reset points the chain then takes no more.
+    void decodesChunkByChunk()
     {
         const auto reader = KvcReader::fromBuffer(m_file.data(), m_file.size(), "chain.kvc");
-        const KvSet whole = reader->decodeAll({2});
-        KvcChainDecoder chain(*reader, 2);
+        for (int level : {1, 2, 3}) {
+            const KvSet whole = reader->decodeAll({level});
+            KvcChainDecoder chain(*reader);
+            KvSet out(m_kv.shape(), m_kv.dtype());
+            const KvSet zero(m_kv.shape(), m_kv.dtype());
+            for (int c = 0; c < 5; ++c) {
+                const auto b = reader->readChunk(c, level);
+                QCOMPARE(chain.push(c, level, b.data(), b.size(), out), c == 4);
+                const int t0 = c * kChunk, n = m_p.chunkLength(c);
+                QVERIFY2(sameTokens(out, whole, t0, n), qPrintable(QString("chunk %1 level %2").arg(c).arg(level)));
+                if (c < 4) QVERIFY(sameTokens(out, zero, t0 + n, kTokens - t0 - n));
+            }
+            QVERIFY(sameBytes(out, whole));
+        }
+        KvcChainDecoder chain(*reader);
         KvSet out(m_kv.shape(), m_kv.dtype());
         for (int c = 0; c < 3; ++c) {
             const auto b = reader->readChunk(c, 2);
-            QVERIFY(!chain.add(c, 2, b.data(), b.size(), out));
+            chain.push(c, 2, b.data(), b.size(), out);
         }
-        chain.decodeHeld(out);
-        QVERIFY(chain.closed());
-        const KvShape& sh = m_kv.shape();
-        const size_t row = size_t(sh.headDim) * dtypeSize(m_kv.dtype());
-        for (int l = 0; l < sh.numLayers; ++l)
-            for (KvKind k : {KvKind::Key, KvKind::Value})
-                for (int h = 0; h < sh.numKvHeads; ++h) {
-                    const size_t off = size_t(h) * sh.numTokens * row;
-                    QVERIFY(std::memcmp(out.data(k, l) + off, whole.data(k, l) + off, 3 * kChunk * row) == 0);
-                    // chunk 3 was not decoded: still zero
-                    std::vector<uint8_t> zero(row, 0);
-                    QVERIFY(std::memcmp(out.data(k, l) + off + 3 * kChunk * row, zero.data(), row) == 0);
-                }
+        QCOMPARE(chain.giveUp(3), 5);
+        QVERIFY(chain.done());
         const auto b3 = reader->readChunk(3, 2);
-        kvscope_test::expectError("chain.kvc", [&] { chain.add(3, 2, b3.data(), b3.size(), out); }, "decoded already");
+        kvscope_test::expectError("chain.kvc", [&] { chain.push(3, 2, b3.data(), b3.size(), out); }, "decoded its last chunk");
+    }
+
+    // Issue 30, reset points ("reset_chunks": 4): every level of the file is eval's chain with the
+    // same resets, byte for byte, and decodes to its bytes; a reset chunk is the calibrated
+    // codec's chunk and decodes alone; a chunk after a reset decodes without the chunks before the
+    // reset; the level may change at a reset and only there.
+    void resetPoints()
+    {
+        QCOMPARE(int(m_resetFile[10] | m_resetFile[11] << 8), 3);
+        const auto reader = KvcReader::fromBuffer(m_resetFile.data(), m_resetFile.size(), "reset.kvc");
+        QCOMPARE(reader->params().profile.transform.adaptResetChunks, 4);
+        const AdaptiveSettings noReset = chainSettings(m_noReset);
+        for (int l = 1; l <= 3; ++l) {
+            const auto eval = encodeAdaptiveChunks(m_reset, m_kv, l, m_asReset);
+            const auto unbroken = encodeAdaptiveChunks(m_noReset, m_kv, l, noReset);
+            for (int c = 0; c < 10; ++c) {
+                QVERIFY2(reader->readChunk(c, l) == eval[size_t(c)], qPrintable(QString("chunk %1 level %2").arg(c).arg(l)));
+                const bool start = c % 4 == 0;
+                QCOMPARE(eval[size_t(c)] == encodeChunk(m_plain64, m_kv, c, l, nullptr), start);  // resets: calibrated
+                QCOMPARE(eval[size_t(c)] == unbroken[size_t(c)], c < 4);  // the first segment is the unbroken chain
+            }
+            KvSet evalDecoded(m_kv.shape(), m_kv.dtype());
+            decodeAdaptiveChunks(m_reset, eval, l, m_asReset, evalDecoded);
+            QVERIFY(sameBytes(reader->decodeAll({l}), evalDecoded));
+        }
+        // Chunk 4 decodes alone; chunk 5 only after chunk 4.
+        const KvSet whole2 = reader->decodeAll({2});
+        KvSet out(m_kv.shape(), m_kv.dtype());
+        reader->decodeChunkInto(4, 2, out);
+        QVERIFY(sameTokens(out, whole2, 4 * 64, 64));
+        kvscope_test::expectError("reset.kvc", [&] { reader->decodeChunkInto(5, 2, out); },
+                                  "chunk 5 of an adaptive-basis file (transform.adapt_basis) decodes only after chunks 4..4 at level 2");
+        // A chain decoder that gave up chunks 0..3 resumes at chunk 4 and changes level at chunk 8.
+        const std::vector<int> mix = {1, 1, 1, 1, 2, 2, 2, 2, 3, 3};
+        const KvSet mixed = reader->decodeAll(mix);
+        KvcChainDecoder chain(*reader);
+        QCOMPARE(chain.giveUp(1), 4);
+        KvSet stepped(m_kv.shape(), m_kv.dtype());
+        for (int c = 4; c < 10; ++c) {
+            const auto b = reader->readChunk(c, mix[size_t(c)]);
+            if (c == 6) {
+                const auto other = reader->readChunk(c, 3);
+                kvscope_test::expectError("reset.kvc", [&] { chain.push(c, 3, other.data(), other.size(), stepped); },
+                                          "may change at reset points (every 4 chunks)");
+            }
+            chain.push(c, mix[size_t(c)], b.data(), b.size(), stepped);
+            QVERIFY2(sameTokens(stepped, mixed, c * 64, m_reset.chunkLength(c)), qPrintable(QString("chunk %1").arg(c)));
+        }
+        QVERIFY(chain.done());
+        QVERIFY(sameTokens(mixed, whole2, 4 * 64, 4 * 64));  // chunks 4..7 at level 2: as in the level-2 decode
+        kvscope_test::expectError("reset.kvc", [&] { reader->decodeAll({1, 1, 1, 1, 2, 2, 3, 3, 3, 3}); },
+                                  "chunk 6 at level 3 after chunk 5 at level 2");
+        QVERIFY(verifyKvc(*reader).ok());
+    }
+
+    // The transform section's version 4 carries reset_chunks after the sweeps (a chain without
+    // resets stays version 3); out of range is refused.
+    void modelVersion4()
+    {
+        std::vector<uint8_t> b, v3;
+        serializeTransformModel(*m_reset.transform, b);
+        serializeTransformModel(*m_noReset.transform, v3);
+        QCOMPARE(int(b[4] | b[5] << 8), 4);
+        QCOMPARE(int(v3[4] | v3[5] << 8), 3);
+        QCOMPARE(b.size(), v3.size() + 4);
+        QCOMPARE(parseTransformModel(b.data(), b.size(), m_kv.shape(), "model").settings.adaptResetChunks, 4);
+        QCOMPARE(parseTransformModel(v3.data(), v3.size(), m_kv.shape(), "model").settings.adaptResetChunks, 0);
+        std::memset(b.data() + 32, 0, 4);  // reset_chunks: after magic, version, 6 switches, sink, recent, prior, sweeps
+        kvscope_test::expectError("model", [&] { parseTransformModel(b.data(), b.size(), m_kv.shape(), "model"); },
+                                  "adapt_basis reset_chunks 0 out of range");
+    }
+
+    // bench codec on an adapt_basis profile codes the chain the file holds (with and without
+    // resets), and its calibrated peer (withoutChain) the calibrated codec's chunks.
+    void benchCodesTheChain()
+    {
+        BenchOptions b;
+        b.repeats = 1;
+        b.threads = 1;
+        for (const auto& [params, file] : {std::make_pair(&m_p, &m_file), std::make_pair(&m_reset, &m_resetFile)}) {
+            const auto reader = KvcReader::fromBuffer(file->data(), file->size(), "chain.kvc");
+            const CodecBenchResult chain = benchCodec(m_kv, *params, 2, b);
+            uint64_t inFile = 0;
+            for (int c = 0; c < params->numChunks(); ++c) inFile += reader->chunkBytes(c, 2);
+            QCOMPARE(chain.bytes, inFile);
+            QVERIFY(chain.encodeMBps > 0 && chain.decodeMBps > 0);
+            const CodecParams cal = withoutChain(*params);
+            QVERIFY(!cal.chainsChunks() && params->chainsChunks());
+            uint64_t calibrated = 0;
+            for (int c = 0; c < params->numChunks(); ++c)
+                calibrated += encodeChunk(params == &m_p ? m_plain : m_plain64, m_kv, c, 2, nullptr).size();
+            QCOMPARE(benchCodec(m_kv, cal, 2, b).bytes, calibrated);
+        }
     }
 
     // The CUDA front end refuses a chained file before touching a device (no GPU needed).
@@ -227,14 +362,14 @@ private slots:
         const auto remote = KvcReader::fromSkeleton(sk.payload, "remote");
         QVERIFY(remote->params().chainsChunks());
         for (int level : {1, 3}) {
-            KvcChainDecoder chain(*remote, level);
+            KvcChainDecoder chain(*remote);
             KvSet assembled(m_kv.shape(), m_kv.dtype());
             bool complete = false;
             for (int c = 0; c < remote->params().numChunks(); ++c) {
                 const Reply r = client.request(kvscope_test::request(FrameType::ChunkRequest, ctx, CodecId::Transform, c, level),
                                                remote->chunkBytes(c, level), monoSeconds() + 10);
                 QCOMPARE(int(r.type), int(FrameType::Chunk));
-                complete = chain.add(c, level, r.payload.data(), r.payload.size(), assembled);
+                complete = chain.push(c, level, r.payload.data(), r.payload.size(), assembled);
                 QCOMPARE(complete, c + 1 == remote->params().numChunks());
             }
             QVERIFY(complete);

@@ -150,7 +150,9 @@ private slots:
     // Issue 30: a file whose chunks chain through the adaptive basis (adapt_basis) streams at a
     // fixed level (level:1 of one), every chunk fetched over the socket and decoded in order to
     // the bytes the local file decodes to; adaptive, which would switch levels between chunks, is
-    // refused in one line.
+    // refused in one line. With reset points (reset_chunks 2, chunks of 128 tokens: segments
+    // {0, 1} and {2}) adaptive streams it, one level per segment, to the file's decode at the
+    // levels it chose.
     void streamAdaptiveBasis()
     {
         const std::string modelPath = defaultModelPath();
@@ -203,6 +205,48 @@ private slots:
                     (unsigned long long)r.deliveredBytes);
         opt.policy = parsePolicy("adaptive");
         kvscope_test::expectError("--policy adaptive", [&] { st.run(opt, &server->pacer()); }, "cannot switch levels");
+
+        CodecParams pr = p;
+        pr.profile.chunkTokens = 128;
+        pr.profile.transformLevels = {defaultTransformLevels()[1], defaultTransformLevels()[2]};
+        pr.profile.transform.adaptResetChunks = 2;
+        prepareTransform(pr, original, "test");
+        const std::string resetFile = path("story.adapt-reset.kvc");
+        writeKvc(original, pr, resetFile);
+        const auto localReset = KvcReader::openFile(resetFile);
+        QCOMPARE(localReset->params().numChunks(), 3);
+        auto resetServer = serve(resetFile);
+        Streamer sr(*m, "127.0.0.1", resetServer->port(), tokens, question, original);
+        sr.setCodec(CodecId::Transform);
+        StreamOptions ro2 = opt;
+        ro2.target.prefillTokensPerSecond = 1;  // a modelled recompute of 128 s a chunk: every chunk is fetched
+        sr.prepare(ro2, "tst_stream");
+        ro2.policy = parsePolicy("adaptive");
+        const StreamResult a = sr.run(ro2, &resetServer->pacer());
+        QVERIFY(a.cache);
+        std::vector<int> levels;
+        for (const ChunkEvent& e : a.chunks) levels.push_back(e.level);
+        QVERIFY2(levels[0] == 0 || levels[1] == 0 || levels[0] == levels[1], "one level in the segment of chunks 0 and 1");
+        std::vector<int> decodeLevels = levels;
+        for (int& l : decodeLevels) l = l > 0 ? l : 1;
+        if (levels[0] == 0 && levels[1] > 0) QFAIL("chunk 1 was decoded without chunk 0 of its segment");
+        const KvSet expectMix = localReset->decodeAll(decodeLevels);
+        int fetched = 0;
+        for (int c = 0; c < 3; ++c) {
+            if (levels[size_t(c)] == 0) continue;
+            ++fetched;
+            const int t0 = c * 128, n = localReset->params().chunkLength(c);
+            const size_t row = size_t(original.shape().headDim) * dtypeSize(expectMix.dtype());
+            for (int l = 0; l < original.shape().numLayers; ++l)
+                for (KvKind k : {KvKind::Key, KvKind::Value})
+                    for (int h = 0; h < original.shape().numKvHeads; ++h) {
+                        const size_t off = (size_t(h) * original.shape().numTokens + size_t(t0)) * row;
+                        QVERIFY(std::memcmp(expectMix.data(k, l) + off, a.cache->data(k, l) + off, size_t(n) * row) == 0);
+                    }
+        }
+        QCOMPARE(fetched, 3);
+        std::printf("ADAPT reset 2, adaptive: levels %d %d %d, TTFT %.3f s, %llu bytes\n", levels[0], levels[1], levels[2],
+                    a.ttftSeconds, (unsigned long long)a.deliveredBytes);
     }
 
     // kvscope-cli stream --codec transform: the store is encoded with the transform codec (a model

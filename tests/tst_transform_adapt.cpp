@@ -382,6 +382,16 @@ private slots:
         std::string bad = text;
         bad.replace(at, std::string("\"prior_tokens\":500.0").size(), "\"prior_tokens\":-1.0");
         kvscope_test::expectError("a.json", [&] { profileFromJson(bad, "a.json"); }, "transform.adapt_basis.prior_tokens");
+        QVERIFY(text.find("reset_chunks") == std::string::npos);  // written only when set
+        p.profile.transform.adaptResetChunks = 4;
+        const std::string withResets = profileToJson(p.profile);
+        QCOMPARE(profileFromJson(withResets, "a.json").transform.adaptResetChunks, 4);
+        std::string badResets = withResets;
+        const size_t r = badResets.find('4', badResets.find("\"reset_chunks\""));
+        QVERIFY(r != std::string::npos);
+        badResets.replace(r, 1, "-1");
+        kvscope_test::expectError("a.json", [&] { profileFromJson(badResets, "a.json"); }, "transform.adapt_basis.reset_chunks");
+        p.profile.transform.adaptResetChunks = 0;
         kvscope_test::calibrateTransform(p, {&kv}, kv);
         try {
             encodeChunk(p, kv, 1, 1, nullptr);

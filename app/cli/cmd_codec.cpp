@@ -432,6 +432,22 @@ void addBenchCodecOptions(CLI::App* sub, BenchCodecOpts& o)
         ->capture_default_str();
 }
 
+// bench codec on a chained profile (adapt_basis): the calibrated codec's row after the chain's,
+// and the chain's speed as a fraction of it.
+void addChainFigures(json& j, const CodecParams& p, const CodecBenchResult& chain, const CodecBenchResult& cal, json calRow)
+{
+    calRow["codec"] = "transform (calibrated)";
+    j["results"].insert(j["results"].begin() + 1, calRow);
+    j["adapt_basis"] = {{"prior_tokens", p.profile.transform.adaptPriorTokens},
+                        {"sweeps", p.profile.transform.adaptSweeps},
+                        {"reset_chunks", p.profile.transform.adaptResetChunks}};
+    j["calibrated_encode_MBps"] = cal.encodeMBps;
+    j["calibrated_decode_MBps"] = cal.decodeMBps;
+    j["calibrated_bits_per_value"] = cal.bitsPerValue;
+    j["chain_encode_vs_calibrated"] = chain.encodeMBps / cal.encodeMBps;
+    j["chain_decode_vs_calibrated"] = chain.decodeMBps / cal.decodeMBps;
+}
+
 }  // namespace
 
 void addBenchCommand(CLI::App& app, Output& out)
@@ -486,7 +502,10 @@ void addBenchCommand(CLI::App& app, Output& out)
                                   (p.codec == CodecId::Transform && entropyUsesTables(p.transform->settings.entropy));
         CodecParams p8 = p;
         p8.codec = CodecId::Int8;
-        CodecBenchResult ours, int8, z;
+        // A chained profile (adapt_basis): the calibrated codec it starts from, timed beside it.
+        const bool chained = p.chainsChunks();
+        const CodecParams pCal = chained ? withoutChain(p) : CodecParams{};
+        CodecBenchResult ours, cal, int8, z;
         EntropyBenchResult ent;
         auto keep = [](CodecBenchResult& best, const CodecBenchResult& r) {
             if (best.codec.empty()) best = r;
@@ -495,6 +514,7 @@ void addBenchCommand(CLI::App& app, Output& out)
         };
         for (int round = 0; round < o->runs; ++round) {
             keep(ours, benchCodec(kv, p, level, o->bench));
+            if (chained) keep(cal, benchCodec(kv, pCal, level, o->bench));
             if (entropyStage) {
                 const EntropyBenchResult e = benchEntropy(kv, p, level, o->bench);
                 if (round == 0) ent = e;
@@ -546,10 +566,11 @@ void addBenchCommand(CLI::App& app, Output& out)
                   {"size_vs_zstd", double(ours.bytes) / double(z.bytes)},
                   {"results", json::array({row(ours), row(int8), row(z)})},
                   {"gpu", gpu}};
+        if (chained) addChainFigures(j, p, ours, cal, row(cal));
         out.emit(j, [printGpu](const json& r) {
-            std::printf("%-9s %5s %12s %12s %10s\n", "codec", "level", "encode MB/s", "decode MB/s", "bits/value");
+            std::printf("%-22s %5s %12s %12s %10s\n", "codec", "level", "encode MB/s", "decode MB/s", "bits/value");
             for (const json& x : r["results"])
-                std::printf("%-9s %5d %12.1f %12.1f %10.3f\n", x["codec"].get<std::string>().c_str(), x["level"].get<int>(),
+                std::printf("%-22s %5d %12.1f %12.1f %10.3f\n", x["codec"].get<std::string>().c_str(), x["level"].get<int>(),
                             x["encode_MBps"].get<double>(), x["decode_MBps"].get<double>(),
                             x["bits_per_value"].get<double>());
             std::printf("ours vs zstd: decode %.2fx, encode %.2fx, size %.3fx (%d threads, %s)\n",
@@ -562,6 +583,9 @@ void addBenchCommand(CLI::App& app, Output& out)
                             (unsigned long long)r["entropy_bytes"].get<uint64_t>(), r["htscodecs_encode_MBps"].get<double>(),
                             r["htscodecs_decode_MBps"].get<double>(), (unsigned long long)r["htscodecs_bytes"].get<uint64_t>(),
                             r["entropy_decode_vs_htscodecs"].get<double>(), r["entropy_encode_vs_htscodecs"].get<double>());
+            if (r.contains("chain_decode_vs_calibrated"))
+                std::printf("adaptive chain vs the calibrated codec: encode %.3fx, decode %.3fx of its MB/s\n",
+                            r["chain_encode_vs_calibrated"].get<double>(), r["chain_decode_vs_calibrated"].get<double>());
             printGpu(r["gpu"]);
         });
     });

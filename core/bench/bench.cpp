@@ -4,6 +4,7 @@
 #include "codec/simd_path.h"
 #include "codec/symbol_stream.h"
 #include "codec/transform.h"
+#include "codec/transform_adapt.h"
 
 #include "common/error.h"
 #include "common/half.h"
@@ -16,6 +17,7 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <memory>
 
 namespace kvscope {
 
@@ -60,9 +62,56 @@ struct ThreadScope {  // sets the OpenMP thread count for the scope of a benchma
 
 int benchThreads(const BenchOptions& opt) { return opt.threads > 0 ? opt.threads : omp_get_max_threads(); }
 
+namespace {
+
+// A chained cache (adapt_basis): the level's chain encoded and decoded whole, as writeKvc and
+// KvcReader::decodeAll run it (chunk after chunk: each needs the state the chunks before it left).
+CodecBenchResult benchChain(const KvSet& kv, const CodecParams& p, int level, const BenchOptions& opt)
+{
+    const AdaptiveSettings s = chainSettings(p);
+    std::vector<std::vector<uint8_t>> payloads;
+    const double enc = bestOf(opt.repeats, [&] { payloads = encodeAdaptiveChunks(p, kv, level, s); });
+    KvSet out(p.shape, p.dtype), again(p.shape, p.dtype);
+    const double dec = bestOf(opt.repeats, [&] { decodeAdaptiveChunks(p, payloads, level, s, out); });
+    // Chunk by chunk through AdaptiveChain, one chain per segment from its reset point: the same bytes.
+    std::unique_ptr<AdaptiveChain> chain;
+    for (int c = 0; c < p.numChunks(); ++c) {
+        if (chainStartsAt(s, c)) chain = std::make_unique<AdaptiveChain>(p, level, s, c);
+        chain->decodeNext(payloads[size_t(c)].data(), payloads[size_t(c)].size(), again);
+    }
+    for (int l = 0; l < p.shape.numLayers; ++l)
+        for (KvKind k : {KvKind::Key, KvKind::Value})
+            KVSCOPE_ASSERT(std::memcmp(out.data(k, l), again.data(k, l), out.tensorBytes()) == 0);
+    CodecBenchResult r;
+    r.codec = codecName(p.codec);
+    r.level = level;
+    for (auto& b : payloads) r.bytes += b.size();
+    r.bitsPerValue = 8.0 * double(r.bytes) / double(p.shape.totalValues());
+    r.encodeMBps = fp16MB(p.shape) / enc;
+    r.decodeMBps = fp16MB(p.shape) / dec;
+    return r;
+}
+
+}  // namespace
+
+CodecParams withoutChain(const CodecParams& p)
+{
+    CodecParams q = p;
+    q.profile.transform.adaptPriorTokens = 0;
+    q.profile.transform.adaptResetChunks = 0;
+    if (q.transform) {
+        auto m = std::make_shared<TransformModel>(*q.transform);
+        m->settings.adaptPriorTokens = 0;
+        m->settings.adaptResetChunks = 0;
+        q.transform = m;
+    }
+    return q;
+}
+
 CodecBenchResult benchCodec(const KvSet& kv, const CodecParams& p, int level, const BenchOptions& opt)
 {
     ThreadScope threads(opt.threads);
+    if (p.chainsChunks()) return benchChain(kv, p, level, opt);
     const int chunks = p.numChunks();
     const bool shared = p.codec == CodecId::CacheGen && p.profile.tables == TableMode::Shared;
     LevelTables tables;

@@ -43,7 +43,13 @@ EntropyBenchResult benchEntropy(const KvSet& kv, const CodecParams& params, int 
 
 // Encodes and decodes every chunk of kv with params at `level` (in memory, no file I/O).
 // Decoding is checked against the encoder's reconstruction; a mismatch throws (it is a bug).
+// A chained cache (params.chainsChunks(), adapt_basis) codes the level as its chain, chunk after
+// chunk, and checks the whole-level decode against a chunk-by-chunk one.
 CodecBenchResult benchCodec(const KvSet& kv, const CodecParams& params, int level, const BenchOptions& opt);
+
+// params with the transform codec's adapt_basis turned off, on a copy of the same calibrated
+// model: the codec a chained cache's chain starts from, for timing the two side by side.
+CodecParams withoutChain(const CodecParams& params);
 
 // zstd on the fp16 bytes of kv, in chunks of params.profile.chunkTokens like our codec, single
 // stream per chunk; uses as many threads as our codec (one chunk per thread).

@@ -61,9 +61,10 @@ struct CodecParams {
     }
     int chunkStart(int chunk) const { return chunk * profile.chunkTokens; }
     int chunkLength(int chunk) const;
-    // True when chunk n is coded in a basis derived from chunks 0..n-1 at the same level (the
-    // transform codec's "adapt_basis", transform_adapt.h): such chunks encode and decode only as
-    // a whole level, in order (writeKvc, KvcReader::decodeAll, KvcChainDecoder in container_chain.h).
+    // True when chunk n is coded in a basis derived from the chunks before it since the last reset
+    // point at the same level (the transform codec's "adapt_basis", transform_adapt.h): such chunks
+    // encode only as whole levels and decode in order from a reset point (writeKvc,
+    // KvcReader::decodeAll, KvcChainDecoder in container_chain.h); decodeChunk takes reset points only.
     bool chainsChunks() const { return codec == CodecId::Transform && profile.transform.adaptPriorTokens > 0; }
     int binsFor(KvKind kind, int layer, int level) const;  // level is 1-based
 };
@@ -128,9 +129,10 @@ std::vector<std::vector<uint8_t>> encodeChunks(const CodecParams& p, const KvSet
 void decodeChunk(const CodecParams& p, const uint8_t* data, size_t size, int chunk, int level,
                  const LevelTables* shared, KvSet& out, const std::string& where);
 
-// Why chunk > 0 of a chained cache (CodecParams::chainsChunks) cannot be decoded on its own: the
-// reason decodeChunk and decodeChunks give (after their `where`) for such a chunk.
-std::string chainedChunkReason(int chunk, int level);
+// Why a chunk of a chained cache (CodecParams::chainsChunks) that does not start a chain (chunk 0
+// or a reset point, transform_adapt.h) cannot be decoded on its own: the reason decodeChunk and
+// decodeChunks give (after their `where`) for such a chunk.
+std::string chainedChunkReason(const CodecParams& p, int chunk, int level);
 
 // One payload of a batch for decodeChunks: (chunk, level), its bytes, and the `where` its errors name.
 struct ChunkPayload {

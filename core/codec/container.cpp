@@ -219,7 +219,9 @@ KvcWriteReport writeKvc(const KvSet& kv, const CodecParams& p, const KvcPut& put
         std::vector<uint8_t> t;
         serializeTransformModel(*p.transform, t);
         const TransformSettings& ms = p.transform->settings;  // the chain a reader runs: the one coded here
-        if (ms.adaptPriorTokens != p.profile.transform.adaptPriorTokens || (p.chainsChunks() && ms.adaptSweeps != p.profile.transform.adaptSweeps))
+        if (ms.adaptPriorTokens != p.profile.transform.adaptPriorTokens ||
+            (p.chainsChunks() && (ms.adaptSweeps != p.profile.transform.adaptSweeps ||
+                                  ms.adaptResetChunks != p.profile.transform.adaptResetChunks)))
             throw inputError(path, "transform section", "the model's adapt_basis differs from the profile's (prepareTransform)");
         if (t.size() > UINT32_MAX) throw inputError(path, "transform section", "section over 4 GiB");
         transformRef = {offset, uint32_t(t.size()), crc32(t.data(), t.size())};

@@ -86,7 +86,7 @@ public:
     // The payload of (chunk, level) after its CRC was checked.
     std::vector<uint8_t> readChunk(int chunk, int level) const;
     // Decodes (chunk, level) into its tokens of out (shape and dtype of params()). Chained files
-    // (container_chain.h) refuse chunk > 0: their chunks decode only in order, as a level.
+    // (container_chain.h) refuse a chunk that does not start a chain (chunk 0, a reset point).
     void decodeChunkInto(int chunk, int level, KvSet& out) const;
     // Checks that `data` is the payload of (chunk, level) (its size and CRC against the index), then
     // decodes it like decodeChunkInto. For payloads fetched elsewhere: a chunk server, Redis
@@ -103,7 +103,7 @@ public:
 
     // Decodes every chunk, chunk i at levels[i] (one entry = that level for every chunk).
     // Refuses (kvscope::Error) when the decoded cache would exceed maxOutputBytes(), and for a file
-    // whose chunks chain (params().chainsChunks()) a mix of levels.
+    // whose chunks chain (params().chainsChunks()) levels that change between chain starts.
     KvSet decodeAll(const std::vector<int>& levels, const Progress& progress = {}) const;
     // The same into `out`, which must have the file's shape and dtype (else kvscope::Error): no
     // allocation, for decoding again and again. Its metadata becomes the file's, as decodeAll's; when

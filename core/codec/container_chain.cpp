@@ -1,4 +1,4 @@
-// Chained .kvc files (container_chain.h): the writer's per-level chains, the reader's whole-level
+// Chained .kvc files (container_chain.h): the writer's per-level chains, the reader's whole-cache
 // decode, and the decoder of chunks that arrive one at a time.
 #include "codec/container_chain.h"
 
@@ -8,15 +8,6 @@
 #include <string>
 
 namespace kvscope {
-
-AdaptiveSettings chainSettings(const CodecParams& p)
-{
-    KVSCOPE_ASSERT(p.chainsChunks());
-    AdaptiveSettings s;
-    s.priorTokens = p.profile.transform.adaptPriorTokens;
-    s.sweeps = p.profile.transform.adaptSweeps;
-    return s;
-}
 
 std::vector<std::vector<std::vector<uint8_t>>> encodeChainLevels(const CodecParams& p, const KvSet& kv,
                                                                  const std::function<void()>& levelDone)
@@ -30,86 +21,90 @@ std::vector<std::vector<std::vector<uint8_t>>> encodeChainLevels(const CodecPara
     return out;
 }
 
-// decodeAllInto for a chained file: one level for every chunk, decoded in order.
+// decodeAllInto for a chained file: a level per chunk, constant within each segment between chain
+// starts, each segment decoded in order as its own chain.
 void KvcReader::decodeChainInto(const std::vector<int>& levels, KvSet& out, const Progress& progress) const
 {
+    const AdaptiveSettings s = chainSettings(m_params);
     const int chunks = m_params.numChunks();
-    for (size_t c = 1; c < levels.size(); ++c)
-        if (levels[c] != levels[0])
-            throw Error(where("levels") + ": chunk " + std::to_string(c) + " at level " + std::to_string(levels[c]) +
-                        " after chunk 0 at level " + std::to_string(levels[0]) +
-                        ": the chunks of an adaptive-basis file (transform.adapt_basis) chain at one level, so "
-                        "decode every chunk at one level");
-    const int level = levels[0];
-    std::vector<std::vector<uint8_t>> payloads;
-    for (int c = 0; c < chunks; ++c) payloads.push_back(readChunk(c, level));
-    try {
-        decodeAdaptiveChunks(m_params, payloads, level, chainSettings(m_params), out);
-    } catch (const Cancelled&) {
-        throw;
-    } catch (const Error& e) {
-        throw Error(where(std::string("level ") + std::to_string(level)) + ": " + e.what());
+    auto levelOf = [&](int c) { return levels.size() == 1 ? levels[0] : levels[size_t(c)]; };
+    for (int c = 1; c < chunks; ++c)
+        if (!chainStartsAt(s, c) && levelOf(c) != levelOf(c - 1))
+            throw Error(where("levels") + ": chunk " + std::to_string(c) + " at level " + std::to_string(levelOf(c)) +
+                        " after chunk " + std::to_string(c - 1) + " at level " + std::to_string(levelOf(c - 1)) +
+                        ": the chunks of an adaptive-basis file (transform.adapt_basis) chain at one level" +
+                        (s.resetChunks > 0 ? " between reset points (every " + std::to_string(s.resetChunks) + " chunks)"
+                                           : std::string()) +
+                        ", so change levels only there");
+    std::unique_ptr<AdaptiveChain> chain;
+    for (int c = 0; c < chunks; ++c) {
+        const int level = levelOf(c);
+        if (chainStartsAt(s, c)) chain = std::make_unique<AdaptiveChain>(m_params, level, s, c);
+        const std::vector<uint8_t> payload = readChunk(c, level);
+        try {
+            chain->decodeNext(payload.data(), payload.size(), out);
+        } catch (const Cancelled&) {
+            throw;
+        } catch (const Error& e) {
+            throw Error(where(std::string("level ") + std::to_string(level)) + ": " + e.what());
+        }
+        if (progress && !progress(double(c + 1) / chunks)) throw Cancelled();
     }
-    if (progress && !progress(1.0)) throw Cancelled();
 }
 
-KvcChainDecoder::KvcChainDecoder(const KvcReader& reader, int level) : m_reader(reader), m_level(level)
+KvcChainDecoder::KvcChainDecoder(const KvcReader& reader) : m_reader(reader)
 {
-    const CodecParams& p = reader.params();
-    if (!p.chainsChunks())
+    if (!reader.params().chainsChunks())
         throw Error(reader.name() + ": header: the file's chunks do not chain (no transform.adapt_basis): decode them "
                                     "one by one");
-    if (level < 1 || level > p.numLevels())
-        throw Error(reader.name() + ": level " + std::to_string(level) + ": no such level (file has " +
-                    std::to_string(p.numLevels()) + ")");
+    m_settings = chainSettings(reader.params());
 }
 
-bool KvcChainDecoder::add(int chunk, int level, const uint8_t* data, size_t size, KvSet& out)
+KvcChainDecoder::~KvcChainDecoder() = default;
+
+int KvcChainDecoder::level() const { return m_chain ? m_chain->level() : 0; }
+
+bool KvcChainDecoder::push(int chunk, int level, const uint8_t* data, size_t size, KvSet& out)
 {
     const CodecParams& p = m_reader.params();
     const std::string place = m_reader.name() + ": chunk " + std::to_string(chunk) + " level " + std::to_string(level);
-    if (done() || m_closed) throw Error(place + ": the chain was decoded already (" + std::to_string(next()) + " chunks)");
+    if (done()) throw Error(place + ": the chain decoded its last chunk already (" + std::to_string(m_next) + " chunks)");
     if (!(out.shape() == p.shape) || out.dtype() != p.dtype)
         throw Error(place + ": the cache to decode into is not of the file's shape and dtype");
-    if (level != m_level)
-        throw Error(place + ": this chain decodes level " + std::to_string(m_level) +
-                    "; an adaptive-basis file's chunks chain at one level (transform.adapt_basis)");
-    if (chunk != next()) throw Error(place + ": " + chainedChunkReason(chunk, level) + " (expected chunk " + std::to_string(next()) + ")");
+    if (level < 1 || level > p.numLevels())
+        throw Error(place + ": no such level (file has " + std::to_string(p.numLevels()) + ")");
+    if (chunk != m_next) throw Error(place + ": " + chainedChunkReason(p, chunk, level) + " (expected chunk " + std::to_string(m_next) + ")");
+    const bool starts = chainStartsAt(m_settings, chunk);
+    if (!starts && level != m_chain->level())
+        throw Error(place + ": this chain decodes level " + std::to_string(m_chain->level()) +
+                    "; an adaptive-basis file's chunks chain at one level (transform.adapt_basis)" +
+                    (m_settings.resetChunks > 0 ? ", which may change at reset points (every " +
+                                                      std::to_string(m_settings.resetChunks) + " chunks)"
+                                                : std::string()));
     if (size != m_reader.chunkBytes(chunk, level))
         throw Error(place + ": payload of " + std::to_string(size) + " bytes, the index says " +
                     std::to_string(m_reader.chunkBytes(chunk, level)));
     if (crc32(data, size) != m_reader.chunkCrc(chunk, level)) throw Error(place + ": CRC mismatch (corrupt chunk)");
-    m_payloads.emplace_back(data, data + size);
-    if (!done()) return false;
+    if (starts) m_chain = std::make_unique<AdaptiveChain>(p, level, m_settings, chunk);
     try {
-        decodeAdaptiveChunks(p, m_payloads, m_level, chainSettings(p), out);
+        m_chain->decodeNext(data, size, out);
     } catch (const Error& e) {
-        throw Error(m_reader.name() + ": level " + std::to_string(m_level) + ": " + e.what());
+        m_chain.reset();
+        m_next = nextChainStart(m_settings, chunk, p.numChunks());
+        throw Error(m_reader.name() + ": level " + std::to_string(level) + ": " + e.what());
     }
-    return true;
+    ++m_next;
+    return done();
 }
 
-void KvcChainDecoder::decodeHeld(KvSet& out)
+int KvcChainDecoder::giveUp(int chunk)
 {
-    if (done() || m_closed) return;
-    m_closed = true;
-    if (m_payloads.empty()) return;
-    const CodecParams& p = m_reader.params();
-    if (!(out.shape() == p.shape) || out.dtype() != p.dtype)
-        throw Error(m_reader.name() + ": level " + std::to_string(m_level) + ": the cache to decode into is not of the file's shape and dtype");
-    // transform_adapt.h decodes whole levels only: the chunks not held go in empty, and the chain
-    // stops at the first of them (chunk next()) with the ones before it decoded.
-    std::vector<std::vector<uint8_t>> all = m_payloads;
-    all.resize(size_t(p.numChunks()));
-    const std::string stop = "chunk " + std::to_string(next()) + ":";
-    try {
-        decodeAdaptiveChunks(p, all, m_level, chainSettings(p), out);
-    } catch (const Error& e) {
-        if (std::string(e.what()).rfind(stop, 0) != 0)
-            throw Error(m_reader.name() + ": level " + std::to_string(m_level) + ": " + e.what());
-        return;
-    }
-    KVSCOPE_ASSERT(false && "the chain decoded a chunk it was not given");
+    const int chunks = m_reader.params().numChunks();
+    KVSCOPE_ASSERT(chunk >= 0 && chunk < chunks);
+    if (chunk < m_next) return m_next;
+    m_chain.reset();
+    m_next = nextChainStart(m_settings, chunk, chunks);
+    return m_next;
 }
 
 }  // namespace kvscope

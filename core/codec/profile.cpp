@@ -327,6 +327,9 @@ void parseTransformJson(const json& t, CodecProfile& p, const std::string& src)
         if (!(s.adaptPriorTokens > 0 && s.adaptPriorTokens <= 1e7))
             throw inputError(src, "transform.adapt_basis.prior_tokens", "is outside (0, 1e7]");
         if (s.adaptSweeps < 1 || s.adaptSweeps > 50) throw inputError(src, "transform.adapt_basis.sweeps", "is outside 1..50");
+        s.adaptResetChunks = getInt(a, "reset_chunks", 0, src);
+        if (s.adaptResetChunks < 0 || s.adaptResetChunks > kMaxAdaptResetChunks)
+            throw inputError(src, "transform.adapt_basis.reset_chunks", "is outside 0.." + std::to_string(kMaxAdaptResetChunks));
     }
     s.layerGroup = getInt(t, "layer_group", 1, src);
     p.transformDefaultLevel = getInt(t, "default_level", 1, src);
@@ -480,7 +483,10 @@ std::string profileToJson(const CodecProfile& p)
         }
         if (s.rdoLambda != 0) t["rdo_lambda"] = s.rdoLambda;
         if (s.adaptMean) t["adapt_mean"] = true;
-        if (s.adaptPriorTokens > 0) t["adapt_basis"] = {{"prior_tokens", s.adaptPriorTokens}, {"sweeps", s.adaptSweeps}};
+        if (s.adaptPriorTokens > 0) {
+            t["adapt_basis"] = {{"prior_tokens", s.adaptPriorTokens}, {"sweeps", s.adaptSweeps}};
+            if (s.adaptResetChunks > 0) t["adapt_basis"]["reset_chunks"] = s.adaptResetChunks;
+        }
         if (s.layerGroup != 1) t["layer_group"] = s.layerGroup;
         t["default_level"] = p.transformDefaultLevel;
         json tl = json::array();

@@ -132,6 +132,9 @@ const char* weightingName(TransformWeighting w);     // "mse" | "attention"
 const char* allocationName(TransformAllocation a);   // "uniform" | "waterfill"
 const char* entropyName(TransformEntropy e);         // "fixed" | "rans" | "rans32"
 
+// The largest "adapt_basis" reset_chunks a profile or a .kvc may give (chunks are >= 16 tokens).
+constexpr int kMaxAdaptResetChunks = 1 << 20;
+
 // The switches of the transform codec ("transform" object of a profile).
 struct TransformSettings {
     bool ropeUndo = true;
@@ -164,6 +167,9 @@ struct TransformSettings {
     // refuses it. A .kvc carries both in its model (version 3). operator== ignores these.
     double adaptPriorTokens = 0;
     int adaptSweeps = 3;
+    // Reset points: chunks n % G == 0 restart the chain from the calibrated model (0: never). A
+    // .kvc with G > 0 carries it in its model (version 4).
+    int adaptResetChunks = 0;  // 0..kMaxAdaptResetChunks
     bool operator==(const TransformSettings& o) const;
 };
 

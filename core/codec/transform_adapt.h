@@ -1,10 +1,11 @@
 // A backward-adaptive basis for the transform codec (issue 30): chunk n of a (kind, layer) block
 // is coded in the eigenbasis of a covariance that the decoder can compute itself, from the
-// symbols of chunks 0..n-1 and the calibrated model, so no basis travels. The building blocks
-// only, and a chain coder over them (encodeAdaptiveChunks, decodeAdaptiveChunks) that reuses the
-// chunk payloads of FORMAT.md unchanged. The profile option `"adapt_basis"` turns it on: eval
-// codes the cache as one chain, and `.kvc` files of format 2.3 hold one chain per level
-// (container_chain.h; docs/transform.md, "Chained .kvc files").
+// symbols of chunks 0..n-1 and the calibrated model, so no basis travels. The building blocks,
+// a stepwise chain coder over them (AdaptiveChain) and whole-level ones (encodeAdaptiveChunks,
+// decodeAdaptiveChunks) that reuse the chunk payloads of FORMAT.md unchanged. The profile option
+// `"adapt_basis"` turns it on: eval codes the cache as one chain, and `.kvc` files of format 2.3
+// hold one chain per level and segment between reset points (container_chain.h;
+// docs/transform.md, "Chained .kvc files" and "Reset points and a stepwise chain").
 //
 // READ ME FIRST: what makes the chain decodable.
 // - Everything is in the calibrated model's component coordinates z (transform.h READ ME FIRST,
@@ -30,12 +31,15 @@
 //   decoder's time.
 // - The chain depends on the level of every earlier chunk (the symbols it accumulated), so a
 //   stream whose chunks switch levels needs every earlier chunk at the level the encoder used.
+//   Reset points ("reset_chunks": G) bound that: chunk n with n % G == 0 starts the chain afresh
+//   (the calibrated model, as chunk 0), so it decodes alone and the level may change there.
 #pragma once
 
 #include "codec/chunk_codec.h"
 #include "codec/transform.h"
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace kvscope {
@@ -92,13 +96,54 @@ constexpr double kAdaptiveMinCorrelation = 1e-4;
 struct AdaptiveSettings {
     double priorTokens = 2000;  // P
     int sweeps = 3;             // Jacobi sweeps per block and chunk
+    int resetChunks = 0;        // G: chunks n % G == 0 restart the chain (0: only chunk 0 starts it)
 };
 
-// p: a transform codec whose model prepareTransform set. Throws kvscope::Error for what the chain
-// does not support: entropy "fixed", token importance, layer groups.
+// The chain's settings of a chained cache (p.chainsChunks()): the profile's or the file's.
+AdaptiveSettings chainSettings(const CodecParams& p);
+
+// True when chunk `chunk` starts a chain: chunk 0, or a multiple of s.resetChunks.
+inline bool chainStartsAt(const AdaptiveSettings& s, int chunk)
+{
+    return chunk == 0 || (s.resetChunks > 0 && chunk % s.resetChunks == 0);
+}
+// The first chunk after `chunk` that starts a chain (numChunks when none does).
+int nextChainStart(const AdaptiveSettings& s, int chunk, int numChunks);
+
+// One level's chain, stepwise: chunk next() is coded or decoded with the model the chunks before
+// it (since the last chain start) derive, then the state advances with its symbols. At a chain
+// start (chainStartsAt) the state restarts from the calibrated model by itself. One chain per
+// level; not thread-safe (the chunk coders inside it run OpenMP over blocks).
+class AdaptiveChain {
+public:
+    // Starts at chunk `first`, which must start a chain (chainStartsAt). p: a transform codec whose
+    // model prepareTransform set. Throws kvscope::Error for what the chain does not support
+    // (entropy "fixed", token importance, layer groups), a level outside the model's, or `first`.
+    AdaptiveChain(const CodecParams& p, int level, const AdaptiveSettings& s, int first = 0);
+    ~AdaptiveChain();
+    AdaptiveChain(AdaptiveChain&&) noexcept;
+    AdaptiveChain& operator=(AdaptiveChain&&) noexcept;
+
+    int level() const;
+    int next() const;  // the chunk the chain codes next; numChunks after the last
+
+    // Codes chunk next() of kv (the payload of FORMAT.md "Chunk payloads (transform)") and advances.
+    std::vector<uint8_t> encodeNext(const KvSet& kv);
+    // Decodes chunk next() from its payload into its tokens of out (p.shape) and advances. Throws
+    // kvscope::Error "chunk N: reason" on a damaged payload; the chain is then unusable until a
+    // new one starts (the state may hold part of the chunk).
+    void decodeNext(const uint8_t* data, size_t size, KvSet& out);
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> m;
+};
+
+// Every chunk of one level, through AdaptiveChain from chunk 0 (chains restart at s's reset
+// points). Throws kvscope::Error as AdaptiveChain.
 std::vector<std::vector<uint8_t>> encodeAdaptiveChunks(const CodecParams& p, const KvSet& kv, int level,
                                                        const AdaptiveSettings& s);
-// Decodes every chunk, in order (chunk n needs chunks 0..n-1 at the same level), into out
+// Decodes every chunk, in order (chunk n needs the chunks since its chain's start at the same level), into out
 // (p.shape, zero-filled or not). Throws kvscope::Error naming the chunk on a damaged payload.
 void decodeAdaptiveChunks(const CodecParams& p, const std::vector<std::vector<uint8_t>>& chunks, int level,
                           const AdaptiveSettings& s, KvSet& out);

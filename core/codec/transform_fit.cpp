@@ -588,6 +588,7 @@ void prepareTransform(CodecParams& p, const KvSet& kv, const std::string& source
         m.settings.adaptMean = s.adaptMean;
         m.settings.adaptPriorTokens = s.adaptPriorTokens;  // the chain's, written with the model into a .kvc
         m.settings.adaptSweeps = s.adaptSweeps;
+        m.settings.adaptResetChunks = s.adaptResetChunks;
         if (m.numLevels() != int(pr.transformLevels.size()))
             throw inputError(source, "transform.levels", "the calibrated model has " + std::to_string(m.numLevels()) +
                                                              " levels, the profile lists " + std::to_string(pr.transformLevels.size()) +

@@ -23,6 +23,9 @@ constexpr uint16_t kModelVersionImportance = 2;
 // when the chunks chain through a backward-adaptive basis (transform_adapt.h), which a decoder
 // must then run; never with token importance (the chain refuses it).
 constexpr uint16_t kModelVersionAdaptive = 3;
+// Version 4 is version 3 plus, after sweeps: u32 reset_chunks (1..2^20), the chain restarting at
+// every multiple of it. Written only when reset_chunks > 0, so chains without resets stay version 3.
+constexpr uint16_t kModelVersionAdaptiveResets = 4;
 
 struct Writer {
     std::vector<uint8_t>& b;
@@ -73,11 +76,14 @@ void serializeTransformModel(const TransformModel& m, std::vector<uint8_t>& out)
     const TransformSettings& s = m.settings;
     const bool chained = s.adaptPriorTokens > 0;
     if (chained && s.tokenImportance) throw Error("transform.adapt_basis: token_importance is not supported with it");
-    w.u16(chained ? kModelVersionAdaptive : s.tokenImportance ? kModelVersionImportance : kModelVersion);
+    const bool resets = chained && s.adaptResetChunks > 0;
+    w.u16(resets ? kModelVersionAdaptiveResets : chained ? kModelVersionAdaptive
+                   : s.tokenImportance ? kModelVersionImportance : kModelVersion);
     w.u8(s.ropeUndo), w.u8(uint8_t(s.basis)), w.u8(s.acrossHeads), w.u8(uint8_t(s.weighting));
     w.u8(uint8_t(s.allocation)), w.u8(uint8_t(s.entropy));
     w.u32(uint32_t(s.sinkTokens)), w.u32(uint32_t(s.recentTokens));
     if (chained) w.f64(s.adaptPriorTokens), w.u32(uint32_t(s.adaptSweeps));
+    if (resets) w.u32(uint32_t(s.adaptResetChunks));
     if (s.tokenImportance) w.u8(1), w.f32(float(s.importanceQuantile)), w.f32(float(s.importancePower));
     w.u32(uint32_t(m.numLayers)), w.u32(uint32_t(m.heads)), w.u32(uint32_t(m.headDim));
     w.u32(uint32_t(m.numLevels()));
@@ -128,8 +134,8 @@ TransformModel parseTransformModel(const uint8_t* data, size_t size, const KvSha
     Reader r{data, data + size, where};
     if (std::memcmp(r.take(4, "magic"), kModelMagic, 4) != 0) throw Error(where + ": not a transform model (bad magic)");
     const uint16_t version = r.u16("version");
-    if (version != kModelVersion && version != kModelVersionImportance && version != kModelVersionAdaptive)
-        throw Error(where + ": transform model version " + std::to_string(version) + " is not supported (this build reads 1..3)");
+    if (version < kModelVersion || version > kModelVersionAdaptiveResets)
+        throw Error(where + ": transform model version " + std::to_string(version) + " is not supported (this build reads 1..4)");
     TransformModel m;
     TransformSettings& s = m.settings;
     const uint8_t rope = r.u8("settings"), basis = r.u8("settings"), across = r.u8("settings"),
@@ -141,12 +147,19 @@ TransformModel parseTransformModel(const uint8_t* data, size_t size, const KvSha
     const uint32_t sink = r.u32("sink_tokens"), recent = r.u32("recent_tokens");
     if (sink > 4096 || recent > 65536) throw Error(where + ": sink_tokens or recent_tokens out of range");
     s.sinkTokens = int(sink), s.recentTokens = int(recent);
-    if (version == kModelVersionAdaptive) {
+    if (version == kModelVersionAdaptive || version == kModelVersionAdaptiveResets) {
         s.adaptPriorTokens = r.f64("adapt_basis prior_tokens");
         const uint32_t sweeps = r.u32("adapt_basis sweeps");
         if (!(s.adaptPriorTokens > 0 && s.adaptPriorTokens <= 1e7) || sweeps < 1 || sweeps > 50)
             throw Error(where + ": adapt_basis prior_tokens or sweeps out of range (0..1e7, 1..50)");
         s.adaptSweeps = int(sweeps);
+    }
+    if (version == kModelVersionAdaptiveResets) {
+        const uint32_t g = r.u32("adapt_basis reset_chunks");
+        if (g < 1 || g > uint32_t(kMaxAdaptResetChunks))
+            throw Error(where + ": adapt_basis reset_chunks " + std::to_string(g) + " out of range (1.." +
+                        std::to_string(kMaxAdaptResetChunks) + ")");
+        s.adaptResetChunks = int(g);
     }
     if (version == kModelVersionImportance) {
         if (r.u8("token_importance") != 1) throw Error(where + ": token_importance must be 1 in a version-2 model");

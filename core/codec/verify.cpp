@@ -3,44 +3,28 @@
 #include "codec/container_chain.h"
 
 #include <algorithm>
-#include <cstdlib>
 
 namespace kvscope {
 
 namespace {
 
 // A chained file (container_chain.h), level by level in chunk order: every payload's CRC, and
-// the level decoded as its chain up to the first damaged chunk (the chunks before it decode as a
-// prefix; those after it are checked by CRC only). The damage is recorded at the chunk the
-// reader names: a chain decodes when its last chunk is added, so a decode failure names its own.
+// every chunk decoded through the level's chain as it is pushed; after a damaged chunk the rest of
+// its segment is checked by CRC only, and the chain resumes at the next reset point.
 void verifyChains(const KvcReader& reader, KvSet& scratch, KvcVerifyReport& r, const Progress& progress)
 {
     const int total = r.chunks * r.levels;
     for (int l = 1; l <= r.levels; ++l) {
-        KvcChainDecoder chain(reader, l);
-        bool broken = false;
-        auto record = [&](const Error& e, int c) {
-            const std::string msg = e.what();
-            const size_t at = msg.find(": chunk ", reader.name().size());
-            const int named = at == std::string::npos ? c : std::atoi(msg.c_str() + at + 8);
-            r.damaged.push_back({named >= 0 && named <= c ? named : c, l, msg});
-            broken = true;
-        };
+        KvcChainDecoder chain(reader);
         for (int c = 0; c < r.chunks; ++c) {
             try {
                 const std::vector<uint8_t> b = reader.readChunk(c, l);
-                if (!broken) chain.add(c, l, b.data(), b.size(), scratch);
+                if (c == chain.next()) chain.push(c, l, b.data(), b.size(), scratch);
             } catch (const Cancelled&) {
                 throw;
             } catch (const Error& e) {
-                if (!broken) {
-                    try {
-                        chain.decodeHeld(scratch);
-                    } catch (const Error& held) {
-                        record(held, c);
-                    }
-                }
-                record(e, c);
+                r.damaged.push_back({c, l, e.what()});
+                chain.giveUp(c);
             }
             ++r.checked;
             if (progress && !progress(double(r.checked) / total)) throw Cancelled();

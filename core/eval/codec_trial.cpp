@@ -80,7 +80,7 @@ CodecTrial runCodecTrial(const KvSet& kv, const CodecParams& paramsIn, int level
     }
     std::vector<std::vector<uint8_t>> payloads;
     const bool adaptive = params.codec == CodecId::Transform && params.profile.transform.adaptPriorTokens > 0;
-    const AdaptiveSettings as{params.profile.transform.adaptPriorTokens, params.profile.transform.adaptSweeps};
+    const AdaptiveSettings as = adaptive ? chainSettings(params) : AdaptiveSettings{};
     if (adaptive) {
         payloads = encodeAdaptiveChunks(params, kv, level, as);
         for (const auto& pl : payloads) t.bytes += pl.size();

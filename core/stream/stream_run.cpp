@@ -24,6 +24,9 @@ constexpr double kPriorDiscount = 1.0;
 
 constexpr double kProgressSeconds = 0.1;  // a reply read this long gives its rate so far to the planner
 constexpr double kJitReplies = 5;        // just-in-time requests where a reply takes 5x the guard or more
+// What the planner is told a level costs that a chained file's segment cannot take (another level
+// than the one its first fetch set): no plan with it can meet any deadline.
+constexpr double kUnaffordableBytes = 1e18;
 
 double agreement(const std::vector<int32_t>& ref, const std::vector<int32_t>& got)
 {
@@ -45,10 +48,10 @@ const KvcReader& StreamRun::chooseReader(const Streamer& streamer, const Policy&
     const int levels = reader.params().numLevels();
     if (policy.kind == Policy::Level && policy.level > levels)
         throw Error("--policy " + policy.name() + ": the file has " + std::to_string(levels) + " levels");
-    if (policy.kind == Policy::Adaptive && reader.params().chainsChunks())
-        throw Error("--policy adaptive: " + reader.name() + " codes its chunks with an adaptive basis (transform.adapt_basis): "
-                    "chunk n decodes only after chunks 0..n-1 at its level, so the planner cannot switch levels; "
-                    "stream it with --policy level:N or text");
+    if (policy.kind == Policy::Adaptive && reader.params().chainsChunks() && reader.params().profile.transform.adaptResetChunks == 0)
+        throw Error("--policy adaptive: " + reader.name() + " codes its chunks with an adaptive basis (transform.adapt_basis) "
+                    "without reset points: chunk n decodes only after chunks 0..n-1 at its level, so the planner cannot "
+                    "switch levels; stream it with --policy level:N or text, or encode it with adapt_basis.reset_chunks");
     return reader;
 }
 
@@ -62,7 +65,7 @@ StreamRun::StreamRun(Streamer& streamer, const StreamOptions& options, LinkPacer
       m_modelledDecodeBytesPerToken(m_hw.kvBytesPerToken > 0 ? m_hw.kvBytesPerToken : double(m_fp16BytesPerToken)),
       m_adaptive(m_policy.kind == Policy::Adaptive),
       m_chained(m_params.chainsChunks()),
-      m_chain(m_chained && m_policy.kind == Policy::Level ? std::make_unique<KvcChainDecoder>(m_reader, m_policy.level) : nullptr),
+      m_chain(m_chained && (m_policy.kind == Policy::Level || m_adaptive) ? std::make_unique<KvcChainDecoder>(m_reader) : nullptr),
       m_deferJobs(m_hw.decodeGBps > 0 && m_hw.prefillTokensPerSecond > 0),
       m_prior(streamer.m_priorThroughput * kPriorDiscount),
       m_tailPrefill(m_modelPrefill ? modelledPassSeconds(m_hw, int(m_question.size())) : streamer.m_prefillSeconds),
@@ -80,6 +83,11 @@ StreamRun::StreamRun(Streamer& streamer, const StreamOptions& options, LinkPacer
     m_res.policy = m_policy.name();
     m_res.sloSeconds = m_opt.sloSeconds;
     m_res.chunks.resize(size_t(m_chunks));
+    if (m_chained) {
+        m_resetChunks = m_params.profile.transform.adaptResetChunks;
+        m_chainBrokenAt.assign(size_t(segmentOf(m_chunks - 1) + 1), std::numeric_limits<int>::max());
+        m_segmentLevel.assign(m_chainBrokenAt.size(), 0);
+    }
     m_assembled.tokens = m_tokens;
     for (int i = 0; i < m_chunks; ++i) {
         m_todo.push_back(m_adaptive ? m_chunks - 1 - i : i);
@@ -132,7 +140,11 @@ double StreamRun::wireBytes(int i, int level) const
 int StreamRun::textableCount() const
 {
     int c = 0;
-    for (auto it = m_todo.rbegin(); it != m_todo.rend() && *it == m_textFront + c; ++it) ++c;
+    for (auto it = m_todo.rbegin(); it != m_todo.rend() && *it == m_textFront + c; ++it) {
+        // A chained file's segment with a fetch committed: its later chunks need this one decoded.
+        if (m_chained && m_segmentLevel[size_t(segmentOf(*it))] > 0) break;
+        ++c;
+    }
     return c;
 }
 
@@ -191,7 +203,8 @@ StreamRun::AdaptivePlan StreamRun::planAdaptive(double now)
         PlanChunk pc;
         pc.tokens = m_params.chunkLength(k);
         pc.weight = k == m_chunks - 1 ? m_opt.lastChunkWeight : 1.0;
-        for (int c = 0; c <= m_levels; ++c) pc.bytes.push_back(wireBytes(k, c));
+        const int pinned = m_chained ? m_segmentLevel[size_t(segmentOf(k))] : 0;
+        for (int c = 0; c <= m_levels; ++c) pc.bytes.push_back(pinned > 0 && c > 0 && c != pinned ? kUnaffordableBytes : wireBytes(k, c));
         in.chunks.push_back(pc);
     }
     in.textable = textable;
@@ -281,7 +294,7 @@ StreamRun::Step StreamRun::fixedStep(int window, int& level)
     case Policy::Level: level = m_policy.level; break;
     case Policy::Adaptive: break;
     }
-    if (m_chainBroken) level = 0;
+    if (chainBroken(m_todo.front())) level = 0;
     if (level == 0) {
         commitText(m_todo.front());
         m_todo.pop_front();
@@ -296,6 +309,12 @@ StreamRun::Step StreamRun::fixedStep(int window, int& level)
 // fetch m_todo.front() at level (Send).
 StreamRun::Step StreamRun::adaptiveStep(int window, double& wakeAt, int& level)
 {
+    if (chainBroken(m_todo.front())) {  // its chain broke at an earlier chunk of its segment: no use fetching it
+        commitText(m_todo.front());
+        m_todo.pop_front();
+        submitReady();
+        return Step::Next;
+    }
     ChunkEvent& ev = m_res.chunks[size_t(m_todo.front())];
     const double now = monoSeconds();
     const AdaptivePlan ap = planAdaptive(now);
@@ -338,6 +357,11 @@ StreamRun::Step StreamRun::adaptiveStep(int window, double& wakeAt, int& level)
         }
     }
     level = std::max(1, pr.choice);
+    if (m_chained) {  // one level per segment of a chained file
+        int& pinned = m_segmentLevel[size_t(segmentOf(m_todo.front()))];
+        if (pinned == 0) pinned = level;
+        level = pinned;
+    }
     ev.throughputEstimate = thr;
     ev.predictedTtftS = pr.predictedTtft;
     return Step::Send;
@@ -444,7 +468,7 @@ void StreamRun::readFront(double wakeAt)
             tokens = localTokens(f.chunk);
         }
         m_jobs[size_t(f.chunk)] = recomputeJob(f.chunk, std::move(tokens));
-    } else if (m_chainBroken) {
+    } else if (chainBroken(f.chunk)) {
         note(f.chunk, "its chain broke at an earlier chunk");
         giveUp(f.chunk);
         submitReady();

@@ -69,6 +69,7 @@ private:
     void giveUp(int i);
     bool giveUpIfSpent(int i);
     void commitText(int i);
+    void breakChain(int i);
     double textLead(int i) const;
     double workerFreeAt(double now);
 
@@ -113,12 +114,21 @@ private:
     // (m_todo.front() is the next fetch) and recomputes text from chunk 0 forwards (m_todo.back(),
     // while it is m_textFront): see planner.h.
     const bool m_adaptive;
-    // A file whose chunks chain (container_chain.h, fixed levels only): its decodes are handed to the
-    // worker in chunk order, into m_chain, and once a chunk is given up the chain is broken: every
-    // later chunk is recomputed from text (a fetched one too).
+    // A file whose chunks chain (container_chain.h): its decodes are handed to the worker in chunk
+    // order, into m_chain, which decodes each as it comes; once a chunk is given up or recomputed
+    // from text the chain is broken up to the next reset point: the later chunks of its segment
+    // are recomputed from text (a fetched one too), and the chain resumes at the next segment.
+    // Adaptive streams only files with reset points, one level per segment: the first fetch of a
+    // segment (its last chunk: fetches go backwards) sets it, the planner sees the other levels of
+    // that segment's chunks as unaffordable, and its chunks are no longer textable (the text
+    // split stays out of a segment once a fetch of it is committed).
     const bool m_chained;
     std::unique_ptr<KvcChainDecoder> m_chain;
-    bool m_chainBroken = false;
+    int m_resetChunks = 0;              // the file's reset_chunks (0: one segment)
+    std::vector<int> m_chainBrokenAt;   // per segment: the first chunk given up (INT_MAX: none)
+    std::vector<int> m_segmentLevel;    // per segment: the level its fetches use (0: none yet)
+    int segmentOf(int i) const { return m_resetChunks > 0 ? i / m_resetChunks : 0; }
+    bool chainBroken(int i) const { return m_chained && m_chainBrokenAt[size_t(segmentOf(i))] < i; }
     // When decode and recompute are both modelled, their real runs on this CPU only build the
     // cache (their durations are replayed from the model after the run), so the worker is held
     // until the last reply has arrived: the real jobs then cannot slow this machine's transfer,

@@ -57,7 +57,7 @@ std::function<void()> StreamRun::decodeJob(int i, int level, std::vector<uint8_t
     return [this, i, level, payload = std::move(payload)]() {
         ChunkEvent& ev = m_res.chunks[size_t(i)];
         const double s = monoSeconds();
-        if (m_chain) m_chain->add(i, level, payload.data(), payload.size(), m_assembled);  // the whole level at its last chunk
+        if (m_chain) m_chain->push(i, level, payload.data(), payload.size(), m_assembled);  // decoded now, in chunk order
         else m_reader.decodePayloadInto(i, level, payload.data(), payload.size(), m_assembled);
         const double e = monoSeconds();
         ev.jobStartS = since(s);
@@ -73,7 +73,7 @@ std::function<void()> StreamRun::recomputeJob(int i, std::vector<int32_t> tokens
         ChunkEvent& ev = m_res.chunks[size_t(i)];
         const double s = monoSeconds();
         const int start = m_params.chunkStart(i), n = m_params.chunkLength(i);
-        if (m_chain) m_chain->decodeHeld(m_assembled);  // the chain broke here: the chunks before it decode now
+        if (m_chain) m_chain->giveUp(i);  // its chain cannot reach the chunks after it in its segment
         if (!m_sessionValid || m_recomputeSession->position() != start) {
             if (start == 0) {
                 m_recomputeSession->truncate(0);
@@ -155,25 +155,36 @@ void StreamRun::giveUp(int i)
     ev.bytes = 0;
     ev.sentS = ev.firstByteS = ev.arrivedS = since(monoSeconds());
     logLine("chunk " + std::to_string(i) + ": recomputed from local tokens");
-    if (m_chained && !m_chainBroken) {
-        m_chainBroken = true;
-        logLine("chunk " + std::to_string(i) + ": the adaptive-basis chain stops here; later chunks are recomputed from text");
-        // Fetched but not handed over (they wait for an earlier chunk): their chain no longer reaches them.
-        for (int k = m_prefixSubmitted; k < m_chunks; ++k)
-            if (k != i && m_ready[size_t(k)] && !m_submitted[size_t(k)] && m_res.chunks[size_t(k)].level > 0) {
-                note(k, "its chain broke at chunk " + std::to_string(i));
-                giveUp(k);
-            }
-    }
+    breakChain(i);
     m_jobs[size_t(i)] = recomputeJob(i, localTokens(i));
     m_jobPredicted[size_t(i)] = jobCost(i, 0);
     m_ready[size_t(i)] = 1;
+}
+
+// Chunk i of a chained file is recomputed, not decoded: the later chunks of its segment cannot
+// decode. Those fetched but not handed over (they wait for an earlier chunk) are given up now,
+// those still to come when they arrive (chainBroken).
+void StreamRun::breakChain(int i)
+{
+    if (!m_chained || m_chainBrokenAt[size_t(segmentOf(i))] <= i) return;
+    m_chainBrokenAt[size_t(segmentOf(i))] = i;
+    bool fetchedAfter = false;
+    for (int k = i + 1; k < m_chunks && segmentOf(k) == segmentOf(i); ++k) fetchedAfter |= m_res.chunks[size_t(k)].level > 0;
+    if (m_policy.kind != Policy::Level && !fetchedAfter) return;
+    logLine("chunk " + std::to_string(i) + ": the adaptive-basis chain stops here; the later chunks of its segment are "
+                                           "recomputed from text");
+    for (int k = std::max(m_prefixSubmitted, i + 1); k < m_chunks && segmentOf(k) == segmentOf(i); ++k)
+        if (m_ready[size_t(k)] && !m_submitted[size_t(k)] && m_res.chunks[size_t(k)].level > 0) {
+            note(k, "its chain broke at chunk " + std::to_string(i));
+            giveUp(k);
+        }
 }
 
 // Text recompute costs no request (the client holds the context's tokens: it named the context
 // by them), only the worker's time.
 void StreamRun::commitText(int i)
 {
+    if (m_chain) breakChain(i);
     ChunkEvent& ev = m_res.chunks[size_t(i)];
     ev.level = 0;
     ev.sentS = ev.firstByteS = ev.arrivedS = since(monoSeconds());
