@@ -105,6 +105,9 @@ def ladder_note(out):
         if n.startswith("variant-") and n.endswith(".txt"):
             label = "transform, " + n[len("variant-"):-len(".txt")].replace("_", " ")
             notes += f" `{label}`: " + " ".join(open(os.path.join(out, n)).read().split())
+        elif n.startswith("note-") and n.endswith(".txt"):
+            # A row family measured later than the page's date says when and with what (note-<family>.txt).
+            notes += " " + " ".join(open(os.path.join(out, n)).read().split())
     path = os.path.join(out, "ladder.txt")
     if os.path.exists(path):
         return " ".join(open(path).read().split()) + notes
