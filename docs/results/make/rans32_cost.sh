@@ -8,10 +8,15 @@
 #   docs/results/make/rans32_cost.sh
 #   PROFILE=default     the transform profile ("default": the model's calibrated default profile,
 #                       as transform_speed.sh finds or makes it), its "entropy" switched in copies
+#   GENRES="code inventory meetings narrative"   held-out genre suites (samples/suites/<genre>.json):
+#                       the first item's context of each is captured and encoded both ways, and
+#                       the page lists its bits per value at every level (what switching the
+#                       shipped ladder would add to the held-out tables' bits columns)
 #   MODEL=, REUSE=1, CLI=, WORK=   see common.sh
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 PROFILE="${PROFILE:-default}"
+GENRES="${GENRES-code inventory meetings narrative}"
 start_on_long_4k
 
 if [ "$PROFILE" = default ]; then
@@ -33,11 +38,29 @@ PY
       --out "$WORK/rans32_cost_$entropy.kvc" --json > "$WORK/rans32_cost_encode_$entropy.json"
 done
 
+for genre in $GENRES; do
+  suite="samples/suites/$genre.json"
+  [ -s "$suite" ] || die "$suite: no such suite"
+  python3 -c 'import json, sys; sys.stdout.write(json.load(open(sys.argv[1]))["items"][0]["context"])' "$suite" \
+      > "$WORK/rans32_cost_$genre.txt"
+  if [ "${REUSE:-0}" = 1 ] && [ -s "$WORK/rans32_cost_$genre.h5" ]; then say "reusing the $genre capture"
+  else
+    say "capture of $genre item 0"
+    "$CLI" capture --model "$MODEL" --context "$WORK/rans32_cost_$genre.txt" --out "$WORK/rans32_cost_$genre.h5" \
+        --threads 1 --json > "$WORK/rans32_cost_capture_$genre.json"
+  fi
+  for entropy in rans rans32; do
+    "$CLI" encode "$WORK/rans32_cost_$genre.h5" --codec transform --profile "$WORK/rans32_cost_$entropy.json" \
+        --out "$WORK/rans32_cost_${genre}_$entropy.kvc" --json > "$WORK/rans32_cost_encode_${genre}_$entropy.json"
+  done
+done
+
 {
   results_header "What the 32-state entropy stage costs the transform codec in bytes" docs/results/make/rans32_cost.sh
-  python3 - "$CONTEXT" "$PROFILE" "$WORK/rans32_cost_rans.kvc" "$WORK/rans32_cost_rans32.kvc" <<'PY'
-import math, os, struct, sys
-context, profile, path_a, path_b = sys.argv[1:5]
+  python3 - "$CONTEXT" "$PROFILE" "$WORK/rans32_cost_rans.kvc" "$WORK/rans32_cost_rans32.kvc" "$WORK" $GENRES <<'PY'
+import json, math, os, struct, sys
+context, profile, path_a, path_b, work = sys.argv[1:6]
+genres = sys.argv[6:]
 
 def streams(path):
     """Every block stream of every chunk payload, per level (FORMAT.md: header, chunk index,
@@ -87,5 +110,23 @@ for lv in sorted(a):
     body = ((ta - 16 * len(sa)) - (tb - 128 * n)) / n
     print("| %d | %d | %d | %d | %+.2f%% | %+.1f B | 16 / 128 | %.1f / %.1f B | %.1f B |"
           % (lv, n, ta, tb, 100.0 * (tb - ta) / ta, (tb - ta) / n, ia, ib, body))
+if genres:
+    print()
+    print("## Held-out genres")
+    print()
+    print("The first item's context of each held-out genre suite (`samples/suites/<genre>.json`), captured "
+          "with the default model and encoded with both copies of the profile at every level: bits per "
+          "value as `kvscope-cli encode` reports them (chunk payloads), `rans` -> `rans32`.")
+    print()
+    print("| genre | tokens | " + " | ".join("level %d" % lv for lv in sorted(a)) + " |")
+    print("|---|---|" + "---|" * len(a))
+    for g in genres:
+        cap = json.load(open(os.path.join(work, "rans32_cost_capture_%s.json" % g)))
+        ea = json.load(open(os.path.join(work, "rans32_cost_encode_%s_rans.json" % g)))
+        eb = json.load(open(os.path.join(work, "rans32_cost_encode_%s_rans32.json" % g)))
+        la = {l["level"]: l["bits_per_value"] for l in ea["levels"]}
+        lb = {l["level"]: l["bits_per_value"] for l in eb["levels"]}
+        print("| %s | %d | %s |" % (g, cap["num_tokens"], " | ".join(
+            "%.4f -> %.4f (%+.2f%%)" % (la[lv], lb[lv], 100.0 * (lb[lv] - la[lv]) / la[lv]) for lv in sorted(la))))
 PY
 } | results_write rans32_cost.md
