@@ -105,8 +105,9 @@ void inverseTiles(const InverseJob& j, EscapeReader& escapes, KvSet& out)
         for (int h = 0; h < H; ++h)
             dst[size_t(h)] = reinterpret_cast<uint16_t*>(out.data(j.kind, j.layer * j.G + h / j.Hc)) +
                              (size_t(h % j.Hc) * T + size_t(j.t0)) * size_t(D);
-    thread_local std::vector<float> v, zq;
-    thread_local std::vector<uint16_t> zb;  // (kTileTokens, Kp) bfloat16 for AMX
+    thread_local CacheLineVector<float> v;  // the tile's sums: AMX tile rows, so 64-byte aligned
+    thread_local std::vector<float> zq;
+    thread_local CacheLineVector<uint16_t> zb;  // (kTileTokens, Kp) bfloat16 for AMX
     thread_local std::vector<AmxFixup> fixups;
     // Every row a tile reads is written first: the sums by the mean (memcpy or AMX's start),
     // Z's rows by dequantRow with their padding past K zeroed here, and the rows past nt zeroed.

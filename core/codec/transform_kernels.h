@@ -10,13 +10,32 @@
 #include "common/error.h"
 #include "kv/kv_set.h"
 
+#include <cstddef>
 #include <cstdint>
+#include <new>
 #include <string>
 #include <vector>
 
 namespace kvscope::detail {
 
 constexpr int kTileTokens = 64;  // tokens whose sums share one read of each decode column
+
+// An allocator of 64-byte aligned storage: the AMX tiles' rows are read and written 64 bytes at a
+// time, and a tile load whose rows straddle two cache lines took 6 times as long on Sapphire
+// Rapids (docs/transform.md, "Speed"). malloc aligns to 16 only.
+template <class T>
+struct CacheLineAllocator {
+    using value_type = T;
+    CacheLineAllocator() = default;
+    template <class U>
+    CacheLineAllocator(const CacheLineAllocator<U>&) {}
+    T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+    void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+    bool operator==(const CacheLineAllocator&) const { return true; }
+    bool operator!=(const CacheLineAllocator&) const { return false; }
+};
+template <class T>
+using CacheLineVector = std::vector<T, CacheLineAllocator<T>>;
 
 // For each token i < nt of the tile and each component k < K in ascending order with
 // z = zq[i * K + k] != 0: v[i * C + c] += col[k * C + c] * z for c in [lo[k], hi[k]), one rounded
@@ -102,8 +121,8 @@ struct AmxFixup {
 
 struct AmxProduct {
     int K = 0, C = 0, Kp = 0, Cp = 0;  // Kp: K rounded up to 32, Cp: C to 16
-    std::vector<uint16_t> b;           // tiles (Kp / 32, Cp / 16, hi | lo) of 16 x 32 bfloat16
-    std::vector<float> mean16;         // (16, Cp): the block's mean in every row, the sums' start
+    CacheLineVector<uint16_t> b;       // tiles (Kp / 32, Cp / 16, hi | lo) of 16 x 32 bfloat16
+    CacheLineVector<float> mean16;     // (16, Cp): the block's mean in every row, the sums' start
     // B from the coded decode columns col (K, C) and their steps, and the mean (C); false when a
     // product is too large for the split (the caller takes the vector path).
     bool prepare(const float* col, const float* step, const float* mean, int K, int C);
@@ -112,7 +131,8 @@ struct AmxProduct {
     // maxima M and class; escapes read in order, those that do not fit appended to fixups.
     void dequantRow(const uint8_t* sym, const int* M, int cls, int row, uint16_t* zrow, EscapeReader& esc,
                     std::vector<AmxFixup>& fixups) const;
-    // v (rows of Cp floats, nt rounded up to 16 of them in the buffer) = mean + Z B.
+    // v (rows of Cp floats, nt rounded up to 16 of them in the buffer) = mean + Z B; fastest with v
+    // and z 64-byte aligned (CacheLineVector), correct either way.
     void accumulate(float* v, const uint16_t* z, int nt) const;
     void applyFixups(float* v, const float* col, const float* step, const std::vector<AmxFixup>& fixups) const;
 };
