@@ -202,7 +202,7 @@ def main():
     print(f"level {a.level} ({lev['name']}), calibration {a.calibration}: {values_cal} values")
     print(f"  water-filling: {R0 / values_cal:.4f} bits/value, distortion sum D/theta {D0 / values_cal:.4f} per value")
     print(f"  measured-R-D allocation at equal distortion: {R1 / values_cal:.4f} bits/value "
-          f"({100 * (R1 / R0 - 1):+.2f} %), mu {mu:.3f} (Gaussian theory: 2 ln 2 = {2 * np.log(2):.3f})")
+          f"({100 * (R1 / R0 - 1):+.2f} %), mu {mu:.3f} (high-rate Gaussian: 1 / (2 ln 2) = {0.5 / np.log(2):.3f})")
     # Within each block at that block's own distortion (the ladder's balance between blocks kept).
     Rb = 0.0
     for b, i in zip(fit, cur):
