@@ -578,9 +578,13 @@ void prepareTransform(CodecParams& p, const KvSet& kv, const std::string& source
         // rans and rans32 code with the same tables: a model calibrated for one serves the other.
         TransformSettings calibrated = m.settings;
         if (entropyUsesTables(calibrated.entropy) && entropyUsesTables(s.entropy)) calibrated.entropy = s.entropy;
+        // The fit never reads recent_tokens (only sinks are left out of it), so any number of fp16 recent
+        // tokens can be asked of a calibrated model.
+        calibrated.recentTokens = s.recentTokens;
         if (!(calibrated == s))
             throw inputError(source, "transform", "the switches differ from those the model was calibrated with: recalibrate");
         m.settings.entropy = s.entropy;
+        m.settings.recentTokens = s.recentTokens;
         m.settings.tokenImportance = s.tokenImportance;  // encoder-side, independent of calibration
         m.settings.importanceQuantile = s.importanceQuantile;
         m.settings.importancePower = s.importancePower;
