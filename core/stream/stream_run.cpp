@@ -65,7 +65,7 @@ StreamRun::StreamRun(Streamer& streamer, const StreamOptions& options, LinkPacer
       m_chain(m_chained && m_policy.kind == Policy::Level ? std::make_unique<KvcChainDecoder>(m_reader, m_policy.level) : nullptr),
       m_deferJobs(m_hw.decodeGBps > 0 && m_hw.prefillTokensPerSecond > 0),
       m_prior(streamer.m_priorThroughput * kPriorDiscount),
-      m_tailPrefill(m_modelPrefill ? modelledPassSeconds(m_hw, int(m_question.size())) : streamer.m_prefillSeconds),
+      m_tailPrefill(m_modelPrefill ? modelledPassSeconds(m_hw, int(m_question.size())) : streamer.m_tail.estimate()),
       m_tailSeconds(m_tailPrefill + streamer.m_firstTokenSeconds + (m_modelDecode ? 0.0 : streamer.m_kvLoadSeconds)),
       m_recomputePerToken(1.0 / std::max(1e-9, m_modelPrefill ? m_hw.prefillTokensPerSecond : streamer.m_prefillRate)),
       m_recomputeFloor(m_modelPrefill ? std::max(0.0, m_hw.weightPassSeconds) : 0.0),
@@ -359,10 +359,8 @@ void StreamRun::sendRequest(int i, int level)
         const bool fresh = !m_client.connected();  // this request opens the connection
         const double sentAt = m_client.send(rq);
         // A prior from an earlier run is a guess, not this estimator's prediction: its miss
-        // does not count as the estimator's error. A provisional sample is a lower bound:
-        // only a reply slower than predicted from it counts.
-        m_inflight.push_back({i, level, expected, sentAt, m_estimator.valid() ? ev.throughputEstimate : 0.0, fresh,
-                              m_provisional});
+        // does not count as the estimator's error.
+        m_inflight.push_back({i, level, expected, sentAt, m_estimator.valid() ? ev.throughputEstimate : 0.0, fresh});
         m_todo.pop_front();
     } catch (const std::exception& e) {
         const NetError* ne = dynamic_cast<const NetError*>(&e);
@@ -459,11 +457,11 @@ void StreamRun::readFront(double wakeAt)
 
 // A good reply's RTT and throughput samples. The first reply on a new connection also waited for
 // the connection's setup (and a reader that comes late finds it whole in the socket: 431 KB "in
-// 0.2 ms"): its delay is no RTT and its span no measure of the link. It gives a provisional
-// sample, its bytes over the whole round trip (a lower bound on the rate): it ages out like any
-// other, and until then holds the next samples to the estimator's band (a second reply read late
-// looked 4x too fast). A reply requested on it alone counts a prediction error only when slower
-// than predicted.
+// 0.2 ms"): its delay is no RTT. Its sample is its bytes from its first byte to its end, held to
+// at most twice its bytes over the whole round trip (planner.h firstReplySample; the whole round
+// trip alone, the rule until issue 32's third round, is a lower bound, 1.2-3x below the link in
+// the held-out runs: docs/streaming.md); it holds the next samples to the estimator's band (a
+// second reply read late looked 4x too fast).
 void StreamRun::measureReply(const InFlight& f, const Reply& rep, double replyStart)
 {
     const double firstDelay = rep.firstByteAt - rep.sentAt;
@@ -471,18 +469,12 @@ void StreamRun::measureReply(const InFlight& f, const Reply& rep, double replySt
     else m_rttUpper = m_rttUpper < 0 ? firstDelay : std::min(m_rttUpper, firstDelay);
     if (f.level == 0 || rep.payload.size() < 1024) return;
     if (f.fresh) {
-        if (!m_estimator.valid() && rep.arrivedAt > rep.sentAt) {
-            m_estimator.add(double(rep.wireBytes) / (rep.arrivedAt - rep.sentAt), 0);
-            m_provisional = true;
-        }
+        const double sample = firstReplySample(double(rep.wireBytes), rep.sentAt, rep.firstByteAt, rep.arrivedAt);
+        if (!m_estimator.valid() && sample > 0) m_estimator.add(sample, 0);
         return;
     }
     const double span = rep.arrivedAt - std::max(replyStart, rep.sentAt + std::max(0.0, m_rttEstimate));
-    if (span > 0) {
-        m_provisional = false;
-        const double sample = double(rep.wireBytes) / span;
-        m_estimator.add(sample, f.lowerBound && sample >= f.predictedThroughput ? 0.0 : f.predictedThroughput);
-    }
+    if (span > 0) m_estimator.add(double(rep.wireBytes) / span, f.predictedThroughput);
 }
 
 // Fetching is over: the estimate for the next run, the worker's last jobs, the link's figures.
@@ -528,6 +520,7 @@ void StreamRun::answer(double kvReady)
     const double firstToken = monoSeconds() - s;
     m_res.kvLoad = {m_modelDecode ? 0.0 : kvLoad, m_modelDecode};
     m_res.prefill = {m_modelPrefill ? m_tailPrefill : prefill, m_modelPrefill};
+    if (!m_modelPrefill) m_streamer.m_tail.add(prefill);  // the next runs' planner tail
     m_res.firstToken = {firstToken, false};
     m_res.ttftSeconds = kvReady + m_res.kvLoad.seconds + m_res.prefill.seconds + m_res.firstToken.seconds;
     m_res.sloMet = m_res.ttftSeconds <= m_opt.sloSeconds;

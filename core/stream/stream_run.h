@@ -40,7 +40,6 @@ private:
         uint64_t expected;
         double sentAt, predictedThroughput;
         bool fresh;       // sent on a new connection
-        bool lowerBound;  // predictedThroughput came from the provisional sample alone
     };
     // The adaptive plan for the chunks in m_todo (planner.h), given what is in flight and owed.
     struct AdaptivePlan {
@@ -142,7 +141,6 @@ private:
     double m_rttEstimate = -1;  // smallest first-byte delay seen (not counting a new connection's first reply)
     double m_rttUpper = -1;     // a new connection's first reply's delay: at least the RTT
     ThroughputEstimator m_estimator;
-    bool m_provisional = false;  // the estimator holds only a new connection's first reply
     double m_lastReplyBytes = 0;
     bool m_serverDown = false;
     uint64_t m_delivered = 0;
