@@ -142,13 +142,21 @@ StreamRun::AdaptivePlan StreamRun::planAdaptive(double now)
     PlanResult& pr = ap.plan;
     const int textable = textableCount();
     double thr = m_estimator.valid() ? m_estimator.estimate(m_opt.estimateErrorMargin) : m_prior;
+    // When the replies in flight end (the just-in-time request's timing) is predicted at the
+    // harmonic mean, not the discounted estimate: the discount is the plan's margin for the SLO,
+    // and a predicted end that late sends the next request after the link has run dry (the
+    // held-out runs of 2026-12-05 left it idle for a round trip at most chunk boundaries of a dip).
+    double thrEnd = m_estimator.valid() ? m_estimator.harmonicMean() : thr;
     // A reply that has been arriving for a while more slowly than the estimate is the newest
     // evidence of the link: its rate so far caps the estimate. Only after kProgressSeconds,
     // so that a reply of a few milliseconds (reads in bursts) never counts.
     const double rttKnown = std::max(0.0, rttOrUpper());
     if (thr > 0 && m_client.receiving() && !m_inflight.empty()) {
         const double elapsed = now - std::max(m_prevReplyEnd, m_inflight.front().sentAt + rttKnown);
-        if (elapsed >= kProgressSeconds) thr = std::min(thr, double(m_client.partialBytes()) / elapsed);
+        if (elapsed >= kProgressSeconds) {
+            thr = std::min(thr, double(m_client.partialBytes()) / elapsed);
+            thrEnd = std::min(thrEnd, double(m_client.partialBytes()) / elapsed);
+        }
     }
     pr.predictedTtft = 0;
     if (thr <= 0) {
@@ -178,12 +186,13 @@ StreamRun::AdaptivePlan StreamRun::planAdaptive(double now)
     const double dpt = m_decodePerToken.load();
     PlanInput in;
     // Replay what is committed: the replies in flight on the link, their decodes owed.
-    double link = m_prevReplyEnd > 0 ? m_prevReplyEnd : now;
+    double link = m_prevReplyEnd > 0 ? m_prevReplyEnd : now, linkEnd = link;
     for (const InFlight& f : m_inflight) {
         // The reply being read has only its rest to cross.
+        const bool reading = &f == &m_inflight.front() && m_client.receiving();
         const double bytes = wireBytes(f.chunk, f.level) - (&f == &m_inflight.front() ? double(m_client.partialBytes()) : 0.0);
-        link = &f == &m_inflight.front() && m_client.receiving() ? now + std::max(0.0, bytes) / thr
-                                                                 : std::max(link, f.sentAt + rtt) + bytes / thr;
+        link = reading ? now + std::max(0.0, bytes) / thr : std::max(link, f.sentAt + rtt) + bytes / thr;
+        linkEnd = reading ? now + std::max(0.0, bytes) / thrEnd : std::max(linkEnd, f.sentAt + rtt) + bytes / thrEnd;
         in.owed.push_back({since(std::max(link, now)), double(m_params.chunkLength(f.chunk)) * dpt});
     }
     in.distortion = m_streamer.m_distortion;
@@ -198,8 +207,8 @@ StreamRun::AdaptivePlan StreamRun::planAdaptive(double now)
     in.now = since(now);
     in.linkBusyUntil = since(std::max(link, now));
     if (!m_inflight.empty()) {
-        ap.linkEnd = std::max(link, now);
-        ap.lastReplySeconds = wireBytes(m_inflight.back().chunk, m_inflight.back().level) / thr;
+        ap.linkEnd = std::max(linkEnd, now);
+        ap.lastReplySeconds = wireBytes(m_inflight.back().chunk, m_inflight.back().level) / thrEnd;
     }
     in.workerBusyUntil = since(workerFreeAt(now));
     in.throughput = thr;

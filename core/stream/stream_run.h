@@ -45,8 +45,10 @@ private:
     struct AdaptivePlan {
         PlanResult plan;
         double throughput = 0;        // the estimate it used (bytes/s)
-        double linkEnd = 0;           // predicted end of the replies in flight (monotonic; 0: none or no estimate)
-        double lastReplySeconds = 0;  // predicted time the last reply in flight takes on the link
+        // Predicted at the harmonic mean, undiscounted (planAdaptive): when the replies in flight
+        // end (monotonic; 0: none or no estimate), and the time the last of them takes on the link.
+        double linkEnd = 0;
+        double lastReplySeconds = 0;
     };
     // What one step of filling the window did: go on with the next chunk, stop, or send a request.
     enum class Step { Next, Stop, Send };
