@@ -491,6 +491,7 @@ void StreamRun::settle()
 {
     if (m_estimator.valid()) m_streamer.m_priorThroughput = m_estimator.harmonicMean();
     m_res.distortionSource = m_streamer.m_distortionSource;
+    m_res.plannedTailSeconds = m_tailSeconds;
     m_worker.drain();
     if (m_pacer) {
         m_res.linkSeconds = std::max(m_lastArrival, 1e-9);

@@ -138,6 +138,7 @@ struct StreamResult {
     double backloggedCapacityBytes = 0;
     uint64_t backloggedDeliveredBytes = 0;
     std::string distortionSource;  // the planner's level distortion figures (planner.h)
+    double plannedTailSeconds = 0; // the tail (kv load, question prefill, first token) the run's plans counted
     // The pacer's view (in-process pacer only): capacity lost while no reply was being sent, and
     // credit left unused within busy periods, up to the end of the run's fetching.
     double idleLostBytes = 0, busyLostBytes = 0;
