@@ -144,8 +144,8 @@ StreamRun::AdaptivePlan StreamRun::planAdaptive(double now)
     double thr = m_estimator.valid() ? m_estimator.estimate(m_opt.estimateErrorMargin) : m_prior;
     // When the replies in flight end (the just-in-time request's timing) is predicted at the
     // harmonic mean, not the discounted estimate: the discount is the plan's margin for the SLO,
-    // and a predicted end that late sends the next request after the link has run dry (the
-    // held-out runs of 2026-12-05 left it idle for a round trip at most chunk boundaries of a dip).
+    // and a predicted end that late sends the next request after the link has run dry (a round
+    // trip idle at a chunk boundary; measured: docs/streaming.md).
     double thrEnd = m_estimator.valid() ? m_estimator.harmonicMean() : thr;
     // A reply that has been arriving for a while more slowly than the estimate is the newest
     // evidence of the link: its rate so far caps the estimate. Only after kProgressSeconds,
@@ -468,9 +468,8 @@ void StreamRun::readFront(double wakeAt)
 // the connection's setup (and a reader that comes late finds it whole in the socket: 431 KB "in
 // 0.2 ms"): its delay is no RTT. Its sample is its bytes from its first byte to its end, held to
 // at most twice its bytes over the whole round trip (planner.h firstReplySample; the whole round
-// trip alone, the rule until issue 32's third round, is a lower bound, 1.2-3x below the link in
-// the held-out runs: docs/streaming.md); it holds the next samples to the estimator's band (a
-// second reply read late looked 4x too fast).
+// trip alone is a lower bound that starts every run cautious: docs/streaming.md); it holds the
+// next samples to the estimator's band (a second reply read late looked 4x too fast).
 void StreamRun::measureReply(const InFlight& f, const Reply& rep, double replyStart)
 {
     const double firstDelay = rep.firstByteAt - rep.sentAt;

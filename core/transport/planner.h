@@ -112,9 +112,9 @@ double firstReplySample(double bytes, double sent, double firstByte, double arri
 
 // The question's prefill as the planner predicts it (the tail of every plan): the median of the
 // last kHistory measurements (the streamer's own before the first run, then each run's; of an
-// even count the mean of the middle two). On a loaded CPU one measurement is noise (0.5 to 1.7 s on
-// the same question, docs/streaming.md): the median follows the load without taking a single
-// spike for the rule.
+// even count the mean of the middle two). On a loaded CPU one measurement is noise (the same
+// question's prefill varies severalfold: docs/streaming.md): the median follows the load without
+// taking a single spike for the rule.
 class TailEstimator {
 public:
     static constexpr int kHistory = 5;
