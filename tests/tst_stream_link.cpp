@@ -200,19 +200,38 @@ private slots:
         pacer.endSend();
     }
 
-    // RobustMPC's estimate: harmonic mean of the samples over 1 + the largest recent error.
+    // RobustMPC's estimate: harmonic mean of the samples over 1 + the largest recent
+    // over-prediction error, each error scaled by its age (issue 32: an under-prediction is no
+    // error, and a dip's error fades over five chunks instead of halving the estimate for all five).
     void throughputEstimate()
     {
         ThroughputEstimator e;
         QVERIFY(!e.valid());
         QCOMPARE(e.estimate(), 0.0);
-        e.add(10, 0);   // no prediction yet: no error sample
+        e.add(10, 0);   // no prediction yet: no error
         QCOMPARE(e.estimate(), 10.0);
-        e.add(20, 10);  // predicted 10, was 20: error 0.5 (20 is within the band of 2x the median 10)
-        QVERIFY(std::abs(e.harmonicMean() - 40.0 / 3) < 1e-12);
-        QVERIFY(std::abs(e.estimate() - 40.0 / 3 / 1.5) < 1e-12);
-        for (int k = 0; k < 5; ++k) e.add(30, 30);  // the old samples and errors age out
-        QVERIFY(std::abs(e.estimate() - 30.0) < 1e-12);
+        e.add(20, 10);  // predicted 10, was 20: too low, no error (symmetric, it was 0.5 and a third off)
+        QCOMPARE(e.maxRecentError(), 0.0);
+        QVERIFY(std::abs(e.estimate() - 40.0 / 3) < 1e-12);
+        e.add(10, 20);  // predicted 20, was 10: error 1, the estimate halved for the next chunk
+        QCOMPARE(e.maxRecentError(), 1.0);
+        const double hm3 = 3 / (1.0 / 10 + 1.0 / 20 + 1.0 / 10);  // 12
+        QVERIFY(std::abs(e.estimate() - hm3 / 2) < 1e-12);
+        // Then good predictions: the dip's error counts 0.8, 0.6, 0.4, 0.2 of itself, then leaves.
+        const double fade[] = {0.8, 0.6, 0.4, 0.2, 0.0};
+        for (double f : fade) {
+            e.add(10, 10);
+            QVERIFY2(std::abs(e.maxRecentError() - f) < 1e-12, qPrintable(QString::number(e.maxRecentError())));
+        }
+        QVERIFY(std::abs(e.estimate() - 10.0) < 1e-12);
+        // A smaller newer error outweighs an older one's remainder: 0.25 now against 1 x 0.8.
+        e.add(10, 20);
+        e.add(8, 10);  // error (10 - 8) / 8 = 0.25; the 1 two samples back counts 0.8
+        QVERIFY(std::abs(e.maxRecentError() - 0.8) < 1e-12);
+        e.add(10, 10);
+        e.add(10, 10);
+        e.add(10, 10);  // the 1 now four samples back: 0.2; the 0.25 three back: 0.25 x 0.4 = 0.1
+        QVERIFY(std::abs(e.maxRecentError() - 0.2) < 1e-12);
     }
 
     // The outlier guard: each sample held to [median / 2, 2 x median] (the lower median of the
@@ -222,14 +241,14 @@ private slots:
         // A reply read late looks 10x faster: it counts as 2x the median.
         ThroughputEstimator e;
         e.add(100, 0);
-        e.add(1000, 100);  // median of {100, 1000} is 100: 1000 counts as 200, error |100 - 200| / 200
+        e.add(1000, 100);  // median of {100, 1000} is 100: 1000 counts as 200, above the prediction: no error
         QCOMPARE(e.median(), 100.0);
         QCOMPARE(e.clamped(1000), 200.0);
         QVERIFY(std::abs(e.harmonicMean() - 400.0 / 3) < 1e-9);
-        QVERIFY(std::abs(e.estimate() - 400.0 / 3 / 1.5) < 1e-9);
-        e.add(100, 400.0 / 3 / 1.5);  // {100, 1000, 100}: HM of 100, 200, 100 = 120; errors 0.5, 1/9
+        QVERIFY(std::abs(e.estimate() - 400.0 / 3) < 1e-9);
+        e.add(100, 400.0 / 3);  // {100, 1000, 100}: HM of 100, 200, 100 = 120; error (400/3 - 100) / 100 = 1/3
         QVERIFY(std::abs(e.harmonicMean() - 120.0) < 1e-9);
-        QVERIFY(std::abs(e.estimate() - 80.0) < 1e-9);
+        QVERIFY(std::abs(e.estimate() - 90.0) < 1e-9);
 
         // A slow sample counts as half the median; a lasting drop passes after 3 of 5 samples.
         ThroughputEstimator f;
@@ -242,12 +261,56 @@ private slots:
         QCOMPARE(f.median(), 10.0);
         QVERIFY(std::abs(f.harmonicMean() - 12.5) < 1e-9);
 
-        // An absurd prediction (1000 for a 10 link) halves the estimate at most.
+        // An absurd prediction (1000 for a 10 link) halves the estimate at most, and a caller's
+        // smaller margin caps it lower.
         ThroughputEstimator g;
         g.add(10, 0);
         g.add(10, 1000);
         QCOMPARE(g.maxRecentError(), 1.0);
         QCOMPARE(g.estimate(), 5.0);
+        QCOMPARE(g.estimate(0.25), 8.0);
+    }
+
+    // Issue 32: the first reply of a run is timed from its first byte, not from its request (a
+    // lower bound: the round trip and the connection's setup), at most twice the lower bound.
+    void firstReply()
+    {
+        // 1 MB requested at 0, first byte at 25 ms (RTT 20 ms + setup), whole at 125 ms: 10 MB/s
+        // (the old sample, 1 MB / 0.125 s = 8 MB/s, was 20 % low).
+        QVERIFY(std::abs(firstReplySample(1e6, 0, 0.025, 0.125) - 1e7) < 1e-3);
+        // A reader that came late finds it whole: 1 MB "in 5 ms" counts 2 x 1 MB / 0.125 s.
+        QVERIFY(std::abs(firstReplySample(1e6, 0, 0.120, 0.125) - 1.6e7) < 1e-3);
+        QVERIFY(std::abs(firstReplySample(1e6, 0, 0.125, 0.125) - 1.6e7) < 1e-3);
+        // A first byte right at the request: the whole round trip, as before.
+        QVERIFY(std::abs(firstReplySample(1e6, 0, 0, 0.125) - 8e6) < 1e-3);
+        QCOMPARE(firstReplySample(1e6, 0.2, 0.2, 0.2), 0.0);  // no span: no sample
+        QCOMPARE(firstReplySample(0, 0, 0.01, 0.1), 0.0);
+    }
+
+    // Issue 32: the planner's tail (the question's prefill) is the median of the last five
+    // measurements, so one spike on a loaded CPU is not taken for the rule and a lasting change is.
+    void tailEstimate()
+    {
+        TailEstimator t;
+        QCOMPARE(t.estimate(), 0.0);
+        t.add(0.5);  // the streamer's own measurement
+        QCOMPARE(t.estimate(), 0.5);
+        t.add(1.7);  // a spike: the mean of the two
+        QVERIFY(std::abs(t.estimate() - 1.1) < 1e-12);
+        t.add(0.6);
+        QCOMPARE(t.estimate(), 0.6);
+        t.add(0.55);
+        t.add(0.52);
+        QCOMPARE(t.estimate(), 0.55);  // {0.5, 1.7, 0.6, 0.55, 0.52}
+        t.add(std::nan(""));           // not a measurement
+        t.add(-1);
+        QCOMPARE(t.estimate(), 0.55);
+        // The load rises: three slow prefills of five make the median.
+        t.add(1.2);
+        t.add(1.3);
+        QCOMPARE(t.estimate(), 0.6);  // {0.6, 0.55, 0.52, 1.2, 1.3}
+        t.add(1.25);
+        QCOMPARE(t.estimate(), 1.2);  // {0.55, 0.52, 1.2, 1.3, 1.25}
     }
 
     // The planner's splits on timelines worked out by hand: chunks listed in fetch order (the

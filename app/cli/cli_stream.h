@@ -50,6 +50,7 @@ inline json resultJson(const StreamResult& r)
           {"prefill", part(r.prefill)},
           {"first_token", part(r.firstToken)}}},
         {"busy_s", {{"decode", r.decodeBusySeconds}, {"recompute", r.recomputeBusySeconds}}},
+        {"planner_tail_s", r.plannedTailSeconds},
         {"chunks", chunks},
         {"link",
          {{"delivered_bytes", r.deliveredBytes},

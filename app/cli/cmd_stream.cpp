@@ -69,7 +69,7 @@ void addStreamOptions(CLI::App* sub, StreamOpts& o)
                     "adaptive: the context's last chunk's distortion counts this many times another chunk's")
         ->capture_default_str()->check(CLI::Range(0.0, 100.0));
     sub->add_option("--estimate-error-margin", o.estimateErrorMargin,
-                    "adaptive: the throughput estimate is discounted by 1 + the recent prediction error, counted as at most this")
+                    "adaptive: the throughput estimate is discounted by 1 + the recent over-prediction error (fading with age), counted as at most this")
         ->capture_default_str()->check(CLI::Range(0.0, 1.0));
     sub->add_option("--overrun-margin", o.overrunMargin,
                     "adaptive: when no plan meets the SLO, the best quality among plans whose time left is within this fraction of the fastest's")

@@ -68,7 +68,7 @@ StreamRun::StreamRun(Streamer& streamer, const StreamOptions& options, LinkPacer
       m_chain(m_chained && (m_policy.kind == Policy::Level || m_adaptive) ? std::make_unique<KvcChainDecoder>(m_reader) : nullptr),
       m_deferJobs(m_hw.decodeGBps > 0 && m_hw.prefillTokensPerSecond > 0),
       m_prior(streamer.m_priorThroughput * kPriorDiscount),
-      m_tailPrefill(m_modelPrefill ? modelledPassSeconds(m_hw, int(m_question.size())) : streamer.m_prefillSeconds),
+      m_tailPrefill(m_modelPrefill ? modelledPassSeconds(m_hw, int(m_question.size())) : streamer.m_tail.estimate()),
       m_tailSeconds(m_tailPrefill + streamer.m_firstTokenSeconds + (m_modelDecode ? 0.0 : streamer.m_kvLoadSeconds)),
       m_recomputePerToken(1.0 / std::max(1e-9, m_modelPrefill ? m_hw.prefillTokensPerSecond : streamer.m_prefillRate)),
       m_recomputeFloor(m_modelPrefill ? std::max(0.0, m_hw.weightPassSeconds) : 0.0),
@@ -154,13 +154,21 @@ StreamRun::AdaptivePlan StreamRun::planAdaptive(double now)
     PlanResult& pr = ap.plan;
     const int textable = textableCount();
     double thr = m_estimator.valid() ? m_estimator.estimate(m_opt.estimateErrorMargin) : m_prior;
+    // When the replies in flight end (the just-in-time request's timing) is predicted at the
+    // harmonic mean, not the discounted estimate: the discount is the plan's margin for the SLO,
+    // and a predicted end that late sends the next request after the link has run dry (a round
+    // trip idle at a chunk boundary; measured: docs/streaming.md).
+    double thrEnd = m_estimator.valid() ? m_estimator.harmonicMean() : thr;
     // A reply that has been arriving for a while more slowly than the estimate is the newest
     // evidence of the link: its rate so far caps the estimate. Only after kProgressSeconds,
     // so that a reply of a few milliseconds (reads in bursts) never counts.
     const double rttKnown = std::max(0.0, rttOrUpper());
     if (thr > 0 && m_client.receiving() && !m_inflight.empty()) {
         const double elapsed = now - std::max(m_prevReplyEnd, m_inflight.front().sentAt + rttKnown);
-        if (elapsed >= kProgressSeconds) thr = std::min(thr, double(m_client.partialBytes()) / elapsed);
+        if (elapsed >= kProgressSeconds) {
+            thr = std::min(thr, double(m_client.partialBytes()) / elapsed);
+            thrEnd = std::min(thrEnd, double(m_client.partialBytes()) / elapsed);
+        }
     }
     pr.predictedTtft = 0;
     if (thr <= 0) {
@@ -190,12 +198,13 @@ StreamRun::AdaptivePlan StreamRun::planAdaptive(double now)
     const double dpt = m_decodePerToken.load();
     PlanInput in;
     // Replay what is committed: the replies in flight on the link, their decodes owed.
-    double link = m_prevReplyEnd > 0 ? m_prevReplyEnd : now;
+    double link = m_prevReplyEnd > 0 ? m_prevReplyEnd : now, linkEnd = link;
     for (const InFlight& f : m_inflight) {
         // The reply being read has only its rest to cross.
+        const bool reading = &f == &m_inflight.front() && m_client.receiving();
         const double bytes = wireBytes(f.chunk, f.level) - (&f == &m_inflight.front() ? double(m_client.partialBytes()) : 0.0);
-        link = &f == &m_inflight.front() && m_client.receiving() ? now + std::max(0.0, bytes) / thr
-                                                                 : std::max(link, f.sentAt + rtt) + bytes / thr;
+        link = reading ? now + std::max(0.0, bytes) / thr : std::max(link, f.sentAt + rtt) + bytes / thr;
+        linkEnd = reading ? now + std::max(0.0, bytes) / thrEnd : std::max(linkEnd, f.sentAt + rtt) + bytes / thrEnd;
         in.owed.push_back({since(std::max(link, now)), double(m_params.chunkLength(f.chunk)) * dpt});
     }
     in.distortion = m_streamer.m_distortion;
@@ -211,8 +220,8 @@ StreamRun::AdaptivePlan StreamRun::planAdaptive(double now)
     in.now = since(now);
     in.linkBusyUntil = since(std::max(link, now));
     if (!m_inflight.empty()) {
-        ap.linkEnd = std::max(link, now);
-        ap.lastReplySeconds = wireBytes(m_inflight.back().chunk, m_inflight.back().level) / thr;
+        ap.linkEnd = std::max(linkEnd, now);
+        ap.lastReplySeconds = wireBytes(m_inflight.back().chunk, m_inflight.back().level) / thrEnd;
     }
     in.workerBusyUntil = since(workerFreeAt(now));
     in.throughput = thr;
@@ -383,10 +392,8 @@ void StreamRun::sendRequest(int i, int level)
         const bool fresh = !m_client.connected();  // this request opens the connection
         const double sentAt = m_client.send(rq);
         // A prior from an earlier run is a guess, not this estimator's prediction: its miss
-        // does not count as the estimator's error. A provisional sample is a lower bound:
-        // only a reply slower than predicted from it counts.
-        m_inflight.push_back({i, level, expected, sentAt, m_estimator.valid() ? ev.throughputEstimate : 0.0, fresh,
-                              m_provisional});
+        // does not count as the estimator's error.
+        m_inflight.push_back({i, level, expected, sentAt, m_estimator.valid() ? ev.throughputEstimate : 0.0, fresh});
         m_todo.pop_front();
     } catch (const std::exception& e) {
         const NetError* ne = dynamic_cast<const NetError*>(&e);
@@ -483,11 +490,10 @@ void StreamRun::readFront(double wakeAt)
 
 // A good reply's RTT and throughput samples. The first reply on a new connection also waited for
 // the connection's setup (and a reader that comes late finds it whole in the socket: 431 KB "in
-// 0.2 ms"): its delay is no RTT and its span no measure of the link. It gives a provisional
-// sample, its bytes over the whole round trip (a lower bound on the rate): it ages out like any
-// other, and until then holds the next samples to the estimator's band (a second reply read late
-// looked 4x too fast). A reply requested on it alone counts a prediction error only when slower
-// than predicted.
+// 0.2 ms"): its delay is no RTT. Its sample is its bytes from its first byte to its end, held to
+// at most twice its bytes over the whole round trip (planner.h firstReplySample; the whole round
+// trip alone is a lower bound that starts every run cautious: docs/streaming.md); it holds the
+// next samples to the estimator's band (a second reply read late looked 4x too fast).
 void StreamRun::measureReply(const InFlight& f, const Reply& rep, double replyStart)
 {
     const double firstDelay = rep.firstByteAt - rep.sentAt;
@@ -495,18 +501,12 @@ void StreamRun::measureReply(const InFlight& f, const Reply& rep, double replySt
     else m_rttUpper = m_rttUpper < 0 ? firstDelay : std::min(m_rttUpper, firstDelay);
     if (f.level == 0 || rep.payload.size() < 1024) return;
     if (f.fresh) {
-        if (!m_estimator.valid() && rep.arrivedAt > rep.sentAt) {
-            m_estimator.add(double(rep.wireBytes) / (rep.arrivedAt - rep.sentAt), 0);
-            m_provisional = true;
-        }
+        const double sample = firstReplySample(double(rep.wireBytes), rep.sentAt, rep.firstByteAt, rep.arrivedAt);
+        if (!m_estimator.valid() && sample > 0) m_estimator.add(sample, 0);
         return;
     }
     const double span = rep.arrivedAt - std::max(replyStart, rep.sentAt + std::max(0.0, m_rttEstimate));
-    if (span > 0) {
-        m_provisional = false;
-        const double sample = double(rep.wireBytes) / span;
-        m_estimator.add(sample, f.lowerBound && sample >= f.predictedThroughput ? 0.0 : f.predictedThroughput);
-    }
+    if (span > 0) m_estimator.add(double(rep.wireBytes) / span, f.predictedThroughput);
 }
 
 // Fetching is over: the estimate for the next run, the worker's last jobs, the link's figures.
@@ -514,6 +514,7 @@ void StreamRun::settle()
 {
     if (m_estimator.valid()) m_streamer.m_priorThroughput = m_estimator.harmonicMean();
     m_res.distortionSource = m_streamer.m_distortionSource;
+    m_res.plannedTailSeconds = m_tailSeconds;
     m_worker.drain();
     if (m_pacer) {
         m_res.linkSeconds = std::max(m_lastArrival, 1e-9);
@@ -552,6 +553,7 @@ void StreamRun::answer(double kvReady)
     const double firstToken = monoSeconds() - s;
     m_res.kvLoad = {m_modelDecode ? 0.0 : kvLoad, m_modelDecode};
     m_res.prefill = {m_modelPrefill ? m_tailPrefill : prefill, m_modelPrefill};
+    if (!m_modelPrefill) m_streamer.m_tail.add(prefill);  // the next runs' planner tail
     m_res.firstToken = {firstToken, false};
     m_res.ttftSeconds = kvReady + m_res.kvLoad.seconds + m_res.prefill.seconds + m_res.firstToken.seconds;
     m_res.sloMet = m_res.ttftSeconds <= m_opt.sloSeconds;

@@ -40,14 +40,15 @@ private:
         uint64_t expected;
         double sentAt, predictedThroughput;
         bool fresh;       // sent on a new connection
-        bool lowerBound;  // predictedThroughput came from the provisional sample alone
     };
     // The adaptive plan for the chunks in m_todo (planner.h), given what is in flight and owed.
     struct AdaptivePlan {
         PlanResult plan;
         double throughput = 0;        // the estimate it used (bytes/s)
-        double linkEnd = 0;           // predicted end of the replies in flight (monotonic; 0: none or no estimate)
-        double lastReplySeconds = 0;  // predicted time the last reply in flight takes on the link
+        // Predicted at the harmonic mean, undiscounted (planAdaptive): when the replies in flight
+        // end (monotonic; 0: none or no estimate), and the time the last of them takes on the link.
+        double linkEnd = 0;
+        double lastReplySeconds = 0;
     };
     // What one step of filling the window did: go on with the next chunk, stop, or send a request.
     enum class Step { Next, Stop, Send };
@@ -152,7 +153,6 @@ private:
     double m_rttEstimate = -1;  // smallest first-byte delay seen (not counting a new connection's first reply)
     double m_rttUpper = -1;     // a new connection's first reply's delay: at least the RTT
     ThroughputEstimator m_estimator;
-    bool m_provisional = false;  // the estimator holds only a new connection's first reply
     double m_lastReplyBytes = 0;
     bool m_serverDown = false;
     uint64_t m_delivered = 0;

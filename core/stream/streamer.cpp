@@ -133,6 +133,8 @@ void Streamer::prepare(const StreamOptions& options, const std::string& logPrefi
     const double t0 = monoSeconds();
     session.append(m_question, &logits);
     m_prefillSeconds = monoSeconds() - t0;
+    m_tail = TailEstimator{};
+    m_tail.add(m_prefillSeconds);
     m_prefillRate = double(m_question.size()) / std::max(1e-6, m_prefillSeconds);
     {
         const double f0 = monoSeconds();

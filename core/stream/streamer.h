@@ -22,9 +22,11 @@
 //    text chunk only when the worker is about to run out of work (half the recompute
 //    ahead, 2-20 ms), the run breaking off reading a reply for it (ChunkClient::receivePart), so
 //    the split between text and fetched chunks moves with every new sample until the two meet.
-//    The first reply on a new connection gives only a provisional sample, its bytes over its
-//    whole round trip (its delay includes the connection's setup). A reply that has been arriving for 0.1 s (kProgressSeconds) more slowly
-//    than the estimate caps it with its rate so far, and the planner replays only its bytes left.
+//    The first reply on a new connection is timed from its first byte (its delay includes the
+//    connection's setup), at most twice its bytes over its whole round trip (planner.h). A reply
+//    that has been arriving for 0.1 s (kProgressSeconds) more slowly than the estimate caps it
+//    with its rate so far, and the planner replays only its bytes left. The tail the planner
+//    counts is the median of the question prefills measured so far (planner.h TailEstimator).
 //  - One worker runs the jobs in the order they can run: a decode when its chunk has arrived, a
 //    recompute once every chunk before it has been handed over (it attends to them), so chunk i
 //    decodes while chunk i+1 travels. A chunk that has to be fetched again (CRC mismatch) holds
@@ -47,6 +49,7 @@
 #include "model/model.h"
 #include "transport/client.h"
 #include "transport/link.h"
+#include "transport/planner.h"
 #include "transport/target.h"
 #include "stream/policy.h"
 
@@ -81,7 +84,8 @@ struct StreamOptions {
     // so the last chunk weighs about 20 middle ones at equal distortion; 16 is a round figure below.
     // estimateErrorMargin: the throughput estimate is the recent goodputs' harmonic mean divided
     // by 1 + their largest recent relative prediction error, that error counted as at most this
-    // (planner.h ThroughputEstimator; 1.0 there: the estimate at most halved).
+    // (planner.h ThroughputEstimator: over-predictions only, fading with age; 1.0 there: the
+    // estimate at most halved).
     double plannerMargin = 0.1;
     double lastChunkWeight = 16.0;
     double estimateErrorMargin = 1.0;
@@ -134,6 +138,7 @@ struct StreamResult {
     double backloggedCapacityBytes = 0;
     uint64_t backloggedDeliveredBytes = 0;
     std::string distortionSource;  // the planner's level distortion figures (planner.h)
+    double plannedTailSeconds = 0; // the tail (kv load, question prefill, first token) the run's plans counted
     // The pacer's view (in-process pacer only): capacity lost while no reply was being sent, and
     // credit left unused within busy periods, up to the end of the run's fetching.
     double idleLostBytes = 0, busyLostBytes = 0;
@@ -207,6 +212,8 @@ private:
     std::string m_refText;
     double m_prefillRate = 0;    // tokens/s of the question prefill after the whole context
     double m_prefillSeconds = 0; // that prefill
+    // The planner's question prefill: prepare()'s measurement, then every run's (planner.h).
+    TailEstimator m_tail;
     double m_decodeSecondsPerToken = 0;  // one chunk's decode at the default level, per token
     double m_kvLoadSeconds = 0;          // loading the whole cache into a session
     double m_firstTokenSeconds = 0;

@@ -13,7 +13,8 @@ void ThroughputEstimator::add(double measured, double predicted)
     m_samples.push_back(measured);
     while (int(m_samples.size()) > kHistory) m_samples.pop_front();
     const double actual = clamped(measured);
-    if (predicted > 0) m_errors.push_back(std::min(kMaxError, std::abs(predicted - actual) / actual));
+    // Only an over-prediction is an error (planner.h): a link faster than predicted costs quality, not the SLO.
+    m_errors.push_back(predicted > actual ? std::min(kMaxError, (predicted - actual) / actual) : 0.0);
     while (int(m_errors.size()) > kHistory) m_errors.pop_front();
 }
 
@@ -43,9 +44,38 @@ double ThroughputEstimator::harmonicMean() const
 
 double ThroughputEstimator::maxRecentError() const
 {
+    // The newest error counts whole, the one a chunks older (kHistory - a) / kHistory of itself.
     double e = 0;
-    for (double x : m_errors) e = std::max(e, x);
+    const int n = int(m_errors.size());
+    for (int i = 0; i < n; ++i) {
+        const int age = n - 1 - i;
+        e = std::max(e, m_errors[size_t(i)] * double(kHistory - age) / kHistory);
+    }
     return e;
+}
+
+double firstReplySample(double bytes, double sent, double firstByte, double arrived)
+{
+    if (!(arrived > sent) || !(bytes > 0)) return 0;
+    const double whole = bytes / (arrived - sent);  // a lower bound: the round trip and the setup included
+    const double body = arrived > firstByte ? bytes / (arrived - firstByte) : std::numeric_limits<double>::infinity();
+    return std::clamp(body, whole, ThroughputEstimator::kBand * whole);
+}
+
+void TailEstimator::add(double seconds)
+{
+    if (!(seconds >= 0) || !std::isfinite(seconds)) return;
+    m_samples.push_back(seconds);
+    while (int(m_samples.size()) > kHistory) m_samples.pop_front();
+}
+
+double TailEstimator::estimate() const
+{
+    if (m_samples.empty()) return 0;
+    std::vector<double> v(m_samples.begin(), m_samples.end());
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 double ThroughputEstimator::estimate() const

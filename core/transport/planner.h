@@ -5,17 +5,24 @@
 // READ ME FIRST
 //  - Throughput estimate (RobustMPC, Yin et al., SIGCOMM 2015, with an outlier guard): the last
 //    kHistory chunk goodputs, each clamped to [m / kBand, m x kBand] around m, the (lower) median
-//    of those samples; their harmonic mean, divided by 1 + the largest relative prediction error
-//    of the last kHistory chunks (|predicted - clamped actual| / clamped actual, the prediction
-//    being the estimate in force when the chunk was requested; each error counted as at most
-//    kMaxError, so one absurd prediction cannot crush the estimate). One sample cannot move the
-//    estimate by more than kBand: a reply that sat in the socket while the client was busy (its
-//    span looks tiny: many times the link's rate) or a sender thread descheduled for a few ms (a
-//    fraction of it; figures: docs/streaming.md) is held to the band, while a lasting change moves the median and
-//    passes within ceil(kHistory / 2) samples. The harmonic mean is dominated by the slow samples;
-//    the discount shrinks the estimate when the link has recently been less predictable. (The
-//    streamer also caps it with the rate so far of a reply that has been arriving slowly for a
-//    while: streamer.h.)
+//    of those samples; their harmonic mean, divided by 1 + a discount for recent over-prediction.
+//    A chunk's error is (predicted - clamped actual) / clamped actual when the prediction (the
+//    estimate in force when the chunk was requested) was too HIGH, 0 when it was too low (a link
+//    faster than predicted costs quality, not the SLO, and the harmonic mean already follows it),
+//    counted as at most kMaxError; the discount is the largest of the recent errors, each scaled
+//    by its age: 1 for the newest, (kHistory - a) / kHistory for the one a chunks older, so a
+//    dip's error fades over kHistory chunks instead of halving the estimate for all of them
+//    (RobustMPC's symmetric max held for kHistory chunks; measured: docs/streaming.md). One
+//    sample cannot move the estimate by more than kBand: a reply that sat in the socket while the
+//    client was busy (its span looks tiny: many times the link's rate) or a sender thread
+//    descheduled for a few ms (a fraction of it; figures: docs/streaming.md) is held to the band,
+//    while a lasting change moves the median and passes within ceil(kHistory / 2) samples. The
+//    harmonic mean is dominated by the slow samples. (The streamer also caps the estimate with
+//    the rate so far of a reply that has been arriving slowly for a while: streamer.h.)
+//  - The first reply of a run (a new connection) has no earlier reply to time its start from:
+//    its sample is its bytes over the span from its first byte to its end (the round trip and the
+//    connection's setup excluded), held to at most kBand x its bytes over the whole round trip
+//    (firstReplySample: a reader that came late finds the reply whole in the socket).
 //  - Shape of a plan: text from the FRONT, fetches from the BACK. Recomputing a prefix of the
 //    context needs no KV (chunk k's recompute attends to chunks < k, all recomputed before it), so
 //    it can start at once and overlap every transfer; a recomputed chunk after fetched ones would
@@ -85,6 +92,7 @@ public:
     double median() const;        // lower median of the recent samples as measured
     double clamped(double sample) const;  // the sample held to the band around median()
     double harmonicMean() const;  // of the recent samples, each clamped
+    // The discount's error: the largest recent over-prediction error scaled by its age (above).
     double maxRecentError() const;
     double estimate() const;  // harmonicMean / (1 + maxRecentError); 0 when !valid()
     // The same with the error counted as at most maxError (<= kMaxError): the discount a caller
@@ -94,7 +102,26 @@ public:
 private:
     // sample held to [m / kBand, m x kBand] (unchanged when m is 0: no samples).
     static double clampTo(double sample, double m);
-    std::deque<double> m_samples, m_errors;
+    std::deque<double> m_samples, m_errors;  // m_errors: one per sample, 0 without a prediction
+};
+
+// The first reply of a connection: bytes over (arrived - firstByte), at least bytes over (arrived
+// - sent) and at most kBand x that (READ ME FIRST). Times in seconds on one clock; 0 when arrived
+// <= sent.
+double firstReplySample(double bytes, double sent, double firstByte, double arrived);
+
+// The question's prefill as the planner predicts it (the tail of every plan): the median of the
+// last kHistory measurements (the streamer's own before the first run, then each run's; of an
+// even count the mean of the middle two). On a loaded CPU one measurement is noise (the same
+// question's prefill varies severalfold: docs/streaming.md): the median follows the load without
+// taking a single spike for the rule.
+class TailEstimator {
+public:
+    static constexpr int kHistory = 5;
+    void add(double seconds);
+    double estimate() const;  // 0 with no measurement
+private:
+    std::deque<double> m_samples;
 };
 
 struct PlanChunk {
