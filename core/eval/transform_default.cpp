@@ -26,7 +26,8 @@ std::string hex64(uint64_t v)
 
 // FNV-1a of the ladder's canonical JSON: its switches and levels, without the calibrated model,
 // the measured figures, the default level and adapt_mean (none of which changes what is fitted:
-// adapt_mean replaces the means when a cache is encoded).
+// adapt_mean replaces the means when a cache is encoded), and with rans32 read as rans (both code
+// with the same calibrated tables; only the symbol streams' layout differs).
 std::string ladderDigest(const CodecProfile& p)
 {
     CodecProfile bare = p;
@@ -36,6 +37,7 @@ std::string ladderDigest(const CodecProfile& p)
     json j = json::parse(profileToJson(bare));
     j["transform"].erase("default_level");  // which level is the default does not change the fit
     j["transform"].erase("adapt_mean");
+    if (j["transform"].value("entropy", std::string()) == "rans32") j["transform"]["entropy"] = "rans";
     const std::string text = j["transform"].dump() + j["chunk_tokens"].dump();
     uint64_t h = 1469598103934665603ull;
     for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
@@ -103,15 +105,18 @@ std::string usableDefaultTransform(const DefaultTransform& d, const std::string&
         if (p.transformModel.empty() || p.modelFingerprint != fingerprint) return "";
         const json j = json::parse(text);
         if (j.value("/calibration/ladder_digest"_json_pointer, std::string()) != d.ladderDigest) return "";
-        // The same fit; the shipped ladder's default level and measured figures may be newer.
+        // The same fit; the shipped ladder's default level, measured figures, adapt_mean and entropy
+        // coder (rans or rans32) may be newer.
         const CodecProfile& ladder = d.ladder;
         bool stale = p.transformDefaultLevel != ladder.transformDefaultLevel ||
-                     p.transform.adaptMean != ladder.transform.adaptMean;
+                     p.transform.adaptMean != ladder.transform.adaptMean ||
+                     p.transform.entropy != ladder.transform.entropy;
         for (size_t l = 0; l < p.transformLevels.size(); ++l)
             stale = stale || p.transformLevels[l].measuredJson != ladder.transformLevels[l].measuredJson;
         if (stale) {
             p.transformDefaultLevel = ladder.transformDefaultLevel;
             p.transform.adaptMean = ladder.transform.adaptMean;
+            p.transform.entropy = ladder.transform.entropy;
             for (size_t l = 0; l < p.transformLevels.size(); ++l) p.transformLevels[l].measuredJson = ladder.transformLevels[l].measuredJson;
             json k = json::parse(profileToJson(p));
             k["calibration"] = j["calibration"];
