@@ -90,8 +90,6 @@ default_models() {
   [ -n "$MODELS" ] || die "no model in $cache (installer/fetch_model.sh fetches them)"
 }
 
-# capture_kv MODEL CONTEXT KV: prefill CONTEXT with MODEL into KV (capture.json beside it in
-# $WORK), or keep both when REUSE=1 and they are there.
 # The start the codec pages share: results_start, then the 4K sample context captured with $MODEL
 # (default: the default model) into $KV.
 start_on_long_4k() {
@@ -104,11 +102,14 @@ start_on_long_4k() {
   capture_kv "$MODEL" "$CONTEXT" "$KV"
 }
 
+# capture_kv MODEL CONTEXT KV [JSON]: prefill CONTEXT with MODEL into KV (its --json report in
+# JSON, default $WORK/capture.json), or keep both when REUSE=1 and they are there.
 capture_kv() {
-  if [ "${REUSE:-0}" = 1 ] && [ -s "$3" ] && [ -s "$WORK/capture.json" ]; then
+  local json="${4:-$WORK/capture.json}"
+  if [ "${REUSE:-0}" = 1 ] && [ -s "$3" ] && [ -s "$json" ]; then
     say "reusing $3"
   else
     say "capture of $2"
-    "$CLI" capture --model "$1" --context "$2" --out "$3" --threads 1 --json > "$WORK/capture.json"
+    "$CLI" capture --model "$1" --context "$2" --out "$3" --threads 1 --json > "$json"
   fi
 }
