@@ -58,6 +58,28 @@ struct ThreadScope {  // sets the OpenMP thread count for the scope of a benchma
     ~ThreadScope() { omp_set_num_threads(saved); }
 };
 
+// The timed whole-cache decode and a chunk-by-chunk decode must give the same bytes.
+void requireSameBytes(const KvSet& a, const KvSet& b)
+{
+    for (int l = 0; l < a.shape().numLayers; ++l)
+        for (KvKind k : {KvKind::Key, KvKind::Value})
+            KVSCOPE_ASSERT(std::memcmp(a.data(k, l), b.data(k, l), a.tensorBytes()) == 0);
+}
+
+// A result's size and rates from its payload bytes (side information added by the caller) and its
+// best encode and decode times.
+CodecBenchResult sizedResult(const CodecParams& p, int level, size_t bytes, double enc, double dec)
+{
+    CodecBenchResult r;
+    r.codec = codecName(p.codec);
+    r.level = level;
+    r.bytes = bytes;
+    r.bitsPerValue = 8.0 * double(r.bytes) / double(p.shape.totalValues());
+    r.encodeMBps = fp16MB(p.shape) / enc;
+    r.decodeMBps = fp16MB(p.shape) / dec;
+    return r;
+}
+
 }  // namespace
 
 int benchThreads(const BenchOptions& opt) { return opt.threads > 0 ? opt.threads : omp_get_max_threads(); }
@@ -79,17 +101,10 @@ CodecBenchResult benchChain(const KvSet& kv, const CodecParams& p, int level, co
         if (chainStartsAt(s, c)) chain = std::make_unique<AdaptiveChain>(p, level, s, c);
         chain->decodeNext(payloads[size_t(c)].data(), payloads[size_t(c)].size(), again);
     }
-    for (int l = 0; l < p.shape.numLayers; ++l)
-        for (KvKind k : {KvKind::Key, KvKind::Value})
-            KVSCOPE_ASSERT(std::memcmp(out.data(k, l), again.data(k, l), out.tensorBytes()) == 0);
-    CodecBenchResult r;
-    r.codec = codecName(p.codec);
-    r.level = level;
-    for (auto& b : payloads) r.bytes += b.size();
-    r.bitsPerValue = 8.0 * double(r.bytes) / double(p.shape.totalValues());
-    r.encodeMBps = fp16MB(p.shape) / enc;
-    r.decodeMBps = fp16MB(p.shape) / dec;
-    return r;
+    requireSameBytes(out, again);
+    size_t bytes = 0;
+    for (auto& b : payloads) bytes += b.size();
+    return sizedResult(p, level, bytes, enc, dec);
 }
 
 }  // namespace
@@ -137,23 +152,16 @@ CodecBenchResult benchCodec(const KvSet& kv, const CodecParams& p, int level, co
     KvSet again(p.shape, p.dtype);
     for (int c = 0; c < chunks; ++c)
         decodeChunk(p, payloads[size_t(c)].data(), payloads[size_t(c)].size(), c, level, t, again, "bench");
-    for (int l = 0; l < p.shape.numLayers; ++l)
-        for (KvKind k : {KvKind::Key, KvKind::Value})
-            KVSCOPE_ASSERT(std::memcmp(out.data(k, l), again.data(k, l), out.tensorBytes()) == 0);
+    requireSameBytes(out, again);
 
-    CodecBenchResult r;
-    r.codec = codecName(p.codec);
-    r.level = level;
-    for (auto& b : payloads) r.bytes += b.size();
+    size_t bytes = 0;
+    for (auto& b : payloads) bytes += b.size();
     if (shared) {
         std::vector<uint8_t> blob;
         serializeLevelTables(p, level, tables, blob);
-        r.bytes += blob.size();
+        bytes += blob.size();
     }
-    r.bitsPerValue = 8.0 * double(r.bytes) / double(p.shape.totalValues());
-    r.encodeMBps = fp16MB(p.shape) / enc;
-    r.decodeMBps = fp16MB(p.shape) / dec;
-    return r;
+    return sizedResult(p, level, bytes, enc, dec);
 }
 
 CodecBenchResult benchZstd(const KvSet& kv, const CodecParams& p, const BenchOptions& opt)

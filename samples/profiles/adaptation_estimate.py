@@ -19,28 +19,16 @@ Needs numpy and h5py (Debian: python3-numpy python3-h5py).
 """
 import argparse
 
-import h5py
 import numpy as np
+
+from kv_rows import unroped_layers
 
 SINKS, CHUNK = 4, 256
 
 
 def load(path):
     """Per layer: (keys with RoPE undone, values), each (tokens, heads * head_dim), float64."""
-    f = h5py.File(path, "r")
-    inv = f["rope_inv_freq"][:].astype(np.float64)
-    out = []
-    for layer in range(int(f.attrs["num_layers"])):
-        g = f["layers/%02d" % layer]
-        k = g["key"][:].astype(np.float64)
-        v = g["value"][:].astype(np.float64)
-        H, T, D = k.shape
-        a = np.arange(T)[:, None] * inv[None, :]
-        c, s = np.cos(a), np.sin(a)
-        lo, hi = k[:, :, : D // 2], k[:, :, D // 2:]
-        k = np.concatenate([lo * c + hi * s, hi * c - lo * s], -1)
-        out.append(tuple(x.transpose(1, 0, 2).reshape(T, H * D)[SINKS:] for x in (k, v)))
-    return out
+    return [(k, v) for k, v, _ in unroped_layers(path, SINKS)]
 
 
 def pca(rows):

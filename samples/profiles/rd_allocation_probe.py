@@ -34,8 +34,9 @@ at level 4 with four held-out captures.
 import argparse
 import json
 
-import h5py
 import numpy as np
+
+from kv_rows import unroped_layers
 
 SINKS = 4
 GRID = np.array([0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.4, 1.6, 1.8, 2.0, 2.5, 3.0, 4.0])
@@ -43,22 +44,8 @@ GRID = np.array([0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.4, 1.6, 1.8, 2.0, 2.
 
 def load(path):
     """Per layer: keys (RoPE undone), values, each (tokens - sinks, H*D) float64; query_sq; value_weight."""
-    f = h5py.File(path, "r")
-    inv = f["rope_inv_freq"][:].astype(np.float64)
-    p0 = int(f.attrs.get("rope_position0", 0))
-    out = []
-    for layer in range(int(f.attrs["num_layers"])):
-        g = f["layers/%02d" % layer]
-        k = g["key"][:].astype(np.float64)
-        v = g["value"][:].astype(np.float64)
-        H, T, D = k.shape
-        a = (p0 + np.arange(T))[:, None] * inv[None, :]
-        c, s = np.cos(a), np.sin(a)
-        lo, hi = k[:, :, : D // 2], k[:, :, D // 2:]
-        k = np.concatenate([lo * c + hi * s, hi * c - lo * s], -1)
-        rows = [x.transpose(1, 0, 2).reshape(T, H * D)[SINKS:] for x in (k, v)]
-        out.append((rows[0], rows[1], g["query_sq"][:].astype(np.float64), g["value_weight"][:].astype(np.float64)))
-    return out
+    return [(k, v, g["query_sq"][:].astype(np.float64), g["value_weight"][:].astype(np.float64))
+            for k, v, g in unroped_layers(path, SINKS)]
 
 
 def sym_sqrt(m):
