@@ -79,7 +79,7 @@ CodecTrial runCodecTrial(const KvSet& kv, const CodecParams& paramsIn, int level
         t.tableBytes = blob.size();
     }
     std::vector<std::vector<uint8_t>> payloads;
-    const bool adaptive = params.codec == CodecId::Transform && params.profile.transform.adaptPriorTokens > 0;
+    const bool adaptive = params.chainsChunks();  // adapt_basis: the level coded as its chain
     const AdaptiveSettings as = adaptive ? chainSettings(params) : AdaptiveSettings{};
     if (adaptive) {
         payloads = encodeAdaptiveChunks(params, kv, level, as);
